@@ -1,0 +1,1 @@
+//! Typed config.toml.

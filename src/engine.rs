@@ -1,0 +1,1 @@
+//! Wires the actors together into a running engine.

@@ -1,0 +1,1 @@
+//! CPU backend: f32 compute, gemm + rayon.

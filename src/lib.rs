@@ -1,0 +1,11 @@
+//! hsx: run a causal language model over prompts and save the hidden states of chosen layers
+//! to safetensors files (see DESIGN.md in the shared folder for the contracts).
+
+pub mod actors;
+pub mod config;
+pub mod engine;
+pub mod kernels;
+pub mod models;
+
+/// The version written into every file's `__metadata__`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,1 @@
+//! Model configs, weight loading and the architecture families.
