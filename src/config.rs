@@ -1,1 +1,349 @@
-//! Typed config.toml.
+//! Typed `config.toml`. Unknown keys are rejected with their name; relative paths are resolved
+//! against the directory of the config file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::actors::messages::OutputDtype;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub engine: EngineSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A Hugging Face model directory (config.json + *.safetensors).
+    pub path: PathBuf,
+    /// `cpu` (the only device so far).
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Compute threads; 0 = every core.
+    #[serde(default)]
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeChoice {
+    /// The dtype of the weights on disk.
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DtypeChoice {
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "f32" | "float32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            "f16" | "float16" => Ok(Self::F16),
+            other => Err(ConfigError::Invalid(format!(
+                "dtype {other:?}: expected auto, f32, bf16 or f16"
+            ))),
+        }
+    }
+
+    /// The file dtype, given the dtype of the weights.
+    pub fn resolve(self, weights: OutputDtype) -> OutputDtype {
+        match self {
+            Self::Auto => weights,
+            Self::F32 => OutputDtype::F32,
+            Self::Bf16 => OutputDtype::Bf16,
+            Self::F16 => OutputDtype::F16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Token budget of one step (chunked prefill splits prompts to fit).
+    pub max_num_batched_tokens: usize,
+    /// Requests running at once.
+    pub max_num_seqs: usize,
+    /// Requests waiting for admission; beyond it submissions are rejected as overloaded.
+    pub max_waiting: usize,
+    /// Longest request (prompt + generated); 0 = the model's `max_position_embeddings`.
+    pub max_model_len: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the cache.
+    pub num_blocks: usize,
+    /// Layer ids to capture (DESIGN.md §1.1); default `[2, L/2, L-3, L]`.
+    pub layer_ids: Option<Vec<usize>>,
+    /// dtype of the saved hidden states.
+    pub dtype: DtypeChoice,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 64,
+            max_waiting: 1024,
+            max_model_len: 0,
+            block_size: 16,
+            num_blocks: 4096,
+            layer_ids: None,
+            dtype: DtypeChoice::Auto,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    /// Files go to `{dir}/{request_id}.safetensors`.
+    pub dir: PathBuf,
+    /// Also hold vLLM's `{file}.lock` (flock) while writing, for clients that poll it.
+    pub lock_files: bool,
+    /// Files written at once by the writer pool.
+    pub max_concurrent_writes: usize,
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("out"),
+            lock_files: false,
+            max_concurrent_writes: 4,
+        }
+    }
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// Command-line overrides of the common knobs, applied before validation.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub model: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub layers: Option<Vec<usize>>,
+    pub max_num_batched_tokens: Option<usize>,
+    pub dtype: Option<DtypeChoice>,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file; relative paths become relative to its dir.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut cfg = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.model.path = base.join(&cfg.model.path);
+        cfg.output.dir = base.join(&cfg.output.dir);
+        cfg.apply(overrides);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text without touching paths or validating.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(m) = &o.model {
+            self.model.path = m.clone();
+        }
+        if let Some(d) = &o.output {
+            self.output.dir = d.clone();
+        }
+        if let Some(l) = &o.layers {
+            self.engine.layer_ids = Some(l.clone());
+        }
+        if let Some(n) = o.max_num_batched_tokens {
+            self.engine.max_num_batched_tokens = n;
+        }
+        if let Some(d) = o.dtype {
+            self.engine.dtype = d;
+        }
+    }
+
+    /// Checks what can be checked without the model (layer ids need L: [`resolve_layer_ids`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let e = &self.engine;
+        let positive = [
+            ("engine.max_num_batched_tokens", e.max_num_batched_tokens),
+            ("engine.max_num_seqs", e.max_num_seqs),
+            ("engine.max_waiting", e.max_waiting),
+            ("engine.block_size", e.block_size),
+            ("engine.num_blocks", e.num_blocks),
+            (
+                "output.max_concurrent_writes",
+                self.output.max_concurrent_writes,
+            ),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
+            }
+        }
+        if self.model.device != "cpu" {
+            return Err(ConfigError::Invalid(format!(
+                "model.device {:?} is not supported (expected \"cpu\")",
+                self.model.device
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The capture layer ids for a model with `num_layers` decoder layers: the configured ids in
+/// ascending order, or speculators' EAGLE-3 default `[2, L/2, L-3, L]` (deduplicated for tiny
+/// models). Configured duplicates or ids above L are errors.
+pub fn resolve_layer_ids(
+    configured: Option<&[usize]>,
+    num_layers: usize,
+) -> Result<Vec<usize>, ConfigError> {
+    let l = num_layers;
+    let Some(ids) = configured else {
+        let mut ids = vec![2.min(l), l / 2, l.saturating_sub(3), l];
+        ids.sort_unstable();
+        ids.dedup();
+        return Ok(ids);
+    };
+    if ids.is_empty() {
+        return Err(ConfigError::Invalid("layer_ids is empty".into()));
+    }
+    if let Some(bad) = ids.iter().find(|&&i| i > l) {
+        return Err(ConfigError::Invalid(format!(
+            "layer id {bad} is out of range: the model has {l} layers, ids go from 0 (embeddings) to {l} (last layer, before the final norm)"
+        )));
+    }
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ConfigError::Invalid(format!(
+            "layer id {} is given twice",
+            w[0]
+        )));
+    }
+    Ok(sorted)
+}
+
+/// Parses `0,2,5` into layer ids.
+pub fn parse_layer_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("invalid layer id {:?} in {s:?}", p.trim()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[model]\npath = \"m\"\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.engine.block_size, 16);
+        assert_eq!(c.engine.dtype, DtypeChoice::Auto);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("[model]\npath = \"m\"\n[engine]\nmax_tokenz = 3\n").unwrap_err();
+        assert!(err.to_string().contains("max_tokenz"), "{err}");
+        let err = Config::parse("[model]\npath = \"m\"\n[bogus]\n").unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn zero_budget_rejected() {
+        let mut c = Config::parse(MINIMAL).unwrap();
+        c.engine.max_num_batched_tokens = 0;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("max_num_batched_tokens"), "{err}");
+    }
+
+    #[test]
+    fn default_layers_follow_speculators() {
+        assert_eq!(resolve_layer_ids(None, 32).unwrap(), vec![2, 16, 29, 32]);
+        assert_eq!(resolve_layer_ids(None, 4).unwrap(), vec![1, 2, 4]);
+        assert_eq!(resolve_layer_ids(None, 1).unwrap(), vec![0, 1]);
+    }
+
+    #[test]
+    fn configured_layers_come_out_ascending() {
+        assert_eq!(
+            resolve_layer_ids(Some(&[4, 0, 2]), 4).unwrap(),
+            vec![0, 2, 4]
+        );
+    }
+
+    #[test]
+    fn duplicate_and_out_of_range_layers_rejected() {
+        let e = resolve_layer_ids(Some(&[1, 3, 1]), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("twice"), "{e}");
+        let e = resolve_layer_ids(Some(&[5]), 4).unwrap_err().to_string();
+        assert!(e.contains("out of range"), "{e}");
+        assert!(resolve_layer_ids(Some(&[]), 4).is_err());
+    }
+
+    #[test]
+    fn overrides_apply() {
+        let mut c = Config::parse(MINIMAL).unwrap();
+        c.apply(&Overrides {
+            layers: Some(vec![1]),
+            max_num_batched_tokens: Some(7),
+            dtype: Some(DtypeChoice::Bf16),
+            ..Default::default()
+        });
+        assert_eq!(c.engine.layer_ids, Some(vec![1]));
+        assert_eq!(c.engine.max_num_batched_tokens, 7);
+        assert_eq!(c.engine.dtype, DtypeChoice::Bf16);
+    }
+
+    #[test]
+    fn layer_list_parses() {
+        assert_eq!(parse_layer_list("0, 2,5").unwrap(), vec![0, 2, 5]);
+        assert!(parse_layer_list("1,x").is_err());
+    }
+}

@@ -1,1 +1,246 @@
-//! Wires the actors together into a running engine.
+//! Wires the actors into a running engine: loads the model, spawns the block manager,
+//! connector, event hub and scheduler, and starts the model runner thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::actors::block_manager::{BlockManagerHandle, BlockPool};
+use crate::actors::connector::{ConnectorHandle, ConnectorOptions, FileLayout};
+use crate::actors::events::{EventHubHandle, EventHubOptions, Subscription};
+use crate::actors::messages::{InvalidRequestId, OutputDtype, Request, RequestId};
+use crate::actors::model_runner::{self, RowShape, RunnerLinks};
+use crate::actors::scheduler::{
+    SchedulerHandle, SchedulerLimits, SchedulerLinks, SchedulerState, SchedulerStats, SubmitError,
+};
+use crate::config::{Config, ConfigError, resolve_layer_ids};
+use crate::kernels::cpu::{CpuBackend, CpuOptions};
+use crate::models::{ModelError, ModelSpec, WeightDtype};
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("cannot create output directory {path}: {source}")]
+    OutputDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start the model runner thread: {0}")]
+    Thread(std::io::Error),
+    #[error("model loading failed: {0}")]
+    Load(String),
+    #[error(transparent)]
+    Connector(#[from] crate::actors::connector::ConnectorError),
+}
+
+/// What the engine runs, as clients need to know it.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub model_name: String,
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub layer_ids: Vec<usize>,
+    pub dtype: OutputDtype,
+    pub max_model_len: usize,
+    pub output_dir: PathBuf,
+    pub max_waiting: usize,
+}
+
+/// A request as a client describes it.
+#[derive(Debug, Clone)]
+pub struct RequestSpec {
+    pub id: String,
+    pub token_ids: Vec<u32>,
+    pub max_tokens: u32,
+    pub include_output_tokens: bool,
+}
+
+const MAILBOX: usize = 256;
+
+pub struct Engine {
+    info: EngineInfo,
+    scheduler: SchedulerHandle,
+    blocks: BlockManagerHandle,
+    connector: ConnectorHandle,
+    events: EventHubHandle,
+    runner: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Loads the model and starts every actor.
+    pub async fn start(cfg: &Config) -> Result<Self, EngineError> {
+        let spec = ModelSpec::from_dir(&cfg.model.path)?;
+        let layer_ids = resolve_layer_ids(cfg.engine.layer_ids.as_deref(), spec.num_layers)?;
+        let info = engine_info(cfg, &spec, layer_ids)?;
+        std::fs::create_dir_all(&info.output_dir).map_err(|source| EngineError::OutputDir {
+            path: info.output_dir.clone(),
+            source,
+        })?;
+        let backend = load_backend(cfg, spec, &info.layer_ids).await?;
+
+        let e = &cfg.engine;
+        let events = EventHubHandle::spawn(EventHubOptions::default());
+        let layout = FileLayout {
+            layer_ids: info.layer_ids.clone(),
+            hidden_size: info.hidden_size,
+            dtype: info.dtype,
+            model: info.model_name.clone(),
+        };
+        let connector = ConnectorHandle::spawn(
+            layout,
+            ConnectorOptions {
+                lock_files: cfg.output.lock_files,
+                max_concurrent_writes: cfg.output.max_concurrent_writes,
+                mailbox: MAILBOX,
+            },
+            events.clone(),
+        )?;
+        let blocks = BlockManagerHandle::spawn(BlockPool::new(e.num_blocks, e.block_size), MAILBOX);
+        let (plan_tx, plan_rx) = flume::bounded(1);
+        let limits = SchedulerLimits {
+            max_num_batched_tokens: e.max_num_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+            max_waiting: e.max_waiting,
+            max_model_len: info.max_model_len,
+            vocab_size: info.vocab_size,
+            kv_capacity_tokens: e.num_blocks * e.block_size,
+        };
+        let links = SchedulerLinks {
+            blocks: blocks.clone(),
+            runner: plan_tx,
+            connector: connector.clone(),
+            events: events.clone(),
+        };
+        let scheduler = SchedulerHandle::spawn(SchedulerState::new(limits), links, MAILBOX);
+        let shape = RowShape {
+            layers: info.layer_ids.len(),
+            hidden: info.hidden_size,
+            dtype: info.dtype,
+        };
+        let runner_links = RunnerLinks {
+            scheduler: scheduler.actor().clone(),
+            connector: connector.clone(),
+        };
+        let runner = model_runner::spawn(backend, shape, plan_rx, runner_links)
+            .map_err(EngineError::Thread)?;
+        Ok(Self {
+            info,
+            scheduler,
+            blocks,
+            connector,
+            events,
+            runner: Some(runner),
+        })
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The final file name of a request id.
+    pub fn output_path(&self, id: &RequestId) -> PathBuf {
+        self.info.output_dir.join(format!("{id}.safetensors"))
+    }
+
+    /// Builds a request whose file goes to the output dir.
+    pub fn request(&self, spec: RequestSpec) -> Result<Request, InvalidRequestId> {
+        let id = RequestId::new(&spec.id)?;
+        Ok(Request {
+            path: self.output_path(&id),
+            id,
+            prompt: Arc::from(spec.token_ids),
+            max_tokens: spec.max_tokens,
+            include_output_tokens: spec.include_output_tokens,
+        })
+    }
+
+    pub async fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        self.scheduler.submit(req).await
+    }
+
+    pub async fn abort(&self, id: RequestId) {
+        self.scheduler.abort(id).await
+    }
+
+    /// Live events; with `Some(seq)`, first every kept event numbered after `seq`.
+    pub async fn subscribe(&self, from_seq: Option<u64>) -> Subscription {
+        self.events.subscribe(from_seq).await
+    }
+
+    pub async fn status(&self) -> Option<SchedulerStats> {
+        self.scheduler.status().await
+    }
+
+    /// Stops accepting work, lets queued and running requests finish and their files be
+    /// written, then stops every actor and the runner thread.
+    pub async fn shutdown(mut self) {
+        self.scheduler.stop_accepting().await;
+        while let Some(s) = self.scheduler.status().await {
+            if s.waiting == 0 && s.running == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _ = self.connector.flush().await;
+        self.scheduler.stop().await;
+        if let Some(runner) = self.runner.take() {
+            let _ = tokio::task::spawn_blocking(move || runner.join()).await;
+        }
+        let _ = self.connector.stop().await;
+        self.blocks.stop().await;
+        self.events.stop().await;
+    }
+}
+
+fn engine_info(
+    cfg: &Config,
+    spec: &ModelSpec,
+    layer_ids: Vec<usize>,
+) -> Result<EngineInfo, EngineError> {
+    let weights = match spec.dtype {
+        WeightDtype::F32 => OutputDtype::F32,
+        WeightDtype::Bf16 => OutputDtype::Bf16,
+        WeightDtype::F16 => OutputDtype::F16,
+    };
+    let model_max = spec.max_position_embeddings;
+    let max_model_len = match cfg.engine.max_model_len {
+        0 => model_max,
+        n => n,
+    };
+    Ok(EngineInfo {
+        model_name: spec.name.clone(),
+        num_layers: spec.num_layers,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        layer_ids,
+        dtype: cfg.engine.dtype.resolve(weights),
+        max_model_len,
+        output_dir: cfg.output.dir.clone(),
+        max_waiting: cfg.engine.max_waiting,
+    })
+}
+
+async fn load_backend(
+    cfg: &Config,
+    spec: ModelSpec,
+    layer_ids: &[usize],
+) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
+    let dir: PathBuf = cfg.model.path.clone();
+    let opts = CpuOptions {
+        capture_layers: layer_ids.to_vec(),
+        num_blocks: cfg.engine.num_blocks,
+        block_size: cfg.engine.block_size,
+        threads: cfg.model.threads,
+    };
+    let loaded = tokio::task::spawn_blocking(move || CpuBackend::load(Path::new(&dir), spec, opts))
+        .await
+        .map_err(|e| EngineError::Load(e.to_string()))??;
+    Ok(Box::new(loaded))
+}

@@ -4,6 +4,7 @@
 pub mod actors;
 pub mod config;
 pub mod engine;
+pub mod extract;
 pub mod kernels;
 pub mod models;
 

@@ -1,1 +1,88 @@
-//! model_runner actor.
+//! Model runner: owns the backend (device, weights, cache memory) on its own OS thread, fed
+//! plans through a bounded flume channel. For each step it sends the captured rows of every
+//! request straight to the connector, then reports the committed output to the scheduler.
+
+mod state;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::thread::JoinHandle;
+
+use kameo::actor::ActorRef;
+
+pub use state::{PlanError, PreparedStep, RowShape, RunnerState, encode};
+
+use crate::actors::connector::ConnectorHandle;
+use crate::actors::messages::StepPlan;
+use crate::actors::scheduler::{Scheduler, StepResult};
+use crate::kernels::{Backend, Batch};
+
+/// Where a runner sends its results.
+pub struct RunnerLinks {
+    pub scheduler: ActorRef<Scheduler>,
+    pub connector: ConnectorHandle,
+}
+
+/// Starts the runner thread; it ends when every sender of `plans` is dropped.
+pub fn spawn(
+    mut backend: Box<dyn Backend>,
+    shape: RowShape,
+    plans: flume::Receiver<StepPlan>,
+    links: RunnerLinks,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("hsx-runner".into())
+        .spawn(move || {
+            let mut state = RunnerState::default();
+            while let Ok(plan) = plans.recv() {
+                let result = run_step(&mut state, backend.as_mut(), shape, &plan, &links);
+                if links.scheduler.tell(result).blocking_send().is_err() {
+                    tracing::warn!("scheduler gone; model runner stops");
+                    break;
+                }
+            }
+        })
+}
+
+fn run_step(
+    state: &mut RunnerState,
+    backend: &mut dyn Backend,
+    shape: RowShape,
+    plan: &StepPlan,
+    links: &RunnerLinks,
+) -> StepResult {
+    let failed = |error: String| StepResult::Failed {
+        step: plan.step,
+        error,
+    };
+    let prepared = match state.prepare(plan) {
+        Ok(p) => p,
+        Err(e) => return failed(e.to_string()),
+    };
+    if prepared.seqs.is_empty() {
+        return StepResult::Done(crate::actors::messages::StepOutput {
+            step: plan.step,
+            sampled: Vec::new(),
+        });
+    }
+    let batch = Batch {
+        token_ids: &prepared.token_ids,
+        seqs: &prepared.seqs,
+    };
+    let out = match catch_unwind(AssertUnwindSafe(|| backend.forward(&batch))) {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => return failed(e.to_string()),
+        Err(_) => return failed("the backend panicked".into()),
+    };
+    let (output, captures) = match state.commit(plan, &out, shape) {
+        Ok(r) => r,
+        Err(e) => return failed(e.to_string()),
+    };
+    // Captures are queued before the scheduler hears of the step, so the connector always
+    // holds a request's rows before the scheduler's `Finish` for it.
+    for chunk in captures {
+        if let Err(e) = links.connector.capture_blocking(chunk) {
+            return failed(format!("connector unavailable: {e}"));
+        }
+    }
+    StepResult::Done(output)
+}

@@ -1,1 +1,189 @@
-//! scheduler actor.
+//! Scheduler actor: owns the queues and the step loop. It plans a step (admitting requests
+//! whose blocks the block manager grants), hands it to the model runner, and applies the
+//! committed output when it comes back. It never touches tensors.
+
+mod state;
+
+use kameo::error::Infallible;
+use kameo::prelude::*;
+
+pub use state::{Effects, SchedulerLimits, SchedulerState, SchedulerStats, SubmitError};
+
+use crate::actors::block_manager::BlockManagerHandle;
+use crate::actors::connector::ConnectorHandle;
+use crate::actors::events::EventHubHandle;
+use crate::actors::messages::{EventKind, Request, RequestId, StepOutput, StepPlan};
+
+/// The scheduler's peers.
+pub struct SchedulerLinks {
+    pub blocks: BlockManagerHandle,
+    pub runner: flume::Sender<StepPlan>,
+    pub connector: ConnectorHandle,
+    pub events: EventHubHandle,
+}
+
+pub struct Scheduler {
+    state: SchedulerState,
+    links: SchedulerLinks,
+    accepting: bool,
+}
+
+impl Actor for Scheduler {
+    type Args = (SchedulerState, SchedulerLinks);
+    type Error = Infallible;
+
+    async fn on_start((state, links): Self::Args, _: ActorRef<Self>) -> Result<Self, Self::Error> {
+        Ok(Self {
+            state,
+            links,
+            accepting: true,
+        })
+    }
+}
+
+/// Queue a request.
+pub struct Submit(pub Request);
+/// Abort a request (waiting or running); a `failed` event follows.
+pub struct Abort(pub RequestId);
+/// The model runner's answer for a step.
+pub enum StepResult {
+    Done(StepOutput),
+    Failed { step: u64, error: String },
+}
+/// Queue depths and counters.
+pub struct Status;
+/// Stop accepting new requests (work already queued still runs).
+pub struct StopAccepting;
+
+impl Message<Submit> for Scheduler {
+    type Reply = Result<(), SubmitError>;
+    async fn handle(&mut self, msg: Submit, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        if !self.accepting {
+            return Err(SubmitError::ShuttingDown);
+        }
+        self.state.submit(msg.0)?;
+        self.schedule().await;
+        Ok(())
+    }
+}
+
+impl Message<Abort> for Scheduler {
+    type Reply = ();
+    async fn handle(&mut self, msg: Abort, _: &mut Context<Self, Self::Reply>) {
+        let fx = self.state.abort(&msg.0);
+        self.execute(fx).await;
+        self.schedule().await;
+    }
+}
+
+impl Message<StepResult> for Scheduler {
+    type Reply = ();
+    async fn handle(&mut self, msg: StepResult, _: &mut Context<Self, Self::Reply>) {
+        let fx = match msg {
+            StepResult::Done(out) => self.state.apply(&out),
+            StepResult::Failed { step, error } => {
+                tracing::error!(step, %error, "step failed");
+                self.state.fail_step(step, &error)
+            }
+        };
+        self.execute(fx).await;
+        self.schedule().await;
+    }
+}
+
+impl Message<Status> for Scheduler {
+    type Reply = SchedulerStats;
+    async fn handle(&mut self, _: Status, _: &mut Context<Self, Self::Reply>) -> SchedulerStats {
+        self.state.stats()
+    }
+}
+
+impl Message<StopAccepting> for Scheduler {
+    type Reply = ();
+    async fn handle(&mut self, _: StopAccepting, _: &mut Context<Self, Self::Reply>) {
+        self.accepting = false;
+    }
+}
+
+impl Scheduler {
+    /// Plans and dispatches the next step if none is in flight.
+    async fn schedule(&mut self) {
+        if self.state.step_in_flight() {
+            return;
+        }
+        let candidates = self.state.admission_candidates();
+        let reservation = self.links.blocks.reserve(candidates).await;
+        let plan = self.state.plan_step(reservation.granted);
+        self.links
+            .blocks
+            .release(self.state.take_unused_grants())
+            .await;
+        let Some(plan) = plan else { return };
+        let step = plan.step;
+        if self.links.runner.send_async(plan).await.is_err() {
+            let fx = self.state.fail_step(step, "the model runner has stopped");
+            Box::pin(self.execute(fx)).await;
+        }
+    }
+
+    /// Sends the effects of a state change to the other actors.
+    async fn execute(&mut self, fx: Effects) {
+        // A stopped connector or hub only happens at shutdown; nothing is left to tell then.
+        for f in fx.finished {
+            let _ = self.links.connector.finish(f).await;
+        }
+        for id in fx.discard {
+            let _ = self.links.connector.discard(id).await;
+        }
+        self.links.blocks.release(fx.release_blocks).await;
+        for (id, error) in fx.failed {
+            let _ = self
+                .links
+                .events
+                .publish(id, EventKind::Failed { error })
+                .await;
+        }
+    }
+}
+
+/// Cloneable handle to the scheduler.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    actor: ActorRef<Scheduler>,
+}
+
+impl SchedulerHandle {
+    pub fn spawn(state: SchedulerState, links: SchedulerLinks, mailbox: usize) -> Self {
+        let actor = Scheduler::spawn_with_mailbox((state, links), mailbox::bounded(mailbox));
+        Self { actor }
+    }
+
+    pub fn actor(&self) -> &ActorRef<Scheduler> {
+        &self.actor
+    }
+
+    pub async fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        match self.actor.ask(Submit(req)).await {
+            Ok(()) => Ok(()),
+            Err(SendError::HandlerError(e)) => Err(e),
+            Err(_) => Err(SubmitError::ShuttingDown),
+        }
+    }
+
+    pub async fn abort(&self, id: RequestId) {
+        let _ = self.actor.tell(Abort(id)).await;
+    }
+
+    pub async fn status(&self) -> Option<SchedulerStats> {
+        self.actor.ask(Status).await.ok()
+    }
+
+    pub async fn stop_accepting(&self) {
+        let _ = self.actor.ask(StopAccepting).await;
+    }
+
+    pub async fn stop(&self) {
+        let _ = self.actor.stop_gracefully().await;
+        self.actor.wait_for_shutdown().await;
+    }
+}

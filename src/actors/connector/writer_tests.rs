@@ -1,0 +1,252 @@
+//! Tests of the safetensors writer: exact tensors and metadata, atomicity, vLLM lock files.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use half::{bf16, f16};
+use safetensors::SafeTensors;
+
+use super::*;
+use crate::actors::connector::ConnectorState;
+use crate::actors::messages::CapturedChunk;
+
+fn rid(s: &str) -> RequestId {
+    RequestId::new(s).unwrap()
+}
+
+fn layout(dtype: OutputDtype) -> FileLayout {
+    FileLayout {
+        layer_ids: vec![0, 2, 4],
+        hidden_size: 5,
+        dtype,
+        model: "tiny-llama".into(),
+    }
+}
+
+/// Row `t`, layer `k`, dim `h` holds `t * 100 + k * 10 + h`, encoded in the layout's dtype.
+fn encode(dtype: OutputDtype, values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values
+        .flat_map(|v| match dtype {
+            OutputDtype::F32 => v.to_le_bytes().to_vec(),
+            OutputDtype::Bf16 => bf16::from_f32(v).to_le_bytes().to_vec(),
+            OutputDtype::F16 => f16::from_f32(v).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn rows(dtype: OutputDtype, start: usize, n: usize) -> Vec<u8> {
+    let vals = (start..start + n)
+        .flat_map(|t| (0..3).flat_map(move |k| (0..5).map(move |h| (t * 100 + k * 10 + h) as f32)));
+    encode(dtype, vals)
+}
+
+/// Captures T rows in chunks of the given sizes and finishes the request.
+fn complete(
+    dtype: OutputDtype,
+    path: &Path,
+    chunk_rows: &[usize],
+    lock: bool,
+) -> CompleteHiddenStates {
+    let mut state = ConnectorState::new(layout(dtype), lock).unwrap();
+    let mut start = 0;
+    for &n in chunk_rows {
+        let data = rows(dtype, start, n);
+        let chunk = CapturedChunk {
+            id: rid("req-1"),
+            start,
+            rows: n,
+            data,
+        };
+        state.capture(chunk).unwrap();
+        start += n;
+    }
+    let req = FinishedRequest {
+        id: rid("req-1"),
+        token_ids: (0..start as u32).map(|i| 1000 + i).collect(),
+        output_token_ids: vec![7],
+        path: path.to_owned(),
+    };
+    state.finish(req).unwrap()
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn check_file(dtype: OutputDtype, st_dtype: Dtype) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/dir/req-1.safetensors");
+    let done = complete(dtype, &path, &[2, 1, 4], false);
+    let bytes = done.write().unwrap();
+
+    let raw = fs::read(&path).unwrap();
+    assert_eq!(bytes, raw.len() as u64);
+    let st = SafeTensors::deserialize(&raw).unwrap();
+    let mut names = st.names();
+    names.sort();
+    assert_eq!(names, ["hidden_states", "token_ids"]);
+
+    let hs = st.tensor("hidden_states").unwrap();
+    assert_eq!(hs.dtype(), st_dtype);
+    assert_eq!(hs.shape(), [7, 3, 5]);
+    assert_eq!(hs.data(), rows(dtype, 0, 7).as_slice());
+
+    let ids = st.tensor("token_ids").unwrap();
+    assert_eq!(ids.dtype(), Dtype::I64);
+    assert_eq!(ids.shape(), [7]);
+    let want: Vec<u8> = (1000..1007i64).flat_map(i64::to_le_bytes).collect();
+    assert_eq!(ids.data(), want.as_slice());
+
+    let (_, meta) = SafeTensors::read_metadata(&raw).unwrap();
+    let expected = HashMap::from([
+        ("layer_ids".to_string(), "[0,2,4]".to_string()),
+        ("model".into(), "tiny-llama".into()),
+        ("dtype".into(), dtype.name().into()),
+        ("pre_norm_last".into(), "true".into()),
+        ("hsx_version".into(), crate::VERSION.into()),
+        ("num_tokens".into(), "7".into()),
+    ]);
+    assert_eq!(meta.metadata().as_ref(), Some(&expected));
+    // int64 data first: 8-byte aligned for zero-copy readers.
+    assert_eq!(meta.info("token_ids").unwrap().data_offsets.0, 0);
+    assert_eq!(names_in(path.parent().unwrap()), ["req-1.safetensors"]);
+}
+
+#[test]
+fn writes_exact_f32_file() {
+    check_file(OutputDtype::F32, Dtype::F32);
+}
+
+#[test]
+fn writes_exact_bf16_file() {
+    check_file(OutputDtype::Bf16, Dtype::BF16);
+}
+
+#[test]
+fn writes_exact_f16_file() {
+    check_file(OutputDtype::F16, Dtype::F16);
+}
+
+#[test]
+fn same_content_as_safetensors_serialize() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.safetensors");
+    let done = complete(OutputDtype::Bf16, &path, &[3, 3], false);
+    done.write().unwrap();
+    let ours = fs::read(&path).unwrap();
+    let theirs = safetensors::serialize(done.tensors(), Some(done.metadata())).unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    let (a, b) = (
+        SafeTensors::deserialize(&ours).unwrap(),
+        SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    for name in ["hidden_states", "token_ids"] {
+        let (x, y) = (a.tensor(name).unwrap(), b.tensor(name).unwrap());
+        assert_eq!(
+            (x.dtype(), x.shape(), x.data()),
+            (y.dtype(), y.shape(), y.data())
+        );
+    }
+    // Same header length, so the data sections line up byte for byte.
+    let data_start = |raw: &[u8]| 8 + u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    assert_eq!(data_start(&ours), data_start(&theirs));
+    assert_eq!(ours[data_start(&ours)..], theirs[data_start(&theirs)..]);
+}
+
+#[test]
+fn replaces_stale_tmp_and_old_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.safetensors");
+    fs::write(with_suffix(&path, ".tmp"), b"stale partial write").unwrap();
+    fs::write(&path, b"old").unwrap();
+    let done = complete(OutputDtype::F32, &path, &[1], false);
+    let bytes = done.write().unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), bytes);
+    assert_eq!(names_in(dir.path()), ["a.safetensors"]);
+}
+
+#[test]
+fn parent_is_a_file_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("blocker");
+    fs::write(&blocker, b"x").unwrap();
+    let path = blocker.join("a.safetensors");
+    let err = complete(OutputDtype::F32, &path, &[2], false)
+        .write()
+        .unwrap_err();
+    assert_eq!(err.op, "create directory");
+    assert!(err.to_string().contains("os error"), "{err}");
+    assert_eq!(names_in(dir.path()), ["blocker"]);
+}
+
+#[test]
+fn failed_rename_removes_tmp() {
+    let dir = tempfile::tempdir().unwrap();
+    // A non-empty directory under the final name: the tmp is written, the rename fails.
+    let path = dir.path().join("a.safetensors");
+    fs::create_dir_all(path.join("inside")).unwrap();
+    let err = complete(OutputDtype::F32, &path, &[2], false)
+        .write()
+        .unwrap_err();
+    assert_eq!(err.op, "rename into place");
+    assert_eq!(names_in(dir.path()), ["a.safetensors"]);
+    assert!(path.is_dir(), "the final name never holds a partial file");
+}
+
+#[test]
+fn lock_file_created_and_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.safetensors");
+    let done = complete(OutputDtype::F32, &path, &[2], true);
+    done.write().unwrap();
+    let lock_path = with_suffix(&path, ".lock");
+    let mode = fs::metadata(&lock_path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o600, 0o600, "owner read/write: {mode:o}");
+    assert_eq!(mode & 0o133, 0, "no exec, no group/other write: {mode:o}");
+    let lock = File::open(&lock_path).unwrap();
+    lock.try_lock().expect("the writer released its lock");
+    assert_eq!(
+        names_in(dir.path()),
+        ["a.safetensors", "a.safetensors.lock"]
+    );
+}
+
+#[test]
+fn writer_waits_for_a_held_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.safetensors");
+    let lock_path = with_suffix(&path, ".lock");
+    let reader = File::create(&lock_path).unwrap();
+    reader.lock().unwrap();
+    let done = complete(OutputDtype::F32, &path, &[2], true);
+    let writer = std::thread::spawn(move || done.write());
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(!path.exists(), "no write while a client holds the lock");
+    reader.unlock().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(path.exists());
+}
+
+#[test]
+fn completed_event_describes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.safetensors");
+    let done = complete(OutputDtype::F32, &path, &[2, 2], false);
+    assert_eq!((done.num_tokens(), done.hidden_bytes()), (4, 4 * 3 * 5 * 4));
+    assert_eq!(done.id().as_str(), "req-1");
+    assert_eq!(
+        done.completed_event(99),
+        EventKind::Completed {
+            path,
+            num_tokens: 4,
+            layer_ids: vec![0, 2, 4],
+            bytes: 99,
+            output_token_ids: vec![7],
+        }
+    );
+}

@@ -1,0 +1,323 @@
+//! The runner's plain state: each request's tokens and blocks, turning a `StepPlan` into a
+//! packed batch and a backend output back into per-request captured rows.
+
+use std::collections::HashMap;
+
+use half::{bf16, f16};
+use thiserror::Error;
+
+use crate::actors::messages::{CapturedChunk, OutputDtype, RequestId, StepOutput, StepPlan};
+use crate::kernels::{BatchOutput, SeqChunk};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("plan names unknown request {0}")]
+    UnknownRequest(RequestId),
+    #[error("request {id}: chunk starts at {start} but {computed} tokens are computed")]
+    WrongStart {
+        id: RequestId,
+        start: usize,
+        computed: usize,
+    },
+    #[error("request {id}: chunk {start}..{end} runs past the {known} known tokens")]
+    PastKnownTokens {
+        id: RequestId,
+        start: usize,
+        end: usize,
+        known: usize,
+    },
+    #[error("backend output has {got} captured values, expected {expected}")]
+    OutputSize { got: usize, expected: usize },
+    #[error("request {0}: a token was to be sampled but the backend returned none")]
+    MissingSample(RequestId),
+}
+
+#[derive(Debug)]
+struct Seq {
+    tokens: Vec<u32>,
+    blocks: Vec<u32>,
+    computed: usize,
+}
+
+/// The packed batch of one step.
+#[derive(Debug, Default)]
+pub struct PreparedStep {
+    pub token_ids: Vec<u32>,
+    pub seqs: Vec<SeqChunk>,
+}
+
+/// Rows per token in the captured output: K layers of H values.
+#[derive(Debug, Clone, Copy)]
+pub struct RowShape {
+    pub layers: usize,
+    pub hidden: usize,
+    pub dtype: OutputDtype,
+}
+
+impl RowShape {
+    fn values(&self) -> usize {
+        self.layers * self.hidden
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RunnerState {
+    seqs: HashMap<RequestId, Seq>,
+}
+
+impl RunnerState {
+    pub fn num_requests(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Applies the plan's releases and new requests, then packs its chunks.
+    pub fn prepare(&mut self, plan: &StepPlan) -> Result<PreparedStep, PlanError> {
+        for id in &plan.released {
+            self.seqs.remove(id);
+        }
+        for new in &plan.new_requests {
+            let seq = Seq {
+                tokens: new.prompt.to_vec(),
+                blocks: new.block_ids.clone(),
+                computed: 0,
+            };
+            self.seqs.insert(new.id.clone(), seq);
+        }
+        let mut step = PreparedStep::default();
+        for c in &plan.chunks {
+            let seq = self
+                .seqs
+                .get(&c.id)
+                .ok_or_else(|| PlanError::UnknownRequest(c.id.clone()))?;
+            check_chunk(&c.id, seq, c.start, c.len)?;
+            step.token_ids
+                .extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
+            step.seqs.push(SeqChunk {
+                start: c.start,
+                len: c.len,
+                block_table: seq.blocks.clone(),
+                sample: c.sample,
+            });
+        }
+        Ok(step)
+    }
+
+    /// Commits a successful forward: advances each request, appends sampled tokens, and
+    /// cuts the captured rows per request (in the file dtype).
+    pub fn commit(
+        &mut self,
+        plan: &StepPlan,
+        out: &BatchOutput,
+        shape: RowShape,
+    ) -> Result<(StepOutput, Vec<CapturedChunk>), PlanError> {
+        let total: usize = plan.chunks.iter().map(|c| c.len).sum();
+        let expected = total * shape.values();
+        if out.captured.len() != expected || out.sampled.len() != plan.chunks.len() {
+            let got = out.captured.len();
+            return Err(PlanError::OutputSize { got, expected });
+        }
+        let mut result = StepOutput {
+            step: plan.step,
+            sampled: Vec::new(),
+        };
+        let mut captures = Vec::new();
+        let mut row = 0;
+        for (c, sampled) in plan.chunks.iter().zip(&out.sampled) {
+            let seq = self
+                .seqs
+                .get_mut(&c.id)
+                .ok_or_else(|| PlanError::UnknownRequest(c.id.clone()))?;
+            seq.computed += c.len;
+            if c.sample {
+                let t = sampled.ok_or_else(|| PlanError::MissingSample(c.id.clone()))?;
+                seq.tokens.push(t);
+                result.sampled.push((c.id.clone(), t));
+            }
+            if c.capture_len > 0 {
+                let vals = &out.captured[row * shape.values()..][..c.capture_len * shape.values()];
+                captures.push(CapturedChunk {
+                    id: c.id.clone(),
+                    start: c.start,
+                    rows: c.capture_len,
+                    data: encode(vals, shape.dtype),
+                });
+            }
+            row += c.len;
+        }
+        Ok((result, captures))
+    }
+}
+
+fn check_chunk(id: &RequestId, seq: &Seq, start: usize, len: usize) -> Result<(), PlanError> {
+    if start != seq.computed {
+        return Err(PlanError::WrongStart {
+            id: id.clone(),
+            start,
+            computed: seq.computed,
+        });
+    }
+    if start + len > seq.tokens.len() {
+        return Err(PlanError::PastKnownTokens {
+            id: id.clone(),
+            start,
+            end: start + len,
+            known: seq.tokens.len(),
+        });
+    }
+    Ok(())
+}
+
+/// f32 values to little-endian bytes of the file dtype (round to nearest even, as torch).
+pub fn encode(vals: &[f32], dtype: OutputDtype) -> Vec<u8> {
+    match dtype {
+        OutputDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
+        OutputDtype::Bf16 => {
+            let v: Vec<bf16> = vals.iter().map(|&x| bf16::from_f32(x)).collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        OutputDtype::F16 => {
+            let v: Vec<f16> = vals.iter().map(|&x| f16::from_f32(x)).collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::messages::{NewRequestData, PlannedChunk};
+
+    fn id(s: &str) -> RequestId {
+        RequestId::new(s).unwrap()
+    }
+
+    fn chunk(name: &str, start: usize, len: usize, sample: bool) -> PlannedChunk {
+        PlannedChunk {
+            id: id(name),
+            start,
+            len,
+            sample,
+            capture_len: len,
+        }
+    }
+
+    fn new_req(name: &str, prompt: &[u32]) -> NewRequestData {
+        NewRequestData {
+            id: id(name),
+            prompt: prompt.into(),
+            block_ids: vec![3, 4],
+        }
+    }
+
+    const SHAPE: RowShape = RowShape {
+        layers: 2,
+        hidden: 1,
+        dtype: OutputDtype::F32,
+    };
+
+    #[test]
+    fn packs_chunks_and_cuts_rows_per_request() {
+        let mut s = RunnerState::default();
+        let plan = StepPlan {
+            step: 0,
+            new_requests: vec![new_req("a", &[1, 2, 3]), new_req("b", &[9])],
+            chunks: vec![chunk("a", 0, 2, false), chunk("b", 0, 1, true)],
+            released: vec![],
+        };
+        let step = s.prepare(&plan).unwrap();
+        assert_eq!(step.token_ids, vec![1, 2, 9]);
+        assert_eq!(step.seqs[1].block_table, vec![3, 4]);
+        let out = BatchOutput {
+            captured: vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5],
+            sampled: vec![None, Some(5)],
+        };
+        let (res, caps) = s.commit(&plan, &out, SHAPE).unwrap();
+        assert_eq!(res.sampled, vec![(id("b"), 5)]);
+        assert_eq!(caps.len(), 2);
+        assert_eq!(caps[1].start, 0);
+        assert_eq!(caps[1].data, encode(&[2.0, 2.5], OutputDtype::F32));
+        assert_eq!(caps[0].rows, 2);
+        // The sampled token becomes b's next input.
+        let plan2 = StepPlan {
+            step: 1,
+            chunks: vec![chunk("a", 2, 1, true), chunk("b", 1, 1, true)],
+            ..Default::default()
+        };
+        assert_eq!(s.prepare(&plan2).unwrap().token_ids, vec![3, 5]);
+    }
+
+    #[test]
+    fn inconsistent_plans_are_errors() {
+        let mut s = RunnerState::default();
+        let mut plan = StepPlan {
+            new_requests: vec![new_req("a", &[1, 2])],
+            chunks: vec![chunk("a", 1, 1, false)],
+            ..Default::default()
+        };
+        assert!(matches!(
+            s.prepare(&plan),
+            Err(PlanError::WrongStart { .. })
+        ));
+        plan.chunks = vec![chunk("a", 0, 3, false)];
+        assert!(matches!(
+            s.prepare(&plan),
+            Err(PlanError::PastKnownTokens { .. })
+        ));
+        plan.chunks = vec![chunk("zz", 0, 1, false)];
+        assert!(matches!(
+            s.prepare(&plan),
+            Err(PlanError::UnknownRequest(_))
+        ));
+    }
+
+    #[test]
+    fn released_requests_are_forgotten() {
+        let mut s = RunnerState::default();
+        let plan = StepPlan {
+            new_requests: vec![new_req("a", &[1])],
+            ..Default::default()
+        };
+        s.prepare(&plan).unwrap();
+        assert_eq!(s.num_requests(), 1);
+        let plan = StepPlan {
+            released: vec![id("a")],
+            ..Default::default()
+        };
+        s.prepare(&plan).unwrap();
+        assert_eq!(s.num_requests(), 0);
+    }
+
+    #[test]
+    fn wrong_output_size_and_missing_sample_are_errors() {
+        let mut s = RunnerState::default();
+        let plan = StepPlan {
+            new_requests: vec![new_req("a", &[1])],
+            chunks: vec![chunk("a", 0, 1, true)],
+            ..Default::default()
+        };
+        s.prepare(&plan).unwrap();
+        let short = BatchOutput {
+            captured: vec![0.0],
+            sampled: vec![Some(1)],
+        };
+        assert!(matches!(
+            s.commit(&plan, &short, SHAPE),
+            Err(PlanError::OutputSize { .. })
+        ));
+        let unsampled = BatchOutput {
+            captured: vec![0.0, 0.0],
+            sampled: vec![None],
+        };
+        assert!(matches!(
+            s.commit(&plan, &unsampled, SHAPE),
+            Err(PlanError::MissingSample(_))
+        ));
+    }
+
+    #[test]
+    fn bf16_encoding_rounds_like_torch() {
+        // 1 + 2^-8 is halfway between two bf16 values: ties go to even (1.0).
+        let bytes = encode(&[1.0 + 1.0 / 256.0, -2.0], OutputDtype::Bf16);
+        assert_eq!(bytes, vec![0x80, 0x3f, 0x00, 0xc0]);
+    }
+}

@@ -1,0 +1,412 @@
+//! The scheduler's plain state: queues, admission, chunked-prefill planning and applying a
+//! step's committed output (vLLM v1's schedule / update_from_output). No tensors, no channels.
+
+use std::collections::{HashMap, VecDeque};
+
+use thiserror::Error;
+
+use crate::actors::messages::{
+    FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, StepOutput, StepPlan,
+};
+
+#[derive(Debug, Clone)]
+pub struct SchedulerLimits {
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub max_waiting: usize,
+    /// Longest prompt + generated tokens.
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    /// Tokens the whole KV cache can hold (blocks × block size).
+    pub kv_capacity_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    #[error("overloaded: {0} requests are already waiting")]
+    Overloaded(usize),
+    #[error("request id {0} is already queued or running")]
+    DuplicateId(RequestId),
+    #[error("empty prompt: token_ids must hold at least one token")]
+    EmptyPrompt,
+    #[error("request of {len} tokens (prompt + max_tokens) exceeds max_model_len {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("token id {token} at position {position} is out of range (vocab size {vocab})")]
+    TokenOutOfRange {
+        token: u32,
+        position: usize,
+        vocab: usize,
+    },
+    #[error("request of {len} tokens does not fit in the KV cache ({capacity} tokens)")]
+    TooLargeForCache { len: usize, capacity: usize },
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// What the actor must do after a state change: messages to the other actors.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Requests with all rows computed: the connector writes their files.
+    pub finished: Vec<FinishedRequest>,
+    /// Requests whose blocks go back to the pool.
+    pub release_blocks: Vec<RequestId>,
+    /// Requests whose pending rows the connector drops.
+    pub discard: Vec<RequestId>,
+    /// Failure events to publish.
+    pub failed: Vec<(RequestId, String)>,
+}
+
+#[derive(Debug)]
+struct Running {
+    req: Request,
+    /// Tokens already through the model (the runner's committed count).
+    computed: usize,
+    generated: Vec<u32>,
+    blocks: Vec<u32>,
+    /// Whether the runner has been sent this request's tokens and blocks.
+    announced: bool,
+}
+
+impl Running {
+    /// This request's next chunk under `budget` tokens: (start, len, sample).
+    fn next_chunk(&self, budget: usize) -> Option<(usize, usize, bool)> {
+        let prompt = self.req.prompt.len();
+        let wanted = self.req.max_tokens as usize;
+        if self.computed < prompt {
+            let len = (prompt - self.computed).min(budget);
+            let sample = self.computed + len == prompt && wanted >= 1;
+            return (len > 0).then_some((self.computed, len, sample));
+        }
+        let known = prompt + self.generated.len();
+        let decode = self.computed < known && self.generated.len() < wanted;
+        (decode && budget > 0).then_some((self.computed, 1, true))
+    }
+
+    fn is_done(&self) -> bool {
+        self.computed >= self.req.total_forward_tokens()
+            && self.generated.len() >= self.req.max_tokens as usize
+    }
+
+    fn finished(&self) -> FinishedRequest {
+        let rows = self.req.expected_rows();
+        let mut token_ids: Vec<u32> = self.req.prompt.to_vec();
+        token_ids.extend(&self.generated);
+        token_ids.truncate(rows);
+        FinishedRequest {
+            id: self.req.id.clone(),
+            token_ids,
+            output_token_ids: self.generated.clone(),
+            path: self.req.path.clone(),
+        }
+    }
+}
+
+/// Queue depths and counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, kameo::Reply)]
+pub struct SchedulerStats {
+    pub waiting: usize,
+    pub running: usize,
+    pub steps: u64,
+    pub tokens_computed: u64,
+}
+
+#[derive(Debug)]
+pub struct SchedulerState {
+    limits: SchedulerLimits,
+    waiting: VecDeque<Request>,
+    running: Vec<Running>,
+    next_step: u64,
+    in_flight: Option<StepPlan>,
+    /// Runner-side state to drop with the next plan.
+    to_release: Vec<RequestId>,
+    /// Running requests to drop (with why) once their step in flight comes back.
+    doomed: HashMap<RequestId, String>,
+    tokens_computed: u64,
+    /// Blocks granted to requests that could not be admitted (not at the queue head).
+    unused_grants: Vec<RequestId>,
+}
+
+impl SchedulerState {
+    pub fn new(limits: SchedulerLimits) -> Self {
+        Self {
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_step: 0,
+            in_flight: None,
+            to_release: Vec::new(),
+            doomed: HashMap::new(),
+            tokens_computed: 0,
+            unused_grants: Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            steps: self.next_step,
+            tokens_computed: self.tokens_computed,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_none()
+    }
+
+    pub fn step_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Validates and queues a request.
+    pub fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        self.validate(&req)?;
+        if self.contains(&req.id) {
+            return Err(SubmitError::DuplicateId(req.id));
+        }
+        if self.waiting.len() >= self.limits.max_waiting {
+            return Err(SubmitError::Overloaded(self.waiting.len()));
+        }
+        self.waiting.push_back(req);
+        Ok(())
+    }
+
+    fn validate(&self, req: &Request) -> Result<(), SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let len = req.prompt.len() + req.max_tokens as usize;
+        if len > self.limits.max_model_len {
+            let max = self.limits.max_model_len;
+            return Err(SubmitError::TooLong { len, max });
+        }
+        let vocab = self.limits.vocab_size;
+        if let Some((position, &token)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab)
+        {
+            return Err(SubmitError::TokenOutOfRange {
+                token,
+                position,
+                vocab,
+            });
+        }
+        let capacity = self.limits.kv_capacity_tokens;
+        if req.total_forward_tokens() > capacity {
+            let len = req.total_forward_tokens();
+            return Err(SubmitError::TooLargeForCache { len, capacity });
+        }
+        Ok(())
+    }
+
+    fn contains(&self, id: &RequestId) -> bool {
+        self.waiting.iter().any(|r| &r.id == id) || self.running.iter().any(|r| &r.req.id == id)
+    }
+
+    /// Aborts a waiting or running request. A request inside the step in flight is dropped
+    /// when that step's output arrives.
+    pub fn abort(&mut self, id: &RequestId) -> Effects {
+        let mut fx = Effects::default();
+        if let Some(pos) = self.waiting.iter().position(|r| &r.id == id) {
+            self.waiting.remove(pos);
+            fx.failed.push((id.clone(), "aborted".into()));
+        } else if self.in_flight_has(id) {
+            self.doomed.insert(id.clone(), "aborted".into());
+        } else if let Some(pos) = self.running.iter().position(|r| &r.req.id == id) {
+            self.running.remove(pos);
+            self.drop_running(id, "aborted".into(), &mut fx);
+        }
+        fx
+    }
+
+    fn in_flight_has(&self, id: &RequestId) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|p| p.chunks.iter().any(|c| &c.id == id))
+    }
+
+    fn drop_running(&mut self, id: &RequestId, why: String, fx: &mut Effects) {
+        fx.release_blocks.push(id.clone());
+        fx.discard.push(id.clone());
+        fx.failed.push((id.clone(), why));
+        self.to_release.push(id.clone());
+    }
+
+    /// Tokens the running requests take from this step's budget.
+    fn running_budget_use(&self) -> usize {
+        let mut budget = self.limits.max_num_batched_tokens;
+        for r in &self.running {
+            if let Some((_, len, _)) = r.next_chunk(budget) {
+                budget -= len;
+            }
+        }
+        self.limits.max_num_batched_tokens - budget
+    }
+
+    /// Waiting requests that could start in the next step, with the tokens each will keep in
+    /// the KV cache; the actor reserves their blocks, then calls [`Self::plan_step`].
+    pub fn admission_candidates(&self) -> Vec<(RequestId, usize)> {
+        if self.in_flight.is_some() {
+            return Vec::new();
+        }
+        let mut budget = self.limits.max_num_batched_tokens - self.running_budget_use();
+        let slots = self.limits.max_num_seqs.saturating_sub(self.running.len());
+        let mut out = Vec::new();
+        for req in self.waiting.iter().take(slots) {
+            if budget == 0 {
+                break;
+            }
+            budget -= req.prompt.len().min(budget);
+            out.push((req.id.clone(), req.total_forward_tokens()));
+        }
+        out
+    }
+
+    /// Admits the granted requests (a prefix of the candidates) and plans the next step.
+    /// Returns `None` when there is nothing to run (or a step is already in flight).
+    pub fn plan_step(&mut self, granted: Vec<(RequestId, Vec<u32>)>) -> Option<StepPlan> {
+        if self.in_flight.is_some() {
+            self.unused_grants
+                .extend(granted.into_iter().map(|(id, _)| id));
+            return None;
+        }
+        self.admit(granted);
+        let mut plan = StepPlan {
+            step: self.next_step,
+            ..StepPlan::default()
+        };
+        let mut budget = self.limits.max_num_batched_tokens;
+        for r in &mut self.running {
+            let Some((start, len, sample)) = r.next_chunk(budget) else {
+                continue;
+            };
+            budget -= len;
+            if !r.announced {
+                r.announced = true;
+                plan.new_requests.push(NewRequestData {
+                    id: r.req.id.clone(),
+                    prompt: r.req.prompt.clone(),
+                    block_ids: r.blocks.clone(),
+                });
+            }
+            let capture_len = r.req.expected_rows().saturating_sub(start).min(len);
+            plan.chunks.push(PlannedChunk {
+                id: r.req.id.clone(),
+                start,
+                len,
+                sample,
+                capture_len,
+            });
+        }
+        if plan.chunks.is_empty() {
+            return None;
+        }
+        plan.released = std::mem::take(&mut self.to_release);
+        self.next_step += 1;
+        self.in_flight = Some(plan.clone());
+        Some(plan)
+    }
+
+    fn admit(&mut self, granted: Vec<(RequestId, Vec<u32>)>) {
+        let mut blocks: HashMap<RequestId, Vec<u32>> = granted.into_iter().collect();
+        while let Some(front) = self.waiting.front() {
+            let Some(b) = blocks.remove(&front.id) else {
+                break;
+            };
+            let req = self.waiting.pop_front().expect("front exists");
+            self.running.push(Running {
+                req,
+                computed: 0,
+                generated: Vec::new(),
+                blocks: b,
+                announced: false,
+            });
+        }
+        self.unused_grants.extend(blocks.into_keys());
+    }
+
+    /// Grants that [`Self::plan_step`] could not use; their blocks must be released.
+    pub fn take_unused_grants(&mut self) -> Vec<RequestId> {
+        std::mem::take(&mut self.unused_grants)
+    }
+
+    /// Applies the committed output of the step in flight.
+    pub fn apply(&mut self, out: &StepOutput) -> Effects {
+        let mut fx = Effects::default();
+        let Some(plan) = self.in_flight.take() else {
+            return fx;
+        };
+        if plan.step != out.step {
+            self.in_flight = Some(plan);
+            return fx;
+        }
+        let sampled: HashMap<&RequestId, u32> = out.sampled.iter().map(|(i, t)| (i, *t)).collect();
+        for chunk in &plan.chunks {
+            let Some(r) = self.running.iter_mut().find(|r| r.req.id == chunk.id) else {
+                continue;
+            };
+            r.computed += chunk.len;
+            self.tokens_computed += chunk.len as u64;
+            if chunk.sample {
+                match sampled.get(&chunk.id) {
+                    Some(&t) => r.generated.push(t),
+                    None => {
+                        let why = "internal error: the runner sampled no token".to_owned();
+                        self.doomed.insert(chunk.id.clone(), why);
+                    }
+                }
+            }
+        }
+        self.retire(&mut fx);
+        fx
+    }
+
+    /// The step in flight failed: every request in it fails.
+    pub fn fail_step(&mut self, step: u64, error: &str) -> Effects {
+        let mut fx = Effects::default();
+        let Some(plan) = self.in_flight.take_if(|p| p.step == step) else {
+            return fx;
+        };
+        for chunk in &plan.chunks {
+            if let Some(pos) = self.running.iter().position(|r| r.req.id == chunk.id) {
+                self.running.remove(pos);
+                self.doomed.remove(&chunk.id);
+                self.drop_running(&chunk.id, format!("model runner error: {error}"), &mut fx);
+            }
+        }
+        fx
+    }
+
+    /// Moves finished and aborted requests out of `running`.
+    fn retire(&mut self, fx: &mut Effects) {
+        let mut keep = Vec::with_capacity(self.running.len());
+        for r in std::mem::take(&mut self.running) {
+            let id = r.req.id.clone();
+            if let Some(why) = self.doomed.remove(&id) {
+                self.drop_running(&id, why, fx);
+            } else if r.is_done() {
+                fx.finished.push(r.finished());
+                fx.release_blocks.push(id.clone());
+                self.to_release.push(id);
+            } else {
+                keep.push(r);
+            }
+        }
+        self.running = keep;
+    }
+
+    /// Fails everything waiting (shutdown without drain).
+    pub fn drain_waiting(&mut self, why: &str) -> Effects {
+        let mut fx = Effects::default();
+        for r in self.waiting.drain(..) {
+            fx.failed.push((r.id, why.to_owned()));
+        }
+        fx
+    }
+}
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

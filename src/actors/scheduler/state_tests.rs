@@ -1,0 +1,315 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+
+fn limits(budget: usize, seqs: usize) -> SchedulerLimits {
+    SchedulerLimits {
+        max_num_batched_tokens: budget,
+        max_num_seqs: seqs,
+        max_waiting: 4,
+        max_model_len: 100,
+        vocab_size: 50,
+        kv_capacity_tokens: 1000,
+    }
+}
+
+fn req(id: &str, len: usize, max_tokens: u32) -> Request {
+    Request {
+        id: RequestId::new(id).unwrap(),
+        prompt: (0..len as u32).map(|t| t % 50).collect::<Vec<_>>().into(),
+        max_tokens,
+        include_output_tokens: false,
+        path: PathBuf::from(format!("/tmp/{id}.safetensors")),
+    }
+}
+
+fn id(s: &str) -> RequestId {
+    RequestId::new(s).unwrap()
+}
+
+/// Grants every candidate a dummy block list, plans, and returns the plan.
+fn step(s: &mut SchedulerState) -> Option<StepPlan> {
+    let granted = s
+        .admission_candidates()
+        .into_iter()
+        .map(|(id, _)| (id, vec![0]))
+        .collect();
+    s.plan_step(granted)
+}
+
+/// Output that samples token 7 for every sampling chunk.
+fn output_for(plan: &StepPlan) -> StepOutput {
+    StepOutput {
+        step: plan.step,
+        sampled: plan
+            .chunks
+            .iter()
+            .filter(|c| c.sample)
+            .map(|c| (c.id.clone(), 7))
+            .collect(),
+    }
+}
+
+fn chunk_shape(plan: &StepPlan) -> Vec<(String, usize, usize, bool)> {
+    plan.chunks
+        .iter()
+        .map(|c| (c.id.to_string(), c.start, c.len, c.sample))
+        .collect()
+}
+
+#[test]
+fn chunked_prefill_splits_under_the_budget() {
+    let mut s = SchedulerState::new(limits(4, 8));
+    s.submit(req("a", 10, 1)).unwrap();
+    let mut shapes = Vec::new();
+    let mut finished = Vec::new();
+    while let Some(plan) = step(&mut s) {
+        shapes.extend(chunk_shape(&plan));
+        finished.extend(s.apply(&output_for(&plan)).finished);
+    }
+    assert_eq!(
+        shapes,
+        vec![
+            ("a".into(), 0, 4, false),
+            ("a".into(), 4, 4, false),
+            ("a".into(), 8, 2, true)
+        ]
+    );
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0].token_ids.len(), 10);
+    assert_eq!(finished[0].output_token_ids, vec![7]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn budget_is_shared_and_new_requests_are_announced_once() {
+    let mut s = SchedulerState::new(limits(6, 8));
+    s.submit(req("a", 4, 0)).unwrap();
+    s.submit(req("b", 5, 0)).unwrap();
+    let p1 = step(&mut s).unwrap();
+    assert_eq!(
+        chunk_shape(&p1),
+        vec![("a".into(), 0, 4, false), ("b".into(), 0, 2, false)]
+    );
+    assert_eq!(p1.new_requests.len(), 2);
+    let fx = s.apply(&output_for(&p1));
+    assert_eq!(fx.finished.len(), 1);
+    assert_eq!(fx.release_blocks, vec![id("a")]);
+    let p2 = step(&mut s).unwrap();
+    assert_eq!(chunk_shape(&p2), vec![("b".into(), 2, 3, false)]);
+    assert!(p2.new_requests.is_empty());
+    assert_eq!(p2.released, vec![id("a")]);
+}
+
+#[test]
+fn capture_len_and_positions_cover_every_row_once() {
+    let mut s = SchedulerState::new(limits(7, 8));
+    s.submit(req("a", 30, 0)).unwrap();
+    let mut covered = Vec::new();
+    while let Some(plan) = step(&mut s) {
+        for c in &plan.chunks {
+            assert_eq!(c.capture_len, c.len);
+            covered.extend(c.start..c.start + c.len);
+        }
+        s.apply(&output_for(&plan));
+    }
+    assert_eq!(covered, (0..30).collect::<Vec<_>>());
+}
+
+#[test]
+fn max_num_seqs_limits_admission() {
+    let mut s = SchedulerState::new(limits(100, 2));
+    for n in ["a", "b", "c"] {
+        s.submit(req(n, 3, 0)).unwrap();
+    }
+    let p = step(&mut s).unwrap();
+    assert_eq!(p.chunks.len(), 2);
+    assert_eq!(s.stats().waiting, 1);
+}
+
+#[test]
+fn no_second_plan_while_a_step_is_in_flight() {
+    let mut s = SchedulerState::new(limits(2, 8));
+    s.submit(req("a", 5, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    assert!(s.admission_candidates().is_empty());
+    assert!(s.plan_step(vec![]).is_none());
+    s.apply(&output_for(&p));
+    assert_eq!(step(&mut s).unwrap().chunks[0].start, 2);
+}
+
+#[test]
+fn stale_output_is_ignored() {
+    let mut s = SchedulerState::new(limits(2, 8));
+    s.submit(req("a", 5, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    let mut wrong = output_for(&p);
+    wrong.step += 1;
+    s.apply(&wrong);
+    assert!(s.step_in_flight());
+}
+
+#[test]
+fn decode_steps_and_include_output_tokens() {
+    let mut s = SchedulerState::new(limits(16, 8));
+    let mut r = req("a", 3, 3);
+    r.include_output_tokens = true;
+    s.submit(r).unwrap();
+    let mut shapes = Vec::new();
+    let mut captured = 0;
+    let mut finished = Vec::new();
+    while let Some(plan) = step(&mut s) {
+        shapes.extend(chunk_shape(&plan));
+        captured += plan.chunks.iter().map(|c| c.capture_len).sum::<usize>();
+        finished.extend(s.apply(&output_for(&plan)).finished);
+    }
+    assert_eq!(
+        shapes,
+        vec![
+            ("a".into(), 0, 3, true),
+            ("a".into(), 3, 1, true),
+            ("a".into(), 4, 1, true)
+        ]
+    );
+    assert_eq!(captured, 5);
+    assert_eq!(finished[0].token_ids, vec![0, 1, 2, 7, 7]);
+    assert_eq!(finished[0].output_token_ids, vec![7, 7, 7]);
+}
+
+#[test]
+fn generated_rows_not_captured_by_default() {
+    let mut s = SchedulerState::new(limits(16, 8));
+    s.submit(req("a", 3, 2)).unwrap();
+    let p1 = step(&mut s).unwrap();
+    s.apply(&output_for(&p1));
+    let p2 = step(&mut s).unwrap();
+    assert_eq!(p2.chunks[0].capture_len, 0);
+    let fx = s.apply(&output_for(&p2));
+    assert_eq!(fx.finished[0].token_ids, vec![0, 1, 2]);
+}
+
+#[test]
+fn submit_validation() {
+    let mut s = SchedulerState::new(limits(16, 8));
+    assert_eq!(s.submit(req("e", 0, 0)), Err(SubmitError::EmptyPrompt));
+    assert!(matches!(
+        s.submit(req("l", 99, 2)),
+        Err(SubmitError::TooLong { len: 101, .. })
+    ));
+    let mut bad = req("v", 3, 0);
+    bad.prompt = Arc::from(vec![1, 50, 2]);
+    assert!(matches!(
+        s.submit(bad),
+        Err(SubmitError::TokenOutOfRange {
+            token: 50,
+            position: 1,
+            ..
+        })
+    ));
+    s.submit(req("d", 3, 0)).unwrap();
+    assert!(matches!(
+        s.submit(req("d", 3, 0)),
+        Err(SubmitError::DuplicateId(_))
+    ));
+}
+
+#[test]
+fn too_large_for_cache_rejected() {
+    let mut l = limits(16, 8);
+    l.kv_capacity_tokens = 8;
+    let mut s = SchedulerState::new(l);
+    assert!(matches!(
+        s.submit(req("a", 9, 0)),
+        Err(SubmitError::TooLargeForCache { .. })
+    ));
+}
+
+#[test]
+fn waiting_queue_is_bounded() {
+    let mut s = SchedulerState::new(limits(16, 8));
+    for i in 0..4 {
+        s.submit(req(&format!("r{i}"), 2, 0)).unwrap();
+    }
+    assert_eq!(s.submit(req("x", 2, 0)), Err(SubmitError::Overloaded(4)));
+}
+
+#[test]
+fn abort_waiting_request() {
+    let mut s = SchedulerState::new(limits(16, 8));
+    s.submit(req("a", 2, 0)).unwrap();
+    let fx = s.abort(&id("a"));
+    assert_eq!(fx.failed.len(), 1);
+    assert!(fx.release_blocks.is_empty());
+    assert!(s.is_idle());
+}
+
+#[test]
+fn abort_in_flight_request_drops_it_when_the_step_returns() {
+    let mut s = SchedulerState::new(limits(2, 8));
+    s.submit(req("a", 5, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    let fx = s.abort(&id("a"));
+    assert!(fx.failed.is_empty());
+    let fx = s.apply(&output_for(&p));
+    assert_eq!(fx.release_blocks, vec![id("a")]);
+    assert_eq!(fx.discard, vec![id("a")]);
+    assert_eq!(fx.failed[0].1, "aborted");
+    assert!(fx.finished.is_empty());
+    assert!(step(&mut s).is_none());
+}
+
+#[test]
+fn abort_running_request_between_steps() {
+    let mut s = SchedulerState::new(limits(2, 8));
+    s.submit(req("a", 5, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    s.apply(&output_for(&p));
+    let fx = s.abort(&id("a"));
+    assert_eq!(fx.release_blocks, vec![id("a")]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn failed_step_fails_its_requests_and_frees_blocks() {
+    let mut s = SchedulerState::new(limits(8, 8));
+    s.submit(req("a", 3, 0)).unwrap();
+    s.submit(req("b", 3, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    let fx = s.fail_step(p.step, "boom");
+    assert_eq!(fx.release_blocks.len(), 2);
+    assert_eq!(fx.discard.len(), 2);
+    assert!(fx.failed.iter().all(|(_, e)| e.contains("boom")));
+    assert!(s.is_idle());
+    s.submit(req("c", 3, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    assert_eq!(p.released.len(), 2);
+}
+
+#[test]
+fn missing_sampled_token_fails_the_request() {
+    let mut s = SchedulerState::new(limits(8, 8));
+    s.submit(req("a", 3, 1)).unwrap();
+    let p = step(&mut s).unwrap();
+    let fx = s.apply(&StepOutput {
+        step: p.step,
+        sampled: vec![],
+    });
+    assert!(fx.finished.is_empty());
+    assert!(fx.failed[0].1.contains("sampled no token"));
+}
+
+#[test]
+fn denied_reservation_keeps_request_waiting() {
+    let mut s = SchedulerState::new(limits(8, 8));
+    s.submit(req("a", 3, 0)).unwrap();
+    s.submit(req("b", 3, 0)).unwrap();
+    let cands = s.admission_candidates();
+    assert_eq!(cands.len(), 2);
+    // Only "b" granted: FIFO admission stops at the head, nothing runs.
+    assert!(s.plan_step(vec![(id("b"), vec![1])]).is_none());
+    assert_eq!(s.stats().waiting, 2);
+    assert_eq!(s.take_unused_grants(), vec![id("b")]);
+    let p = s.plan_step(vec![(id("a"), vec![0])]).unwrap();
+    assert_eq!(p.chunks.len(), 1);
+}

@@ -1,0 +1,186 @@
+//! [`CpuBackend`]: a dense model, its paged KV cache and a private rayon pool.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use super::kv_cache::{BatchPlan, KvCache, PlanLimits};
+use crate::kernels::{Backend, BackendError, Batch, BatchOutput};
+use crate::models::dense::DenseModel;
+use crate::models::{ModelError, ModelSpec, Weights};
+
+/// How to build a [`CpuBackend`].
+#[derive(Debug, Clone)]
+pub struct CpuOptions {
+    /// Layer ids to capture, ascending, each in `0..=L` (DESIGN.md §1.1).
+    pub capture_layers: Vec<usize>,
+    /// KV cache blocks per layer.
+    pub num_blocks: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Threads of the backend's rayon pool; 0 = all cores.
+    pub threads: usize,
+}
+
+/// The CPU implementation of [`Backend`] for dense models.
+pub struct CpuBackend {
+    model: DenseModel,
+    cache: KvCache,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    capture_layers: Vec<usize>,
+    /// layer id -> index into `capture_layers`
+    capture_slot: Vec<Option<usize>>,
+}
+
+impl CpuBackend {
+    /// Loads the weights of `dir` for `spec` (from [`ModelSpec::from_dir`]) and allocates the
+    /// KV cache.
+    pub fn load(dir: &Path, spec: ModelSpec, opts: CpuOptions) -> Result<Self, ModelError> {
+        check_options(&spec, &opts)?;
+        let threads = match opts.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hsx-cpu-{i}"))
+            .build()
+            .map_err(|e| {
+                ModelError::InvalidOptions(format!("cannot start {threads} threads: {e}"))
+            })?;
+        let weights = Weights::open(dir)?;
+        let model = pool.install(|| DenseModel::load(&weights, spec))?;
+        let cache = KvCache::new(
+            model.spec().num_layers,
+            opts.num_blocks,
+            opts.block_size,
+            model.kv_dim(),
+        )
+        .map_err(ModelError::InvalidOptions)?;
+        let mut capture_slot = vec![None; model.spec().num_layers + 1];
+        for (k, &id) in opts.capture_layers.iter().enumerate() {
+            capture_slot[id] = Some(k);
+        }
+        Ok(Self {
+            model,
+            cache,
+            pool,
+            threads,
+            capture_layers: opts.capture_layers,
+            capture_slot,
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        self.model.spec()
+    }
+
+    /// Threads of the backend's pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The model's final RMSNorm over `hidden`-wide rows: turns captured id-L rows into Hugging
+    /// Face's post-norm `hidden_states[L]`.
+    pub fn final_norm(&self, rows: &[f32]) -> Vec<f32> {
+        self.pool.install(|| self.model.final_norm(rows))
+    }
+
+    fn limits(&self) -> PlanLimits {
+        PlanLimits {
+            vocab: self.model.spec().vocab_size,
+            max_positions: self.model.spec().max_position_embeddings,
+            num_blocks: self.cache.num_blocks(),
+            block_size: self.cache.block_size(),
+        }
+    }
+
+    fn run(&mut self, batch: &Batch<'_>, plan: &BatchPlan<'_>) -> BatchOutput {
+        let h = self.model.spec().hidden_size;
+        let k = self.capture_layers.len();
+        let t = plan.num_tokens();
+        let mut captured = vec![0.0f32; t * k * h];
+        let (model, cache, slots, threads) = (
+            &self.model,
+            &mut self.cache,
+            &self.capture_slot,
+            self.threads,
+        );
+        let sampled_tokens = self.pool.install(|| {
+            let mut capture = |id: usize, x: &[f32]| {
+                if let Some(ki) = slots[id] {
+                    for (row, dst) in x.chunks_exact(h).zip(captured.chunks_exact_mut(k * h)) {
+                        dst[ki * h..(ki + 1) * h].copy_from_slice(row);
+                    }
+                }
+            };
+            let last = model.forward(batch.token_ids, plan, cache, threads, &mut capture);
+            let rows: Vec<f32> = plan
+                .sample_rows
+                .iter()
+                .flat_map(|&(_, r)| last[r * h..(r + 1) * h].iter().copied())
+                .collect();
+            model.greedy(&rows, threads)
+        });
+        let mut sampled = vec![None; batch.seqs.len()];
+        for (&(seq, _), tok) in plan.sample_rows.iter().zip(sampled_tokens) {
+            sampled[seq] = Some(tok);
+        }
+        BatchOutput { captured, sampled }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn hidden_size(&self) -> usize {
+        self.model.spec().hidden_size
+    }
+
+    fn capture_layers(&self) -> &[usize] {
+        &self.capture_layers
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
+        let plan = BatchPlan::new(batch, &self.limits())?;
+        if plan.num_tokens() == 0 {
+            return Ok(BatchOutput {
+                captured: Vec::new(),
+                sampled: vec![None; batch.seqs.len()],
+            });
+        }
+        catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan))).map_err(|panic| {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".to_string());
+            BackendError::Compute(format!("cpu forward panicked: {msg}"))
+        })
+    }
+}
+
+fn check_options(spec: &ModelSpec, opts: &CpuOptions) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::InvalidOptions(m));
+    if opts.block_size == 0 || opts.num_blocks == 0 {
+        return bad(format!(
+            "num_blocks ({}) and block_size ({}) must be > 0",
+            opts.num_blocks, opts.block_size
+        ));
+    }
+    if opts.num_blocks > u32::MAX as usize {
+        return bad(format!(
+            "num_blocks {} does not fit block ids (u32)",
+            opts.num_blocks
+        ));
+    }
+    let l = spec.num_layers;
+    if let Some(&id) = opts.capture_layers.iter().find(|&&id| id > l) {
+        return bad(format!("capture layer {id} is out of range 0..={l}"));
+    }
+    if opts.capture_layers.windows(2).any(|w| w[0] >= w[1]) {
+        return bad(format!(
+            "capture layers {:?} must be strictly ascending",
+            opts.capture_layers
+        ));
+    }
+    Ok(())
+}

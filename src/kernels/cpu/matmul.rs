@@ -1,0 +1,208 @@
+//! `C = A · Wᵀ` (torch Linear layout) on the `gemm` crate, with per-row results that do not
+//! depend on how many rows are in the call.
+//!
+//! # Row invariance (DESIGN.md §7 a)
+//!
+//! gemm 0.19 (checked in gemm-common's `gemm_basic_generic` and measured, bit for bit, with
+//! identical rows at several positions of A, `Parallelism::None` vs `Rayon(2|3)`) computes a row
+//! differently depending on the shape of the call. With row-major `C[M,N] = A[M,K]·Wᵀ` gemm
+//! transposes internally (m' = N, n' = M) and then picks:
+//! - M = 1: a GEMV kernel (different summation order);
+//! - M·N <= 256: the "horizontal" dot-product kernels (seen with N = 64 and M <= 4);
+//! - M <= 64 and N <= 64: a small-size path whose K block is `min(K, 512)`, while larger calls
+//!   split K evenly into blocks from `kernel_params` (seen with N = 64, K = 700: M = 37 or 64
+//!   differ from M = 65).
+//!
+//! For M >= 65 every call goes through the general blocked path, whose K blocking depends only
+//! on K (and the cache sizes), whose micro-kernels accumulate each output along K in the same
+//! order whatever the row's position in the tile, and which never splits K across threads.
+//! Measured: identical bits for M in {65, 66, 72, 100, 129, 257, 512, 1000}, rows at the first,
+//! middle and last positions, 1/2/3 threads, N in {16..4096}, K in {64..2000}.
+//! So calls with fewer than [`MIN_ROWS`] rows are zero-padded up to it. The cost is small: the
+//! padded call runs the fast blocked kernel instead of a GEMV (a single-row step is ~4x slower
+//! than a GEMV, which only matters for decode-style steps, not prefill).
+
+use gemm::Parallelism;
+
+/// Smallest M handed to gemm (see the module docs).
+pub const MIN_ROWS: usize = 65;
+
+/// A linear layer: `w` is `[out, inp]` row-major (torch layout), optional bias `[out]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+    pub out: usize,
+    pub inp: usize,
+}
+
+impl Linear {
+    /// `y[m, out] = x[m, inp] · Wᵀ (+ b)`; `y` is resized to `m * out`.
+    pub fn forward(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) {
+        matmul_wt(x, m, self.inp, &self.w, self.out, y, threads);
+        if let Some(b) = &self.b {
+            for row in y.chunks_exact_mut(self.out) {
+                for (v, bi) in row.iter_mut().zip(b) {
+                    *v += *bi;
+                }
+            }
+        }
+    }
+
+    /// Stacks layers that read the same input into one (rows of `W` concatenated).
+    pub fn concat(parts: Vec<Linear>) -> Linear {
+        let inp = parts.first().map_or(0, |p| p.inp);
+        let out = parts.iter().map(|p| p.out).sum();
+        let has_bias = parts.iter().any(|p| p.b.is_some());
+        let mut w = Vec::with_capacity(out * inp);
+        let mut b = has_bias.then(|| Vec::with_capacity(out));
+        for p in parts {
+            debug_assert_eq!(p.inp, inp);
+            if let Some(b) = b.as_mut() {
+                match &p.b {
+                    Some(pb) => b.extend_from_slice(pb),
+                    None => b.extend(std::iter::repeat_n(0.0, p.out)),
+                }
+            }
+            w.extend_from_slice(&p.w);
+        }
+        Linear { w, b, out, inp }
+    }
+}
+
+/// `c[m, n] = a[m, k] · w[n, k]ᵀ`, row-invariant (see the module docs). `threads` is the
+/// rayon parallelism (call from inside the pool that should run it).
+pub fn matmul_wt(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    c: &mut Vec<f32>,
+    threads: usize,
+) {
+    assert_eq!(a.len(), m * k, "matmul_wt: lhs is not [m, k]");
+    assert_eq!(w.len(), n * k, "matmul_wt: weight is not [n, k]");
+    c.clear();
+    c.resize(m * n, 0.0);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if m >= MIN_ROWS {
+        gemm_raw(a, m, k, w, n, c, threads);
+        return;
+    }
+    let mut padded = vec![0.0f32; MIN_ROWS * k];
+    padded[..m * k].copy_from_slice(a);
+    let mut out = vec![0.0f32; MIN_ROWS * n];
+    gemm_raw(&padded, MIN_ROWS, k, w, n, &mut out, threads);
+    c.copy_from_slice(&out[..m * n]);
+}
+
+fn gemm_raw(a: &[f32], m: usize, k: usize, w: &[f32], n: usize, c: &mut [f32], threads: usize) {
+    debug_assert!(a.len() == m * k && w.len() == n * k && c.len() == m * n);
+    let parallelism = if threads <= 1 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(threads)
+    };
+    // SAFETY: the three slices have exactly the lengths that the strides below address:
+    // c is [m, n] row-major (col stride 1, row stride n), a is [m, k] row-major, and the rhs
+    // `wᵀ` is [k, n] read from w [n, k] (col stride k, row stride 1). c does not alias a or w.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_naive() {
+        let mut s = 1;
+        let (m, k, n) = (5, 33, 7);
+        let a = rnd(m * k, &mut s);
+        let w = rnd(n * k, &mut s);
+        let mut c = Vec::new();
+        matmul_wt(&a, m, k, &w, n, &mut c, 1);
+        for i in 0..m {
+            for j in 0..n {
+                let r: f64 = (0..k)
+                    .map(|t| a[i * k + t] as f64 * w[j * k + t] as f64)
+                    .sum();
+                assert!((c[i * n + j] as f64 - r).abs() < 1e-5);
+            }
+        }
+    }
+
+    /// The same row gives the same bits whatever M, its position and the thread count.
+    #[test]
+    fn row_invariant_across_m_position_threads() {
+        let mut s = 7;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for &(n, k) in &[
+            (16usize, 700usize),
+            (64, 64),
+            (64, 700),
+            (96, 513),
+            (200, 300),
+        ] {
+            let w = rnd(n * k, &mut s);
+            let row = rnd(k, &mut s);
+            let mut reference: Option<Vec<f32>> = None;
+            for &m in &[1usize, 2, 4, 37, 64, 65, 130, 512] {
+                for pos in [0, m / 2, m - 1] {
+                    for threads in [1, 2] {
+                        let mut a = rnd(m * k, &mut s);
+                        a[pos * k..(pos + 1) * k].copy_from_slice(&row);
+                        let mut c = Vec::new();
+                        pool.install(|| matmul_wt(&a, m, k, &w, n, &mut c, threads));
+                        let got = c[pos * n..(pos + 1) * n].to_vec();
+                        match &reference {
+                            None => reference = Some(got),
+                            Some(r) => assert!(
+                                r.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+                                "n={n} k={k} m={m} pos={pos} threads={threads}"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! `config.json` of a Hugging Face model directory -> [`ModelSpec`].
+//!
+//! Parsed through `serde_json::Value` so unknown fields (and values such as
+//! `{"__float__": "Infinity"}` in unrelated fields) never get in the way. Defaults follow the
+//! transformers config classes where a field may be absent.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::ModelError;
+use super::weights::Weights;
+
+/// The dense decoder families hsx runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Mistral,
+}
+
+impl Architecture {
+    fn from_hf(name: &str) -> Option<Self> {
+        match name {
+            "LlamaForCausalLM" => Some(Self::Llama),
+            "Qwen2ForCausalLM" => Some(Self::Qwen2),
+            "Qwen3ForCausalLM" => Some(Self::Qwen3),
+            "MistralForCausalLM" => Some(Self::Mistral),
+            _ => None,
+        }
+    }
+
+    /// The class name as written in `config.json`'s `architectures`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+        }
+    }
+}
+
+/// dtype of the weights on disk (also the dtype of the saved hidden states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl WeightDtype {
+    /// Parses the torch name (`float32`, `bfloat16`, `float16`, optionally `torch.`-prefixed).
+    pub fn from_torch_name(name: &str) -> Option<Self> {
+        match name.strip_prefix("torch.").unwrap_or(name) {
+            "float32" | "float" => Some(Self::F32),
+            "bfloat16" => Some(Self::Bf16),
+            "float16" | "half" => Some(Self::F16),
+            _ => None,
+        }
+    }
+
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::Bf16 => "bfloat16",
+            Self::F16 => "float16",
+        }
+    }
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE (`rope_type: "default"` or no scaling).
+    None,
+    /// Llama 3.x frequency-dependent scaling (transformers `_compute_llama3_parameters`).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Everything the engine and the backends need to know about a dense model.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// Model name: the last component of the model directory.
+    pub name: String,
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// L, the number of decoder layers (layer ids run 0..=L).
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// q/k/v projections carry a bias.
+    pub qkv_bias: bool,
+    /// o_proj carries a bias.
+    pub o_bias: bool,
+    /// gate/up/down projections carry a bias (Llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Qwen3 per-head RMSNorm on q and k.
+    pub qk_norm: bool,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub dtype: WeightDtype,
+}
+
+impl ModelSpec {
+    /// Reads `dir/config.json`. Errors (never panics) on a missing dir/config, an unsupported
+    /// architecture or feature, or a missing/invalid field.
+    pub fn from_dir(dir: &Path) -> Result<ModelSpec, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::MissingDir(dir.to_path_buf()));
+        }
+        let path = dir.join("config.json");
+        if !path.is_file() {
+            return Err(ModelError::MissingConfig(path));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let mut spec = Self::from_json(&value, &path, model_name(dir))?;
+        if spec.dtype_was_defaulted(&value) {
+            spec.dtype = detect_dtype(dir)?;
+        }
+        Ok(spec)
+    }
+
+    /// Parses an already-loaded `config.json` (`path` is only used in errors). When the
+    /// config names no dtype, `dtype` is F32 (`from_dir` then asks the weights).
+    pub fn from_json(value: &Value, path: &Path, name: String) -> Result<ModelSpec, ModelError> {
+        let cfg = Cfg::new(value, path)?;
+        let architecture = cfg.architecture()?;
+        cfg.check_activation()?;
+        let hidden_size = cfg.usize_req("hidden_size")?;
+        let num_heads = cfg.usize_req("num_attention_heads")?;
+        let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
+        let default_head_dim = match architecture {
+            // Qwen3Config's head_dim defaults to 128, not hidden/heads.
+            Architecture::Qwen3 => 128,
+            _ => hidden_size / num_heads.max(1),
+        };
+        let max_position_embeddings =
+            cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
+        let (rope_theta, rope_scaling) = cfg.rope()?;
+        let attention_bias = cfg.bool_or("attention_bias", false)?;
+        let spec = ModelSpec {
+            name,
+            architecture,
+            vocab_size: cfg.usize_req("vocab_size")?,
+            hidden_size,
+            num_layers: cfg.usize_req("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim: cfg.usize_or("head_dim", default_head_dim)?,
+            intermediate_size: cfg.usize_req("intermediate_size")?,
+            rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
+            rope_theta,
+            rope_scaling,
+            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+            o_bias: architecture != Architecture::Qwen2 && attention_bias,
+            mlp_bias: cfg.bool_or("mlp_bias", false)?,
+            qk_norm: architecture == Architecture::Qwen3,
+            tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+            max_position_embeddings,
+            dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        };
+        cfg.check_sliding_window(architecture, max_position_embeddings)?;
+        spec.validate(path)?;
+        Ok(spec)
+    }
+
+    fn dtype_was_defaulted(&self, value: &Value) -> bool {
+        let has = |k: &str| value.get(k).is_some_and(|v| !v.is_null());
+        !has("torch_dtype") && !has("dtype")
+    }
+
+    /// Number of query heads sharing one kv head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ModelError> {
+        let bad = |field: &str, message: String| ModelError::Field {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            message,
+        };
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "must be > 0".into()));
+            }
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(bad(
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads {}",
+                    self.num_kv_heads, self.num_heads
+                ),
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(bad(
+                "head_dim",
+                format!("{} must be even for RoPE", self.head_dim),
+            ));
+        }
+        if self.vocab_size > u32::MAX as usize {
+            return Err(bad("vocab_size", "too large for u32 token ids".into()));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(bad(
+                "rms_norm_eps",
+                format!("invalid value {}", self.rms_norm_eps),
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(bad(
+                "rope_theta",
+                format!("invalid value {}", self.rope_theta),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn model_name(dir: &Path) -> String {
+    let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    canonical
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string())
+}
+
+fn default_max_pos(arch: Architecture) -> usize {
+    match arch {
+        Architecture::Llama => 2048,
+        Architecture::Qwen2 | Architecture::Qwen3 => 32768,
+        Architecture::Mistral => 4096 * 32,
+    }
+}
+
+/// dtype of `model.embed_tokens.weight` on disk, for configs that name none.
+fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
+    let weights = Weights::open(dir)?;
+    weights.dtype_of("model.embed_tokens.weight")
+}
+
+/// Typed access to the top-level object of `config.json`. `null` counts as absent.
+struct Cfg<'a> {
+    map: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl<'a> Cfg<'a> {
+    fn new(value: &'a Value, path: &'a Path) -> Result<Self, ModelError> {
+        match value.as_object() {
+            Some(map) => Ok(Self { map, path }),
+            None => Err(ModelError::Json {
+                path: path.to_path_buf(),
+                message: "top level is not an object".into(),
+            }),
+        }
+    }
+
+    fn err(&self, field: &str, message: impl Into<String>) -> ModelError {
+        ModelError::Field {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn path_buf(&self) -> PathBuf {
+        self.path.to_path_buf()
+    }
+
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    fn usize_opt(&self, field: &str) -> Result<Option<usize>, ModelError> {
+        value_usize(self.get(field)).map_err(|m| self.err(field, m))
+    }
+
+    fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
+        self.usize_opt(field)?
+            .ok_or_else(|| self.err(field, "missing"))
+    }
+
+    fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
+        Ok(self.usize_opt(field)?.unwrap_or(default))
+    }
+
+    fn f64_or(&self, field: &str, default: f64) -> Result<f64, ModelError> {
+        value_f64(self.get(field))
+            .map(|v| v.unwrap_or(default))
+            .map_err(|m| self.err(field, m))
+    }
+
+    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ModelError> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.err(field, format!("expected a boolean, found {v}"))),
+        }
+    }
+
+    fn architecture(&self) -> Result<Architecture, ModelError> {
+        let name = self
+            .get("architectures")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.first())
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| self.err("architectures", "missing (expected a list of class names)"))?;
+        Architecture::from_hf(name).ok_or_else(|| ModelError::UnsupportedArchitecture {
+            path: self.path_buf(),
+            name: name.to_string(),
+        })
+    }
+
+    fn check_activation(&self) -> Result<(), ModelError> {
+        match self.get("hidden_act").and_then(|v| v.as_str()) {
+            None | Some("silu") | Some("swish") => Ok(()),
+            Some(other) => Err(ModelError::Unsupported {
+                path: self.path_buf(),
+                what: format!("hidden_act `{other}` (only silu)"),
+            }),
+        }
+    }
+
+    fn dtype(&self) -> Result<Option<WeightDtype>, ModelError> {
+        for field in ["dtype", "torch_dtype"] {
+            if let Some(v) = self.get(field) {
+                let name = v
+                    .as_str()
+                    .ok_or_else(|| self.err(field, "expected a string"))?;
+                return WeightDtype::from_torch_name(name).map(Some).ok_or_else(|| {
+                    self.err(
+                        field,
+                        format!("unsupported dtype `{name}` (float32, bfloat16, float16)"),
+                    )
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    /// Mistral `sliding_window`, Qwen2/3 `use_sliding_window` / `layer_types`: a window smaller
+    /// than the context is not supported (a window >= max_position_embeddings is full attention).
+    fn check_sliding_window(&self, arch: Architecture, max_pos: usize) -> Result<(), ModelError> {
+        let window = self.usize_opt("sliding_window")?;
+        let window_is_full = window.is_none_or(|w| w >= max_pos);
+        let uses_window = match arch {
+            Architecture::Mistral => true,
+            Architecture::Qwen2 | Architecture::Qwen3 => {
+                self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
+            }
+            Architecture::Llama => false,
+        };
+        if uses_window && !window_is_full {
+            return Err(ModelError::Unsupported {
+                path: self.path_buf(),
+                what: format!(
+                    "sliding-window attention (sliding_window {:?} < max_position_embeddings {max_pos})",
+                    window
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn has_sliding_layer_types(&self) -> bool {
+        self.get("layer_types")
+            .and_then(|v| v.as_array())
+            .is_some_and(|a| a.iter().any(|t| t.as_str() == Some("sliding_attention")))
+    }
+
+    /// (theta, scaling) from transformers 5.x `rope_parameters` or the older top-level
+    /// `rope_theta` + `rope_scaling`.
+    fn rope(&self) -> Result<(f64, RopeScaling), ModelError> {
+        let top_theta = self.f64_or("rope_theta", 10000.0)?;
+        let (field, params) = match self.get("rope_parameters") {
+            Some(p) => ("rope_parameters", Some(p)),
+            None => ("rope_scaling", self.get("rope_scaling")),
+        };
+        let Some(params) = params else {
+            return Ok((top_theta, RopeScaling::None));
+        };
+        let obj = params
+            .as_object()
+            .ok_or_else(|| self.err(field, "expected an object"))?;
+        let sub = |k: &str| obj.get(k).filter(|v| !v.is_null());
+        let sub_f64 = |k: &str| value_f64(sub(k)).map_err(|m| self.err(&format!("{field}.{k}"), m));
+        let theta = sub_f64("rope_theta")?.unwrap_or(top_theta);
+        let kind = sub("rope_type")
+            .or_else(|| sub("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        match kind {
+            "default" => Ok((theta, RopeScaling::None)),
+            "llama3" => {
+                let req = |k: &str| {
+                    sub_f64(k)?
+                        .ok_or_else(|| self.err(&format!("{field}.{k}"), "missing (llama3 rope)"))
+                };
+                let scaling = RopeScaling::Llama3 {
+                    factor: req("factor")?,
+                    low_freq_factor: req("low_freq_factor")?,
+                    high_freq_factor: req("high_freq_factor")?,
+                    original_max_position_embeddings: req("original_max_position_embeddings")?,
+                };
+                Ok((theta, scaling))
+            }
+            other => Err(ModelError::Unsupported {
+                path: self.path_buf(),
+                what: format!("{field}: rope type `{other}` (only `default` and `llama3`)"),
+            }),
+        }
+    }
+}
+
+fn value_usize(v: Option<&Value>) -> Result<Option<usize>, String> {
+    match v {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) => usize::try_from(n)
+                .map(Some)
+                .map_err(|_| format!("{n} is too large")),
+            None => Err(format!("expected a non-negative integer, found {v}")),
+        },
+    }
+}
+
+fn value_f64(v: Option<&Value>) -> Result<Option<f64>, String> {
+    match v {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| format!("expected a number, found {v}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+            "some_unrelated": {"__float__": "Infinity"}
+        })
+    }
+
+    fn parse(v: &Value) -> Result<ModelSpec, ModelError> {
+        ModelSpec::from_json(v, Path::new("config.json"), "m".into())
+    }
+
+    #[test]
+    fn llama_defaults_and_old_rope_fields() {
+        let mut v = base();
+        v["rope_theta"] = json!(500000.0);
+        v["rope_scaling"] = json!({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let s = parse(&v).unwrap();
+        assert_eq!(s.head_dim, 16);
+        assert_eq!(s.dtype, WeightDtype::Bf16);
+        assert_eq!(s.rope_theta, 500000.0);
+        assert!(matches!(
+            s.rope_scaling,
+            RopeScaling::Llama3 { factor: 8.0, .. }
+        ));
+        assert!(!s.qkv_bias && !s.qk_norm && !s.tie_word_embeddings);
+    }
+
+    #[test]
+    fn new_rope_parameters_and_qwen_flags() {
+        let mut v = base();
+        v["architectures"] = json!(["Qwen2ForCausalLM"]);
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e6});
+        let s = parse(&v).unwrap();
+        assert_eq!(s.rope_theta, 1e6);
+        assert!(s.qkv_bias && !s.o_bias);
+        v["architectures"] = json!(["Qwen3ForCausalLM"]);
+        let s = parse(&v).unwrap();
+        assert!(s.qk_norm && !s.qkv_bias);
+        assert_eq!(s.head_dim, 128);
+    }
+
+    #[test]
+    fn rejects_unknown_rope_arch_and_window() {
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(e.contains("yarn"), "{e}");
+        let mut v = base();
+        v["architectures"] = json!(["GPT2LMHeadModel"]);
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(e.contains("GPT2LMHeadModel"), "{e}");
+        let mut v = base();
+        v["architectures"] = json!(["MistralForCausalLM"]);
+        v["sliding_window"] = json!(1024);
+        assert!(matches!(parse(&v), Err(ModelError::Unsupported { .. })));
+        v["sliding_window"] = json!(4096);
+        assert!(parse(&v).is_ok());
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(e.contains("hidden_size"), "{e}");
+    }
+}

@@ -1,0 +1,237 @@
+//! Safetensors weights of a model directory: `model.safetensors`, or
+//! `model.safetensors.index.json` + the shards it names. Files are memory-mapped; each tensor
+//! is widened to an owned f32 `Vec` when asked for (once, at load).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata, SafeTensors};
+
+use super::{ModelError, WeightDtype};
+
+/// One memory-mapped safetensors file with its parsed header.
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the data section (8 + header length).
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl Shard {
+    fn open(path: &Path) -> Result<Self, ModelError> {
+        let io = |source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file is opened read-only and the map is never written to; like every
+        // safetensors reader we rely on the checkpoint not being modified while it is loaded.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            mmap,
+            data_start: 8 + header_len,
+            metadata,
+        })
+    }
+}
+
+/// The weights of one model directory.
+pub struct Weights {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    /// tensor name -> index into `shards`
+    index: HashMap<String, usize>,
+}
+
+impl Weights {
+    /// Opens the checkpoint in `dir`. Errors if the directory, the index or a shard is missing
+    /// or malformed.
+    pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::MissingDir(dir.to_path_buf()));
+        }
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let files = if single.is_file() {
+            vec![single]
+        } else if index_path.is_file() {
+            shard_files(&index_path)?
+        } else {
+            return Err(ModelError::NoWeights(dir.to_path_buf()));
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        let mut index = HashMap::new();
+        for (i, file) in files.iter().enumerate() {
+            let shard = Shard::open(file)?;
+            for name in shard.metadata.tensors().keys() {
+                index.insert(name.clone(), i);
+            }
+            shards.push(shard);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shards,
+            index,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Shape of a tensor as stored.
+    pub fn shape_of(&self, name: &str) -> Result<Vec<usize>, ModelError> {
+        let (_, info) = self.info(name)?;
+        Ok(info.shape.clone())
+    }
+
+    /// On-disk dtype of a tensor.
+    pub fn dtype_of(&self, name: &str) -> Result<WeightDtype, ModelError> {
+        let (_, info) = self.info(name)?;
+        weight_dtype(name, info.dtype)
+    }
+
+    /// The tensor `name` as f32, checked against `expected_shape`.
+    pub fn tensor(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let (shard, info) = self.info(name)?;
+        if info.shape != expected_shape {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: expected_shape.to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        let dtype = weight_dtype(name, info.dtype)?;
+        let (start, end) = info.data_offsets;
+        let bytes = shard
+            .mmap
+            .get(shard.data_start + start..shard.data_start + end)
+            .ok_or_else(|| ModelError::Safetensors {
+                path: shard.path.clone(),
+                message: format!("data of `{name}` lies outside the file"),
+            })?;
+        let numel: usize = info.shape.iter().product();
+        let out = widen(bytes, dtype);
+        if out.len() != numel {
+            return Err(ModelError::Safetensors {
+                path: shard.path.clone(),
+                message: format!(
+                    "`{name}` holds {} values, its shape needs {numel}",
+                    out.len()
+                ),
+            });
+        }
+        Ok(out)
+    }
+
+    fn info(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), ModelError> {
+        let missing = || ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        };
+        let shard = &self.shards[*self.index.get(name).ok_or_else(missing)?];
+        let info = shard.metadata.info(name).ok_or_else(missing)?;
+        Ok((shard, info))
+    }
+}
+
+/// The shard files named by an index, in first-seen order, deduplicated.
+fn shard_files(index_path: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let text = std::fs::read_to_string(index_path).map_err(|source| ModelError::Io {
+        path: index_path.to_path_buf(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        path: index_path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ModelError::Field {
+            path: index_path.to_path_buf(),
+            field: "weight_map".into(),
+            message: "missing or not an object".into(),
+        })?;
+    let dir = index_path.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<PathBuf> = Vec::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| ModelError::Field {
+            path: index_path.to_path_buf(),
+            field: format!("weight_map.{tensor}"),
+            message: "expected a file name".into(),
+        })?;
+        let path = dir.join(file);
+        if !files.contains(&path) {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+fn weight_dtype(name: &str, dtype: Dtype) -> Result<WeightDtype, ModelError> {
+    match dtype {
+        Dtype::F32 => Ok(WeightDtype::F32),
+        Dtype::BF16 => Ok(WeightDtype::Bf16),
+        Dtype::F16 => Ok(WeightDtype::F16),
+        other => Err(ModelError::TensorDtype {
+            name: name.to_string(),
+            dtype: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Little-endian bytes -> f32 values (a trailing partial element is dropped; the caller checks
+/// the count).
+fn widen(bytes: &[u8], dtype: WeightDtype) -> Vec<f32> {
+    match dtype {
+        WeightDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        WeightDtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        WeightDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widen_all_dtypes() {
+        let x = [1.5f32, -2.25, 0.0];
+        let f32_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(widen(&f32_bytes, WeightDtype::F32), x);
+        let bf: Vec<u8> = x
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        assert_eq!(widen(&bf, WeightDtype::Bf16), x);
+        let h: Vec<u8> = x
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect();
+        assert_eq!(widen(&h, WeightDtype::F16), x);
+    }
+}

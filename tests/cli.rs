@@ -1,0 +1,192 @@
+//! The `hsx extract` command as a user runs it: the shipped config, resume, bad input.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+fn hsx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hsx"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("hsx runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn shipped_config_runs_and_resumes() {
+    let out = tempfile::tempdir().unwrap();
+    let o = out.path().to_str().unwrap();
+    let args = [
+        "extract",
+        "--config",
+        "config.toml",
+        "--input",
+        "tests/fixtures/prompts.jsonl",
+        "--output",
+        o,
+        "--quiet",
+    ];
+    let first = hsx(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let names = files_in(out.path());
+    assert_eq!(names.len(), 12, "{names:?}");
+    assert!(names.iter().all(|n| n.ends_with(".safetensors")));
+    let f = HsFile::read(&out.path().join("demo-01.safetensors"));
+    assert_eq!(f.shape, vec![5, 3, 64]);
+    let second = hsx(&args);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("skipped (already present) 12"),
+        "{}",
+        stderr(&second)
+    );
+}
+
+#[test]
+fn bad_lines_are_reported_and_the_rest_is_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let long: Vec<String> = (0..2100).map(|i| (i % 500).to_string()).collect();
+    let lines = [
+        r#"{"id": "ok1", "token_ids": [1, 2, 3]}"#.to_string(),
+        "{not json".to_string(),
+        r#"{"id": "empty", "token_ids": []}"#.to_string(),
+        r#"{"id": "vocab", "token_ids": [1, 512]}"#.to_string(),
+        format!(r#"{{"id": "long", "token_ids": [{}]}}"#, long.join(",")),
+        r#"{"id": "../evil", "token_ids": [1]}"#.to_string(),
+        r#"{"id": "neg", "token_ids": [-1]}"#.to_string(),
+        r#"{"id": "ok2", "token_ids": [4, 5]}"#.to_string(),
+    ];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out");
+    let o = hsx(&[
+        "extract",
+        "--config",
+        "config.toml",
+        "--quiet",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "bad lines make the exit code non-zero");
+    assert!(
+        err.contains("line 2:") && err.contains("invalid JSON"),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 3") && err.contains("empty prompt"),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 4") && err.contains("out of range"),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 5") && err.contains("max_model_len"),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 6:") && err.contains("invalid request id"),
+        "{err}"
+    );
+    assert!(err.contains("line 7:") && err.contains("-1"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(files_in(&out), vec!["ok1.safetensors", "ok2.safetensors"]);
+    assert!(!dir.path().join("evil.safetensors").exists());
+}
+
+#[test]
+fn missing_model_dir_is_a_clear_error() {
+    let out = tempfile::tempdir().unwrap();
+    let o = hsx(&[
+        "extract",
+        "--config",
+        "config.toml",
+        "--quiet",
+        "--input",
+        "tests/fixtures/prompts.jsonl",
+        "--model",
+        "/nonexistent/model",
+        "--output",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("/nonexistent/model"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(files_in(out.path()).is_empty());
+}
+
+#[test]
+fn unknown_config_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[model]\npath = \"m\"\n[engine]\nmax_num_batched_tokenz = 8\n",
+    )
+    .unwrap();
+    let o = hsx(&[
+        "extract",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--input",
+        "x.jsonl",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("max_num_batched_tokenz"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bad_layer_flag_is_a_clear_error() {
+    let out = tempfile::tempdir().unwrap();
+    let o = hsx(&[
+        "extract",
+        "--config",
+        "config.toml",
+        "--quiet",
+        "--input",
+        "tests/fixtures/prompts.jsonl",
+        "--layers",
+        "0,9",
+        "--output",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("out of range"), "{}", stderr(&o));
+    let o = hsx(&[
+        "extract",
+        "--config",
+        "config.toml",
+        "--input",
+        "x",
+        "--layers",
+        "1,1",
+    ]);
+    assert!(stderr(&o).contains("twice"), "{}", stderr(&o));
+}

@@ -1,0 +1,203 @@
+//! Shared helpers of the integration tests: configs for the fixture models, running requests
+//! through a real engine, reading the files back.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use hsx::actors::messages::{CompletionEvent, EventKind};
+use hsx::config::{Config, DtypeChoice};
+use hsx::engine::{Engine, RequestSpec};
+use safetensors::{Dtype, SafeTensors};
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn model_dir(name: &str) -> PathBuf {
+    fixture_dir().join("models").join(name)
+}
+
+/// A config for a fixture model writing into `out`.
+pub fn config(model: &str, out: &Path, budget: usize, layers: Option<Vec<usize>>) -> Config {
+    let mut c = Config::parse("[model]\npath = \"x\"\n").unwrap();
+    c.model.path = model_dir(model);
+    c.model.threads = 2;
+    c.output.dir = out.to_owned();
+    c.engine.max_num_batched_tokens = budget;
+    c.engine.layer_ids = layers;
+    c.engine.dtype = DtypeChoice::F32;
+    c.engine.num_blocks = 512;
+    c.engine.block_size = 16;
+    c.validate().unwrap();
+    c
+}
+
+/// Submits every request, waits for one event each, shuts the engine down.
+pub async fn run_requests(
+    cfg: &Config,
+    reqs: Vec<RequestSpec>,
+) -> HashMap<String, CompletionEvent> {
+    let engine = Engine::start(cfg).await.expect("engine starts");
+    let mut sub = engine.subscribe(None).await;
+    let n = reqs.len();
+    for spec in reqs {
+        let req = engine.request(spec).expect("valid id");
+        engine.submit(req).await.expect("submit accepted");
+    }
+    let mut events = HashMap::new();
+    while events.len() < n {
+        let ev = sub.next().await.expect("event stream open");
+        events.insert(ev.id.to_string(), ev);
+    }
+    engine.shutdown().await;
+    events
+}
+
+pub fn spec(id: &str, tokens: &[u32]) -> RequestSpec {
+    RequestSpec {
+        id: id.into(),
+        token_ids: tokens.to_vec(),
+        max_tokens: 0,
+        include_output_tokens: false,
+    }
+}
+
+/// A written file, read back.
+#[derive(Debug, Clone)]
+pub struct HsFile {
+    pub shape: Vec<usize>,
+    pub dtype: Dtype,
+    /// Raw bytes of `hidden_states`.
+    pub raw: Vec<u8>,
+    pub token_ids: Vec<i64>,
+    pub metadata: HashMap<String, String>,
+}
+
+impl HsFile {
+    pub fn read(path: &Path) -> HsFile {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut names = st.names();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["hidden_states", "token_ids"],
+            "exactly two tensors"
+        );
+        let hs = st.tensor("hidden_states").unwrap();
+        let tok = st.tensor("token_ids").unwrap();
+        assert_eq!(tok.dtype(), Dtype::I64);
+        assert_eq!(tok.shape(), &[hs.shape()[0]]);
+        HsFile {
+            shape: hs.shape().to_vec(),
+            dtype: hs.dtype(),
+            raw: hs.data().to_vec(),
+            token_ids: bytemuck::pod_collect_to_vec(tok.data()),
+            metadata: meta.metadata().clone().unwrap_or_default(),
+        }
+    }
+
+    pub fn values(&self) -> Vec<f32> {
+        match self.dtype {
+            Dtype::F32 => bytemuck::pod_collect_to_vec(&self.raw),
+            Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, bf16>(&self.raw)
+                .iter()
+                .map(|x| x.to_f32())
+                .collect(),
+            d => panic!("unexpected dtype {d:?}"),
+        }
+    }
+
+    /// Values of layer slot `k` ([T, H]).
+    pub fn layer(&self, k: usize) -> Vec<f32> {
+        let (t, kk, h) = (self.shape[0], self.shape[1], self.shape[2]);
+        let v = self.values();
+        (0..t)
+            .flat_map(|row| v[(row * kk + k) * h..][..h].to_vec())
+            .collect()
+    }
+}
+
+/// The transformers reference of a fixture model.
+pub struct Reference {
+    bytes: Vec<u8>,
+}
+
+impl Reference {
+    pub fn load(model: &str) -> Reference {
+        let p = fixture_dir()
+            .join("reference")
+            .join(format!("{model}.safetensors"));
+        Reference {
+            bytes: std::fs::read(p).unwrap(),
+        }
+    }
+
+    fn get(&self, name: &str) -> (Vec<usize>, Vec<u8>) {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("reference lacks {name}"));
+        (t.shape().to_vec(), t.data().to_vec())
+    }
+
+    pub fn num_prompts(&self) -> usize {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        st.names()
+            .iter()
+            .filter(|n| n.ends_with(".input_ids"))
+            .count()
+    }
+
+    pub fn input_ids(&self, p: usize) -> Vec<u32> {
+        let (_, d) = self.get(&format!("p{p}.input_ids"));
+        bytemuck::pod_collect_to_vec::<u8, i64>(&d)
+            .iter()
+            .map(|&x| x as u32)
+            .collect()
+    }
+
+    pub fn f32(&self, name: &str) -> Vec<f32> {
+        bytemuck::pod_collect_to_vec(&self.get(name).1)
+    }
+
+    pub fn next_token(&self, p: usize) -> u32 {
+        let (_, d) = self.get(&format!("p{p}.next_token"));
+        bytemuck::pod_collect_to_vec::<u8, i64>(&d)[0] as u32
+    }
+}
+
+/// max |a - b| / max |b|.
+pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let den = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
+    num / den.max(f32::MIN_POSITIVE)
+}
+
+pub fn completed_path(ev: &CompletionEvent) -> PathBuf {
+    match &ev.kind {
+        EventKind::Completed { path, .. } => path.clone(),
+        EventKind::Failed { error } => panic!("request {} failed: {error}", ev.id),
+    }
+}
+
+/// Deterministic pseudo-random prompts (xorshift), tokens in [0, vocab).
+pub fn random_prompt(seed: u64, len: usize, vocab: u32) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}

@@ -1,0 +1,103 @@
+//! End to end against transformers: files written by the engine hold, for every captured
+//! layer, the states transformers computes (max-rel ≤ 1e-4 with f32 weights), id L is the
+//! pre-norm state (not HF's post-norm `hidden_states[L]`), and greedy tokens match.
+
+mod common;
+
+use common::*;
+use hsx::actors::messages::EventKind;
+
+const ALL_LAYERS: [usize; 5] = [0, 1, 2, 3, 4];
+
+async fn check_model(model: &str, tol: f32) {
+    let reference = Reference::load(model);
+    let out = tempfile::tempdir().unwrap();
+    let cfg = config(model, out.path(), 64, Some(ALL_LAYERS.to_vec()));
+    let n = reference.num_prompts();
+    let reqs = (0..n)
+        .map(|p| {
+            let mut s = spec(&format!("p{p}"), &reference.input_ids(p));
+            s.max_tokens = 1;
+            s
+        })
+        .collect();
+    let events = run_requests(&cfg, reqs).await;
+    for p in 0..n {
+        let ev = &events[&format!("p{p}")];
+        let file = HsFile::read(&completed_path(ev));
+        let t = reference.input_ids(p).len();
+        assert_eq!(file.shape, vec![t, 5, 64], "{model} p{p} shape");
+        let ids: Vec<u32> = file.token_ids.iter().map(|&x| x as u32).collect();
+        assert_eq!(ids, reference.input_ids(p));
+        for (k, id) in ALL_LAYERS.iter().enumerate() {
+            let want = reference.f32(&format!("p{p}.layer.{id}"));
+            let err = max_rel(&file.layer(k), &want);
+            assert!(
+                err <= tol,
+                "{model} p{p} layer {id}: max-rel {err:e} > {tol:e}"
+            );
+        }
+        let hf_last = reference.f32(&format!("p{p}.hf_last"));
+        let last_err = max_rel(&file.layer(4), &hf_last);
+        assert!(
+            last_err > 1e-2,
+            "{model} p{p}: id L must be pre-norm, got HF's post-norm ({last_err:e})"
+        );
+        let EventKind::Completed {
+            output_token_ids, ..
+        } = &ev.kind
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            output_token_ids,
+            &vec![reference.next_token(p)],
+            "{model} p{p} greedy token"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_gqa_llama3_rope_matches_transformers() {
+    check_model("llama", 1e-4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen2_bias_tied_sharded_matches_transformers() {
+    check_model("qwen2", 1e-4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_qk_norm_matches_transformers() {
+    check_model("qwen3", 1e-4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistral_matches_transformers() {
+    check_model("mistral", 1e-4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_weights_match_transformers_f32_compute() {
+    check_model("llama_bf16", 1e-4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_and_bf16_file_dtype() {
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg = config("llama_bf16", out.path(), 64, None);
+    cfg.engine.dtype = hsx::config::DtypeChoice::Auto;
+    let reference = Reference::load("llama_bf16");
+    let events = run_requests(&cfg, vec![spec("m", &reference.input_ids(2))]).await;
+    let file = HsFile::read(&completed_path(&events["m"]));
+    assert_eq!(file.dtype, safetensors::Dtype::BF16);
+    // Default layers for L = 4: [2, L/2, L-3, L] deduplicated and sorted.
+    assert_eq!(file.metadata["layer_ids"], "[1,2,4]");
+    assert_eq!(file.metadata["pre_norm_last"], "true");
+    assert_eq!(file.metadata["dtype"], "bf16");
+    assert_eq!(file.metadata["model"], "llama_bf16");
+    assert_eq!(file.metadata["hsx_version"], hsx::VERSION);
+    let want = reference.f32("p2.layer.4");
+    let err = max_rel(&file.layer(2), &want);
+    assert!(err < 1e-2, "bf16 rounding only: {err:e}");
+}
