@@ -5,6 +5,7 @@ pub mod actors;
 pub mod config;
 pub mod engine;
 pub mod extract;
+pub mod inspect;
 pub mod kernels;
 pub mod models;
 

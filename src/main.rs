@@ -23,6 +23,18 @@ struct Cli {
 enum Command {
     /// Run the embedded engine over a JSON-lines prompt file and write one file per request.
     Extract(ExtractArgs),
+    /// Check hidden-state files or directories of them (exit code 1 if any file is bad).
+    Inspect(InspectArgs),
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// Files or directories.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Only the summary, not every file.
+    #[arg(long)]
+    summary: bool,
 }
 
 /// `--layers 0,2,5` (a newtype so clap takes one value, not a list of values).
@@ -104,7 +116,28 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Extract(args) => extract(args).await,
+        Command::Inspect(args) => inspect(args),
     }
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    use hsx::inspect::{collect_files, format_file, format_summary, inspect_file};
+    let files = collect_files(&args.paths).context("listing files")?;
+    let reports: Vec<_> = files.iter().map(|f| inspect_file(f)).collect();
+    if !args.summary {
+        for r in &reports {
+            print!("{}", format_file(r));
+        }
+    }
+    if reports.len() != 1 || args.summary {
+        print!("{}", format_summary(&reports));
+    }
+    let ok = !reports.is_empty() && reports.iter().all(|r| r.is_ok());
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn extract(args: ExtractArgs) -> anyhow::Result<ExitCode> {

@@ -190,3 +190,44 @@ fn bad_layer_flag_is_a_clear_error() {
     ]);
     assert!(stderr(&o).contains("twice"), "{}", stderr(&o));
 }
+
+#[test]
+fn inspect_reports_good_and_bad_files() {
+    let out = tempfile::tempdir().unwrap();
+    let o = out.path().to_str().unwrap();
+    let run = hsx(&[
+        "extract",
+        "--config",
+        "config.toml",
+        "--input",
+        "tests/fixtures/prompts.jsonl",
+        "--output",
+        o,
+        "--quiet",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let good = hsx(&["inspect", o]);
+    let text = String::from_utf8_lossy(&good.stdout).into_owned();
+    assert!(good.status.success(), "{text}");
+    assert!(text.contains("files 12  tokens 1296"), "{text}");
+    assert!(text.contains("hidden_states: F32 [5, 3, 64]"), "{text}");
+    // Zero one layer row of a copy, truncate another: both are bad, named, exit code 1.
+    let f = out.path().join("demo-01.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let n = bytes.len();
+    bytes[n - 64 * 4..].fill(0);
+    std::fs::write(out.path().join("zero.safetensors"), &bytes).unwrap();
+    std::fs::write(out.path().join("short.safetensors"), &bytes[..n / 2]).unwrap();
+    let bad = hsx(&["inspect", "--summary", o]);
+    let text = String::from_utf8_lossy(&bad.stdout).into_owned();
+    assert!(!bad.status.success());
+    assert!(text.contains("bad 2"), "{text}");
+    assert!(
+        text.contains("zero.safetensors: layer slot 2: 1 all-zero rows"),
+        "{text}"
+    );
+    assert!(
+        text.contains("short.safetensors: not a valid safetensors file"),
+        "{text}"
+    );
+}
