@@ -74,13 +74,17 @@ impl Reference {
 }
 
 fn backend(name: &str) -> CpuBackend {
+    backend_with_threads(name, 2)
+}
+
+fn backend_with_threads(name: &str, threads: usize) -> CpuBackend {
     let dir = model_dir(name);
     let spec = ModelSpec::from_dir(&dir).unwrap();
     let opts = CpuOptions {
         capture_layers: (0..=LAYERS).collect(),
         num_blocks: NUM_BLOCKS,
         block_size: BLOCK,
-        threads: 2,
+        threads,
     };
     CpuBackend::load(&dir, spec, opts).unwrap()
 }
@@ -302,6 +306,26 @@ fn chunking_and_batching_are_bit_identical() {
             }
         }
     }
+}
+
+#[test]
+fn thread_count_does_not_change_bits() {
+    let reference = Reference::load("qwen3");
+    let prompts: Vec<Vec<u32>> = (0..4).map(|j| reference.ids(j)).collect();
+    let ids: Vec<u32> = prompts.concat();
+    let seqs: Vec<SeqChunk> = prompts
+        .iter()
+        .enumerate()
+        .map(|(r, p)| chunk(r, 0, p.len(), p.len()))
+        .collect();
+    let batch = Batch {
+        token_ids: &ids,
+        seqs: &seqs,
+    };
+    let one = backend_with_threads("qwen3", 1).forward(&batch).unwrap();
+    let three = backend_with_threads("qwen3", 3).forward(&batch).unwrap();
+    assert!(same_bits(&one.captured, &three.captured));
+    assert_eq!(one.sampled, three.sampled);
 }
 
 #[test]

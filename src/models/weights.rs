@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use memmap2::Mmap;
+use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use super::{ModelError, WeightDtype};
@@ -195,22 +196,38 @@ fn weight_dtype(name: &str, dtype: Dtype) -> Result<WeightDtype, ModelError> {
     }
 }
 
-/// Little-endian bytes -> f32 values (a trailing partial element is dropped; the caller checks
-/// the count).
+/// Little-endian bytes -> f32 values, in parallel on the current rayon pool (a trailing
+/// partial element is dropped; the caller checks the count).
 fn widen(bytes: &[u8], dtype: WeightDtype) -> Vec<f32> {
+    const CHUNK: usize = 1 << 16;
+    let size = match dtype {
+        WeightDtype::F32 => 4,
+        WeightDtype::Bf16 | WeightDtype::F16 => 2,
+    };
+    let mut out = vec![0.0f32; bytes.len() / size];
+    out.par_chunks_mut(CHUNK)
+        .zip(bytes.par_chunks(CHUNK * size))
+        .for_each(|(o, b)| widen_into(b, dtype, o));
+    out
+}
+
+fn widen_into(bytes: &[u8], dtype: WeightDtype, out: &mut [f32]) {
     match dtype {
-        WeightDtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        WeightDtype::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect(),
-        WeightDtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect(),
+        WeightDtype::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WeightDtype::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        WeightDtype::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
     }
 }
 
