@@ -86,6 +86,8 @@ impl Engine {
         let backend = load_backend(cfg, spec, &info.layer_ids).await?;
 
         let e = &cfg.engine;
+        // Hybrid models keep one recurrent-state slot per running request.
+        let state_slots = 0;
         let events = EventHubHandle::spawn(EventHubOptions::default());
         let layout = FileLayout {
             layer_ids: info.layer_ids.clone(),
@@ -102,7 +104,10 @@ impl Engine {
             },
             events.clone(),
         )?;
-        let blocks = BlockManagerHandle::spawn(BlockPool::new(e.num_blocks, e.block_size), MAILBOX);
+        let blocks = BlockManagerHandle::spawn(
+            BlockPool::new(e.num_blocks, e.block_size, state_slots),
+            MAILBOX,
+        );
         let (plan_tx, plan_rx) = flume::bounded(1);
         let limits = SchedulerLimits {
             max_num_batched_tokens: e.max_num_batched_tokens,

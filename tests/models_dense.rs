@@ -103,6 +103,7 @@ fn chunk(r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
         len,
         block_table: table(r, total),
         sample: start + len == total,
+        state_slot: None,
     }
 }
 
@@ -348,6 +349,7 @@ fn capture_subset_and_no_sample() {
         len: ids.len(),
         block_table: vec![3],
         sample: false,
+        state_slot: None,
     }];
     let out = be
         .forward(&Batch {

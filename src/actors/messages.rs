@@ -131,6 +131,8 @@ pub struct NewRequestData {
     pub id: RequestId,
     pub prompt: Arc<[u32]>,
     pub block_ids: Vec<u32>,
+    /// Recurrent-state slot (hybrid models only).
+    pub state_slot: Option<u32>,
 }
 
 #[derive(Debug, Clone)]

@@ -19,6 +19,10 @@ pub struct SeqChunk {
     pub block_table: Vec<u32>,
     /// Compute the LM head on the chunk's last token and return its greedy argmax.
     pub sample: bool,
+    /// The request's recurrent-state slot (conv + SSM/delta state) for models with linear
+    /// attention or Mamba layers; `None` for dense models. A chunk with `start == 0` begins
+    /// from a zero state, whatever the slot held before (slots are reused).
+    pub state_slot: Option<u32>,
 }
 
 /// A packed batch: the tokens of every chunk concatenated in chunk order, no padding.

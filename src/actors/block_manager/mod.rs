@@ -5,7 +5,7 @@ mod pool;
 
 use kameo::prelude::*;
 
-pub use pool::{BlockPool, PoolStats};
+pub use pool::{BlockPool, Grant, PoolStats};
 
 use crate::actors::messages::RequestId;
 
@@ -20,7 +20,7 @@ pub struct Reserve {
 /// Blocks granted to a prefix of the candidates.
 #[derive(Debug, Clone, Default, Reply)]
 pub struct Reservation {
-    pub granted: Vec<(RequestId, Vec<u32>)>,
+    pub granted: Vec<(RequestId, Grant)>,
 }
 
 /// Give back every block of these requests.
@@ -42,7 +42,7 @@ impl Message<Reserve> for BlockManager {
         let mut granted = Vec::new();
         for (id, tokens) in msg.candidates {
             match self.pool.allocate(&id, tokens) {
-                Some(blocks) => granted.push((id, blocks)),
+                Some(grant) => granted.push((id, grant)),
                 None => break,
             }
         }

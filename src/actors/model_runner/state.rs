@@ -36,6 +36,7 @@ pub enum PlanError {
 struct Seq {
     tokens: Vec<u32>,
     blocks: Vec<u32>,
+    state_slot: Option<u32>,
     computed: usize,
 }
 
@@ -79,6 +80,7 @@ impl RunnerState {
             let seq = Seq {
                 tokens: new.prompt.to_vec(),
                 blocks: new.block_ids.clone(),
+                state_slot: new.state_slot,
                 computed: 0,
             };
             self.seqs.insert(new.id.clone(), seq);
@@ -97,6 +99,7 @@ impl RunnerState {
                 len: c.len,
                 block_table: seq.blocks.clone(),
                 sample: c.sample,
+                state_slot: seq.state_slot,
             });
         }
         Ok(step)
@@ -206,6 +209,7 @@ mod tests {
             id: id(name),
             prompt: prompt.into(),
             block_ids: vec![3, 4],
+            state_slot: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use thiserror::Error;
 
+use crate::actors::block_manager::Grant;
 use crate::actors::messages::{
     FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, StepOutput, StepPlan,
 };
@@ -62,7 +63,7 @@ struct Running {
     /// Tokens already through the model (the runner's committed count).
     computed: usize,
     generated: Vec<u32>,
-    blocks: Vec<u32>,
+    grant: Grant,
     /// Whether the runner has been sent this request's tokens and blocks.
     announced: bool,
 }
@@ -266,7 +267,7 @@ impl SchedulerState {
 
     /// Admits the granted requests (a prefix of the candidates) and plans the next step.
     /// Returns `None` when there is nothing to run (or a step is already in flight).
-    pub fn plan_step(&mut self, granted: Vec<(RequestId, Vec<u32>)>) -> Option<StepPlan> {
+    pub fn plan_step(&mut self, granted: Vec<(RequestId, Grant)>) -> Option<StepPlan> {
         if self.in_flight.is_some() {
             self.unused_grants
                 .extend(granted.into_iter().map(|(id, _)| id));
@@ -288,7 +289,8 @@ impl SchedulerState {
                 plan.new_requests.push(NewRequestData {
                     id: r.req.id.clone(),
                     prompt: r.req.prompt.clone(),
-                    block_ids: r.blocks.clone(),
+                    block_ids: r.grant.blocks.clone(),
+                    state_slot: r.grant.state_slot,
                 });
             }
             let capture_len = r.req.expected_rows().saturating_sub(start).min(len);
@@ -309,8 +311,8 @@ impl SchedulerState {
         Some(plan)
     }
 
-    fn admit(&mut self, granted: Vec<(RequestId, Vec<u32>)>) {
-        let mut blocks: HashMap<RequestId, Vec<u32>> = granted.into_iter().collect();
+    fn admit(&mut self, granted: Vec<(RequestId, Grant)>) {
+        let mut blocks: HashMap<RequestId, Grant> = granted.into_iter().collect();
         while let Some(front) = self.waiting.front() {
             let Some(b) = blocks.remove(&front.id) else {
                 break;
@@ -320,7 +322,7 @@ impl SchedulerState {
                 req,
                 computed: 0,
                 generated: Vec::new(),
-                blocks: b,
+                grant: b,
                 announced: false,
             });
         }

@@ -24,6 +24,13 @@ fn req(id: &str, len: usize, max_tokens: u32) -> Request {
     }
 }
 
+fn grant(block: u32) -> Grant {
+    Grant {
+        blocks: vec![block],
+        state_slot: None,
+    }
+}
+
 fn id(s: &str) -> RequestId {
     RequestId::new(s).unwrap()
 }
@@ -33,7 +40,7 @@ fn step(s: &mut SchedulerState) -> Option<StepPlan> {
     let granted = s
         .admission_candidates()
         .into_iter()
-        .map(|(id, _)| (id, vec![0]))
+        .map(|(id, _)| (id, grant(0)))
         .collect();
     s.plan_step(granted)
 }
@@ -307,9 +314,9 @@ fn denied_reservation_keeps_request_waiting() {
     let cands = s.admission_candidates();
     assert_eq!(cands.len(), 2);
     // Only "b" granted: FIFO admission stops at the head, nothing runs.
-    assert!(s.plan_step(vec![(id("b"), vec![1])]).is_none());
+    assert!(s.plan_step(vec![(id("b"), grant(1))]).is_none());
     assert_eq!(s.stats().waiting, 2);
     assert_eq!(s.take_unused_grants(), vec![id("b")]);
-    let p = s.plan_step(vec![(id("a"), vec![0])]).unwrap();
+    let p = s.plan_step(vec![(id("a"), grant(0))]).unwrap();
     assert_eq!(p.chunks.len(), 1);
 }
