@@ -29,6 +29,17 @@ pub struct Config {
     pub engine: EngineSection,
     #[serde(default)]
     pub output: OutputSection,
+    #[serde(default)]
+    pub events: EventsSection,
+    #[serde(default)]
+    pub socket: SocketSection,
+    /// The HTTP listener (OpenAI subset, `/metrics`); none when the section is absent.
+    #[serde(default)]
+    pub http: Option<HttpSection>,
+    #[serde(default)]
+    pub metrics: MetricsSection,
+    #[serde(default)]
+    pub logging: LoggingSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -124,6 +135,9 @@ pub struct OutputSection {
     pub lock_files: bool,
     /// Files written at once by the writer pool.
     pub max_concurrent_writes: usize,
+    /// Let HTTP clients choose the file with `kv_transfer_params.hidden_states_path` (always
+    /// inside `dir`; vLLM's `allow_custom_save_path`).
+    pub allow_custom_paths: bool,
 }
 
 impl Default for OutputSection {
@@ -132,6 +146,108 @@ impl Default for OutputSection {
             dir: PathBuf::from("out"),
             lock_files: false,
             max_concurrent_writes: 4,
+            allow_custom_paths: false,
+        }
+    }
+}
+
+/// The EventHub's buffers (`hsx serve` also journals events to `{output.dir}/hsx-events.jsonl`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsSection {
+    /// Events kept (in memory and in the disk journal) for subscribers resuming with `from_seq`.
+    pub journal_capacity: usize,
+    /// Live events buffered per subscriber; a subscriber that falls further behind is
+    /// disconnected (it resumes with `from_seq`, losing nothing still journaled).
+    pub subscriber_buffer: usize,
+}
+
+impl Default for EventsSection {
+    fn default() -> Self {
+        Self {
+            journal_capacity: 65_536,
+            subscriber_buffer: 1024,
+        }
+    }
+}
+
+/// The Unix socket of `hsx serve` (JSON lines).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SocketSection {
+    pub path: PathBuf,
+    /// File mode of the socket (write it in octal: `0o600`).
+    pub mode: u32,
+    /// Longest accepted request line in bytes; longer lines are answered with an error.
+    pub max_line_bytes: usize,
+    /// Connections served at once; further ones wait to be accepted.
+    pub max_connections: usize,
+    /// Kernel send buffer of each connection in bytes (0: the OS default). Together with
+    /// `events.subscriber_buffer` it bounds how far a subscriber may lag before it is dropped.
+    pub send_buffer_bytes: usize,
+}
+
+impl Default for SocketSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("hsx.sock"),
+            mode: 0o600,
+            max_line_bytes: 16 << 20,
+            max_connections: 256,
+            send_buffer_bytes: 0,
+        }
+    }
+}
+
+/// The HTTP listener of `hsx serve`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    /// `ADDR:PORT`, e.g. `127.0.0.1:8000` (port 0: any free port).
+    pub address: String,
+    /// Largest accepted request body in bytes (413 beyond it).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+}
+
+fn default_max_body() -> usize {
+    32 << 20
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Serve Prometheus metrics at `/metrics` on the HTTP listener.
+    pub enabled: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingSection {
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `hsx=debug,warn`); the `RUST_LOG` variable overrides it.
+    pub level: String,
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
         }
     }
 }
@@ -148,6 +264,8 @@ pub struct Overrides {
     pub layers: Option<Vec<usize>>,
     pub max_num_batched_tokens: Option<usize>,
     pub dtype: Option<DtypeChoice>,
+    pub socket: Option<PathBuf>,
+    pub http: Option<String>,
 }
 
 impl Config {
@@ -167,6 +285,7 @@ impl Config {
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.model.path = base.join(&cfg.model.path);
         cfg.output.dir = base.join(&cfg.output.dir);
+        cfg.socket.path = base.join(&cfg.socket.path);
         cfg.apply(overrides);
         cfg.validate()?;
         Ok(cfg)
@@ -196,6 +315,20 @@ impl Config {
         if let Some(d) = o.dtype {
             self.engine.dtype = d;
         }
+        if let Some(p) = &o.socket {
+            self.socket.path = p.clone();
+        }
+        if let Some(a) = &o.http {
+            match &mut self.http {
+                Some(h) => h.address = a.clone(),
+                None => {
+                    self.http = Some(HttpSection {
+                        address: a.clone(),
+                        max_body_bytes: default_max_body(),
+                    })
+                }
+            }
+        }
     }
 
     /// Checks what can be checked without the model (layer ids need L: [`resolve_layer_ids`]).
@@ -211,6 +344,9 @@ impl Config {
                 "output.max_concurrent_writes",
                 self.output.max_concurrent_writes,
             ),
+            ("events.subscriber_buffer", self.events.subscriber_buffer),
+            ("socket.max_line_bytes", self.socket.max_line_bytes),
+            ("socket.max_connections", self.socket.max_connections),
         ];
         for (name, v) in positive {
             if v == 0 {
@@ -221,6 +357,26 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "model.device {:?} is not supported (expected \"cpu\")",
                 self.model.device
+            )));
+        }
+        if self.socket.mode > 0o777 {
+            return Err(ConfigError::Invalid(format!(
+                "socket.mode {:#o} is not a file mode (write it in octal, e.g. 0o600)",
+                self.socket.mode
+            )));
+        }
+        if let Some(h) = &self.http
+            && h.address.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "http.address {:?} is not ADDR:PORT (e.g. 127.0.0.1:8000)",
+                h.address
+            )));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.logging.level).is_err() {
+            return Err(ConfigError::Invalid(format!(
+                "logging.level {:?} is not a valid filter (e.g. info, hsx=debug)",
+                self.logging.level
             )));
         }
         Ok(())
@@ -339,6 +495,49 @@ mod tests {
         assert_eq!(c.engine.layer_ids, Some(vec![1]));
         assert_eq!(c.engine.max_num_batched_tokens, 7);
         assert_eq!(c.engine.dtype, DtypeChoice::Bf16);
+    }
+
+    #[test]
+    fn daemon_sections_parse_and_validate() {
+        let text = "[model]\npath = \"m\"\n[socket]\npath = \"s.sock\"\nmode = 0o660\n\
+                    [http]\naddress = \"127.0.0.1:0\"\n[metrics]\nenabled = false\n\
+                    [logging]\nformat = \"json\"\nlevel = \"debug\"\n\
+                    [output]\nallow_custom_paths = true\n";
+        let c = Config::parse(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.socket.mode, 0o660);
+        assert_eq!(c.http.as_ref().unwrap().address, "127.0.0.1:0");
+        assert!(!c.metrics.enabled && c.output.allow_custom_paths);
+        assert_eq!(c.logging.format, LogFormat::Json);
+        let c = Config::parse(MINIMAL).unwrap();
+        assert!(c.http.is_none() && c.metrics.enabled);
+        assert_eq!(c.socket.mode, 0o600);
+        let err = Config::parse("[model]\npath = \"m\"\n[socket]\nmod = 1\n").unwrap_err();
+        assert!(err.to_string().contains("mod"), "{err}");
+        let mut c = Config::parse(MINIMAL).unwrap();
+        c.apply(&Overrides {
+            http: Some("nonsense".into()),
+            ..Default::default()
+        });
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("http.address")
+        );
+        c.http = None;
+        c.socket.mode = 0o1777;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn shipped_config_loads_with_every_section() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+        let c = Config::load(&path, &Overrides::default()).unwrap();
+        assert!(c.socket.path.ends_with("out/hsx.sock"));
+        assert_eq!(c.socket.mode, 0o600);
+        assert_eq!(c.http.unwrap().address, "127.0.0.1:8000");
+        assert!(c.metrics.enabled);
     }
 
     #[test]

@@ -8,9 +8,13 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::actors::block_manager::PoolStats;
 use crate::actors::block_manager::{BlockManagerHandle, BlockPool};
+use crate::actors::connector::ConnectorStats;
 use crate::actors::connector::{ConnectorHandle, ConnectorOptions, FileLayout};
-use crate::actors::events::{EventHubHandle, EventHubOptions, Subscription};
+use crate::actors::events::{
+    EventHubHandle, EventHubOptions, HubStats, Subscription, open_journal,
+};
 use crate::actors::messages::{InvalidRequestId, OutputDtype, Request, RequestId};
 use crate::actors::model_runner::{self, RowShape, RunnerLinks};
 use crate::actors::scheduler::{
@@ -37,6 +41,11 @@ pub enum EngineError {
     Load(String),
     #[error(transparent)]
     Connector(#[from] crate::actors::connector::ConnectorError),
+    #[error("cannot open the event journal {path}: {source}")]
+    Journal {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// What the engine runs, as clients need to know it.
@@ -51,6 +60,8 @@ pub struct EngineInfo {
     pub max_model_len: usize,
     pub output_dir: PathBuf,
     pub max_waiting: usize,
+    /// The model directory (tokenizer.json and tokenizer_config.json live there).
+    pub model_dir: PathBuf,
 }
 
 /// A request as a client describes it.
@@ -70,12 +81,22 @@ pub struct Engine {
     blocks: BlockManagerHandle,
     connector: ConnectorHandle,
     events: EventHubHandle,
-    runner: Option<JoinHandle<()>>,
+    runner: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// The scheduler's limits, to check requests before submitting them.
+    limits: SchedulerLimits,
 }
 
 impl Engine {
-    /// Loads the model and starts every actor.
+    /// Loads the model and starts every actor; events are journaled in memory only.
     pub async fn start(cfg: &Config) -> Result<Self, EngineError> {
+        Self::start_with_journal(cfg, None).await
+    }
+
+    /// Like [`Self::start`], with events also journaled to (and restored from) a file.
+    pub async fn start_with_journal(
+        cfg: &Config,
+        journal: Option<&Path>,
+    ) -> Result<Self, EngineError> {
         let spec = ModelSpec::from_dir(&cfg.model.path)?;
         let layer_ids = resolve_layer_ids(cfg.engine.layer_ids.as_deref(), spec.num_layers)?;
         let info = engine_info(cfg, &spec, layer_ids)?;
@@ -83,12 +104,28 @@ impl Engine {
             path: info.output_dir.clone(),
             source,
         })?;
+        let has_recurrent = spec.has_recurrent_layers();
         let backend = load_backend(cfg, spec, &info.layer_ids).await?;
 
         let e = &cfg.engine;
         // Hybrid models keep one recurrent-state slot per running request.
-        let state_slots = 0;
-        let events = EventHubHandle::spawn(EventHubOptions::default());
+        let state_slots = if has_recurrent { e.max_num_seqs } else { 0 };
+        let hub_options = EventHubOptions {
+            journal_capacity: cfg.events.journal_capacity,
+            subscriber_capacity: cfg.events.subscriber_buffer,
+            ..EventHubOptions::default()
+        };
+        let events = match journal {
+            None => EventHubHandle::spawn(hub_options),
+            Some(path) => {
+                let journal =
+                    open_journal(&hub_options, path).map_err(|source| EngineError::Journal {
+                        path: path.to_owned(),
+                        source,
+                    })?;
+                EventHubHandle::spawn_with_journal(journal, hub_options.mailbox)
+            }
+        };
         let layout = FileLayout {
             layer_ids: info.layer_ids.clone(),
             hidden_size: info.hidden_size,
@@ -123,7 +160,7 @@ impl Engine {
             connector: connector.clone(),
             events: events.clone(),
         };
-        let scheduler = SchedulerHandle::spawn(SchedulerState::new(limits), links, MAILBOX);
+        let scheduler = SchedulerHandle::spawn(SchedulerState::new(limits.clone()), links, MAILBOX);
         let shape = RowShape {
             layers: info.layer_ids.len(),
             hidden: info.hidden_size,
@@ -141,8 +178,15 @@ impl Engine {
             blocks,
             connector,
             events,
-            runner: Some(runner),
+            runner: std::sync::Mutex::new(Some(runner)),
+            limits,
         })
+    }
+
+    /// The checks `submit` makes on a request's own content (empty, too long, token ids,
+    /// cache size), without submitting it.
+    pub fn validate(&self, req: &Request) -> Result<(), SubmitError> {
+        self.limits.validate(req)
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -156,13 +200,23 @@ impl Engine {
 
     /// Builds a request whose file goes to the output dir.
     pub fn request(&self, spec: RequestSpec) -> Result<Request, InvalidRequestId> {
+        self.request_with_path(spec, None)
+    }
+
+    /// Builds a request whose file goes to `path` (checked by the caller), or to the output dir.
+    pub fn request_with_path(
+        &self,
+        spec: RequestSpec,
+        path: Option<PathBuf>,
+    ) -> Result<Request, InvalidRequestId> {
         let id = RequestId::new(&spec.id)?;
         Ok(Request {
-            path: self.output_path(&id),
+            path: path.unwrap_or_else(|| self.output_path(&id)),
             id,
             prompt: Arc::from(spec.token_ids),
             max_tokens: spec.max_tokens,
             include_output_tokens: spec.include_output_tokens,
+            prefixes: Vec::new(),
         })
     }
 
@@ -183,9 +237,24 @@ impl Engine {
         self.scheduler.status().await
     }
 
+    /// Host memory held by the connector.
+    pub async fn connector_stats(&self) -> Option<ConnectorStats> {
+        self.connector.stats().await.ok()
+    }
+
+    /// KV blocks and state slots in use.
+    pub async fn block_stats(&self) -> Option<PoolStats> {
+        self.blocks.stats().await
+    }
+
+    /// The event hub's last seq and subscribers.
+    pub async fn event_stats(&self) -> Option<HubStats> {
+        self.events.stats().await
+    }
+
     /// Stops accepting work, lets queued and running requests finish and their files be
-    /// written, then stops every actor and the runner thread.
-    pub async fn shutdown(mut self) {
+    /// written, then stops every actor and the runner thread. Later calls return at once.
+    pub async fn shutdown(&self) {
         self.scheduler.stop_accepting().await;
         while let Some(s) = self.scheduler.status().await {
             if s.waiting == 0 && s.running == 0 {
@@ -195,7 +264,8 @@ impl Engine {
         }
         let _ = self.connector.flush().await;
         self.scheduler.stop().await;
-        if let Some(runner) = self.runner.take() {
+        let runner = self.runner.lock().map(|mut r| r.take()).unwrap_or(None);
+        if let Some(runner) = runner {
             let _ = tokio::task::spawn_blocking(move || runner.join()).await;
         }
         let _ = self.connector.stop().await;
@@ -229,6 +299,7 @@ fn engine_info(
         max_model_len,
         output_dir: cfg.output.dir.clone(),
         max_waiting: cfg.engine.max_waiting,
+        model_dir: cfg.model.path.clone(),
     })
 }
 
@@ -243,6 +314,7 @@ async fn load_backend(
         num_blocks: cfg.engine.num_blocks,
         block_size: cfg.engine.block_size,
         threads: cfg.model.threads,
+        num_state_slots: cfg.engine.max_num_seqs,
     };
     let loaded = tokio::task::spawn_blocking(move || CpuBackend::load(Path::new(&dir), spec, opts))
         .await

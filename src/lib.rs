@@ -2,12 +2,14 @@
 //! to safetensors files (see DESIGN.md in the shared folder for the contracts).
 
 pub mod actors;
+pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod extract;
 pub mod inspect;
 pub mod kernels;
 pub mod models;
+pub mod server;
 
 /// The version written into every file's `__metadata__`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use hsx::config::{Config, DtypeChoice, Overrides, parse_layer_list};
+use hsx::config::{Config, DtypeChoice, LogFormat, Overrides, parse_layer_list};
 use hsx::engine::Engine;
 
 #[derive(Parser)]
@@ -25,6 +25,49 @@ enum Command {
     Extract(ExtractArgs),
     /// Check hidden-state files or directories of them (exit code 1 if any file is bad).
     Inspect(InspectArgs),
+    /// Run the daemon: Unix socket (JSON lines), HTTP (OpenAI subset) and /metrics.
+    Serve(ServeArgs),
+    /// Print the daemon's completion events as JSON lines.
+    Subscribe(SubscribeArgs),
+    /// Send a JSON-lines file of requests through the daemon's socket.
+    Submit(SubmitArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Unix socket path (overrides socket.path).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// HTTP address ADDR:PORT (overrides http.address; enables HTTP).
+    #[arg(long)]
+    http: Option<String>,
+}
+
+#[derive(Args)]
+struct SubscribeArgs {
+    /// The daemon's Unix socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// First replay every journaled event numbered after N (0: all of them).
+    #[arg(long)]
+    from_seq: Option<u64>,
+    /// Exit after printing this many events.
+    #[arg(long)]
+    count: Option<usize>,
+}
+
+#[derive(Args)]
+struct SubmitArgs {
+    /// The daemon's Unix socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// JSON lines: {"id": "...", "token_ids": [...]} or {"text": "..."} per line.
+    file: PathBuf,
+    /// Also wait for every accepted request's completion event and print it.
+    #[arg(long)]
+    wait: bool,
 }
 
 #[derive(Args)]
@@ -78,7 +121,13 @@ struct ExtractArgs {
 
 impl CommonArgs {
     fn load(&self) -> anyhow::Result<Config> {
+        self.load_with(None, None)
+    }
+
+    fn load_with(&self, socket: Option<PathBuf>, http: Option<String>) -> anyhow::Result<Config> {
         let overrides = Overrides {
+            socket,
+            http,
             model: self.model.clone(),
             output: self.output.clone(),
             layers: self.layers.clone().map(|l| l.0),
@@ -89,14 +138,24 @@ impl CommonArgs {
     }
 }
 
+/// Logs to stderr; `RUST_LOG` overrides the level.
+fn init_logging(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging("warn", LogFormat::Text);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -117,7 +176,65 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Extract(args) => extract(args).await,
         Command::Inspect(args) => inspect(args),
+        Command::Serve(args) => serve(args).await,
+        Command::Subscribe(args) => {
+            let mut out = std::io::stdout();
+            hsx::server::client::subscribe(&args.socket, args.from_seq, args.count, &mut out)
+                .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit(args) => {
+            let mut out = std::io::stdout();
+            let s = hsx::server::client::submit_file(&args.socket, &args.file, args.wait, &mut out)
+                .await?;
+            eprintln!(
+                "hsx: accepted {}, rejected {}{}",
+                s.accepted,
+                s.rejected,
+                if args.wait {
+                    format!(", completed {}, failed {}", s.completed, s.failed)
+                } else {
+                    String::new()
+                }
+            );
+            let ok = s.rejected == 0 && s.failed == 0;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
     }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let cfg = match args.common.load_with(args.socket, args.http) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            init_logging("warn", LogFormat::Text);
+            return Err(e);
+        }
+    };
+    init_logging(&cfg.logging.level, cfg.logging.format);
+    let listeners = hsx::server::Listeners::bind(&cfg).await?;
+    let engine = match hsx::server::start_engine(&cfg).await {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = std::fs::remove_file(&listeners.unix_path);
+            return Err(e);
+        }
+    };
+    let info = engine.info();
+    tracing::info!(
+        model = %info.model_name,
+        layers = ?info.layer_ids,
+        dtype = info.dtype.name(),
+        output = %info.output_dir.display(),
+        "engine started"
+    );
+    let options = hsx::server::ServerOptions::from_config(&cfg);
+    hsx::server::run(engine, listeners, options, hsx::server::signal()).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {

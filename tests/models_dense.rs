@@ -85,6 +85,7 @@ fn backend_with_threads(name: &str, threads: usize) -> CpuBackend {
         num_blocks: NUM_BLOCKS,
         block_size: BLOCK,
         threads,
+        num_state_slots: 0,
     };
     CpuBackend::load(&dir, spec, opts).unwrap()
 }
@@ -338,6 +339,7 @@ fn capture_subset_and_no_sample() {
         num_blocks: 8,
         block_size: 32,
         threads: 1,
+        num_state_slots: 0,
     };
     let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
     assert_eq!(be.capture_layers(), &[1, 4]);
@@ -498,6 +500,7 @@ fn load_err(dir: &Path) -> ModelError {
         num_blocks: 4,
         block_size: 16,
         threads: 1,
+        num_state_slots: 0,
     };
     match CpuBackend::load(dir, spec, opts) {
         Ok(_) => panic!("{} loaded", dir.display()),

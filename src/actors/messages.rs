@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 /// A request id that is safe to use as a file name: no path separators, no `..`, no NUL,
 /// not empty, at most 200 bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct RequestId(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +48,19 @@ impl RequestId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for RequestId {
+    type Error = InvalidRequestId;
+    fn try_from(id: String) -> Result<Self, Self::Error> {
+        Self::new(&id)
+    }
+}
+
+impl From<RequestId> for String {
+    fn from(id: RequestId) -> Self {
+        id.0.to_string()
     }
 }
 
@@ -92,6 +105,18 @@ pub struct Request {
     /// Also capture the rows of generated tokens (all but the last).
     pub include_output_tokens: bool,
     /// Final file name; the connector writes `path.tmp` first and renames.
+    pub path: PathBuf,
+    /// Other requests whose prompts are prefixes of this one: their files are sliced from
+    /// this request's rows instead of being computed again (a causal model's state at token t
+    /// depends only on tokens ≤ t).
+    pub prefixes: Vec<PrefixOutput>,
+}
+
+/// A file made of the first `rows` rows of another request's states.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixOutput {
+    pub id: RequestId,
+    pub rows: usize,
     pub path: PathBuf,
 }
 
@@ -180,11 +205,13 @@ pub struct FinishedRequest {
     /// Tokens generated greedily (reported in the completion event, not written).
     pub output_token_ids: Vec<u32>,
     pub path: PathBuf,
+    /// Files sliced from this request's rows (see [`Request::prefixes`]).
+    pub prefixes: Vec<PrefixOutput>,
 }
 
 // ---------------------------------------------------------------- connector / scheduler -> events
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "lowercase")]
 pub enum EventKind {
     Completed {
@@ -193,7 +220,7 @@ pub enum EventKind {
         layer_ids: Vec<usize>,
         bytes: u64,
         /// Tokens generated (greedy), when `max_tokens >= 1`.
-        #[serde(skip_serializing_if = "Vec::is_empty")]
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         output_token_ids: Vec<u32>,
     },
     Failed {
@@ -201,8 +228,8 @@ pub enum EventKind {
     },
 }
 
-/// A numbered completion/failure event as subscribers see it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A numbered completion/failure event as subscribers see it (and as the disk journal keeps it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompletionEvent {
     pub seq: u64,
     pub id: RequestId,

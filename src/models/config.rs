@@ -9,15 +9,22 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::ModelError;
+use super::hybrid_config::HybridSpec;
 use super::weights::Weights;
 
-/// The dense decoder families hsx runs.
+/// The decoder families hsx runs: dense, and hybrid (see [`HybridSpec`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
     Mistral,
+    /// `Qwen3_5ForCausalLM` (text model): Gated DeltaNet + gated full attention, dense MLP.
+    Qwen3_5,
+    /// `Qwen3NextForCausalLM`: Gated DeltaNet + gated full attention, MoE + shared expert.
+    Qwen3Next,
+    /// `NemotronHForCausalLM`: Mamba-2 / attention / MLP blocks.
+    NemotronH,
 }
 
 impl Architecture {
@@ -27,6 +34,9 @@ impl Architecture {
             "Qwen2ForCausalLM" => Some(Self::Qwen2),
             "Qwen3ForCausalLM" => Some(Self::Qwen3),
             "MistralForCausalLM" => Some(Self::Mistral),
+            "Qwen3_5ForCausalLM" => Some(Self::Qwen3_5),
+            "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
+            "NemotronHForCausalLM" => Some(Self::NemotronH),
             _ => None,
         }
     }
@@ -38,7 +48,15 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
+            Self::Qwen3_5 => "Qwen3_5ForCausalLM",
+            Self::Qwen3Next => "Qwen3NextForCausalLM",
+            Self::NemotronH => "NemotronHForCausalLM",
         }
+    }
+
+    /// Hybrid families (recurrent layers next to attention).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Self::Qwen3_5 | Self::Qwen3Next | Self::NemotronH)
     }
 }
 
@@ -112,6 +130,9 @@ pub struct ModelSpec {
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub dtype: WeightDtype,
+    /// Layer pattern and recurrent-layer geometry of hybrid models; `None` for dense ones.
+    /// For hybrids the attention fields above describe the full-attention layers.
+    pub hybrid: Option<HybridSpec>,
 }
 
 impl ModelSpec {
@@ -144,7 +165,13 @@ impl ModelSpec {
     /// config names no dtype, `dtype` is F32 (`from_dir` then asks the weights).
     pub fn from_json(value: &Value, path: &Path, name: String) -> Result<ModelSpec, ModelError> {
         let cfg = Cfg::new(value, path)?;
+        super::hybrid_config::reject_multimodal(value, path)?;
         let architecture = cfg.architecture()?;
+        if architecture.is_hybrid() {
+            let spec = super::hybrid_config::parse(&cfg, architecture, name)?;
+            spec.validate(path)?;
+            return Ok(spec);
+        }
         cfg.check_activation()?;
         let hidden_size = cfg.usize_req("hidden_size")?;
         let num_heads = cfg.usize_req("num_attention_heads")?;
@@ -178,6 +205,7 @@ impl ModelSpec {
             tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
             max_position_embeddings,
             dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+            hybrid: None,
         };
         cfg.check_sliding_window(architecture, max_position_embeddings)?;
         spec.validate(path)?;
@@ -189,12 +217,20 @@ impl ModelSpec {
         !has("torch_dtype") && !has("dtype")
     }
 
+    /// The model has linear-attention or Mamba layers, so every running request needs a
+    /// recurrent-state slot.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.hybrid
+            .as_ref()
+            .is_some_and(|h| h.layers.iter().any(|k| k.is_recurrent()))
+    }
+
     /// Number of query heads sharing one kv head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
 
-    fn validate(&self, path: &Path) -> Result<(), ModelError> {
+    pub(super) fn validate(&self, path: &Path) -> Result<(), ModelError> {
         let bad = |field: &str, message: String| ModelError::Field {
             path: path.to_path_buf(),
             field: field.to_string(),
@@ -257,28 +293,39 @@ fn model_name(dir: &Path) -> String {
         .unwrap_or_else(|| "model".to_string())
 }
 
-fn default_max_pos(arch: Architecture) -> usize {
+pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 => 32768,
         Architecture::Mistral => 4096 * 32,
+        Architecture::Qwen3_5 | Architecture::Qwen3Next => 32768,
+        Architecture::NemotronH => 4096,
     }
 }
 
-/// dtype of `model.embed_tokens.weight` on disk, for configs that name none.
+/// dtype of the embedding table on disk, for configs that name none.
 fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
     let weights = Weights::open(dir)?;
-    weights.dtype_of("model.embed_tokens.weight")
+    let names = [
+        "model.embed_tokens.weight",
+        "model.language_model.embed_tokens.weight",
+        "backbone.embeddings.weight",
+    ];
+    let name = names
+        .iter()
+        .find(|n| weights.contains(n))
+        .unwrap_or(&names[0]);
+    weights.dtype_of(name)
 }
 
 /// Typed access to the top-level object of `config.json`. `null` counts as absent.
-struct Cfg<'a> {
+pub(super) struct Cfg<'a> {
     map: &'a Map<String, Value>,
     path: &'a Path,
 }
 
 impl<'a> Cfg<'a> {
-    fn new(value: &'a Value, path: &'a Path) -> Result<Self, ModelError> {
+    pub(super) fn new(value: &'a Value, path: &'a Path) -> Result<Self, ModelError> {
         match value.as_object() {
             Some(map) => Ok(Self { map, path }),
             None => Err(ModelError::Json {
@@ -288,7 +335,7 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    fn err(&self, field: &str, message: impl Into<String>) -> ModelError {
+    pub(super) fn err(&self, field: &str, message: impl Into<String>) -> ModelError {
         ModelError::Field {
             path: self.path.to_path_buf(),
             field: field.to_string(),
@@ -296,34 +343,34 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    fn path_buf(&self) -> PathBuf {
+    pub(super) fn path_buf(&self) -> PathBuf {
         self.path.to_path_buf()
     }
 
-    fn get(&self, field: &str) -> Option<&'a Value> {
+    pub(super) fn get(&self, field: &str) -> Option<&'a Value> {
         self.map.get(field).filter(|v| !v.is_null())
     }
 
-    fn usize_opt(&self, field: &str) -> Result<Option<usize>, ModelError> {
+    pub(super) fn usize_opt(&self, field: &str) -> Result<Option<usize>, ModelError> {
         value_usize(self.get(field)).map_err(|m| self.err(field, m))
     }
 
-    fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
+    pub(super) fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
         self.usize_opt(field)?
             .ok_or_else(|| self.err(field, "missing"))
     }
 
-    fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
+    pub(super) fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
         Ok(self.usize_opt(field)?.unwrap_or(default))
     }
 
-    fn f64_or(&self, field: &str, default: f64) -> Result<f64, ModelError> {
+    pub(super) fn f64_or(&self, field: &str, default: f64) -> Result<f64, ModelError> {
         value_f64(self.get(field))
             .map(|v| v.unwrap_or(default))
             .map_err(|m| self.err(field, m))
     }
 
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ModelError> {
+    pub(super) fn bool_or(&self, field: &str, default: bool) -> Result<bool, ModelError> {
         match self.get(field) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -354,7 +401,7 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    fn dtype(&self) -> Result<Option<WeightDtype>, ModelError> {
+    pub(super) fn dtype(&self) -> Result<Option<WeightDtype>, ModelError> {
         for field in ["dtype", "torch_dtype"] {
             if let Some(v) = self.get(field) {
                 let name = v
@@ -373,7 +420,11 @@ impl<'a> Cfg<'a> {
 
     /// Mistral `sliding_window`, Qwen2/3 `use_sliding_window` / `layer_types`: a window smaller
     /// than the context is not supported (a window >= max_position_embeddings is full attention).
-    fn check_sliding_window(&self, arch: Architecture, max_pos: usize) -> Result<(), ModelError> {
+    pub(super) fn check_sliding_window(
+        &self,
+        arch: Architecture,
+        max_pos: usize,
+    ) -> Result<(), ModelError> {
         let window = self.usize_opt("sliding_window")?;
         let window_is_full = window.is_none_or(|w| w >= max_pos);
         let uses_window = match arch {
@@ -382,6 +433,8 @@ impl<'a> Cfg<'a> {
                 self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
             }
             Architecture::Llama => false,
+            // Hybrid configs are checked in `hybrid_config`.
+            _ => self.bool_or("use_sliding_window", false)?,
         };
         if uses_window && !window_is_full {
             return Err(ModelError::Unsupported {
@@ -403,7 +456,7 @@ impl<'a> Cfg<'a> {
 
     /// (theta, scaling) from transformers 5.x `rope_parameters` or the older top-level
     /// `rope_theta` + `rope_scaling`.
-    fn rope(&self) -> Result<(f64, RopeScaling), ModelError> {
+    pub(super) fn rope(&self) -> Result<(f64, RopeScaling), ModelError> {
         let top_theta = self.f64_or("rope_theta", 10000.0)?;
         let (field, params) = match self.get("rope_parameters") {
             Some(p) => ("rope_parameters", Some(p)),

@@ -6,6 +6,8 @@
 //! are plain adds, so a captured row is exactly `hidden + residual`. The final norm is applied
 //! only for the LM head.
 
+use std::sync::Mutex;
+
 use super::{ModelError, ModelSpec, Weights};
 use crate::kernels::cpu::attention::{AttnShape, attention};
 use crate::kernels::cpu::kv_cache::{BatchPlan, KvCache};
@@ -34,6 +36,9 @@ pub struct DenseModel {
     /// `None` when tied to `embed`.
     lm_head: Option<Vec<f32>>,
     rope: Rope,
+    /// Activation buffers kept between forwards: a step's buffers are tens of MB, and fresh
+    /// ones would be page-faulted and zeroed again on every step.
+    scratch: Mutex<Scratch>,
 }
 
 /// Scratch buffers of one forward, reused across layers.
@@ -72,6 +77,7 @@ impl DenseModel {
             final_norm,
             lm_head,
             rope,
+            scratch: Mutex::default(),
         })
     }
 
@@ -110,10 +116,13 @@ impl DenseModel {
             x.extend_from_slice(&self.embed[t * h..(t + 1) * h]);
         }
         capture(0, &x);
-        let mut s = Scratch::default();
+        // Forwards are serialised by `&mut KvCache`; a poisoned lock only means an earlier
+        // forward panicked mid-way, and every buffer is overwritten before it is read.
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *guard;
         for (i, layer) in self.layers.iter().enumerate() {
-            self.attention_block(i, layer, &mut x, plan, cache, threads, &mut s);
-            self.mlp_block(layer, &mut x, threads, &mut s);
+            self.attention_block(i, layer, &mut x, plan, cache, threads, s);
+            self.mlp_block(layer, &mut x, threads, s);
             capture(i + 1, &x);
         }
         x

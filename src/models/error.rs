@@ -26,7 +26,8 @@ pub enum ModelError {
     },
     #[error(
         "{path}: unsupported architecture `{name}` (supported: LlamaForCausalLM, \
-         Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)"
+         Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen3_5ForCausalLM, \
+         Qwen3NextForCausalLM, NemotronHForCausalLM)"
     )]
     UnsupportedArchitecture { path: PathBuf, name: String },
     #[error("{path}: unsupported model feature: {what}")]

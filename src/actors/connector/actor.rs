@@ -74,9 +74,15 @@ impl Message<Finish> for Connector {
     async fn handle(&mut self, Finish(req): Finish, ctx: &mut Context<Self, ()>) {
         let id = req.id.clone();
         match self.state.finish(req) {
-            Ok(complete) => self.start_write(complete, ctx),
+            Ok(mut complete) => {
+                for prefix in complete.take_prefixes() {
+                    self.start_write(prefix, ctx);
+                }
+                self.start_write(complete, ctx);
+            }
             Err(e) => {
                 tracing::warn!("{e}");
+                metrics::counter!("hsx_files_failed_total", "kind" => "incomplete").increment(1);
                 let failed = EventKind::Failed {
                     error: e.to_string(),
                 };
@@ -148,7 +154,18 @@ impl Connector {
         let writers = Arc::clone(&self.writers);
         let events = self.events.clone();
         ctx.pipe(async move {
+            let started = std::time::Instant::now();
             let (id, outcome) = write_file(writers, complete).await;
+            match &outcome {
+                EventKind::Completed { bytes, .. } => {
+                    metrics::histogram!("hsx_save_duration_seconds").record(started.elapsed());
+                    metrics::counter!("hsx_files_saved_total").increment(1);
+                    metrics::counter!("hsx_hidden_state_bytes_written_total").increment(*bytes);
+                }
+                EventKind::Failed { .. } => {
+                    metrics::counter!("hsx_files_failed_total", "kind" => "write").increment(1);
+                }
+            }
             if events.publish(id, outcome).await.is_err() {
                 tracing::warn!("event hub gone; outcome of a write not reported");
             }
@@ -166,7 +183,12 @@ async fn write_file(
     // The semaphore is never closed; without a permit the write would just not be limited.
     let _permit = writers.acquire_owned().await.ok();
     let joined = tokio::task::spawn_blocking(move || {
-        let written = complete.write();
+        // Benchmark-only knob (bench/README.md): measure compute without file writing.
+        let written = if discard_output() {
+            Ok(complete.hidden_bytes() as u64)
+        } else {
+            complete.write()
+        };
         (written, complete)
     })
     .await;
@@ -270,6 +292,13 @@ impl ConnectorHandle {
     pub fn actor_ref(&self) -> &ActorRef<Connector> {
         &self.actor
     }
+}
+
+/// `HSX_BENCH_DISCARD_OUTPUT=1`: files are not written (their writes report success), for the
+/// compute-only benchmark run. Not a user setting; read once.
+fn discard_output() -> bool {
+    static DISCARD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DISCARD.get_or_init(|| std::env::var_os("HSX_BENCH_DISCARD_OUTPUT").is_some_and(|v| v == "1"))
 }
 
 #[cfg(test)]

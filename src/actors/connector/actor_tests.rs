@@ -37,6 +37,7 @@ fn finished(id: &str, dir: &Path, tokens: usize) -> FinishedRequest {
         token_ids: (0..tokens as u32).collect(),
         output_token_ids: vec![42],
         path: dir.join(format!("{id}.safetensors")),
+        prefixes: vec![],
     }
 }
 

@@ -223,6 +223,7 @@ mod tests {
             token_ids: (0..tokens as u32).collect(),
             output_token_ids: vec![],
             path: PathBuf::from(format!("/nonexistent/{id}.safetensors")),
+            prefixes: vec![],
         }
     }
 

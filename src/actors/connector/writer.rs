@@ -12,7 +12,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, View};
 
 use super::FileLayout;
-use crate::actors::messages::{EventKind, FinishedRequest, OutputDtype, RequestId};
+use crate::actors::messages::{EventKind, FinishedRequest, OutputDtype, PrefixOutput, RequestId};
 
 /// All `T` rows of one request, one per token: the only thing the writer accepts.
 ///
@@ -25,8 +25,11 @@ pub struct CompleteHiddenStates {
     token_ids: Vec<u32>,
     output_token_ids: Vec<u32>,
     path: PathBuf,
-    chunks: Vec<Vec<u8>>,
+    /// Row chunks in order, shared with the files sliced from this one's leading rows.
+    chunks: Arc<[Vec<u8>]>,
     lock_files: bool,
+    /// Files to cut from the leading rows (taken by [`Self::take_prefixes`]).
+    prefixes: Vec<PrefixOutput>,
 }
 
 /// A write that failed, with the step and the OS error text.
@@ -94,9 +97,31 @@ impl CompleteHiddenStates {
             token_ids: req.token_ids,
             output_token_ids: req.output_token_ids,
             path: req.path,
-            chunks,
+            chunks: chunks.into(),
             lock_files,
+            prefixes: req.prefixes,
         }
+    }
+
+    /// The files made of this one's leading rows: each holds exactly its first `rows` rows and
+    /// tokens, so it is complete by construction. Prefixes longer than T are dropped (the
+    /// caller built them from the same prompt, so this does not happen).
+    pub fn take_prefixes(&mut self) -> Vec<CompleteHiddenStates> {
+        let t = self.num_tokens();
+        std::mem::take(&mut self.prefixes)
+            .into_iter()
+            .filter(|p| p.rows >= 1 && p.rows <= t)
+            .map(|p| Self {
+                id: p.id,
+                layout: Arc::clone(&self.layout),
+                token_ids: self.token_ids[..p.rows].to_vec(),
+                output_token_ids: Vec::new(),
+                path: p.path,
+                chunks: Arc::clone(&self.chunks),
+                lock_files: self.lock_files,
+                prefixes: Vec::new(),
+            })
+            .collect()
     }
 
     pub fn id(&self) -> &RequestId {
@@ -112,9 +137,24 @@ impl CompleteHiddenStates {
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
     }
-    /// Host memory held by the hidden states.
+    /// Bytes of this file's hidden states.
     pub fn hidden_bytes(&self) -> usize {
-        self.chunks.iter().map(Vec::len).sum()
+        self.num_tokens() * self.layout.row_bytes()
+    }
+
+    /// This file's rows: the leading `hidden_bytes()` of the chunks, borrowed.
+    fn hidden_parts(&self) -> Vec<Cow<'_, [u8]>> {
+        let mut left = self.hidden_bytes();
+        let mut parts = Vec::new();
+        for c in self.chunks.iter() {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(c.len());
+            parts.push(Cow::Borrowed(&c[..n]));
+            left -= n;
+        }
+        parts
     }
 
     /// The event announcing this file once written (`bytes`: its size).
@@ -138,11 +178,11 @@ impl CompleteHiddenStates {
             .iter()
             .flat_map(|&id| i64::from(id).to_le_bytes())
             .collect();
-        let hidden = self.chunks.iter().map(|c| Cow::Borrowed(c.as_slice()));
+        let hidden = self.hidden_parts();
         let mut tensors = vec![
             (
                 "hidden_states",
-                TensorSource::new(dtype_of(self.layout.dtype), vec![t, k, h], hidden.collect()),
+                TensorSource::new(dtype_of(self.layout.dtype), vec![t, k, h], hidden),
             ),
             (
                 "token_ids",

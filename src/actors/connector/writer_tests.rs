@@ -8,7 +8,7 @@ use safetensors::SafeTensors;
 
 use super::*;
 use crate::actors::connector::ConnectorState;
-use crate::actors::messages::CapturedChunk;
+use crate::actors::messages::{CapturedChunk, PrefixOutput};
 
 fn rid(s: &str) -> RequestId {
     RequestId::new(s).unwrap()
@@ -65,6 +65,7 @@ fn complete(
         token_ids: (0..start as u32).map(|i| 1000 + i).collect(),
         output_token_ids: vec![7],
         path: path.to_owned(),
+        prefixes: vec![],
     };
     state.finish(req).unwrap()
 }
@@ -249,4 +250,67 @@ fn completed_event_describes_the_file() {
             output_token_ids: vec![7],
         }
     );
+}
+
+#[test]
+fn prefixes_are_the_leading_rows_of_the_full_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = FileLayout {
+        layer_ids: vec![0, 2],
+        hidden_size: 3,
+        dtype: OutputDtype::F32,
+        model: "m".into(),
+    };
+    let mut state = ConnectorState::new(layout, false).unwrap();
+    let row = |r: usize| -> Vec<u8> {
+        (0..6)
+            .flat_map(|v| ((r * 10 + v) as f32).to_le_bytes())
+            .collect()
+    };
+    // Rows 0..2 in one chunk, 2..5 in another: the 3-row prefix spans both.
+    let data = |a: usize, b: usize| (a..b).flat_map(row).collect::<Vec<u8>>();
+    for (start, end) in [(0, 2), (2, 5)] {
+        state
+            .capture(CapturedChunk {
+                id: rid("full"),
+                start,
+                rows: end - start,
+                data: data(start, end),
+            })
+            .unwrap();
+    }
+    let prefix = |id: &str, rows| PrefixOutput {
+        id: rid(id),
+        rows,
+        path: dir.path().join(format!("{id}.safetensors")),
+    };
+    let req = FinishedRequest {
+        id: rid("full"),
+        token_ids: vec![5, 6, 7, 8, 9],
+        output_token_ids: vec![],
+        path: dir.path().join("full.safetensors"),
+        prefixes: vec![prefix("p3", 3), prefix("p1", 1), prefix("too-long", 6)],
+    };
+    let mut complete = state.finish(req).unwrap();
+    let prefixes = complete.take_prefixes();
+    assert_eq!(prefixes.len(), 2, "a prefix longer than T is dropped");
+    complete.write().unwrap();
+    for p in &prefixes {
+        p.write().unwrap();
+    }
+    let read = |name: &str| {
+        let bytes = std::fs::read(dir.path().join(name)).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let hs = st.tensor("hidden_states").unwrap();
+        let tok = st.tensor("token_ids").unwrap();
+        (hs.shape().to_vec(), hs.data().to_vec(), tok.data().to_vec())
+    };
+    let (shape, hs, _) = read("p3.safetensors");
+    assert_eq!(shape, vec![3, 2, 3]);
+    assert_eq!(hs, data(0, 3));
+    let (shape, hs, tok) = read("p1.safetensors");
+    assert_eq!(shape, vec![1, 2, 3]);
+    assert_eq!(hs, data(0, 1));
+    assert_eq!(tok, 5i64.to_le_bytes().to_vec());
+    assert_eq!(read("full.safetensors").1, data(0, 5));
 }

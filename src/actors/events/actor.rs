@@ -24,6 +24,30 @@ pub struct Subscribe {
     pub from_seq: Option<u64>,
 }
 
+/// Replies with [`HubStats`].
+#[derive(Debug, Clone, Copy)]
+pub struct Stats;
+
+/// The hub's counters, for `status` and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Reply)]
+pub struct HubStats {
+    pub last_seq: u64,
+    pub subscribers: usize,
+    pub dropped_subscribers: u64,
+}
+
+impl Message<Stats> for EventHub {
+    type Reply = HubStats;
+
+    async fn handle(&mut self, _: Stats, _: &mut Context<Self, Self::Reply>) -> HubStats {
+        HubStats {
+            last_seq: self.journal.last_seq(),
+            subscribers: self.journal.subscriber_count(),
+            dropped_subscribers: self.journal.dropped_subscribers(),
+        }
+    }
+}
+
 impl Message<Publish> for EventHub {
     type Reply = u64;
 
@@ -150,6 +174,10 @@ impl EventHubHandle {
             Ok(sub) => sub,
             Err(_) => Subscription::ended(),
         }
+    }
+
+    pub async fn stats(&self) -> Option<HubStats> {
+        self.actor.ask(Stats).await.ok()
     }
 
     /// Stops the hub after the messages already queued; subscribers' streams then end.

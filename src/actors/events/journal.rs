@@ -6,6 +6,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::EventHubOptions;
+use super::disk::DiskJournal;
 use crate::actors::messages::{CompletionEvent, EventKind, RequestId};
 
 /// Events replayed to a new subscriber.
@@ -30,6 +31,8 @@ pub struct EventJournal {
     subscribers: Vec<mpsc::Sender<CompletionEvent>>,
     subscriber_capacity: usize,
     dropped_subscribers: u64,
+    /// Appended (and fsync'd) before each fan-out, when the hub journals to disk.
+    disk: Option<DiskJournal>,
 }
 
 impl EventJournal {
@@ -42,7 +45,14 @@ impl EventJournal {
             // tokio's mpsc panics on a zero capacity; one slot is the smallest bounded buffer.
             subscriber_capacity: options.subscriber_capacity.max(1),
             dropped_subscribers: 0,
+            disk: None,
         }
+    }
+
+    /// Appends every event published from now on to `disk` before fanning it out.
+    pub fn with_disk(mut self, disk: DiskJournal) -> Self {
+        self.disk = Some(disk);
+        self
     }
 
     /// A journal that continues after events recovered from disk: numbering resumes after the
@@ -71,8 +81,24 @@ impl EventJournal {
         };
         self.next_seq += 1;
         self.keep(event.clone());
+        self.append_to_disk(&event);
         self.fan_out(&event);
+        metrics::counter!("hsx_events_published_total").increment(1);
         event
+    }
+
+    /// A disk error is logged and counted, never fatal: the event still goes out live and
+    /// stays in memory; only a restart could lose it.
+    fn append_to_disk(&mut self, event: &CompletionEvent) {
+        let Some(disk) = &mut self.disk else { return };
+        let mut result = disk.append(event);
+        if result.is_ok() && disk.wants_compaction() {
+            result = disk.rewrite(self.kept.iter());
+        }
+        if let Err(e) = result {
+            metrics::counter!("hsx_event_journal_errors_total").increment(1);
+            tracing::error!(path = %disk.path().display(), seq = event.seq, "event journal: {e}");
+        }
     }
 
     /// Every kept event with `seq > from_seq`, and whether some of them were already forgotten.
@@ -153,6 +179,7 @@ impl EventJournal {
                 "disconnected event subscribers that fell behind"
             );
             self.dropped_subscribers += dropped;
+            metrics::counter!("hsx_subscribers_dropped_total").increment(dropped);
         }
     }
 }

@@ -3,13 +3,16 @@
 //!
 //! A subscriber that reconnects with the last sequence number it saw misses nothing the journal
 //! still holds; a slow subscriber (its bounded buffer full) is disconnected instead of stalling
-//! the publisher. [`EventJournal`] holds the logic (tested without an actor); [`EventHub`] is the
+//! the publisher. With a [`DiskJournal`] every event is appended and fsync'd under the output
+//! directory before it goes out, so `from_seq` also works across restarts. [`EventJournal`] holds the logic (tested without an actor); [`EventHub`] is the
 //! kameo actor around it and [`EventHubHandle`] the typed way to talk to it.
 
 mod actor;
+mod disk;
 mod journal;
 
-pub use actor::{EventHub, EventHubHandle, Publish, Subscribe, Subscription};
+pub use actor::{EventHub, EventHubHandle, HubStats, Publish, Stats, Subscribe, Subscription};
+pub use disk::{DiskJournal, open_journal};
 pub use journal::{EventJournal, Replay};
 
 /// Sizes of the hub's bounded buffers.

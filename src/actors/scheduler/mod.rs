@@ -26,6 +26,8 @@ pub struct Scheduler {
     state: SchedulerState,
     links: SchedulerLinks,
     accepting: bool,
+    /// When the step in flight was sent to the runner and how many tokens it holds (metrics).
+    step_started: Option<(std::time::Instant, usize)>,
 }
 
 impl Actor for Scheduler {
@@ -37,6 +39,7 @@ impl Actor for Scheduler {
             state,
             links,
             accepting: true,
+            step_started: None,
         })
     }
 }
@@ -79,6 +82,12 @@ impl Message<Abort> for Scheduler {
 impl Message<StepResult> for Scheduler {
     type Reply = ();
     async fn handle(&mut self, msg: StepResult, _: &mut Context<Self, Self::Reply>) {
+        if let Some((started, tokens)) = self.step_started.take() {
+            metrics::histogram!("hsx_step_duration_seconds").record(started.elapsed());
+            metrics::histogram!("hsx_step_tokens").record(tokens as f64);
+            metrics::counter!("hsx_steps_total").increment(1);
+        }
+        let before = self.state.stats();
         let fx = match msg {
             StepResult::Done(out) => self.state.apply(&out),
             StepResult::Failed { step, error } => {
@@ -86,6 +95,11 @@ impl Message<StepResult> for Scheduler {
                 self.state.fail_step(step, &error)
             }
         };
+        let after = self.state.stats();
+        metrics::counter!("hsx_tokens_computed_total")
+            .increment(after.tokens_computed - before.tokens_computed);
+        metrics::counter!("hsx_prompt_tokens_total")
+            .increment(after.prompt_tokens_computed - before.prompt_tokens_computed);
         self.execute(fx).await;
         self.schedule().await;
     }
@@ -120,6 +134,8 @@ impl Scheduler {
             .await;
         let Some(plan) = plan else { return };
         let step = plan.step;
+        let tokens = plan.chunks.iter().map(|c| c.len).sum();
+        self.step_started = Some((std::time::Instant::now(), tokens));
         if self.links.runner.send_async(plan).await.is_err() {
             let fx = self.state.fail_step(step, "the model runner has stopped");
             Box::pin(self.execute(fx)).await;

@@ -22,6 +22,39 @@ pub struct SchedulerLimits {
     pub kv_capacity_tokens: usize,
 }
 
+impl SchedulerLimits {
+    /// Whether a request can ever run under these limits (the checks `submit` makes first).
+    pub fn validate(&self, req: &Request) -> Result<(), SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let len = req.prompt.len() + req.max_tokens as usize;
+        if len > self.max_model_len {
+            let max = self.max_model_len;
+            return Err(SubmitError::TooLong { len, max });
+        }
+        let vocab = self.vocab_size;
+        if let Some((position, &token)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab)
+        {
+            return Err(SubmitError::TokenOutOfRange {
+                token,
+                position,
+                vocab,
+            });
+        }
+        let capacity = self.kv_capacity_tokens;
+        if req.total_forward_tokens() > capacity {
+            let len = req.total_forward_tokens();
+            return Err(SubmitError::TooLargeForCache { len, capacity });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SubmitError {
     #[error("overloaded: {0} requests are already waiting")]
@@ -98,6 +131,7 @@ impl Running {
             token_ids,
             output_token_ids: self.generated.clone(),
             path: self.req.path.clone(),
+            prefixes: self.req.prefixes.clone(),
         }
     }
 }
@@ -109,6 +143,8 @@ pub struct SchedulerStats {
     pub running: usize,
     pub steps: u64,
     pub tokens_computed: u64,
+    /// The part of `tokens_computed` that were prompt tokens.
+    pub prompt_tokens_computed: u64,
 }
 
 #[derive(Debug)]
@@ -123,6 +159,7 @@ pub struct SchedulerState {
     /// Running requests to drop (with why) once their step in flight comes back.
     doomed: HashMap<RequestId, String>,
     tokens_computed: u64,
+    prompt_tokens_computed: u64,
     /// Blocks granted to requests that could not be admitted (not at the queue head).
     unused_grants: Vec<RequestId>,
 }
@@ -138,6 +175,7 @@ impl SchedulerState {
             to_release: Vec::new(),
             doomed: HashMap::new(),
             tokens_computed: 0,
+            prompt_tokens_computed: 0,
             unused_grants: Vec::new(),
         }
     }
@@ -148,6 +186,7 @@ impl SchedulerState {
             running: self.running.len(),
             steps: self.next_step,
             tokens_computed: self.tokens_computed,
+            prompt_tokens_computed: self.prompt_tokens_computed,
         }
     }
 
@@ -161,7 +200,7 @@ impl SchedulerState {
 
     /// Validates and queues a request.
     pub fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
-        self.validate(&req)?;
+        self.limits.validate(&req)?;
         if self.contains(&req.id) {
             return Err(SubmitError::DuplicateId(req.id));
         }
@@ -169,36 +208,6 @@ impl SchedulerState {
             return Err(SubmitError::Overloaded(self.waiting.len()));
         }
         self.waiting.push_back(req);
-        Ok(())
-    }
-
-    fn validate(&self, req: &Request) -> Result<(), SubmitError> {
-        if req.prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        let len = req.prompt.len() + req.max_tokens as usize;
-        if len > self.limits.max_model_len {
-            let max = self.limits.max_model_len;
-            return Err(SubmitError::TooLong { len, max });
-        }
-        let vocab = self.limits.vocab_size;
-        if let Some((position, &token)) = req
-            .prompt
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= vocab)
-        {
-            return Err(SubmitError::TokenOutOfRange {
-                token,
-                position,
-                vocab,
-            });
-        }
-        let capacity = self.limits.kv_capacity_tokens;
-        if req.total_forward_tokens() > capacity {
-            let len = req.total_forward_tokens();
-            return Err(SubmitError::TooLargeForCache { len, capacity });
-        }
         Ok(())
     }
 
@@ -349,8 +358,15 @@ impl SchedulerState {
             let Some(r) = self.running.iter_mut().find(|r| r.req.id == chunk.id) else {
                 continue;
             };
+            let prompt_part = r
+                .req
+                .prompt
+                .len()
+                .saturating_sub(chunk.start)
+                .min(chunk.len);
             r.computed += chunk.len;
             self.tokens_computed += chunk.len as u64;
+            self.prompt_tokens_computed += prompt_part as u64;
             if chunk.sample {
                 match sampled.get(&chunk.id) {
                     Some(&t) => r.generated.push(t),

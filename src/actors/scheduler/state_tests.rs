@@ -21,6 +21,7 @@ fn req(id: &str, len: usize, max_tokens: u32) -> Request {
         max_tokens,
         include_output_tokens: false,
         path: PathBuf::from(format!("/tmp/{id}.safetensors")),
+        prefixes: Vec::new(),
     }
 }
 

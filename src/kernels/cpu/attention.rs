@@ -1,15 +1,25 @@
-//! Causal GQA attention over the paged KV cache.
+//! Causal GQA attention over the paged KV cache, reading keys and values in place.
 //!
-//! Each (token, kv head) is one task covering the query heads that share that kv head: it
-//! reads keys/values of positions `0..=p` of its sequence **from the cache only** (the caller
-//! writes the batch's K/V first), computes all scores, the softmax and the weighted sum of
-//! values, always walking positions upwards from 0 in one fixed order. So the result is
-//! bit-identical whether a key was written by an earlier chunk or by this one, and whatever
-//! else shares the batch.
+//! # Work split
+//! The batch's tokens are cut into runs (consecutive tokens of one sequence chunk), each run
+//! into tiles of up to [`TILE_ROWS`] query rows (a row is one token × one query head of a kv
+//! head), and every (tile, kv head) is one rayon task. A task reads keys and values of positions
+//! `0..len` of its sequence **from the cache only** (the caller writes the batch's K/V first),
+//! straight from their slots: no gather, no copy, only the tile's queries are transposed.
 //!
-//! The inner loops are written with explicit independent lanes and no fused multiply-add, so
-//! the AVX2 build of the same code (picked at run time) gives the same bits as the baseline
-//! SSE2 build: the attention result does not depend on the CPU either.
+//! # Fixed arithmetic per token (bit-identical whatever the batch, chunking or threads)
+//! For query row r (length `len_r = position + 1`) and key j < len_r:
+//! - score `s_rj = (fma-chain over d = 0..hd of q_r[d]·k_j[d], from 0) · scale`, one lane per
+//!   row (the SIMD vector runs over the rows of the tile, never over d);
+//! - `m_r = max_j s_rj`, `e_rj = exp(s_rj - m_r)` with [`exp_neg`] (a fixed polynomial),
+//!   `sum_r = ((e_r0 + e_r1) + e_r2) + …` in key order;
+//! - `o_r[d] = (fma-chain over j = 0..len of e_rj·v_j[d], from 0) · (1 / sum_r)`.
+//! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`,
+//! which adds exactly nothing (`acc + 0·v == acc` for finite v, and `acc` is never -0), so a
+//! row's bits do not depend on the tile it lands in. The AVX2+FMA kernels compute, per lane,
+//! exactly the operations of the portable one ([`task_portable`]; f32::mul_add is a fused
+//! multiply-add everywhere), so the result does not depend on the CPU's vector width either
+//! (checked in the tests).
 
 use std::sync::OnceLock;
 
@@ -27,22 +37,53 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
-/// Per-worker buffers: scores `[group, len]` and the cache offsets of the keys.
-#[derive(Default)]
-struct Scratch {
-    scores: Vec<f32>,
-    offsets: Vec<usize>,
+/// Query rows per task (tokens × query heads of one kv head), at most.
+const TILE_ROWS: usize = 16;
+/// f32 lanes of one AVX register.
+const LANES: usize = 8;
+/// Keys per score block and rows per value block of the AVX2 kernels (6 × 2 registers of
+/// accumulators: 12 of the 16 ymm registers).
+const BLOCK: usize = 6;
+
+/// One (tile, kv head) task: tokens `t0..t0 + n` of one run.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    t0: usize,
+    n: usize,
+    kv_head: usize,
 }
 
-/// One (token, kv head) task.
-struct Task<'a> {
-    /// The group's query heads, `[group, hd]`.
+/// Per-worker buffers.
+#[derive(Default)]
+struct Scratch {
+    /// Queries transposed: `[hd][rp]`.
+    qt: Vec<f32>,
+    /// Scores, then probabilities: `[len][rp]`.
+    st: Vec<f32>,
+    /// Cache offset of key j (this kv head), `[len]`.
+    offsets: Vec<usize>,
+    /// Length (keys seen) of each row, 0 for padding rows, `[rp]`.
+    lens: Vec<u32>,
+    /// `1 / sum_r`, `[rp]`.
+    inv: Vec<f32>,
+}
+
+/// The output, written by tasks at disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (token, head) ranges of one live buffer (see `attention`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Everything a task reads.
+struct Ctx<'a> {
     q: &'a [f32],
     kc: &'a [f32],
     vc: &'a [f32],
-    keys: KeyWalk<'a>,
-    hd: usize,
-    scale: f32,
+    plan: &'a BatchPlan<'a>,
+    shape: AttnShape,
+    group: usize,
+    out: OutPtr,
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
@@ -54,41 +95,73 @@ pub fn attention(
     shape: AttnShape,
     out: &mut Vec<f32>,
 ) {
+    let t = plan.num_tokens();
     let hd = shape.head_dim;
     let group = shape.heads / shape.kv_heads;
-    let avx2 = has_avx2();
+    assert_eq!(
+        q.len(),
+        t * shape.heads * hd,
+        "attention: q is not [T, heads * hd]"
+    );
     out.clear();
     out.resize(q.len(), 0.0);
-    out.par_chunks_mut(group * hd)
-        .zip(q.par_chunks(group * hd))
-        .enumerate()
-        .for_each_init(Scratch::default, |scratch, (i, (o, qg))| {
-            let t = i / shape.kv_heads;
-            let kv_head = i % shape.kv_heads;
-            let task = Task {
-                q: qg,
-                kc,
-                vc,
-                keys: KeyWalk {
-                    table: plan.tables[plan.seq_of[t]],
-                    block_size: plan.block_size,
-                    len: plan.positions[t] + 1,
-                    row: shape.kv_heads * hd,
-                    offset: kv_head * hd,
-                },
-                hd,
-                scale: shape.scale,
-            };
-            run_task(&task, scratch, o, avx2);
-        });
+    let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
+    let ctx = Ctx {
+        q,
+        kc,
+        vc,
+        plan,
+        shape,
+        group,
+        out: OutPtr(out.as_mut_ptr()),
+    };
+    let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
+    tasks.par_iter().for_each_init(Scratch::default, |s, task| {
+        prepare(&ctx, task, s);
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
+            unsafe { task_avx2(&ctx, task, s) };
+            return;
+        }
+        let _ = fast;
+        task_portable(&ctx, task, s);
+    });
 }
 
-fn has_avx2() -> bool {
-    static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| {
+/// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens, × kv heads.
+fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
+    let t = plan.num_tokens();
+    let mut tasks = Vec::with_capacity(t.div_ceil(tile) * kv_heads + kv_heads);
+    let mut start = 0;
+    while start < t {
+        let mut end = start + 1;
+        while end < t
+            && end - start < tile
+            && plan.seq_of[end] == plan.seq_of[start]
+            && plan.positions[end] == plan.positions[end - 1] + 1
+        {
+            end += 1;
+        }
+        for kv_head in 0..kv_heads {
+            tasks.push(Task {
+                t0: start,
+                n: end - start,
+                kv_head,
+            });
+        }
+        start = end;
+    }
+    tasks
+}
+
+fn use_avx2_fma() -> bool {
+    static FAST: OnceLock<bool> = OnceLock::new();
+    *FAST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -97,196 +170,562 @@ fn has_avx2() -> bool {
     })
 }
 
-fn run_task(task: &Task<'_>, scratch: &mut Scratch, out: &mut [f32], avx2: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: only reached when the CPU reports AVX2.
-        unsafe { attend_group_avx2(task, scratch, out) };
-        return;
+/// Fills the task's key offsets, row lengths and transposed queries.
+fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
+    let (hd, group) = (ctx.shape.head_dim, ctx.group);
+    let plan = ctx.plan;
+    let rows = task.n * group;
+    let rp = rows.div_ceil(LANES) * LANES;
+    let len = plan.positions[task.t0 + task.n - 1] + 1;
+    // Key offsets 0..len in position order.
+    let table = plan.tables[plan.seq_of[task.t0]];
+    let (bs, row) = (plan.block_size, ctx.shape.kv_heads * hd);
+    let head_off = task.kv_head * hd;
+    s.offsets.clear();
+    for j in 0..len {
+        let slot = table[j / bs] as usize * bs + j % bs;
+        s.offsets.push(slot * row + head_off);
     }
-    let _ = avx2;
-    attend_group(task, scratch, out, dot);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn attend_group_avx2(task: &Task<'_>, scratch: &mut Scratch, out: &mut [f32]) {
-    // The closure inherits this function's target features, so calling `dot_avx2` is safe.
-    attend_group(task, scratch, out, |a, b| dot_avx2(a, b));
-}
-
-/// Where the keys of one (sequence, kv head) live in a layer's cache.
-struct KeyWalk<'a> {
-    table: &'a [u32],
-    block_size: usize,
-    /// Number of positions to read: `0..len`.
-    len: usize,
-    /// Floats per cache slot (`kv_heads * head_dim`).
-    row: usize,
-    /// Offset of this kv head inside a slot.
-    offset: usize,
-}
-
-impl KeyWalk<'_> {
-    /// Float offsets of (slot of j, this head) for j = 0, 1, ..., len-1, in order.
-    fn offsets(&self, out: &mut Vec<usize>) {
-        out.clear();
-        let mut j = 0;
-        for &block in self.table {
-            if j >= self.len {
-                break;
+    s.lens.clear();
+    s.lens.resize(rp, 0);
+    s.qt.clear();
+    s.qt.resize(hd * rp, 0.0);
+    let qrow = ctx.shape.heads * hd;
+    for i in 0..task.n {
+        let t = task.t0 + i;
+        for g in 0..group {
+            let r = i * group + g;
+            s.lens[r] = (plan.positions[t] + 1) as u32;
+            let qh = &ctx.q[t * qrow + (task.kv_head * group + g) * hd..][..hd];
+            for (d, &v) in qh.iter().enumerate() {
+                s.qt[d * rp + r] = v;
             }
-            let base = block as usize * self.block_size;
-            let n = self.block_size.min(self.len - j);
-            out.extend((base..base + n).map(|slot| slot * self.row + self.offset));
-            j += n;
         }
     }
+    // Every score a task reads is written first: grow only, no clearing. The value blocks may
+    // read up to BLOCK - 1 lanes past the last row (never stored): LANES floats of slack.
+    if s.st.len() < len * rp + LANES {
+        s.st.resize(len * rp + LANES, 0.0);
+    }
+    s.inv.clear();
+    s.inv.resize(rp, 0.0);
 }
 
-/// Attention of the `group` query heads of one task.
+/// Pointer to `out[t0 + r / group, (kv_head * group + r % group) * hd]`.
 #[inline(always)]
-fn attend_group(
-    task: &Task<'_>,
-    scratch: &mut Scratch,
-    out: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-) {
-    let (len, hd) = (task.keys.len, task.hd);
-    let group = task.q.len() / hd;
-    let Scratch { scores, offsets } = scratch;
-    task.keys.offsets(offsets);
-    scores.clear();
-    scores.resize(group * len, 0.0);
-    for (j, &off) in offsets.iter().enumerate() {
-        let k = &task.kc[off..off + hd];
-        for (g, qh) in task.q.chunks_exact(hd).enumerate() {
-            scores[g * len + j] = dot(qh, k) * task.scale;
-        }
-    }
-    for s in scores.chunks_exact_mut(len) {
-        softmax_unnormalised(s);
-    }
-    out.fill(0.0);
-    for (j, &off) in offsets.iter().enumerate() {
-        let v = &task.vc[off..off + hd];
-        for (g, o) in out.chunks_exact_mut(hd).enumerate() {
-            axpy(scores[g * len + j], v, o);
-        }
-    }
-    for (o, s) in out.chunks_exact_mut(hd).zip(scores.chunks_exact(len)) {
-        let sum: f32 = s.iter().sum();
-        let inv = 1.0 / sum;
-        for x in o.iter_mut() {
-            *x *= inv;
-        }
-    }
+fn out_row(ctx: &Ctx<'_>, task: &Task, r: usize) -> *mut f32 {
+    let hd = ctx.shape.head_dim;
+    let t = task.t0 + r / ctx.group;
+    let h = task.kv_head * ctx.group + r % ctx.group;
+    // SAFETY (of the add): t < T and h < heads, so the offset is inside `out`.
+    unsafe { ctx.out.0.add(t * ctx.shape.heads * hd + h * hd) }
 }
 
-/// `s[j] = exp(s[j] - max(s))`.
+/// Cephes-style `exp(x)` for `x <= 0` (clamped below at -87.3), ~1 ulp; every step is a
+/// plain or fused f32 operation that [`exp_neg_avx2`] repeats lane by lane.
 #[inline(always)]
-fn softmax_unnormalised(s: &mut [f32]) {
-    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    for v in s.iter_mut() {
-        *v = (*v - max).exp();
+fn exp_neg(x: f32) -> f32 {
+    let x = if x > EXP_LO { x } else { EXP_LO };
+    let n = x.mul_add(std::f32::consts::LOG2_E, 0.5).floor();
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = EXP_P[0];
+    for &c in &EXP_P[1..] {
+        p = p.mul_add(r, c);
     }
+    let y = p.mul_add(r * r, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
-/// `o += p * v`, element-wise.
-#[inline(always)]
-fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
-    for (x, &y) in o.iter_mut().zip(v) {
-        *x += p * y;
-    }
-}
+const EXP_LO: f32 = -87.3;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
 
-const LANES: usize = 16;
-
-/// Dot product with 16 independent partial sums combined in a fixed order: the same bits for
-/// the same inputs every time, and the same as [`dot_avx2`].
-#[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
+/// The reference implementation of a task (any CPU, any head_dim).
+fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
+    let hd = ctx.shape.head_dim;
+    let rows = task.n * ctx.group;
+    let rp = s.lens.len();
+    let len = s.offsets.len();
+    for (j, &off) in s.offsets.iter().enumerate() {
+        let k = &ctx.kc[off..off + hd];
+        for r in 0..rp {
+            let mut acc = 0.0f32;
+            for (d, &kd) in k.iter().enumerate() {
+                acc = kd.mul_add(s.qt[d * rp + r], acc);
+            }
+            s.st[j * rp + r] = acc * ctx.shape.scale;
         }
     }
-    finish_dot(acc, ra, rb)
-}
-
-/// Adds the tail products to the lanes, then sums the lanes as a fixed tree.
-#[inline(always)]
-fn finish_dot(mut acc: [f32; LANES], ra: &[f32], rb: &[f32]) -> f32 {
-    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
-        acc[l] += x * y;
+    for r in 0..rp {
+        let lr = s.lens[r] as usize;
+        let mut m = f32::NEG_INFINITY;
+        for j in 0..lr {
+            let v = s.st[j * rp + r];
+            m = if m > v { m } else { v };
+        }
+        let mut sum = 0.0f32;
+        for j in 0..len {
+            let e = if j < lr {
+                exp_neg(s.st[j * rp + r] - m)
+            } else {
+                0.0
+            };
+            s.st[j * rp + r] = e;
+            sum += e;
+        }
+        s.inv[r] = 1.0 / sum;
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] += acc[l + width];
+    for r in 0..rows {
+        let o = out_row(ctx, task, r);
+        for d in 0..hd {
+            let mut acc = 0.0f32;
+            for (j, &off) in s.offsets.iter().enumerate() {
+                acc = s.st[j * rp + r].mul_add(ctx.vc[off + d], acc);
+            }
+            // SAFETY: row r of this task, column d < hd: inside `out`, written by this task only.
+            unsafe { *o.add(d) = acc * s.inv[r] };
         }
     }
-    acc[0]
 }
 
-/// [`dot`] with two 8-wide AVX registers holding lanes 0..8 and 8..16 (mul then add, no FMA,
-/// so every lane sees exactly the operations of the portable version).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+use std::arch::x86_64::*;
+
+/// [`exp_neg`] on 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
 #[inline]
-fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::{
-        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    let n = a.len().min(b.len()) / LANES * LANES;
-    let mut acc = [0.0f32; LANES];
-    // SAFETY: every load reads 8 floats at offsets i and i + 8 with i + 16 <= n <= len of both
-    // slices; the stores write the 16-float `acc`.
-    unsafe {
-        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut i = 0;
-        while i < n {
-            lo = _mm256_add_ps(
-                lo,
-                _mm256_mul_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i))),
-            );
-            hi = _mm256_add_ps(
-                hi,
-                _mm256_mul_ps(
-                    _mm256_loadu_ps(pa.add(i + 8)),
-                    _mm256_loadu_ps(pb.add(i + 8)),
-                ),
-            );
-            i += LANES;
-        }
-        _mm256_storeu_ps(acc.as_mut_ptr(), lo);
-        _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
+fn exp_neg_avx2(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    let n = _mm256_floor_ps(_mm256_fmadd_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+        _mm256_set1_ps(0.5),
+    ));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_P[0]);
+    for &c in &EXP_P[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
-    finish_dot(acc, &a[n..], &b[n..])
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+        _mm256_set1_ps(1.0),
+    );
+    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_mul_ps(y, _mm256_castsi256_ps(e))
+}
+
+/// The task on AVX2+FMA: the same operations per lane as [`task_portable`].
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `head_dim % 8 == 0`; `prepare` ran for this task.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
+    let hd = ctx.shape.head_dim;
+    let rp = s.lens.len();
+    let len = s.offsets.len();
+    let (kc, vc) = (ctx.kc.as_ptr(), ctx.vc.as_ptr());
+    let scale = _mm256_set1_ps(ctx.shape.scale);
+    let (qt, st) = (s.qt.as_ptr(), s.st.as_mut_ptr());
+    // SAFETY (all pointer arithmetic below): offsets[j] + hd <= cache length (slots come from
+    // the checked plan); qt is [hd][rp], st is [len][rp] and every lane index is < rp.
+    unsafe {
+        // Scores: BLOCK keys × 16 rows (or × 8) per block, fma-chain over d.
+        let mut j = 0;
+        while j < len {
+            let nk = (len - j).min(BLOCK);
+            let mut kp = [kc; BLOCK];
+            for (i, p) in kp.iter_mut().enumerate() {
+                *p = kc.add(s.offsets[j + i.min(nk - 1)]);
+            }
+            let mut c = 0;
+            while c < rp {
+                if rp - c >= 2 * LANES {
+                    scores_block::<2>(kp, qt.add(c), rp, hd, scale, st.add(j * rp + c), nk);
+                    c += 2 * LANES;
+                } else {
+                    scores_block::<1>(kp, qt.add(c), rp, hd, scale, st.add(j * rp + c), nk);
+                    c += LANES;
+                }
+            }
+            j += nk;
+        }
+        // Softmax over keys, 8 rows per vector.
+        for c in (0..rp).step_by(LANES) {
+            let lens = _mm256_loadu_si256(s.lens.as_ptr().add(c) as *const __m256i);
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            for j in 0..len {
+                let live = _mm256_cmpgt_epi32(lens, _mm256_set1_epi32(j as i32));
+                let v = _mm256_loadu_ps(st.add(j * rp + c));
+                let mx = _mm256_max_ps(m, v);
+                m = _mm256_blendv_ps(m, mx, _mm256_castsi256_ps(live));
+            }
+            let mut sum = _mm256_setzero_ps();
+            for j in 0..len {
+                let live = _mm256_cmpgt_epi32(lens, _mm256_set1_epi32(j as i32));
+                let p = st.add(j * rp + c);
+                let e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(p), m));
+                let e = _mm256_and_ps(e, _mm256_castsi256_ps(live));
+                _mm256_storeu_ps(p, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            _mm256_storeu_ps(
+                s.inv.as_mut_ptr().add(c),
+                _mm256_div_ps(_mm256_set1_ps(1.0), sum),
+            );
+        }
+        // Weighted values: BLOCK rows × 16 dims (or × 8) per block, fma-chain over keys, in
+        // runs of VALUE_KEYS keys so that the values and probabilities a run reads stay in L1
+        // across the blocks; between runs the partial sums wait in the output rows (an exact
+        // f32 store and reload: the chain is unchanged).
+        let rows = task.n * ctx.group;
+        let offs = s.offsets.as_ptr();
+        let mut outs = [[std::ptr::null_mut(); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
+        let mut invs = [[0.0f32; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
+        debug_assert!(rows <= TILE_ROWS.max(ctx.group));
+        let blocks = rows.div_ceil(BLOCK);
+        let mut block_outs = Vec::new();
+        let mut block_invs = Vec::new();
+        let (outs, invs) = if blocks <= outs.len() {
+            (&mut outs[..blocks], &mut invs[..blocks])
+        } else {
+            block_outs.resize(blocks, [std::ptr::null_mut(); BLOCK]);
+            block_invs.resize(blocks, [0.0f32; BLOCK]);
+            (&mut block_outs[..], &mut block_invs[..])
+        };
+        for (b, (o, v)) in outs.iter_mut().zip(invs.iter_mut()).enumerate() {
+            let rb = b * BLOCK;
+            for i in 0..(rows - rb).min(BLOCK) {
+                o[i] = out_row(ctx, task, rb + i);
+                v[i] = s.inv[rb + i];
+            }
+        }
+        let mut kb = 0;
+        while kb < len {
+            let ke = (kb + VALUE_KEYS).min(len);
+            let keys = Keys {
+                offs,
+                start: kb,
+                end: ke,
+                last: ke == len,
+            };
+            for (b, (o, v)) in outs.iter().zip(invs.iter()).enumerate() {
+                let rb = b * BLOCK;
+                let nr = (rows - rb).min(BLOCK);
+                let mut d = 0;
+                while d < hd {
+                    if hd - d >= 2 * LANES {
+                        values_block::<2>(st.add(rb), rp, vc.add(d), &keys, *o, *v, nr, d);
+                        d += 2 * LANES;
+                    } else {
+                        values_block::<1>(st.add(rb), rp, vc.add(d), &keys, *o, *v, nr, d);
+                        d += LANES;
+                    }
+                }
+            }
+            kb = ke;
+        }
+    }
+}
+
+/// Keys per run of the value blocks.
+const VALUE_KEYS: usize = 128;
+
+/// A run `start..end` of keys for [`values_block`].
+#[cfg(target_arch = "x86_64")]
+struct Keys {
+    offs: *const usize,
+    start: usize,
+    end: usize,
+    /// The run ends the chain: scale by `1 / sum` and store the result.
+    last: bool,
+}
+
+/// Scores of keys `kp[..nk]` (extra pointers repeat the last key and are not stored) against
+/// `C` × 8 rows starting at `qt` (row stride `rp` per d), stored at `st` (stride `rp` per key).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores_block<const C: usize>(
+    kp: [*const f32; BLOCK],
+    qt: *const f32,
+    rp: usize,
+    hd: usize,
+    scale: __m256,
+    st: *mut f32,
+    nk: usize,
+) {
+    // SAFETY: see `task_avx2`.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; BLOCK];
+        for d in 0..hd {
+            let mut qv = [_mm256_setzero_ps(); C];
+            for (c, v) in qv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(qt.add(d * rp + c * LANES));
+            }
+            for i in 0..BLOCK {
+                let k = _mm256_broadcast_ss(&*kp[i].add(d));
+                for c in 0..C {
+                    acc[i][c] = _mm256_fmadd_ps(k, qv[c], acc[i][c]);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(nk) {
+            for (c, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(st.add(i * rp + c * LANES), _mm256_mul_ps(*v, scale));
+            }
+        }
+    }
+}
+
+/// `out_i[d0 + ..C*8] += Σ_{j in run} p[j][i] · v_j[..]` for rows i < nr of a block (from 0 on
+/// the first run), times `inv[i]` on the last run.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_block<const C: usize>(
+    p: *const f32,
+    rp: usize,
+    v: *const f32,
+    keys: &Keys,
+    outs: [*mut f32; BLOCK],
+    inv: [f32; BLOCK],
+    nr: usize,
+    d0: usize,
+) {
+    // SAFETY: see `task_avx2`; rows i >= nr of the block read padding, the next key's row or
+    // the slack after the last one (inside `st`), and are never loaded or stored in `out`.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; BLOCK];
+        if keys.start > 0 {
+            for i in 0..nr {
+                for (c, a) in acc[i].iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(outs[i].add(d0 + c * LANES));
+                }
+            }
+        }
+        for j in keys.start..keys.end {
+            let vj = v.add(*keys.offs.add(j));
+            let mut vv = [_mm256_setzero_ps(); C];
+            for (c, x) in vv.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(vj.add(c * LANES));
+            }
+            let pj = p.add(j * rp);
+            for i in 0..BLOCK {
+                let e = _mm256_broadcast_ss(&*pj.add(i));
+                for c in 0..C {
+                    acc[i][c] = _mm256_fmadd_ps(e, vv[c], acc[i][c]);
+                }
+            }
+        }
+        for i in 0..nr {
+            let s = _mm256_set1_ps(if keys.last { inv[i] } else { 1.0 });
+            for (c, a) in acc[i].iter().enumerate() {
+                let r = if keys.last { _mm256_mul_ps(*a, s) } else { *a };
+                _mm256_storeu_ps(outs[i].add(d0 + c * LANES), r);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::kv_cache::{KvCache, PlanLimits};
+    use crate::kernels::{Batch, SeqChunk};
+
+    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
 
     #[test]
-    fn dot_matches_naive_and_avx2_bits() {
-        for n in [1usize, 15, 16, 37, 64, 128] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.1).collect();
-            let naive: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-            assert!((dot(&a, &b) as f64 - naive).abs() < 1e-3);
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // SAFETY: AVX2 is present.
-                let fast = unsafe { dot_avx2(&a, &b) };
-                assert_eq!(fast.to_bits(), dot(&a, &b).to_bits(), "n={n}");
+    fn exp_neg_is_accurate() {
+        for i in 0..1990 {
+            let x = -(i as f32) * 0.0437;
+            let got = exp_neg(x) as f64;
+            let want = (x as f64).exp();
+            assert!(((got - want) / want).abs() < 3e-7, "x={x}: {got} vs {want}");
+        }
+    }
+
+    /// Runs `attention` for one sequence of `len` tokens split into `chunks` (each a separate
+    /// call, as chunked prefill does) and returns the output rows in order.
+    fn run(
+        shape: AttnShape,
+        len: usize,
+        chunks: &[usize],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        portable: bool,
+    ) -> Vec<f32> {
+        let (hd, qd, kvd) = (
+            shape.head_dim,
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        let bs = 4;
+        let mut cache = KvCache::new(1, len.div_ceil(bs) + 3, bs, kvd).unwrap();
+        // A scrambled block table.
+        let nb = len.div_ceil(bs);
+        let table: Vec<u32> = (0..nb as u32)
+            .map(|b| (b * 5 + 2) % (nb as u32 + 3))
+            .collect();
+        let lim = PlanLimits {
+            vocab: 10,
+            max_positions: 100_000,
+            num_blocks: nb + 3,
+            block_size: bs,
+        };
+        let mut all = Vec::new();
+        let mut start = 0;
+        for &n in chunks {
+            let ids = vec![0u32; n];
+            let seqs = [SeqChunk {
+                start,
+                len: n,
+                block_table: table.clone(),
+                sample: false,
+                state_slot: None,
+            }];
+            let plan = BatchPlan::new(
+                &Batch {
+                    token_ids: &ids,
+                    seqs: &seqs,
+                },
+                &lim,
+            )
+            .unwrap();
+            cache.write(
+                0,
+                &plan.slots,
+                &k[start * kvd..(start + n) * kvd],
+                &v[start * kvd..(start + n) * kvd],
+            );
+            let (kc, vc) = cache.layer(0);
+            let qs = &q[start * qd..(start + n) * qd];
+            let mut out = Vec::new();
+            if portable {
+                out.resize(qs.len(), 0.0);
+                let group = shape.heads / shape.kv_heads;
+                let ctx = Ctx {
+                    q: qs,
+                    kc,
+                    vc,
+                    plan: &plan,
+                    shape,
+                    group,
+                    out: OutPtr(out.as_mut_ptr()),
+                };
+                let mut s = Scratch::default();
+                for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
+                    prepare(&ctx, &task, &mut s);
+                    task_portable(&ctx, &task, &mut s);
+                }
+            } else {
+                attention(qs, kc, vc, &plan, shape, &mut out);
             }
+            all.extend_from_slice(&out);
+            start += n;
+        }
+        let _ = hd;
+        all
+    }
+
+    fn naive(shape: AttnShape, len: usize, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+        let (hd, h, kvh) = (shape.head_dim, shape.heads, shape.kv_heads);
+        let group = h / kvh;
+        let mut out = vec![0.0f64; len * h * hd];
+        for t in 0..len {
+            for head in 0..h {
+                let kh = head / group;
+                let qv = &q[(t * h + head) * hd..][..hd];
+                let s: Vec<f64> = (0..=t)
+                    .map(|j| {
+                        let kv = &k[(j * kvh + kh) * hd..][..hd];
+                        qv.iter()
+                            .zip(kv)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * shape.scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    out[(t * h + head) * hd + d] = (0..=t)
+                        .map(|j| e[j] * v[(j * kvh + kh) * hd + d] as f64)
+                        .sum::<f64>()
+                        / sum;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_naive_and_is_invariant_to_chunking_and_cpu() {
+        let mut seed = 3;
+        for (heads, kv_heads, hd, len) in [
+            (4, 2, 16, 37),
+            (16, 4, 64, 70),
+            (8, 2, 24, 21),
+            (3, 3, 5, 9),
+            (8, 2, 64, 300),
+            (40, 1, 8, 20),
+        ] {
+            let shape = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                scale: (hd as f64).powf(-0.5) as f32,
+            };
+            let q = rnd(len * heads * hd, &mut seed);
+            let k = rnd(len * kv_heads * hd, &mut seed);
+            let v = rnd(len * kv_heads * hd, &mut seed);
+            let want = naive(shape, len, &q, &k, &v);
+            let whole = run(shape, len, &[len], &q, &k, &v, false);
+            for (a, b) in whole.iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
+                let got = run(shape, len, &chunks, &q, &k, &v, false);
+                assert_eq!(
+                    bits(&got),
+                    bits(&whole),
+                    "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
+                );
+            }
+            let portable = run(shape, len, &[len], &q, &k, &v, true);
+            assert_eq!(
+                bits(&portable),
+                bits(&whole),
+                "portable vs fast {heads}/{kv_heads}/{hd}"
+            );
         }
     }
 }

@@ -1,12 +1,16 @@
-//! [`CpuBackend`]: a dense model, its paged KV cache and a private rayon pool.
+//! [`CpuBackend`]: a model (dense, Qwen3.5 / Qwen3-Next, Nemotron-H), its paged KV cache (full
+//! attention layers only), the recurrent-state slots of hybrid models and a private rayon pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use super::kv_cache::{BatchPlan, KvCache, PlanLimits};
+use super::recurrent::{SeqState, StateCache, seq_states};
 use crate::kernels::{Backend, BackendError, Batch, BatchOutput};
 use crate::models::dense::DenseModel;
-use crate::models::{ModelError, ModelSpec, Weights};
+use crate::models::nemotron_h::NemotronHModel;
+use crate::models::qwen3_5::QwenHybridModel;
+use crate::models::{Architecture, ModelError, ModelSpec, Weights};
 
 /// How to build a [`CpuBackend`].
 #[derive(Debug, Clone)]
@@ -19,12 +23,95 @@ pub struct CpuOptions {
     pub block_size: usize,
     /// Threads of the backend's rayon pool; 0 = all cores.
     pub threads: usize,
+    /// Recurrent-state slots (hybrid models: one per running request, i.e. `max_num_seqs`;
+    /// ignored for dense models).
+    pub num_state_slots: usize,
 }
 
-/// The CPU implementation of [`Backend`] for dense models.
+/// The model families, dispatched by architecture.
+enum Model {
+    Dense(DenseModel),
+    Qwen(QwenHybridModel),
+    Nemotron(NemotronHModel),
+}
+
+impl Model {
+    fn load(weights: &Weights, spec: ModelSpec) -> Result<Self, ModelError> {
+        Ok(match spec.architecture {
+            Architecture::Qwen3_5 | Architecture::Qwen3Next => {
+                Self::Qwen(QwenHybridModel::load(weights, spec)?)
+            }
+            Architecture::NemotronH => Self::Nemotron(NemotronHModel::load(weights, spec)?),
+            _ => Self::Dense(DenseModel::load(weights, spec)?),
+        })
+    }
+
+    fn spec(&self) -> &ModelSpec {
+        match self {
+            Self::Dense(m) => m.spec(),
+            Self::Qwen(m) => m.spec(),
+            Self::Nemotron(m) => m.spec(),
+        }
+    }
+
+    /// (KV cache layers, floats per KV slot).
+    fn kv_shape(&self) -> (usize, usize) {
+        match self {
+            Self::Dense(m) => (m.spec().num_layers, m.kv_dim()),
+            Self::Qwen(m) => (m.num_attention_layers(), m.kv_dim()),
+            Self::Nemotron(m) => (m.num_attention_layers(), m.kv_dim()),
+        }
+    }
+
+    fn state_shapes(&self) -> Vec<(usize, usize)> {
+        match self {
+            Self::Dense(_) => Vec::new(),
+            Self::Qwen(m) => m.state_shapes(),
+            Self::Nemotron(m) => m.state_shapes(),
+        }
+    }
+
+    fn final_norm(&self, x: &[f32]) -> Vec<f32> {
+        match self {
+            Self::Dense(m) => m.final_norm(x),
+            Self::Qwen(m) => m.final_norm(x),
+            Self::Nemotron(m) => m.final_norm(x),
+        }
+    }
+
+    fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
+        match self {
+            Self::Dense(m) => m.greedy(rows, threads),
+            Self::Qwen(m) => m.greedy(rows, threads),
+            Self::Nemotron(m) => m.greedy(rows, threads),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        tokens: &[u32],
+        plan: &BatchPlan<'_>,
+        seqs: &[SeqState],
+        cache: &mut KvCache,
+        states: &mut StateCache,
+        threads: usize,
+        capture: &mut dyn FnMut(usize, &[f32]),
+    ) -> Vec<f32> {
+        match self {
+            Self::Dense(m) => m.forward(tokens, plan, cache, threads, capture),
+            Self::Qwen(m) => m.forward(tokens, plan, seqs, cache, states, threads, capture),
+            Self::Nemotron(m) => m.forward(tokens, plan, seqs, cache, states, threads, capture),
+        }
+    }
+}
+
+/// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
-    model: DenseModel,
+    model: Model,
     cache: KvCache,
+    /// Recurrent state of hybrid models (no layers for dense ones).
+    states: StateCache,
     pool: rayon::ThreadPool,
     threads: usize,
     capture_layers: Vec<usize>,
@@ -49,14 +136,17 @@ impl CpuBackend {
                 ModelError::InvalidOptions(format!("cannot start {threads} threads: {e}"))
             })?;
         let weights = Weights::open(dir)?;
-        let model = pool.install(|| DenseModel::load(&weights, spec))?;
-        let cache = KvCache::new(
-            model.spec().num_layers,
-            opts.num_blocks,
-            opts.block_size,
-            model.kv_dim(),
-        )
-        .map_err(ModelError::InvalidOptions)?;
+        let model = pool.install(|| Model::load(&weights, spec))?;
+        let (kv_layers, kv_dim) = model.kv_shape();
+        let cache = KvCache::new(kv_layers, opts.num_blocks, opts.block_size, kv_dim)
+            .map_err(ModelError::InvalidOptions)?;
+        let state_shapes = model.state_shapes();
+        let slots = if state_shapes.is_empty() {
+            0
+        } else {
+            opts.num_state_slots
+        };
+        let states = StateCache::new(&state_shapes, slots).map_err(ModelError::InvalidOptions)?;
         let mut capture_slot = vec![None; model.spec().num_layers + 1];
         for (k, &id) in opts.capture_layers.iter().enumerate() {
             capture_slot[id] = Some(k);
@@ -64,6 +154,7 @@ impl CpuBackend {
         Ok(Self {
             model,
             cache,
+            states,
             pool,
             threads,
             capture_layers: opts.capture_layers,
@@ -95,17 +186,19 @@ impl CpuBackend {
         }
     }
 
-    fn run(&mut self, batch: &Batch<'_>, plan: &BatchPlan<'_>) -> BatchOutput {
+    fn run(&mut self, batch: &Batch<'_>, plan: &BatchPlan<'_>, seqs: &[SeqState]) -> BatchOutput {
         let h = self.model.spec().hidden_size;
         let k = self.capture_layers.len();
         let t = plan.num_tokens();
         let mut captured = vec![0.0f32; t * k * h];
-        let (model, cache, slots, threads) = (
+        let (model, cache, states, slots, threads) = (
             &self.model,
             &mut self.cache,
+            &mut self.states,
             &self.capture_slot,
             self.threads,
         );
+        states.reset_fresh(seqs);
         let sampled_tokens = self.pool.install(|| {
             let mut capture = |id: usize, x: &[f32]| {
                 if let Some(ki) = slots[id] {
@@ -114,7 +207,15 @@ impl CpuBackend {
                     }
                 }
             };
-            let last = model.forward(batch.token_ids, plan, cache, threads, &mut capture);
+            let last = model.forward(
+                batch.token_ids,
+                plan,
+                seqs,
+                cache,
+                states,
+                threads,
+                &mut capture,
+            );
             let rows: Vec<f32> = plan
                 .sample_rows
                 .iter()
@@ -141,13 +242,18 @@ impl Backend for CpuBackend {
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
         let plan = BatchPlan::new(batch, &self.limits())?;
+        let seqs = if self.model.spec().has_recurrent_layers() {
+            seq_states(batch, self.states.num_slots())?
+        } else {
+            Vec::new()
+        };
         if plan.num_tokens() == 0 {
             return Ok(BatchOutput {
                 captured: Vec::new(),
                 sampled: vec![None; batch.seqs.len()],
             });
         }
-        catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan))).map_err(|panic| {
+        catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan, &seqs))).map_err(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -170,6 +276,12 @@ fn check_options(spec: &ModelSpec, opts: &CpuOptions) -> Result<(), ModelError> 
         return bad(format!(
             "num_blocks {} does not fit block ids (u32)",
             opts.num_blocks
+        ));
+    }
+    if spec.has_recurrent_layers() && opts.num_state_slots == 0 {
+        return bad(format!(
+            "{} has recurrent layers and needs num_state_slots > 0 (one per running request)",
+            spec.architecture.hf_name()
         ));
     }
     let l = spec.num_layers;

@@ -83,9 +83,14 @@ pub fn matmul_wt(
 ) {
     assert_eq!(a.len(), m * k, "matmul_wt: lhs is not [m, k]");
     assert_eq!(w.len(), n * k, "matmul_wt: weight is not [n, k]");
-    c.clear();
-    c.resize(m * n, 0.0);
-    if m == 0 || n == 0 {
+    // gemm overwrites all of `c` without reading it (`read_dst = false`), so a buffer of the
+    // right length is reused as is: no zeroing pass over tens of MB per call.
+    if c.len() != m * n {
+        c.clear();
+        c.resize(m * n, 0.0);
+    }
+    if m == 0 || n == 0 || k == 0 {
+        c.fill(0.0);
         return;
     }
     if m >= MIN_ROWS {

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Random-weight benchmark models of realistic small shape, built with the fixture script.
+
+    /work/venv/bin/python bench/make_models.py [OUT_DIR] [--only NAME ...]
+
+OUT_DIR defaults to /tmp/hsx-bench/models (keep it outside the repository: the dense
+model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
+
+    llama_f32, llama_bf16     LlamaForCausalLM: hidden 1024, 8 layers, intermediate 2816,
+                              16 heads / 4 KV heads (head_dim 64), vocab 32000, untied head
+                              (155.7M parameters, as python-reference.md §5b)
+    qwen3_5_f32, qwen3_5_bf16 Qwen3.5-like dense hybrid: 6 Gated DeltaNet + 2 gated attention
+                              layers (3:1), 8 heads x 128, 2 KV heads, linear k-heads 8,
+                              v-heads 16, head dim 64 (§5b)
+
+Models that already exist (config.json present) are kept. Uses `ModelSpec` and
+`build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+
+import torch  # noqa: E402
+
+import make_fixtures as mf  # noqa: E402
+
+torch.set_num_threads(2)
+
+COMMON = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=8,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    initializer_range=0.02,
+    hidden_act="silu",
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+
+LLAMA = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    rope_parameters=dict(rope_type="default", rope_theta=500000.0),
+)
+
+QWEN3_5 = dict(
+    COMMON,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=128,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+    layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_num_key_heads=8,
+    linear_num_value_heads=16,
+)
+
+
+def specs() -> list[mf.ModelSpec]:
+    out = []
+    for name, model_type, cfg, seed in [
+        ("llama", "llama", LLAMA, 501),
+        ("qwen3_5", "qwen3_5_text", QWEN3_5, 502),
+    ]:
+        for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+            out.append(
+                mf.ModelSpec(
+                    name=f"{name}_{tag}",
+                    model_type=model_type,
+                    seed=seed,
+                    base_config=dict(cfg),
+                    weights_dtype=dtype,
+                    notes=f"hsx benchmark model ({name}, {tag} weights)",
+                )
+            )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default="/tmp/hsx-bench/models")
+    ap.add_argument("--only", nargs="*", default=None, help="model names (default: all)")
+    ap.add_argument("--force", action="store_true", help="rebuild models that exist")
+    args = ap.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    for spec in specs():
+        if args.only is not None and spec.name not in args.only:
+            continue
+        d = root / spec.name
+        if (d / "config.json").exists() and not args.force:
+            print(f"[{spec.name}] exists: {d}")
+            continue
+        try:
+            mf.build_and_save(spec, d)
+        except Exception as e:  # e.g. a transformers without qwen3_5_text
+            print(f"[{spec.name}] SKIPPED: cannot build ({type(e).__name__}: {e})")
+            continue
+        n = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+        print(f"[{spec.name}] wrote {d} ({n / 1e6:.0f} MB of weights)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+//! Chat templates rendered the way transformers' `apply_chat_template` does: the Jinja
+//! template from `tokenizer_config.json` (`chat_template`), with `trim_blocks` and
+//! `lstrip_blocks`, Python string methods, `raise_exception`, `tojson` with Python's
+//! separators, and the special tokens (`bos_token`, `eos_token`, ...) in the context.
+
+use std::path::Path;
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::Value as Json;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ChatError {
+    #[error("{path}: {message}")]
+    Config { path: String, message: String },
+    #[error("the model has no chat template (tokenizer_config.json has no chat_template)")]
+    NoTemplate,
+    #[error("chat template error: {0}")]
+    Render(String),
+    #[error("text inputs need a tokenizer: the model directory has no tokenizer.json")]
+    NoTokenizer,
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+/// Turns text and conversations into token ids, as vLLM does for `prompt` text (the
+/// tokenizer's special tokens added) and transformers' `apply_chat_template` does for
+/// messages (the rendered template tokenized without adding special tokens).
+#[derive(Debug, Default)]
+pub struct Prompter {
+    tokenizer: Option<tokenizers::Tokenizer>,
+    template: Option<ChatTemplate>,
+}
+
+impl Prompter {
+    /// The tokenizer.json and chat template of a model directory, each when present.
+    pub fn from_dir(dir: &Path) -> Result<Self, ChatError> {
+        let path = dir.join("tokenizer.json");
+        let tokenizer = match path.exists() {
+            true => Some(
+                tokenizers::Tokenizer::from_file(&path)
+                    .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", path.display())))?,
+            ),
+            false => None,
+        };
+        let template = ChatTemplate::from_dir(dir)?;
+        Ok(Self {
+            tokenizer,
+            template,
+        })
+    }
+
+    pub fn has_tokenizer(&self) -> bool {
+        self.tokenizer.is_some()
+    }
+
+    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, ChatError> {
+        let tok = self.tokenizer.as_ref().ok_or(ChatError::NoTokenizer)?;
+        let enc = tok
+            .encode(text, special)
+            .map_err(|e| ChatError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of a text prompt.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, ChatError> {
+        self.encode(text, true)
+    }
+
+    /// The rendered conversation and its token ids.
+    pub fn encode_messages(
+        &self,
+        messages: &Json,
+        add_generation_prompt: bool,
+        tools: Option<&Json>,
+    ) -> Result<(String, Vec<u32>), ChatError> {
+        let template = self.template.as_ref().ok_or(ChatError::NoTemplate)?;
+        let text = template.render(messages, add_generation_prompt, tools)?;
+        let ids = self.encode(&text, false)?;
+        Ok((text, ids))
+    }
+}
+
+/// A model's chat template and the tokens its context names.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... as strings.
+    special_tokens: serde_json::Map<String, Json>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// The template of a model directory; `Ok(None)` when it has no tokenizer_config.json or
+    /// no `chat_template` in it (text-only models).
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, ChatError> {
+        let path = dir.join("tokenizer_config.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let bad = |message: String| ChatError::Config {
+            path: path.display().to_string(),
+            message,
+        };
+        let config: Json = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let Some(template) = pick_template(&config) else {
+            return Ok(None);
+        };
+        let special_tokens = special_tokens(&config);
+        Self::new(template, special_tokens)
+            .map(Some)
+            .map_err(|e| bad(e.to_string()))
+    }
+
+    /// A template from its source and the special tokens of the context.
+    pub fn new(
+        source: String,
+        special_tokens: serde_json::Map<String, Json>,
+    ) -> Result<Self, ChatError> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ChatError::Render(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned("chat", source)
+            .map_err(|e| ChatError::Render(e.to_string()))?;
+        Ok(Self {
+            env,
+            special_tokens,
+        })
+    }
+
+    /// Renders a conversation (`messages`: a list of `{role, content, ...}` objects).
+    pub fn render(
+        &self,
+        messages: &Json,
+        add_generation_prompt: bool,
+        tools: Option<&Json>,
+    ) -> Result<String, ChatError> {
+        let mut ctx = self.special_tokens.clone();
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ChatError::Render(e.to_string()))?;
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| ChatError::Render(describe(&e)))
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` (the "default" one is used).
+fn pick_template(config: &Json) -> Option<String> {
+    match config.get("chat_template")? {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
+/// Every `*_token` entry, as a string (either a plain string or an AddedToken `{content}`).
+fn special_tokens(config: &Json) -> serde_json::Map<String, Json> {
+    let mut out = serde_json::Map::new();
+    let Some(obj) = config.as_object() else {
+        return out;
+    };
+    for (k, v) in obj {
+        if !k.ends_with("_token") {
+            continue;
+        }
+        let s = match v {
+            Json::String(s) => Some(s.clone()),
+            Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_owned),
+            _ => None,
+        };
+        if let Some(s) = s {
+            out.insert(k.clone(), Json::String(s));
+        }
+    }
+    out
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// Python's `json.dumps(x, ensure_ascii=False)`: `", "` and `": "` separators, as transformers'
+/// own `tojson` writes them (minijinja's built-in one is compact). `indent` is honoured.
+fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json: Json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        Json::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Json::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&Json::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The error text with its cause chain (minijinja nests the template's own message).
+fn describe(e: &Error) -> String {
+    match e.kind() {
+        ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tojson_matches_python_separators() {
+        let v: Json = serde_json::json!({"a": [1, 2], "b": {"c": "é"}, "d": []});
+        let mut s = String::new();
+        write_json(&v, None, 0, &mut s);
+        assert_eq!(s, r#"{"a": [1, 2], "b": {"c": "é"}, "d": []}"#);
+        let mut s = String::new();
+        write_json(&serde_json::json!({"a": [1]}), Some(2), 0, &mut s);
+        assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
+    }
+
+    #[test]
+    fn template_list_picks_default() {
+        let cfg = serde_json::json!({"chat_template": [
+            {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
+        assert_eq!(pick_template(&cfg).as_deref(), Some("D"));
+        let cfg = serde_json::json!({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "x": 1});
+        let t = special_tokens(&cfg);
+        assert_eq!(t["bos_token"], "<s>");
+        assert_eq!(t["eos_token"], "</s>");
+        assert_eq!(t.len(), 2);
+    }
+}

@@ -1,0 +1,551 @@
+//! `config.json` of the hybrid families -> [`ModelSpec`] with a [`HybridSpec`].
+//!
+//! - Qwen3.5 text (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`) and Qwen3-Next
+//!   (`Qwen3NextForCausalLM`): `layer_types` (or `full_attention_interval`, default 4: layer i
+//!   is full attention iff (i+1) % interval == 0), the `linear_*` Gated DeltaNet fields,
+//!   `partial_rotary_factor` (in `rope_parameters` or top level, default 0.25); Qwen3-Next adds
+//!   MoE (`num_experts`, `num_experts_per_tok`, `decoder_sparse_step`, `mlp_only_layers`, ...).
+//! - Nemotron-H (`NemotronHForCausalLM`): `layers_block_type` (alias `layer_types`) or the
+//!   legacy `hybrid_override_pattern` (`M` Mamba-2, `*` attention, `-` MLP, `E` MoE), Mamba-2
+//!   fields (also under their legacy `mamba_*` names). `{"__float__": "Infinity"}` values (in
+//!   `time_step_limit`) are never read as numbers.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::ModelError;
+use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+
+/// What one decoder layer (block) of a hybrid model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Full (softmax) attention over the paged KV cache.
+    Attention,
+    /// Gated DeltaNet (Qwen3.5 / Qwen3-Next `linear_attention`).
+    GatedDeltaNet,
+    /// Mamba-2 mixer (Nemotron-H `linear_attention` / `M`).
+    Mamba2,
+    /// MLP-only block (Nemotron-H `mlp` / `-`).
+    Mlp,
+}
+
+impl LayerKind {
+    /// Layers that keep a per-request recurrent state (conv + delta/SSM state).
+    pub fn is_recurrent(self) -> bool {
+        matches!(self, Self::GatedDeltaNet | Self::Mamba2)
+    }
+}
+
+/// Gated DeltaNet geometry (Qwen3.5 / Qwen3-Next `linear_*` fields).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GdnSpec {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl GdnSpec {
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.k_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.v_head_dim
+    }
+    /// Channels of the causal conv: q, k, v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// Qwen3-Next sparse MoE block (top-k routed experts + a sigmoid-gated shared expert).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    pub shared_intermediate: usize,
+    pub norm_topk_prob: bool,
+    /// Per layer: the MLP is the MoE block (else a dense MLP of `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+/// Nemotron-H Mamba-2 mixer geometry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MambaSpec {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub state_size: usize,
+    pub n_groups: usize,
+    pub conv_kernel: usize,
+    /// HF prefill (chunk-scan) lower clamp of `dt` (`time_step_min`).
+    pub time_step_min: f64,
+    pub conv_bias: bool,
+    /// in_proj / out_proj bias (`use_bias`).
+    pub proj_bias: bool,
+}
+
+impl MambaSpec {
+    pub fn intermediate(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Channels of the causal conv: x, B, C.
+    pub fn conv_dim(&self) -> usize {
+        self.intermediate() + 2 * self.n_groups * self.state_size
+    }
+}
+
+/// The hybrid part of a [`ModelSpec`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HybridSpec {
+    /// One entry per layer id 1..=L (block i -> `layers[i]`).
+    pub layers: Vec<LayerKind>,
+    /// Rotated dims of each attention head (partial rotary); 0 = no RoPE (Nemotron-H).
+    pub rotary_dim: usize,
+    pub gdn: Option<GdnSpec>,
+    pub moe: Option<MoeSpec>,
+    pub mamba: Option<MambaSpec>,
+}
+
+/// Parses a hybrid config (architecture already identified).
+pub(super) fn parse(
+    cfg: &Cfg<'_>,
+    architecture: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    match architecture {
+        Architecture::Qwen3_5 | Architecture::Qwen3Next => parse_qwen(cfg, architecture, name),
+        Architecture::NemotronH => parse_nemotron(cfg, name),
+        _ => unreachable!("not a hybrid architecture"),
+    }
+}
+
+fn unsupported(cfg: &Cfg<'_>, what: String) -> ModelError {
+    ModelError::Unsupported {
+        path: cfg.path_buf(),
+        what,
+    }
+}
+
+fn string_list(cfg: &Cfg<'_>, field: &str) -> Result<Option<Vec<String>>, ModelError> {
+    let Some(v) = cfg.get(field) else {
+        return Ok(None);
+    };
+    let arr = v
+        .as_array()
+        .ok_or_else(|| cfg.err(field, "expected a list of strings"))?;
+    arr.iter()
+        .map(|x| {
+            x.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| cfg.err(field, format!("expected a string, found {x}")))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn check_act(
+    cfg: &Cfg<'_>,
+    field: &str,
+    default: &str,
+    allowed: &[&str],
+) -> Result<(), ModelError> {
+    let act = cfg.get(field).and_then(Value::as_str).unwrap_or(default);
+    if allowed.contains(&act) {
+        Ok(())
+    } else {
+        Err(unsupported(
+            cfg,
+            format!("{field} `{act}` (only {})", allowed.join(", ")),
+        ))
+    }
+}
+
+fn no_sliding_window(cfg: &Cfg<'_>) -> Result<(), ModelError> {
+    if cfg.usize_opt("sliding_window")?.is_some() || cfg.bool_or("use_sliding_window", false)? {
+        return Err(unsupported(
+            cfg,
+            "sliding-window attention in a hybrid model".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_qwen(
+    cfg: &Cfg<'_>,
+    architecture: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    check_act(cfg, "hidden_act", "silu", &["silu", "swish"])?;
+    no_sliding_window(cfg)?;
+    let num_layers = cfg.usize_req("num_hidden_layers")?;
+    let layers = match string_list(cfg, "layer_types")? {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "linear_attention" => Ok(LayerKind::GatedDeltaNet),
+                "full_attention" => Ok(LayerKind::Attention),
+                other => Err(unsupported(
+                    cfg,
+                    format!(
+                        "layer_types entry `{other}` (Qwen3.5 / Qwen3-Next layers are \
+                         `linear_attention` or `full_attention`)"
+                    ),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => {
+            let interval = cfg.usize_or("full_attention_interval", 4)?.max(1);
+            (0..num_layers)
+                .map(|i| {
+                    if (i + 1) % interval == 0 {
+                        LayerKind::Attention
+                    } else {
+                        LayerKind::GatedDeltaNet
+                    }
+                })
+                .collect()
+        }
+    };
+    if layers.len() != num_layers {
+        return Err(cfg.err(
+            "layer_types",
+            format!(
+                "has {} entries, num_hidden_layers is {num_layers}",
+                layers.len()
+            ),
+        ));
+    }
+    let hidden_size = cfg.usize_req("hidden_size")?;
+    let num_heads = cfg.usize_req("num_attention_heads")?;
+    let head_dim = cfg.usize_or("head_dim", 256)?;
+    let (rope_theta, rope_scaling) = cfg.rope()?;
+    if rope_scaling != RopeScaling::None {
+        return Err(unsupported(cfg, "rope scaling in a hybrid model".into()));
+    }
+    let factor = cfg
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .map(Ok)
+        .unwrap_or_else(|| cfg.f64_or("partial_rotary_factor", 0.25))?;
+    // transformers: dim = int(head_dim * partial_rotary_factor)
+    let rotary_dim = (head_dim as f64 * factor) as usize;
+    if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        return Err(cfg.err(
+            "partial_rotary_factor",
+            format!("{factor} gives rotary dim {rotary_dim} for head_dim {head_dim}"),
+        ));
+    }
+    let gdn = GdnSpec {
+        num_k_heads: cfg.usize_or("linear_num_key_heads", 16)?,
+        num_v_heads: cfg.usize_or("linear_num_value_heads", 32)?,
+        k_head_dim: cfg.usize_or("linear_key_head_dim", 128)?,
+        v_head_dim: cfg.usize_or("linear_value_head_dim", 128)?,
+        conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
+    };
+    if gdn.num_k_heads == 0
+        || gdn.conv_kernel == 0
+        || !gdn.num_v_heads.is_multiple_of(gdn.num_k_heads)
+        || gdn.num_v_heads == 0
+    {
+        return Err(cfg.err(
+            "linear_num_value_heads",
+            format!(
+                "{} value heads must be a positive multiple of {} key heads (conv kernel {})",
+                gdn.num_v_heads, gdn.num_k_heads, gdn.conv_kernel
+            ),
+        ));
+    }
+    let moe = if architecture == Architecture::Qwen3Next {
+        parse_qwen_moe(cfg, num_layers)?
+    } else {
+        if cfg.usize_or("num_experts", 0)? > 0 {
+            return Err(unsupported(
+                cfg,
+                "MoE in a Qwen3_5ForCausalLM config".into(),
+            ));
+        }
+        None
+    };
+    Ok(ModelSpec {
+        name,
+        architecture,
+        vocab_size: cfg.usize_req("vocab_size")?,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", num_heads)?,
+        head_dim,
+        intermediate_size: cfg.usize_req("intermediate_size")?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: cfg.bool_or("attention_bias", false)?,
+        o_bias: cfg.bool_or("attention_bias", false)?,
+        mlp_bias: false,
+        qk_norm: true,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings: cfg
+            .usize_or("max_position_embeddings", default_max_pos(architecture))?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: Some(HybridSpec {
+            layers,
+            rotary_dim,
+            gdn: Some(gdn),
+            moe,
+            mamba: None,
+        }),
+    })
+}
+
+fn parse_qwen_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<Option<MoeSpec>, ModelError> {
+    let num_experts = cfg.usize_or("num_experts", 512)?;
+    if num_experts == 0 {
+        return Ok(None);
+    }
+    let top_k = cfg.usize_or("num_experts_per_tok", 10)?;
+    if top_k == 0 || top_k > num_experts {
+        return Err(cfg.err(
+            "num_experts_per_tok",
+            format!("{top_k} must be in 1..={num_experts}"),
+        ));
+    }
+    let step = cfg.usize_or("decoder_sparse_step", 1)?.max(1);
+    let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect())
+            .ok_or_else(|| cfg.err("mlp_only_layers", "expected a list of layer indices"))?,
+    };
+    let sparse_layers = (0..num_layers)
+        .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
+        .collect();
+    Ok(Some(MoeSpec {
+        num_experts,
+        top_k,
+        expert_intermediate: cfg.usize_or("moe_intermediate_size", 512)?,
+        shared_intermediate: cfg.usize_or("shared_expert_intermediate_size", 512)?,
+        norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
+        sparse_layers,
+    }))
+}
+
+fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
+    let unsupported_block = |what: &str| {
+        unsupported(
+            cfg,
+            format!("Nemotron-H block `{what}` (supported: Mamba-2 `M`, attention `*`, MLP `-`)"),
+        )
+    };
+    let list = match string_list(cfg, "layers_block_type")? {
+        Some(l) => Some(l),
+        None => string_list(cfg, "layer_types")?,
+    };
+    if let Some(list) = list {
+        return list
+            .iter()
+            .map(|t| match t.as_str() {
+                "linear_attention" | "mamba" => Ok(LayerKind::Mamba2),
+                "full_attention" | "attention" => Ok(LayerKind::Attention),
+                "mlp" => Ok(LayerKind::Mlp),
+                other => Err(unsupported_block(other)),
+            })
+            .collect();
+    }
+    let pattern = cfg
+        .get("hybrid_override_pattern")
+        .and_then(Value::as_str)
+        .ok_or_else(|| cfg.err("layers_block_type", "missing (nor hybrid_override_pattern)"))?;
+    pattern
+        .chars()
+        .map(|c| match c {
+            'M' => Ok(LayerKind::Mamba2),
+            '*' => Ok(LayerKind::Attention),
+            '-' => Ok(LayerKind::Mlp),
+            other => Err(unsupported_block(&other.to_string())),
+        })
+        .collect()
+}
+
+/// First present of several spellings of one field.
+fn first_usize(cfg: &Cfg<'_>, names: &[&str], default: usize) -> Result<usize, ModelError> {
+    for n in names {
+        if let Some(v) = cfg.usize_opt(n)? {
+            return Ok(v);
+        }
+    }
+    Ok(default)
+}
+
+fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    check_act(cfg, "mlp_hidden_act", "relu2", &["relu2"])?;
+    check_act(cfg, "mamba_hidden_act", "silu", &["silu", "swish"])?;
+    no_sliding_window(cfg)?;
+    // MTP layers (`num_nextn_predict_layers`) are not part of the base model's hidden states;
+    // their weights are ignored.
+    let layers = nemotron_layers(cfg)?;
+    if layers.is_empty() {
+        return Err(cfg.err("layers_block_type", "is empty"));
+    }
+    let hidden_size = cfg.usize_req("hidden_size")?;
+    let num_heads = cfg.usize_req("num_attention_heads")?;
+    let time_step_min = match cfg.get("time_step_min").or_else(|| cfg.get("mamba_dt_min")) {
+        None => 0.001,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| cfg.err("time_step_min", format!("expected a number, found {v}")))?,
+    };
+    let mamba = MambaSpec {
+        num_heads: cfg.usize_or("mamba_num_heads", 128)?,
+        head_dim: cfg.usize_or("mamba_head_dim", 64)?,
+        state_size: first_usize(cfg, &["ssm_state_size"], 128)?,
+        n_groups: first_usize(cfg, &["n_groups", "mamba_n_groups"], 8)?,
+        conv_kernel: first_usize(cfg, &["conv_kernel", "mamba_d_conv"], 4)?,
+        time_step_min,
+        conv_bias: match cfg.get("use_conv_bias") {
+            Some(_) => cfg.bool_or("use_conv_bias", true)?,
+            None => cfg.bool_or("mamba_conv_bias", true)?,
+        },
+        proj_bias: cfg.bool_or("use_bias", false)?,
+    };
+    if mamba.n_groups == 0
+        || mamba.conv_kernel == 0
+        || !mamba.num_heads.is_multiple_of(mamba.n_groups)
+    {
+        return Err(cfg.err(
+            "n_groups",
+            format!(
+                "{} groups must divide {} Mamba heads (conv kernel {})",
+                mamba.n_groups, mamba.num_heads, mamba.conv_kernel
+            ),
+        ));
+    }
+    Ok(ModelSpec {
+        name,
+        architecture: Architecture::NemotronH,
+        vocab_size: cfg.usize_req("vocab_size")?,
+        hidden_size,
+        num_layers: layers.len(),
+        num_heads,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", num_heads)?,
+        // NemotronHConfig.head_dim defaults to 128 (not hidden / heads).
+        head_dim: cfg.usize_or("head_dim", 128)?,
+        intermediate_size: cfg.usize_req("intermediate_size")?,
+        rms_norm_eps: cfg.f64_or("layer_norm_epsilon", 1e-5)?,
+        // No RoPE in Nemotron-H attention; the value is never used.
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: cfg.bool_or("mlp_bias", false)?,
+        qk_norm: false,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings: cfg.usize_or(
+            "max_position_embeddings",
+            default_max_pos(Architecture::NemotronH),
+        )?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: Some(HybridSpec {
+            layers,
+            rotary_dim: 0,
+            gdn: None,
+            moe: None,
+            mamba: Some(mamba),
+        }),
+    })
+}
+
+/// Multimodal checkpoints (a vision tower next to the language model) are not run: hsx
+/// extracts hidden states of text-only causal LMs.
+pub(super) fn reject_multimodal(value: &Value, path: &Path) -> Result<(), ModelError> {
+    let arch = value
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let has_vision = value.get("vision_config").is_some_and(|v| !v.is_null());
+    if has_vision || arch.ends_with("ForConditionalGeneration") {
+        return Err(ModelError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "multimodal checkpoint `{arch}` with a vision tower (vision_config); hsx runs \
+                 text-only causal LMs: use the text model (e.g. Qwen3_5ForCausalLM with the \
+                 `text_config` fields at top level; `model.language_model.*` weights are accepted)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse_json(v: &Value) -> Result<ModelSpec, ModelError> {
+        ModelSpec::from_json(v, Path::new("config.json"), "m".into())
+    }
+
+    fn qwen() -> Value {
+        json!({
+            "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 32, "vocab_size": 512, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                "mrope_section": [11, 11, 10], "mrope_interleaved": true}
+        })
+    }
+
+    #[test]
+    fn qwen_interval_and_partial_rotary_defaults() {
+        let s = parse_json(&qwen()).unwrap();
+        let h = s.hybrid.as_ref().unwrap();
+        assert_eq!(h.layers[3], LayerKind::Attention);
+        assert_eq!(h.layers[7], LayerKind::Attention);
+        assert_eq!(h.layers[0], LayerKind::GatedDeltaNet);
+        assert_eq!(h.rotary_dim, 8);
+        assert!(s.has_recurrent_layers());
+        assert_eq!(s.rope_theta, 1e7);
+    }
+
+    #[test]
+    fn nemotron_pattern_and_infinity() {
+        let v = json!({
+            "architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+            "hybrid_override_pattern": "M-*-M-", "num_hidden_layers": 6, "mamba_num_heads": 8,
+            "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4,
+            "time_step_limit": [0.0, {"__float__": "Infinity"}]
+        });
+        let s = parse_json(&v).unwrap();
+        let h = s.hybrid.unwrap();
+        assert_eq!(s.num_layers, 6);
+        assert_eq!(h.layers[1], LayerKind::Mlp);
+        assert_eq!(h.layers[2], LayerKind::Attention);
+        assert_eq!(h.mamba.unwrap().time_step_min, 0.001);
+        let mut moe = v.clone();
+        moe["hybrid_override_pattern"] = json!("ME*-");
+        let e = parse_json(&moe).unwrap_err().to_string();
+        assert!(e.contains("block `E`"), "{e}");
+    }
+
+    #[test]
+    fn rejects_multimodal_and_unknown_layer() {
+        let mut v = qwen();
+        v["architectures"] = json!(["Qwen3_5ForConditionalGeneration"]);
+        v["vision_config"] = json!({"depth": 2});
+        let e = parse_json(&v).unwrap_err().to_string();
+        assert!(e.contains("vision tower"), "{e}");
+        let mut v = qwen();
+        v["num_hidden_layers"] = json!(2);
+        v["layer_types"] = json!(["linear_attention", "sliding_attention"]);
+        let e = parse_json(&v).unwrap_err().to_string();
+        assert!(e.contains("sliding_attention"), "{e}");
+    }
+}

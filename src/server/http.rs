@@ -1,0 +1,366 @@
+//! The HTTP frontend: the subset of vLLM's OpenAI server that speculators calls (DESIGN.md §1.3)
+//! plus `/metrics`. A completion is answered only once its file has been renamed into place.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use super::dispatch::Dispatcher;
+use super::{Rejection, Shared, paths, protocol};
+use crate::actors::messages::{EventKind, RequestId};
+use crate::engine::RequestSpec;
+
+/// vLLM's default when a request gives no `max_tokens`.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    let cancel = shared.cancel().clone();
+    let mut app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions));
+    if shared.metrics().is_some() {
+        app = app.route("/metrics", get(metrics));
+    }
+    let app = app.fallback(not_found).with_state(shared);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}
+
+/// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}`.
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    /// Counted as a rejected request (`None`: the request had been accepted, or is no request).
+    rejection: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            rejection: Some("invalid_request"),
+        }
+    }
+
+    /// An error about a request that was accepted (it failed, or the daemon stopped).
+    fn after_accept(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            rejection: None,
+            ..Self::new(status, message)
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(r: Rejection) -> Self {
+        let status = match r {
+            Rejection::Overloaded(_) | Rejection::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::TooLong(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self {
+            rejection: Some(r.reason()),
+            ..Self::new(status, r.to_string())
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        };
+        let body = json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": null,
+            "code": self.status.as_u16(),
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> StatusCode {
+    if shared.cancel().is_cancelled() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    let info = shared.engine().info();
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": info.model_name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "hsx",
+            "root": info.model_name,
+            "parent": null,
+            "max_model_len": info.max_model_len,
+        }],
+    }))
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let Some(handle) = shared.metrics() else {
+        return not_found().await.into_response();
+    };
+    let text = super::metrics::render(&shared, handle).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not found")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Tokens(Vec<i64>),
+    Batch(Vec<Vec<i64>>),
+    Text(String),
+    Texts(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct KvTransferParams {
+    hidden_states_path: Option<String>,
+    #[serde(default)]
+    include_output_tokens: bool,
+}
+
+/// Fields of vLLM's completion request that matter here; the other OpenAI fields (sampling
+/// settings and the like) are accepted and ignored: generation is greedy.
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    model: Option<String>,
+    prompt: Value,
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    return_token_ids: bool,
+    kv_transfer_params: Option<KvTransferParams>,
+    #[serde(default)]
+    stream: bool,
+    n: Option<u32>,
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
+    let result = complete(&shared, body).await;
+    if let Err(ApiError {
+        rejection: Some(reason),
+        ..
+    }) = &result
+    {
+        shared.count_rejection(reason);
+    }
+    result
+}
+
+async fn complete(shared: &Arc<Shared>, body: Body) -> Result<Response, ApiError> {
+    let limit = shared.options().max_body_bytes;
+    let bytes = to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {limit} bytes (http.max_body_bytes)"),
+        )
+    })?;
+    let req: CompletionRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("invalid request: {e}")))?;
+    let info = shared.engine().info();
+    if let Some(model) = &req.model
+        && model != &info.model_name
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "The model `{model}` does not exist (this server runs `{}`).",
+                info.model_name
+            ),
+        ));
+    }
+    if req.stream {
+        return Err(ApiError::bad("stream=true is not supported"));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n=1 is supported"));
+    }
+    let prompts = prompts(shared, req.prompt).await?;
+    let kv = req.kv_transfer_params.unwrap_or_default();
+    let custom_path = custom_path(shared, kv.hidden_states_path.as_deref(), prompts.len())?;
+    // Held until the response: no other request may write this file meanwhile.
+    let _claim = match &custom_path {
+        Some(p) => Some(shared.claim_path(p.clone())?),
+        None => None,
+    };
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+
+    let base = shared.new_id("cmpl");
+    let mut waiting = Vec::with_capacity(prompts.len());
+    for (i, token_ids) in prompts.iter().enumerate() {
+        let id = format!("{base}-{i}");
+        let rid = RequestId::new(&id).map_err(|e| ApiError::bad(e.to_string()))?;
+        let rx = shared.dispatcher().register(rid.clone());
+        // Dropping the guard (client gone, or a later prompt rejected) aborts the request.
+        let guard = Dispatcher::guard(shared, rid);
+        let spec = RequestSpec {
+            id,
+            token_ids: token_ids.clone(),
+            max_tokens,
+            include_output_tokens: kv.include_output_tokens,
+        };
+        shared.submit(spec, custom_path.clone()).await?;
+        waiting.push((rx, guard));
+    }
+
+    let mut choices = Vec::with_capacity(prompts.len());
+    let mut paths = Vec::with_capacity(prompts.len());
+    let mut completion_tokens = 0;
+    for (i, (rx, guard)) in waiting.into_iter().enumerate() {
+        let event = rx
+            .await
+            .map_err(|_| ApiError::from(Rejection::ShuttingDown))?;
+        guard.disarm();
+        let (path, output) = match event.kind {
+            EventKind::Completed {
+                path,
+                output_token_ids,
+                ..
+            } => (path, output_token_ids),
+            EventKind::Failed { error } => {
+                return Err(ApiError::after_accept(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("request {} failed: {error}", event.id),
+                ));
+            }
+        };
+        completion_tokens += output.len();
+        let ids = |v: &[u32]| req.return_token_ids.then(|| json!(v));
+        choices.push(json!({
+            "index": i,
+            "text": shared.detokenize(&output),
+            "logprobs": null,
+            "finish_reason": "length",
+            "stop_reason": null,
+            "prompt_logprobs": null,
+            "prompt_token_ids": ids(&prompts[i]),
+            "token_ids": ids(&output),
+            "kv_transfer_params": {"hidden_states_path": &path},
+        }));
+        paths.push(path);
+    }
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let first: Option<&PathBuf> = paths.first();
+    Ok(axum::Json(json!({
+        "id": base,
+        "object": "text_completion",
+        "created": unix_now(),
+        "model": info.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "kv_transfer_params": {"hidden_states_path": first},
+    }))
+    .into_response())
+}
+
+/// The token ids of each prompt: ids as sent (never a BOS added), or tokenized text.
+async fn prompts(shared: &Arc<Shared>, prompt: Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    let prompt: Prompt = serde_json::from_value(prompt).map_err(|_| {
+        ApiError::bad(
+            "prompt must be a list of token ids, a list of such lists, a string or a list of strings",
+        )
+    })?;
+    let out = match prompt {
+        Prompt::Tokens(ids) => vec![protocol::token_ids(&ids)?],
+        Prompt::Batch(batch) => batch
+            .iter()
+            .map(|ids| protocol::token_ids(ids))
+            .collect::<Result<_, _>>()?,
+        Prompt::Text(text) => vec![shared.tokenize(text).await?],
+        Prompt::Texts(texts) => {
+            let mut out = Vec::with_capacity(texts.len());
+            for t in texts {
+                out.push(shared.tokenize(t).await?);
+            }
+            out
+        }
+    };
+    if out.is_empty() {
+        return Err(ApiError::bad("prompt is an empty batch"));
+    }
+    let max_batch = shared.engine().info().max_waiting;
+    if out.len() > max_batch {
+        return Err(ApiError::from(Rejection::Overloaded(format!(
+            "a batch of {} prompts exceeds engine.max_waiting ({max_batch})",
+            out.len()
+        ))));
+    }
+    Ok(out)
+}
+
+/// The checked custom file path, if the request names one.
+fn custom_path(
+    shared: &Shared,
+    requested: Option<&str>,
+    batch: usize,
+) -> Result<Option<PathBuf>, ApiError> {
+    let Some(requested) = requested else {
+        return Ok(None);
+    };
+    if !shared.options().allow_custom_paths {
+        return Err(Rejection::InvalidPath(
+            "kv_transfer_params.hidden_states_path is not allowed (output.allow_custom_paths = false)"
+                .into(),
+        )
+        .into());
+    }
+    if batch != 1 {
+        return Err(ApiError::bad(
+            "kv_transfer_params.hidden_states_path needs a single prompt, not a batch",
+        ));
+    }
+    let root = &shared.engine().info().output_dir;
+    paths::resolve_custom_path(root, requested)
+        .map(Some)
+        .map_err(|e| Rejection::InvalidPath(e).into())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

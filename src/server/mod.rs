@@ -1,0 +1,211 @@
+//! `hsx serve`: the engine behind a Unix socket (JSON lines: submit, abort, subscribe, status),
+//! an OpenAI-compatible HTTP listener (the subset speculators calls) and Prometheus `/metrics`.
+//!
+//! [`run`] takes the listeners, the engine and a shutdown future (mini-redis' `run(listener,
+//! shutdown)`), so integration tests start the real daemon on a temporary socket and port 0.
+//! Shutdown: stop accepting, let queued and running requests finish (their events go out, HTTP
+//! clients get their responses), then stop the engine and remove the socket file.
+
+mod dispatch;
+mod http;
+mod metrics;
+mod paths;
+pub mod protocol;
+mod socket;
+mod submit;
+
+pub mod client;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::engine::Engine;
+
+pub use dispatch::Dispatcher;
+pub use socket::bind_unix;
+pub use submit::{Rejection, Shared};
+
+/// The file name of the disk event journal inside the output directory.
+pub const JOURNAL_FILE: &str = "hsx-events.jsonl";
+
+/// How long shutdown waits for connections that do not end on their own (a client that stopped
+/// reading its events) before it gives up on them.
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// What the frontends need from the config.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Longest socket request line in bytes.
+    pub max_line_bytes: usize,
+    /// Socket connections served at once.
+    pub max_connections: usize,
+    /// Kernel send buffer per socket connection (0: OS default).
+    pub send_buffer_bytes: usize,
+    /// HTTP clients may choose `kv_transfer_params.hidden_states_path` (inside the output dir).
+    pub allow_custom_paths: bool,
+    /// Largest HTTP request body.
+    pub max_body_bytes: usize,
+    /// Serve `/metrics`.
+    pub metrics: bool,
+    /// The model directory (for `tokenizer.json`).
+    pub model_dir: PathBuf,
+}
+
+impl ServerOptions {
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            max_line_bytes: cfg.socket.max_line_bytes,
+            max_connections: cfg.socket.max_connections,
+            send_buffer_bytes: cfg.socket.send_buffer_bytes,
+            allow_custom_paths: cfg.output.allow_custom_paths,
+            max_body_bytes: cfg.http.as_ref().map_or(32 << 20, |h| h.max_body_bytes),
+            metrics: cfg.metrics.enabled,
+            model_dir: cfg.model.path.clone(),
+        }
+    }
+}
+
+/// The daemon's listening sockets.
+pub struct Listeners {
+    pub unix: UnixListener,
+    /// Removed at shutdown (the socket file bound by [`bind_unix`]).
+    pub unix_path: PathBuf,
+    pub http: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the socket (handling a stale socket file) and the HTTP address of the config.
+    pub async fn bind(cfg: &Config) -> anyhow::Result<Self> {
+        let unix = bind_unix(&cfg.socket.path, cfg.socket.mode)?;
+        let http = match &cfg.http {
+            None => None,
+            Some(h) => match TcpListener::bind(&h.address).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&cfg.socket.path);
+                    return Err(e).with_context(|| format!("binding HTTP address {}", h.address));
+                }
+            },
+        };
+        Ok(Self {
+            unix,
+            unix_path: cfg.socket.path.clone(),
+            http,
+        })
+    }
+}
+
+/// Starts the engine of `cfg` with its disk journal under the output directory, which is made
+/// absolute first (clients get absolute file paths).
+pub async fn start_engine(cfg: &Config) -> anyhow::Result<Engine> {
+    let mut cfg = cfg.clone();
+    let dir = &cfg.output.dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating output directory {}", dir.display()))?;
+    cfg.output.dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("resolving output directory {}", dir.display()))?;
+    let journal = cfg.output.dir.join(JOURNAL_FILE);
+    Engine::start_with_journal(&cfg, Some(&journal))
+        .await
+        .context("starting the engine")
+}
+
+/// Serves until `shutdown` completes, then drains in-flight work and stops the engine.
+pub async fn run(
+    engine: Engine,
+    listeners: Listeners,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let tokenizer = load_tokenizer(&options.model_dir)?;
+    let metrics = options.metrics.then(metrics::install);
+    let cancel = CancellationToken::new();
+    let shared = Shared::new(engine, options, tokenizer, metrics, cancel.clone()).await;
+    let tracker = TaskTracker::new();
+
+    let sampler = tracker.spawn(submit::sample_rates(shared.clone(), cancel.clone()));
+    let unix_path = listeners.unix_path.clone();
+    let unix_task = tracker.spawn(socket::accept_loop(
+        listeners.unix,
+        shared.clone(),
+        tracker.clone(),
+    ));
+    let http_task = match listeners.http {
+        Some(listener) => {
+            let addr = listener.local_addr().ok();
+            tracing::info!(?addr, "HTTP listening");
+            Some(tokio::spawn(http::serve(listener, shared.clone())))
+        }
+        None => None,
+    };
+    tracing::info!(socket = %unix_path.display(), "hsx daemon ready");
+
+    shutdown.await;
+    tracing::info!("shutting down: finishing in-flight requests");
+    cancel.cancel();
+    let _ = unix_task.await;
+    shared.engine().shutdown().await;
+    shared.dispatcher().stopped().await;
+    if let Some(task) = http_task {
+        match tokio::time::timeout(CLOSE_GRACE, task).await {
+            Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!("HTTP connections still open after shutdown; closing"),
+        }
+    }
+    let _ = sampler.await;
+    tracker.close();
+    if tokio::time::timeout(CLOSE_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("socket connections still open after shutdown; closing");
+    }
+    remove_socket_file(&unix_path);
+    tracing::info!("hsx daemon stopped");
+    Ok(())
+}
+
+/// `tokenizer.json` of the model directory, when there is one.
+pub fn load_tokenizer(model_dir: &Path) -> anyhow::Result<Option<tokenizers::Tokenizer>> {
+    let path = model_dir.join("tokenizer.json");
+    if !path.exists() {
+        tracing::info!("no tokenizer.json in the model directory: text prompts are rejected");
+        return Ok(None);
+    }
+    tokenizers::Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))
+}
+
+fn remove_socket_file(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(path = %path.display(), "cannot remove the socket file: {e}"),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

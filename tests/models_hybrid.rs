@@ -1,0 +1,386 @@
+//! Hybrid models (Qwen3.5 / Qwen3-Next Gated DeltaNet, Nemotron-H Mamba-2) on the CPU backend:
+//! every layer against the transformers fixtures, byte-identity across chunk splits and mixed
+//! batches, state-slot reuse, and load / batch errors.
+
+mod common;
+
+use std::path::Path;
+
+use common::{Reference, max_rel, model_dir, random_prompt};
+use hsx::kernels::cpu::{CpuBackend, CpuOptions};
+use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
+use hsx::models::{ModelError, ModelSpec};
+
+const HIDDEN: usize = 64;
+const BLOCK: usize = 16;
+const NUM_BLOCKS: usize = 1024;
+const SLOTS: usize = 8;
+
+/// (fixture, L, a recurrent layer id, an attention layer id)
+const MODELS: [(&str, usize, usize, usize); 4] = [
+    ("qwen3_5", 4, 1, 3),
+    ("qwen3_next", 4, 2, 3),
+    ("nemotron_h", 6, 1, 3),
+    ("qwen3_5_bf16", 4, 1, 3),
+];
+
+fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
+    let dir = model_dir(name);
+    let spec = ModelSpec::from_dir(&dir).unwrap();
+    let opts = CpuOptions {
+        capture_layers: layers,
+        num_blocks: NUM_BLOCKS,
+        block_size: BLOCK,
+        threads: 2,
+        num_state_slots: SLOTS,
+    };
+    CpuBackend::load(&dir, spec, opts).unwrap()
+}
+
+/// Request `r` owns blocks `r, r + 64, ...` (interleaved, so paging bugs show).
+fn table(r: usize, len: usize) -> Vec<u32> {
+    (0..len.div_ceil(BLOCK))
+        .map(|k| (r + 64 * k) as u32)
+        .collect()
+}
+
+fn chunk(r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
+    SeqChunk {
+        start,
+        len,
+        block_table: table(r, total),
+        sample: start + len == total,
+        state_slot: Some(r as u32),
+    }
+}
+
+/// Runs `prompts[r]` as request r (slot r), cutting every request into pieces of at most
+/// `piece` tokens; each step holds the next piece of every unfinished request. Returns each
+/// request's captured rows `[T, K, H]` and its sampled token.
+fn run_split(be: &mut CpuBackend, prompts: &[Vec<u32>], piece: usize) -> Vec<(Vec<f32>, u32)> {
+    let k = be.capture_layers().len();
+    let mut done = vec![0usize; prompts.len()];
+    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    let mut sampled = vec![u32::MAX; prompts.len()];
+    while done.iter().zip(prompts).any(|(d, p)| d < &p.len()) {
+        let (mut tokens, mut seqs, mut who) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, p) in prompts.iter().enumerate() {
+            if done[r] < p.len() {
+                let len = piece.min(p.len() - done[r]);
+                tokens.extend_from_slice(&p[done[r]..done[r] + len]);
+                seqs.push(chunk(r, done[r], len, p.len()));
+                who.push((r, len));
+            }
+        }
+        let out = be
+            .forward(&Batch {
+                token_ids: &tokens,
+                seqs: &seqs,
+            })
+            .unwrap();
+        let mut off = 0;
+        for (i, &(r, len)) in who.iter().enumerate() {
+            rows[r].extend_from_slice(&out.captured[off * k * HIDDEN..(off + len) * k * HIDDEN]);
+            off += len;
+            done[r] += len;
+            if let Some(t) = out.sampled[i] {
+                sampled[r] = t;
+            }
+        }
+    }
+    rows.into_iter().zip(sampled).collect()
+}
+
+fn layer_of(rows: &[f32], k: usize, kk: usize) -> Vec<f32> {
+    rows.chunks_exact(kk * HIDDEN)
+        .flat_map(|r| r[k * HIDDEN..(k + 1) * HIDDEN].to_vec())
+        .collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Every layer id 0..=L of every reference prompt within 1e-4 max-rel of transformers, the
+/// greedy token equal, id L pre-norm (≠ HF's post-norm last entry, = it after the final norm).
+/// The prompts run one after another on the same slot 0, so a reused slot is zeroed.
+#[test]
+fn every_layer_matches_transformers() {
+    for (name, l, _, _) in MODELS {
+        let reference = Reference::load(name);
+        let mut be = backend(name, (0..=l).collect());
+        let mut worst = 0f32;
+        for j in 0..reference.num_prompts() {
+            let ids = reference.input_ids(j);
+            let (rows, tok) = run_split(&mut be, std::slice::from_ref(&ids), 4096).remove(0);
+            for i in 0..=l {
+                let got = layer_of(&rows, i, l + 1);
+                let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
+                worst = worst.max(err);
+                assert!(err <= 1e-4, "{name} p{j} layer {i}: max-rel {err:e}");
+                assert!(got.iter().all(|v| v.is_finite()), "{name} p{j} layer {i}");
+            }
+            let last = layer_of(&rows, l, l + 1);
+            let hf_last = reference.f32(&format!("p{j}.hf_last"));
+            assert!(
+                max_rel(&last, &hf_last) > 1e-2,
+                "{name}: id L must be pre-norm"
+            );
+            let normed = be.final_norm(&last);
+            let err = max_rel(&normed, &hf_last);
+            assert!(
+                err <= 1e-4,
+                "{name} p{j}: final_norm(id L) vs hf_last {err:e}"
+            );
+            assert_eq!(tok, reference.next_token(j), "{name} p{j}: greedy token");
+        }
+        eprintln!("{name}: worst max-rel over all layers and prompts {worst:e}");
+    }
+}
+
+/// Pieces of 1, 7, 61 tokens, several requests per step (each on its own slot), give the same
+/// bits as each request alone in one chunk.
+#[test]
+fn splits_and_mixed_batches_are_byte_identical() {
+    for (name, l, rec, attn) in MODELS.into_iter().take(3) {
+        let layers = vec![0, rec, attn, l];
+        let prompts: Vec<Vec<u32>> = [150usize, 1, 64, 9, 77, 130]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| random_prompt(100 + i as u64, n, 512))
+            .collect();
+        let mut be = backend(name, layers.clone());
+        let solo: Vec<_> = prompts
+            .iter()
+            .map(|p| run_split(&mut be, std::slice::from_ref(p), 4096).remove(0))
+            .collect();
+        for piece in [1usize, 7, 61] {
+            let got = run_split(&mut be, &prompts, piece);
+            for (r, ((a, ta), (b, tb))) in got.iter().zip(&solo).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{name}: piece {piece}, request {r} differs"
+                );
+                assert_eq!(ta, tb, "{name}: piece {piece}, request {r} token");
+            }
+        }
+    }
+}
+
+/// A request abandoned mid-prefill leaves state in its slot; the next request given that slot
+/// starts from zero.
+#[test]
+fn reused_slot_starts_from_zero() {
+    for (name, l, rec, attn) in MODELS.into_iter().take(3) {
+        let mut be = backend(name, vec![0, rec, attn, l]);
+        let b = random_prompt(7, 90, 512);
+        let solo = run_split(&mut be, std::slice::from_ref(&b), 4096).remove(0);
+        let a = random_prompt(8, 120, 512);
+        let seqs = [chunk(0, 0, 70, a.len())];
+        be.forward(&Batch {
+            token_ids: &a[..70],
+            seqs: &seqs,
+        })
+        .unwrap();
+        let again = run_split(&mut be, std::slice::from_ref(&b), 33).remove(0);
+        assert!(same_bits(&again.0, &solo.0), "{name}: stale state leaked");
+    }
+}
+
+#[test]
+fn bad_state_slots_are_rejected() {
+    let mut be = backend("qwen3_5", vec![0, 4]);
+    let ids = [1u32, 2];
+    let mut c0 = chunk(0, 0, 1, 1);
+    let mut c1 = chunk(1, 0, 1, 1);
+    c1.state_slot = Some(0);
+    let e = be.forward(&Batch {
+        token_ids: &ids,
+        seqs: &[c0.clone(), c1],
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(m)) if m.contains("slot 0")));
+    c0.state_slot = None;
+    let e = be.forward(&Batch {
+        token_ids: &ids[..1],
+        seqs: &[c0.clone()],
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
+    c0.state_slot = Some(SLOTS as u32);
+    let e = be.forward(&Batch {
+        token_ids: &ids[..1],
+        seqs: &[c0],
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
+}
+
+/// Copies a fixture model to `dst`, editing its config and optionally renaming its tensors.
+fn variant(
+    name: &str,
+    dst: &Path,
+    edit: impl Fn(&mut serde_json::Value),
+    rename: Option<&dyn Fn(&str) -> String>,
+    extra: &[&str],
+) {
+    let src = model_dir(name);
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (rename.map_or(n.clone(), |f| f(&n)), t))
+        .collect();
+    let small = [0u8; 16];
+    for e in extra {
+        let v =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &small).unwrap();
+        tensors.push((e.to_string(), v));
+    }
+    safetensors::serialize_to_file(tensors, None, &dst.join("model.safetensors")).unwrap();
+}
+
+/// Multimodal exports' `model.language_model.*` names (with `model.visual.*` and `mtp.*`
+/// tensors present and ignored) load and give the same bits.
+#[test]
+fn language_model_prefix_is_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rename = |n: &str| match n.strip_prefix("model.") {
+        Some(rest) => format!("model.language_model.{rest}"),
+        None => n.to_string(),
+    };
+    variant(
+        "qwen3_5",
+        tmp.path(),
+        |_| {},
+        Some(&rename),
+        &["model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight"],
+    );
+    let reference = Reference::load("qwen3_5");
+    let ids = reference.input_ids(2);
+    let spec = ModelSpec::from_dir(tmp.path()).unwrap();
+    let opts = CpuOptions {
+        capture_layers: vec![0, 4],
+        num_blocks: NUM_BLOCKS,
+        block_size: BLOCK,
+        threads: 2,
+        num_state_slots: 1,
+    };
+    let mut be = CpuBackend::load(tmp.path(), spec, opts).unwrap();
+    let got = run_split(&mut be, std::slice::from_ref(&ids), 4096).remove(0);
+    let mut orig = backend("qwen3_5", vec![0, 4]);
+    let want = run_split(&mut orig, std::slice::from_ref(&ids), 4096).remove(0);
+    assert!(same_bits(&got.0, &want.0));
+}
+
+fn load_err(dir: &Path) -> String {
+    let spec = match ModelSpec::from_dir(dir) {
+        Ok(s) => s,
+        Err(e) => return e.to_string(),
+    };
+    let opts = CpuOptions {
+        capture_layers: vec![0],
+        num_blocks: 4,
+        block_size: BLOCK,
+        threads: 1,
+        num_state_slots: 1,
+    };
+    match CpuBackend::load(dir, spec, opts) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn unsupported_variants_fail_with_clear_messages() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "qwen3_5",
+            Box::new(|c| {
+                c["architectures"] = serde_json::json!(["Qwen3_5ForConditionalGeneration"]);
+                c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
+            }),
+            "vision tower",
+        ),
+        (
+            "qwen3_5",
+            Box::new(|c| c["architectures"] = serde_json::json!(["Qwen3_5MoeForCausalLM"])),
+            "unsupported architecture `Qwen3_5MoeForCausalLM`",
+        ),
+        (
+            "qwen3_next",
+            Box::new(|c| {
+                c["layer_types"][1] = serde_json::json!("sliding_attention");
+            }),
+            "sliding_attention",
+        ),
+        (
+            "nemotron_h",
+            Box::new(|c| {
+                c["layers_block_type"][1] = serde_json::json!("moe");
+            }),
+            "block `moe`",
+        ),
+        (
+            "nemotron_h",
+            Box::new(|c| c["mlp_hidden_act"] = serde_json::json!("gelu")),
+            "mlp_hidden_act `gelu`",
+        ),
+        // A config that does not match the weights: names the missing tensor.
+        (
+            "qwen3_5",
+            Box::new(|c| c["layer_types"][0] = serde_json::json!("full_attention")),
+            "model.layers.0.self_attn.q_proj.weight",
+        ),
+    ];
+    for (name, edit, want) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        variant(name, tmp.path(), edit, None, &[]);
+        let e = load_err(tmp.path());
+        assert!(e.contains(want), "{name}: `{e}` should mention `{want}`");
+    }
+    let dir = model_dir("qwen3_5");
+    let spec = ModelSpec::from_dir(&dir).unwrap();
+    let opts = CpuOptions {
+        capture_layers: vec![0],
+        num_blocks: 4,
+        block_size: BLOCK,
+        threads: 1,
+        num_state_slots: 0,
+    };
+    let e = CpuBackend::load(&dir, spec, opts).err().unwrap();
+    assert!(matches!(e, ModelError::InvalidOptions(m) if m.contains("num_state_slots")));
+}
+
+/// 32 requests of different lengths in one step (thousands of rows per projection, so the
+/// GEMMs take their large-M paths) give the same bits as each request alone.
+#[test]
+fn thirty_two_requests_in_one_step_are_byte_identical() {
+    for (name, l, rec, attn) in MODELS.into_iter().take(3) {
+        let layers = vec![0, rec, attn, l];
+        let prompts: Vec<Vec<u32>> = (0..32)
+            .map(|i| random_prompt(500 + i as u64, 1 + (i * 37) % 150, 512))
+            .collect();
+        let dir = model_dir(name);
+        let spec = ModelSpec::from_dir(&dir).unwrap();
+        let opts = CpuOptions {
+            capture_layers: layers,
+            num_blocks: NUM_BLOCKS,
+            block_size: BLOCK,
+            threads: 2,
+            num_state_slots: 32,
+        };
+        let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
+        let solo: Vec<_> = prompts
+            .iter()
+            .map(|p| run_split(&mut be, std::slice::from_ref(p), 4096).remove(0))
+            .collect();
+        let got = run_split(&mut be, &prompts, 4096);
+        for (r, (a, b)) in got.iter().zip(&solo).enumerate() {
+            assert!(same_bits(&a.0, &b.0), "{name}: request {r} differs");
+            assert_eq!(a.1, b.1, "{name}: request {r} token");
+        }
+    }
+}
