@@ -71,13 +71,20 @@ impl Prompter {
     pub fn encode_messages(
         &self,
         messages: &Json,
-        add_generation_prompt: bool,
-        tools: Option<&Json>,
+        opts: &RenderOptions,
     ) -> Result<(String, Vec<u32>), ChatError> {
         let template = self.template.as_ref().ok_or(ChatError::NoTemplate)?;
-        let text = template.render(messages, add_generation_prompt, tools)?;
+        let text = template.render_with(messages, opts)?;
         let ids = self.encode(&text, false)?;
         Ok((text, ids))
+    }
+
+    /// Text of token ids, special tokens skipped ("" without a tokenizer).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match &self.tokenizer {
+            Some(t) if !ids.is_empty() => t.decode(ids, true).unwrap_or_default(),
+            _ => String::new(),
+        }
     }
 }
 
@@ -146,16 +153,68 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&Json>,
     ) -> Result<String, ChatError> {
+        let opts = RenderOptions {
+            add_generation_prompt,
+            tools: tools.cloned(),
+            ..Default::default()
+        };
+        self.render_with(messages, &opts)
+    }
+
+    /// Renders with every option of `apply_chat_template` hsx supports.
+    pub fn render_with(&self, messages: &Json, opts: &RenderOptions) -> Result<String, ChatError> {
         let mut ctx = self.special_tokens.clone();
+        ctx.extend(opts.extra.clone());
         ctx.insert("messages".into(), messages.clone());
-        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            opts.add_generation_prompt.into(),
+        );
+        ctx.insert("tools".into(), opts.tools.clone().unwrap_or(Json::Null));
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ChatError::Render(e.to_string()))?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| ChatError::Render(describe(&e)))
+        let text = tmpl
+            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| ChatError::Render(describe(&e)))?;
+        match opts.continue_final_message {
+            true => continue_final_message(text, messages),
+            false => Ok(text),
+        }
+    }
+}
+
+/// Options of a render, as `apply_chat_template` names them.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions {
+    pub add_generation_prompt: bool,
+    /// Cut the text right after the last message's content, so generation continues it.
+    pub continue_final_message: bool,
+    pub tools: Option<Json>,
+    /// `chat_template_kwargs`: more variables for the template (e.g. `enable_thinking`).
+    pub extra: serde_json::Map<String, Json>,
+}
+
+/// transformers' rule: keep the text up to the last occurrence of the final message's
+/// (stripped) content.
+fn continue_final_message(text: String, messages: &Json) -> Result<String, ChatError> {
+    let last = messages
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("content"))
+        .and_then(Json::as_str)
+        .map(str::trim)
+        .ok_or_else(|| {
+            ChatError::Render(
+                "continue_final_message needs a final message with text content".into(),
+            )
+        })?;
+    match text.rfind(last) {
+        Some(at) => Ok(text[..at + last.len()].to_owned()),
+        None => Err(ChatError::Render(
+            "continue_final_message is set but the final message does not appear in the rendered chat".into(),
+        )),
     }
 }
 
@@ -270,6 +329,33 @@ mod tests {
         let mut s = String::new();
         write_json(&serde_json::json!({"a": [1]}), Some(2), 0, &mut s);
         assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
+    }
+
+    #[test]
+    fn continue_final_message_cuts_after_the_last_content() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}".into(),
+            Default::default(),
+        )
+        .unwrap();
+        let msgs = serde_json::json!([
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": " The ans "}]);
+        let opts = RenderOptions {
+            continue_final_message: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            t.render_with(&msgs, &opts).unwrap(),
+            "<user>hi</s><assistant> The ans"
+        );
+        let mut extra = serde_json::Map::new();
+        extra.insert("flag".into(), true.into());
+        let t = ChatTemplate::new("{{ flag }}".into(), Default::default()).unwrap();
+        let opts = RenderOptions {
+            extra,
+            ..Default::default()
+        };
+        assert_eq!(t.render_with(&msgs, &opts).unwrap(), "true");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod extract;
+pub mod faults;
 pub mod inspect;
 pub mod kernels;
 pub mod models;

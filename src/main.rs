@@ -111,9 +111,14 @@ struct CommonArgs {
 struct ExtractArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// JSON lines: {"id": "...", "token_ids": [...]} per line.
+    /// JSON lines ({"id": "...", "token_ids" | "text" | "messages": ...} per line), or a
+    /// Hugging Face `datasets` directory saved with `save_to_disk` (column `input_ids`; row r
+    /// becomes `hs_{r}.safetensors`).
     #[arg(long)]
     input: PathBuf,
+    /// Only machine i of N: a contiguous slice of the rows, e.g. `--shard 0/4`.
+    #[arg(long, value_parser = hsx::extract::Shard::parse)]
+    shard: Option<hsx::extract::Shard>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -270,7 +275,11 @@ async fn extract(args: ExtractArgs) -> anyhow::Result<ExitCode> {
         info.dtype.name(),
         info.output_dir.display()
     );
-    let summary = hsx::extract::run(&engine, &args.input, !args.quiet).await;
+    let opts = hsx::extract::ExtractOptions {
+        show_progress: !args.quiet,
+        shard: args.shard,
+    };
+    let summary = hsx::extract::run_with(&engine, &args.input, &opts).await;
     engine.shutdown().await;
     let summary = summary?;
     eprint!("{}", summary.report());

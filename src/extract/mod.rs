@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::actors::events::Subscription;
 use crate::actors::messages::{EventKind, PrefixOutput, Request, RequestId};
 use crate::actors::scheduler::SubmitError;
-use crate::chat::Prompter;
+use crate::chat::{Prompter, RenderOptions};
 use crate::engine::{Engine, RequestSpec};
 
 /// One input line.
@@ -107,8 +107,10 @@ fn parse_line(line: &str, row: usize, prompter: &Prompter) -> Result<RequestSpec
         input.text.is_some(),
         input.messages.is_some(),
     ];
-    if given.iter().filter(|&&g| g).count() != 1 {
-        return Err("give exactly one of \"token_ids\", \"text\" or \"messages\"".into());
+    match given.iter().filter(|&&g| g).count() {
+        1 => {}
+        0 => return Err("missing \"token_ids\" (or \"text\" or \"messages\")".into()),
+        _ => return Err("give exactly one of \"token_ids\", \"text\" or \"messages\"".into()),
     }
     let token_ids = if let Some(ids) = input.token_ids {
         to_token_ids(&ids)?
@@ -116,9 +118,13 @@ fn parse_line(line: &str, row: usize, prompter: &Prompter) -> Result<RequestSpec
         prompter.encode_text(&text).map_err(|e| e.to_string())?
     } else {
         let messages = input.messages.unwrap_or_default();
-        let generation = input.add_generation_prompt;
+        let opts = RenderOptions {
+            add_generation_prompt: input.add_generation_prompt,
+            tools: input.tools,
+            ..Default::default()
+        };
         let (_, ids) = prompter
-            .encode_messages(&messages, generation, input.tools.as_ref())
+            .encode_messages(&messages, &opts)
             .map_err(|e| e.to_string())?;
         ids
     };

@@ -233,7 +233,7 @@ fn parse_qwen(
         .unwrap_or_else(|| cfg.f64_or("partial_rotary_factor", 0.25))?;
     // transformers: dim = int(head_dim * partial_rotary_factor)
     let rotary_dim = (head_dim as f64 * factor) as usize;
-    if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
         return Err(cfg.err(
             "partial_rotary_factor",
             format!("{factor} gives rotary dim {rotary_dim} for head_dim {head_dim}"),

@@ -217,7 +217,6 @@ impl NemotronHModel {
             s.xbc.extend_from_slice(&row[inner..inner + conv_dim]);
             s.dt.extend_from_slice(&row[inner + conv_dim..]);
         }
-        let t0 = std::time::Instant::now();
         let st = states.layer_mut(m.state_index);
         causal_conv_silu(
             &s.xbc,
@@ -240,7 +239,6 @@ impl NemotronHModel {
             dt_min: spec.time_step_min as f32,
         };
         mamba2_scan(&s.conv, &s.dt, &params, seqs, &mut st.ssm, &mut s.y);
-        eprintln!("mamba conv+scan {:.2?}", t0.elapsed());
         gate_then_grouped_rms_norm(
             &mut s.y,
             &s.z,

@@ -230,7 +230,6 @@ impl QwenHybridModel {
             s.b.extend_from_slice(&row[conv_dim + vd..conv_dim + vd + nv]);
             s.a.extend_from_slice(&row[conv_dim + vd + nv..]);
         }
-        let t0 = std::time::Instant::now();
         let st = states.layer_mut(g.state_index);
         causal_conv_silu(
             &s.mixed,
@@ -251,9 +250,7 @@ impl QwenHybridModel {
             dt_bias: &g.dt_bias,
         };
         gated_delta_rule(&s.conv, &s.b, &s.a, &params, seqs, &mut st.ssm, &mut s.core);
-        let t1 = t0.elapsed();
         gated_rms_norm_then_gate(&mut s.core, &s.z, &g.norm, self.spec.rms_norm_eps);
-        eprintln!("gdn conv+rule {t1:.2?} total-norm {:.2?}", t0.elapsed());
         g.out_proj.forward(&s.core, t, &mut s.out, threads);
     }
 }

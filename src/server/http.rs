@@ -28,7 +28,15 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io
     let mut app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
-        .route("/v1/completions", post(completions));
+        .route("/v1/completions", post(completions))
+        .route(
+            "/v1/chat/completions",
+            post(super::chat_http::chat_completions),
+        )
+        .route(
+            "/v1/chat/completions/render",
+            post(super::chat_http::render),
+        );
     if shared.metrics().is_some() {
         app = app.route("/metrics", get(metrics));
     }
@@ -63,7 +71,12 @@ impl ApiError {
         }
     }
 
-    fn bad(message: impl Into<String>) -> Self {
+    /// Why the request was rejected, when it was (for the rejection counter).
+    pub(super) fn rejection(&self) -> Option<&'static str> {
+        self.rejection
+    }
+
+    pub(super) fn bad(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 }
@@ -154,10 +167,10 @@ enum Prompt {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct KvTransferParams {
-    hidden_states_path: Option<String>,
+pub(super) struct KvTransferParams {
+    pub hidden_states_path: Option<String>,
     #[serde(default)]
-    include_output_tokens: bool,
+    pub include_output_tokens: bool,
 }
 
 /// Fields of vLLM's completion request that matter here; the other OpenAI fields (sampling
@@ -175,6 +188,28 @@ struct CompletionRequest {
     n: Option<u32>,
 }
 
+fn parse_request(bytes: &[u8]) -> Result<CompletionRequest, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("invalid request: {e}")))
+}
+
+/// The parsing half of `/v1/completions` without an engine (for the reliability suite's fuzz
+/// test): the body as the handler parses it, then its token-id prompts as the handler converts
+/// them. `Ok(None)`: a text prompt (tokenized by the handler). `Err`: the message a client gets.
+pub fn parse_completion_body(bytes: &[u8]) -> Result<Option<Vec<Vec<u32>>>, String> {
+    let req = parse_request(bytes).map_err(|e| e.message)?;
+    let prompt: Prompt = serde_json::from_value(req.prompt).map_err(|e| e.to_string())?;
+    let ids = match prompt {
+        Prompt::Tokens(ids) => vec![protocol::token_ids(&ids).map_err(|e| e.to_string())?],
+        Prompt::Batch(batch) => batch
+            .iter()
+            .map(|ids| protocol::token_ids(ids))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?,
+        Prompt::Text(_) | Prompt::Texts(_) => return Ok(None),
+    };
+    Ok(Some(ids))
+}
+
 async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
     let result = complete(&shared, body).await;
     if let Err(ApiError {
@@ -188,47 +223,78 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Result<Re
 }
 
 async fn complete(shared: &Arc<Shared>, body: Body) -> Result<Response, ApiError> {
-    let limit = shared.options().max_body_bytes;
-    let bytes = to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {limit} bytes (http.max_body_bytes)"),
-        )
-    })?;
-    let req: CompletionRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad(format!("invalid request: {e}")))?;
+    let bytes = read_body(shared, body).await?;
+    let req = parse_request(&bytes)?;
     let info = shared.engine().info();
-    if let Some(model) = &req.model
-        && model != &info.model_name
-    {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "The model `{model}` does not exist (this server runs `{}`).",
-                info.model_name
-            ),
-        ));
-    }
-    if req.stream {
-        return Err(ApiError::bad("stream=true is not supported"));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n=1 is supported"));
-    }
+    check_common(shared, req.model.as_deref(), req.stream, req.n)?;
     let prompts = prompts(shared, req.prompt).await?;
     let kv = req.kv_transfer_params.unwrap_or_default();
     let custom_path = custom_path(shared, kv.hidden_states_path.as_deref(), prompts.len())?;
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let base = shared.new_id("cmpl");
+    let job = Job {
+        base: &base,
+        max_tokens,
+        include_output_tokens: kv.include_output_tokens,
+        custom_path,
+    };
+    let done = run_prompts(shared, &prompts, job).await?;
+    let mut choices = Vec::with_capacity(prompts.len());
+    for (i, d) in done.iter().enumerate() {
+        let ids = |v: &[u32]| req.return_token_ids.then(|| json!(v));
+        choices.push(json!({
+            "index": i,
+            "text": shared.detokenize(&d.output),
+            "logprobs": null,
+            "finish_reason": "length",
+            "stop_reason": null,
+            "prompt_logprobs": null,
+            "prompt_token_ids": ids(&prompts[i]),
+            "token_ids": ids(&d.output),
+            "kv_transfer_params": {"hidden_states_path": &d.path},
+        }));
+    }
+    Ok(axum::Json(json!({
+        "id": base,
+        "object": "text_completion",
+        "created": unix_now(),
+        "model": info.model_name,
+        "choices": choices,
+        "usage": usage(&prompts, &done),
+        "kv_transfer_params": {"hidden_states_path": done.first().map(|d| &d.path)},
+    }))
+    .into_response())
+}
+
+/// What every prompt of one HTTP request shares.
+pub(super) struct Job<'a> {
+    /// Request ids are `{base}-{i}`.
+    pub base: &'a str,
+    pub max_tokens: u32,
+    pub include_output_tokens: bool,
+    pub custom_path: Option<PathBuf>,
+}
+
+/// A prompt's finished file.
+pub(super) struct Done {
+    pub path: PathBuf,
+    pub output: Vec<u32>,
+}
+
+/// Submits every prompt and waits until each file is renamed into place (or failed).
+pub(super) async fn run_prompts(
+    shared: &Arc<Shared>,
+    prompts: &[Vec<u32>],
+    job: Job<'_>,
+) -> Result<Vec<Done>, ApiError> {
     // Held until the response: no other request may write this file meanwhile.
-    let _claim = match &custom_path {
+    let _claim = match &job.custom_path {
         Some(p) => Some(shared.claim_path(p.clone())?),
         None => None,
     };
-    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-
-    let base = shared.new_id("cmpl");
     let mut waiting = Vec::with_capacity(prompts.len());
     for (i, token_ids) in prompts.iter().enumerate() {
-        let id = format!("{base}-{i}");
+        let id = format!("{}-{i}", job.base);
         let rid = RequestId::new(&id).map_err(|e| ApiError::bad(e.to_string()))?;
         let rx = shared.dispatcher().register(rid.clone());
         // Dropping the guard (client gone, or a later prompt rejected) aborts the request.
@@ -236,65 +302,82 @@ async fn complete(shared: &Arc<Shared>, body: Body) -> Result<Response, ApiError
         let spec = RequestSpec {
             id,
             token_ids: token_ids.clone(),
-            max_tokens,
-            include_output_tokens: kv.include_output_tokens,
+            max_tokens: job.max_tokens,
+            include_output_tokens: job.include_output_tokens,
         };
-        shared.submit(spec, custom_path.clone()).await?;
+        shared.submit(spec, job.custom_path.clone()).await?;
         waiting.push((rx, guard));
     }
-
-    let mut choices = Vec::with_capacity(prompts.len());
-    let mut paths = Vec::with_capacity(prompts.len());
-    let mut completion_tokens = 0;
-    for (i, (rx, guard)) in waiting.into_iter().enumerate() {
+    let mut done = Vec::with_capacity(prompts.len());
+    for (rx, guard) in waiting {
         let event = rx
             .await
             .map_err(|_| ApiError::from(Rejection::ShuttingDown))?;
         guard.disarm();
-        let (path, output) = match event.kind {
+        match event.kind {
             EventKind::Completed {
                 path,
                 output_token_ids,
                 ..
-            } => (path, output_token_ids),
+            } => done.push(Done {
+                path,
+                output: output_token_ids,
+            }),
             EventKind::Failed { error } => {
                 return Err(ApiError::after_accept(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("request {} failed: {error}", event.id),
                 ));
             }
-        };
-        completion_tokens += output.len();
-        let ids = |v: &[u32]| req.return_token_ids.then(|| json!(v));
-        choices.push(json!({
-            "index": i,
-            "text": shared.detokenize(&output),
-            "logprobs": null,
-            "finish_reason": "length",
-            "stop_reason": null,
-            "prompt_logprobs": null,
-            "prompt_token_ids": ids(&prompts[i]),
-            "token_ids": ids(&output),
-            "kv_transfer_params": {"hidden_states_path": &path},
-        }));
-        paths.push(path);
+        }
     }
+    Ok(done)
+}
+
+/// The checks every generation endpoint makes: the model name, no streaming, n = 1.
+/// The body, up to `http.max_body_bytes`.
+pub(super) async fn read_body(shared: &Shared, body: Body) -> Result<axum::body::Bytes, ApiError> {
+    let limit = shared.options().max_body_bytes;
+    to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {limit} bytes (http.max_body_bytes)"),
+        )
+    })
+}
+
+pub(super) fn check_common(
+    shared: &Shared,
+    model: Option<&str>,
+    stream: bool,
+    n: Option<u32>,
+) -> Result<(), ApiError> {
+    let name = &shared.engine().info().model_name;
+    if let Some(model) = model
+        && model != name
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("The model `{model}` does not exist (this server runs `{name}`)."),
+        ));
+    }
+    if stream {
+        return Err(ApiError::bad("stream=true is not supported"));
+    }
+    if n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n=1 is supported"));
+    }
+    Ok(())
+}
+
+pub(super) fn usage(prompts: &[Vec<u32>], done: &[Done]) -> Value {
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let first: Option<&PathBuf> = paths.first();
-    Ok(axum::Json(json!({
-        "id": base,
-        "object": "text_completion",
-        "created": unix_now(),
-        "model": info.model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "kv_transfer_params": {"hidden_states_path": first},
-    }))
-    .into_response())
+    let completion_tokens: usize = done.iter().map(|d| d.output.len()).sum();
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
 }
 
 /// The token ids of each prompt: ids as sent (never a BOS added), or tokenized text.
@@ -333,7 +416,7 @@ async fn prompts(shared: &Arc<Shared>, prompt: Value) -> Result<Vec<Vec<u32>>, A
 }
 
 /// The checked custom file path, if the request names one.
-fn custom_path(
+pub(super) fn custom_path(
     shared: &Shared,
     requested: Option<&str>,
     batch: usize,
@@ -359,7 +442,7 @@ fn custom_path(
         .map_err(|e| Rejection::InvalidPath(e).into())
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -6,10 +6,11 @@
 //! Shutdown: stop accepting, let queued and running requests finish (their events go out, HTTP
 //! clients get their responses), then stop the engine and remove the socket file.
 
+mod chat_http;
 mod dispatch;
 mod http;
 mod metrics;
-mod paths;
+pub mod paths;
 pub mod protocol;
 mod socket;
 mod submit;
@@ -29,6 +30,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 
 pub use dispatch::Dispatcher;
+pub use http::parse_completion_body;
 pub use socket::bind_unix;
 pub use submit::{Rejection, Shared};
 
@@ -111,10 +113,50 @@ pub async fn start_engine(cfg: &Config) -> anyhow::Result<Engine> {
         .with_context(|| format!("creating output directory {}", dir.display()))?;
     cfg.output.dir = std::fs::canonicalize(dir)
         .with_context(|| format!("resolving output directory {}", dir.display()))?;
+    remove_stale_tmp_files(&cfg.output.dir);
     let journal = cfg.output.dir.join(JOURNAL_FILE);
     Engine::start_with_journal(&cfg, Some(&journal))
         .await
         .context("starting the engine")
+}
+
+/// Removes `*.safetensors.tmp` files under the output directory (not following symlinks,
+/// at most 16 levels deep): writes a previous daemon left half done when it was killed. Their
+/// requests never got a `completed` event, so clients resubmit them; the final names were
+/// never touched (tmp, fsync, rename).
+pub fn remove_stale_tmp_files(dir: &Path) -> usize {
+    fn walk(dir: &Path, depth: usize, removed: &mut usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() && depth < 16 {
+                walk(&path, depth + 1, removed);
+            } else if kind.is_file()
+                && path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with(".safetensors.tmp"))
+            {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => *removed += 1,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "cannot remove stale tmp file: {e}")
+                    }
+                }
+            }
+        }
+    }
+    let mut removed = 0;
+    walk(dir, 0, &mut removed);
+    if removed > 0 {
+        tracing::info!(removed, dir = %dir.display(), "removed stale tmp files of an interrupted run");
+    }
+    removed
 }
 
 /// Serves until `shutdown` completes, then drains in-flight work and stops the engine.
@@ -124,10 +166,10 @@ pub async fn run(
     options: ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let tokenizer = load_tokenizer(&options.model_dir)?;
+    let prompter = load_prompter(&options.model_dir)?;
     let metrics = options.metrics.then(metrics::install);
     let cancel = CancellationToken::new();
-    let shared = Shared::new(engine, options, tokenizer, metrics, cancel.clone()).await;
+    let shared = Shared::new(engine, options, prompter, metrics, cancel.clone()).await;
     let tracker = TaskTracker::new();
 
     let sampler = tracker.spawn(submit::sample_rates(shared.clone(), cancel.clone()));
@@ -173,16 +215,13 @@ pub async fn run(
     Ok(())
 }
 
-/// `tokenizer.json` of the model directory, when there is one.
-pub fn load_tokenizer(model_dir: &Path) -> anyhow::Result<Option<tokenizers::Tokenizer>> {
-    let path = model_dir.join("tokenizer.json");
-    if !path.exists() {
+/// The tokenizer and chat template of the model directory, each when present.
+pub fn load_prompter(model_dir: &Path) -> anyhow::Result<crate::chat::Prompter> {
+    let prompter = crate::chat::Prompter::from_dir(model_dir)?;
+    if !prompter.has_tokenizer() {
         tracing::info!("no tokenizer.json in the model directory: text prompts are rejected");
-        return Ok(None);
     }
-    tokenizers::Tokenizer::from_file(&path)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))
+    Ok(prompter)
 }
 
 fn remove_socket_file(path: &Path) {

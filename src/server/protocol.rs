@@ -11,7 +11,8 @@ use serde_json::{Map, Value, json};
 use super::Rejection;
 use crate::actors::messages::CompletionEvent;
 
-/// `{"op": "submit", ...}`: `token_ids` or `text` (needs the model's tokenizer.json).
+/// `{"op": "submit", ...}`: `token_ids`, `text` (needs the model's tokenizer.json) or
+/// `messages` (needs its chat template too).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitOp {
@@ -19,6 +20,13 @@ pub struct SubmitOp {
     pub id: Option<String>,
     pub token_ids: Option<Vec<i64>>,
     pub text: Option<String>,
+    /// A conversation, rendered with the model's chat template.
+    pub messages: Option<Value>,
+    /// Render `messages` with the generation prompt (default false: the conversation as is).
+    #[serde(default)]
+    pub add_generation_prompt: bool,
+    /// Tool definitions passed to the chat template.
+    pub tools: Option<Value>,
     /// Tokens to generate greedily (default 0: the prompt's hidden states only).
     #[serde(default)]
     pub max_tokens: u32,

@@ -18,6 +18,7 @@ use super::protocol::{self, ClientOp, SubmitOp};
 use super::{Rejection, Shared};
 use crate::actors::events::Subscription;
 use crate::actors::messages::RequestId;
+use crate::chat::RenderOptions;
 use crate::engine::RequestSpec;
 
 /// A client that does not take a line within this time is disconnected (a subscriber then
@@ -286,19 +287,38 @@ async fn handle_line(conn: &mut Conn, line: &str) -> Value {
 async fn submit(shared: &Arc<Shared>, s: SubmitOp) -> Value {
     let given = s.id.clone();
     let result = async {
-        let token_ids = match (s.token_ids, s.text) {
-            (Some(ids), None) => protocol::token_ids(&ids)?,
-            (None, Some(text)) => shared.tokenize(text).await?,
-            (Some(_), Some(_)) => {
+        let given = [
+            s.token_ids.is_some(),
+            s.text.is_some(),
+            s.messages.is_some(),
+        ];
+        match given.iter().filter(|&&g| g).count() {
+            1 => {}
+            0 => {
                 return Err(Rejection::Invalid(
-                    "give either \"token_ids\" or \"text\", not both".into(),
+                    "missing \"token_ids\" (or \"text\" or \"messages\")".into(),
                 ));
             }
-            (None, None) => {
+            _ => {
                 return Err(Rejection::Invalid(
-                    "missing \"token_ids\" (or \"text\")".into(),
+                    "give exactly one of \"token_ids\", \"text\" or \"messages\"".into(),
                 ));
             }
+        }
+        let token_ids = if let Some(ids) = s.token_ids {
+            protocol::token_ids(&ids)?
+        } else if let Some(text) = s.text {
+            shared.tokenize(text).await?
+        } else {
+            let opts = RenderOptions {
+                add_generation_prompt: s.add_generation_prompt,
+                tools: s.tools,
+                ..Default::default()
+            };
+            shared
+                .render_chat(s.messages.unwrap_or_default(), opts)
+                .await?
+                .1
         };
         let spec = RequestSpec {
             id: s.id.unwrap_or_else(|| shared.new_id("req")),

@@ -1,6 +1,7 @@
 //! What both frontends share: the engine, the event dispatcher, the tokenizer, request ids,
 //! submission with typed rejections, and `status`.
 
+use crate::chat::{ChatError, Prompter, RenderOptions};
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ pub enum Rejection {
     #[error("text prompts need a tokenizer: the model directory has no tokenizer.json")]
     NoTokenizer,
     #[error("{0}")]
+    Chat(String),
+    #[error("{0}")]
     InvalidPath(String),
     #[error("{0}")]
     Invalid(String),
@@ -52,6 +55,7 @@ impl Rejection {
             Self::DuplicateId(_) => "duplicate_id",
             Self::InvalidId(_) => "invalid_id",
             Self::NoTokenizer => "no_tokenizer",
+            Self::Chat(_) => "chat_template",
             Self::InvalidPath(_) => "invalid_path",
             Self::Invalid(_) => "invalid_request",
             Self::ShuttingDown => "shutting_down",
@@ -79,7 +83,7 @@ impl From<SubmitError> for Rejection {
 pub struct Shared {
     engine: Engine,
     options: ServerOptions,
-    tokenizer: Option<tokenizers::Tokenizer>,
+    prompter: Prompter,
     metrics: Option<PrometheusHandle>,
     dispatcher: Arc<Dispatcher>,
     cancel: CancellationToken,
@@ -113,7 +117,7 @@ impl Shared {
     pub(crate) async fn new(
         engine: Engine,
         options: ServerOptions,
-        tokenizer: Option<tokenizers::Tokenizer>,
+        prompter: Prompter,
         metrics: Option<PrometheusHandle>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
@@ -125,7 +129,7 @@ impl Shared {
         let shared = Arc::new(Self {
             engine,
             options,
-            tokenizer,
+            prompter,
             metrics,
             dispatcher: dispatcher.clone(),
             cancel,
@@ -158,8 +162,8 @@ impl Shared {
         &self.cancel
     }
 
-    pub fn tokenizer(&self) -> Option<&tokenizers::Tokenizer> {
-        self.tokenizer.as_ref()
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
     }
 
     /// A fresh id: `{kind}-{random}-{counter}`.
@@ -170,28 +174,36 @@ impl Shared {
 
     /// Token ids of `text` (special tokens added as the tokenizer's post-processor says).
     pub async fn tokenize(self: &Arc<Self>, text: String) -> Result<Vec<u32>, Rejection> {
-        if self.tokenizer.is_none() {
-            return Err(Rejection::NoTokenizer);
-        }
+        self.blocking(move |p| p.encode_text(&text)).await
+    }
+
+    /// A conversation rendered with the model's chat template, and its token ids.
+    pub async fn render_chat(
+        self: &Arc<Self>,
+        messages: serde_json::Value,
+        opts: RenderOptions,
+    ) -> Result<(String, Vec<u32>), Rejection> {
+        self.blocking(move |p| p.encode_messages(&messages, &opts))
+            .await
+    }
+
+    /// Runs tokenizer work off the async workers.
+    async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Prompter) -> Result<T, ChatError> + Send + 'static,
+    ) -> Result<T, Rejection> {
         let me = self.clone();
-        let encoded = tokio::task::spawn_blocking(move || {
-            let tok = me.tokenizer.as_ref().expect("checked above");
-            tok.encode(text, true).map(|e| e.get_ids().to_vec())
-        })
-        .await;
-        match encoded {
-            Ok(Ok(ids)) => Ok(ids),
-            Ok(Err(e)) => Err(Rejection::Invalid(format!("cannot tokenize: {e}"))),
+        match tokio::task::spawn_blocking(move || f(&me.prompter)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(ChatError::NoTokenizer)) => Err(Rejection::NoTokenizer),
+            Ok(Err(e)) => Err(Rejection::Chat(e.to_string())),
             Err(e) => Err(Rejection::Invalid(format!("tokenizer failed: {e}"))),
         }
     }
 
     /// Text of generated tokens ("" without a tokenizer).
     pub fn detokenize(&self, ids: &[u32]) -> String {
-        match &self.tokenizer {
-            Some(t) if !ids.is_empty() => t.decode(ids, true).unwrap_or_default(),
-            _ => String::new(),
-        }
+        self.prompter.decode(ids)
     }
 
     /// Reserves a custom file path for one request, unless another one in flight holds it.

@@ -258,6 +258,11 @@ impl CompleteHiddenStates {
         let mut out = BufWriter::with_capacity(1 << 20, &file);
         let mut bytes = header.len() as u64;
         out.write_all(&header).map_err(self.err("write"))?;
+        if let Some(e) = crate::faults::write_fault(&self.path) {
+            // Test hook (src/faults.rs): as if the disk filled up here.
+            out.flush().map_err(self.err("write"))?;
+            return Err(self.err("write")(e));
+        }
         for part in tensors.iter().flat_map(|(_, t)| &t.parts) {
             out.write_all(part).map_err(self.err("write"))?;
             bytes += part.len() as u64;

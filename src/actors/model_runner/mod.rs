@@ -64,6 +64,10 @@ fn run_step(
             sampled: Vec::new(),
         });
     }
+    if let Some(e) = crate::faults::step_fault(plan) {
+        // Test hook (src/faults.rs): as if the backend failed this step.
+        return failed(e);
+    }
     let batch = Batch {
         token_ids: &prepared.token_ids,
         seqs: &prepared.seqs,

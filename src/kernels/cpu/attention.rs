@@ -14,6 +14,7 @@
 //! - `m_r = max_j s_rj`, `e_rj = exp(s_rj - m_r)` with [`exp_neg`] (a fixed polynomial),
 //!   `sum_r = ((e_r0 + e_r1) + e_r2) + …` in key order;
 //! - `o_r[d] = (fma-chain over j = 0..len of e_rj·v_j[d], from 0) · (1 / sum_r)`.
+//!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`,
 //! which adds exactly nothing (`acc + 0·v == acc` for finite v, and `acc` is never -0), so a
 //! row's bits do not depend on the tile it lands in. The AVX2+FMA kernels compute, per lane,
@@ -246,7 +247,7 @@ const EXP_P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5,
 ];
 
 /// The reference implementation of a task (any CPU, any head_dim).
@@ -526,10 +527,10 @@ unsafe fn values_block<const C: usize>(
                 *x = _mm256_loadu_ps(vj.add(c * LANES));
             }
             let pj = p.add(j * rp);
-            for i in 0..BLOCK {
+            for (i, a) in acc.iter_mut().enumerate() {
                 let e = _mm256_broadcast_ss(&*pj.add(i));
-                for c in 0..C {
-                    acc[i][c] = _mm256_fmadd_ps(e, vv[c], acc[i][c]);
+                for (x, y) in a.iter_mut().zip(&vv) {
+                    *x = _mm256_fmadd_ps(e, *y, *x);
                 }
             }
         }

@@ -321,6 +321,25 @@ pub fn gated_delta_rule(
     scatter(results, seqs, nv, dv, t, out);
 }
 
+/// Dot product with 8 independent accumulators combined in a fixed tree (vectorisable, and
+/// the same bits on every run and CPU: no FMA contraction, fixed order).
+#[inline]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((s, &xv), &yv) in acc.iter_mut().zip(x).zip(y) {
+            *s += xv * yv;
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
+}
+
 /// `x / sqrt(sum(x²) + 1e-6)` (transformers / FLA `l2norm`).
 fn l2norm(x: &[f32], out: &mut [f32]) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -378,12 +397,10 @@ pub fn mamba2_scan(
                 let o = &mut res[i * hd..(i + 1) * hd];
                 for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
                     let xd = xj * d;
-                    let mut y = 0.0f32;
-                    for ((s, &bv), &cv) in srow.iter_mut().zip(bm).zip(cm) {
+                    for (s, &bv) in srow.iter_mut().zip(bm) {
                         *s = *s * da + xd * bv;
-                        y += cv * *s;
                     }
-                    *oj = y + p.d[h] * xj;
+                    *oj = dot_lanes(cm, srow) + p.d[h] * xj;
                 }
             }
             (si, h, res)
