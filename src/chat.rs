@@ -355,7 +355,11 @@ mod tests {
             extra,
             ..Default::default()
         };
-        assert_eq!(t.render_with(&msgs, &opts).unwrap(), "true");
+        assert_eq!(
+            t.render_with(&msgs, &opts).unwrap(),
+            "True",
+            "as Python Jinja prints it"
+        );
     }
 
     #[test]

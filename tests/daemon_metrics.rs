@@ -86,6 +86,7 @@ async fn metrics_move_by_the_right_amounts() {
     assert_eq!(delta("hsx_hidden_state_bytes_written_total"), bytes as f64);
     assert_eq!(delta("hsx_prompt_tokens_total"), 27.0);
     assert_eq!(delta("hsx_tokens_computed_total"), 27.0);
+    assert_eq!(delta("hsx_tokens_written_total"), 27.0);
     assert_eq!(delta("hsx_save_duration_seconds_count"), 3.0);
     assert!(delta("hsx_steps_total") >= 1.0);
     assert!(delta("hsx_step_duration_seconds_count") >= 1.0);

@@ -11,14 +11,11 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    ApiError, Job, KvTransferParams, check_common, custom_path, read_body, run_prompts, unix_now,
-    usage,
+    ApiError, DEFAULT_MAX_TOKENS, Job, KvTransferParams, check_common, custom_path, read_body,
+    run_prompts, unix_now, usage,
 };
 use super::{Rejection, Shared};
 use crate::chat::RenderOptions;
-
-/// vLLM's default when a request gives no `max_tokens`.
-const DEFAULT_MAX_TOKENS: u32 = 16;
 
 /// The conversation and how to render it (shared by both endpoints).
 #[derive(Debug, Deserialize)]

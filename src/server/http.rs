@@ -21,7 +21,7 @@ use crate::actors::messages::{EventKind, RequestId};
 use crate::engine::RequestSpec;
 
 /// vLLM's default when a request gives no `max_tokens`.
-const DEFAULT_MAX_TOKENS: u32 = 16;
+pub(super) const DEFAULT_MAX_TOKENS: u32 = 16;
 
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
     let cancel = shared.cancel().clone();

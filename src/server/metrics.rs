@@ -64,6 +64,10 @@ fn describe() {
     );
     describe_gauge!("hsx_running_requests", "Requests running");
     describe_counter!("hsx_tokens_computed_total", "Tokens through the model");
+    describe_counter!(
+        "hsx_tokens_written_total",
+        "Rows written to files (prefix fan-out writes rows it did not compute)"
+    );
     describe_counter!("hsx_prompt_tokens_total", "Prompt tokens through the model");
     describe_counter!("hsx_steps_total", "Engine steps");
     describe_histogram!("hsx_step_duration_seconds", Unit::Seconds, "Step duration");

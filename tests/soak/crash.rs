@@ -78,7 +78,11 @@ pub fn start(bin: &Path, dir: &Path) -> Child {
         .expect("spawn hsx serve");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if UnixStream::connect(dir.join("d.sock")).is_ok() {
+        // Ready once `status` answers: the engine is up (and stale tmp files are gone).
+        if let Ok(mut c) = Client::connect(&dir.join("d.sock"))
+            && c.send(&json!({"op": "status"})).is_ok()
+            && matches!(c.recv(), Ok(Some(v)) if v["event"] == "status")
+        {
             return child;
         }
         assert!(Instant::now() < deadline, "daemon did not start");

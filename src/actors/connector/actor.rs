@@ -157,10 +157,15 @@ impl Connector {
             let started = std::time::Instant::now();
             let (id, outcome) = write_file(writers, complete).await;
             match &outcome {
-                EventKind::Completed { bytes, .. } => {
+                EventKind::Completed {
+                    bytes, num_tokens, ..
+                } => {
                     metrics::histogram!("hsx_save_duration_seconds").record(started.elapsed());
                     metrics::counter!("hsx_files_saved_total").increment(1);
                     metrics::counter!("hsx_hidden_state_bytes_written_total").increment(*bytes);
+                    // Beside hsx_tokens_computed_total: rows sliced from a longer request's
+                    // states (prefix fan-out) are written without being computed.
+                    metrics::counter!("hsx_tokens_written_total").increment(*num_tokens as u64);
                 }
                 EventKind::Failed { .. } => {
                     metrics::counter!("hsx_files_failed_total", "kind" => "write").increment(1);
