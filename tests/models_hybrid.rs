@@ -104,6 +104,9 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 /// Every layer id 0..=L of every reference prompt within 1e-4 max-rel of transformers, the
 /// greedy token equal, id L pre-norm (≠ HF's post-norm last entry, = it after the final norm).
 /// The prompts run one after another on the same slot 0, so a reused slot is zeroed.
+/// A change made to a fixture's config.json.
+type ConfigEdit = Box<dyn Fn(&mut serde_json::Value)>;
+
 #[test]
 fn every_layer_matches_transformers() {
     for (name, l, _, _) in MODELS {
@@ -295,7 +298,7 @@ fn load_err(dir: &Path) -> String {
 
 #[test]
 fn unsupported_variants_fail_with_clear_messages() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    let cases: Vec<(&str, ConfigEdit, &str)> = vec![
         (
             "qwen3_5",
             Box::new(|c| {

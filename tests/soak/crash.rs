@@ -67,9 +67,11 @@ pub fn write_config(dir: &Path, model: &Path, max_waiting: usize) -> PathBuf {
     path
 }
 
-/// Starts `hsx serve` and waits until its socket answers.
+/// Starts `hsx serve` and waits until its socket answers. The caller ends it with [`sigkill`]
+/// (which waits for it).
+#[allow(clippy::zombie_processes)]
 pub fn start(bin: &Path, dir: &Path) -> Child {
-    let child = Command::new(bin)
+    let mut child = Command::new(bin)
         .args(["serve", "--config"])
         .arg(dir.join("c.toml"))
         .stdout(Stdio::null())
@@ -85,7 +87,11 @@ pub fn start(bin: &Path, dir: &Path) -> Child {
         {
             return child;
         }
-        assert!(Instant::now() < deadline, "daemon did not start");
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("daemon did not start");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }

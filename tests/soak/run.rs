@@ -153,15 +153,11 @@ fn subscribers(n: usize) {
                     resumer = Some(tokio::spawn(async move { resume_loop(&socket, n).await }));
                 }
                 let started = Instant::now();
+                // Replies are read while submitting (the daemon stops reading a client that
+                // does not take its replies).
+                let (lines, _) = submit_split(&socket, (0..n).map(|i| (format!("t{i}"), long_prompt(i))).collect()).await;
+                assert_eq!(lines.len(), n);
                 let mut c = hsx::server::client::Connection::connect(&socket).await.unwrap();
-                for i in 0..n {
-                    c.send(&json!({"op": "submit", "id": format!("t{i}"), "token_ids": long_prompt(i)}))
-                        .await
-                        .unwrap();
-                }
-                for _ in 0..n {
-                    c.recv().await.unwrap();
-                }
                 loop {
                     let s = c.request(&json!({"op": "status"})).await.unwrap();
                     if s["last_seq"].as_u64().unwrap_or(0) >= n as u64 {
@@ -275,7 +271,7 @@ fn load(n: usize) {
                 let code = text.split(' ').nth(1).unwrap_or("");
                 match code {
                     "200" => ok.fetch_add(1, Ordering::Relaxed),
-                    "503" if text.contains("max_waiting") || text.contains("queue") => over.fetch_add(1, Ordering::Relaxed),
+                    "503" if text.contains("overloaded") => over.fetch_add(1, Ordering::Relaxed),
                     _ => {
                         if other.fetch_add(1, Ordering::Relaxed) < 3 {
                             eprintln!("http: {}", text.lines().last().unwrap_or(""));
@@ -292,16 +288,11 @@ fn load(n: usize) {
         for k in 0..8 {
             let socket = socket.clone();
             socks.push(tokio::spawn(async move {
-                let mut c = hsx::server::client::Connection::connect(&socket).await.unwrap();
                 let ids: Vec<usize> = (k * per_conn..((k + 1) * per_conn).min(n - n / 2)).collect();
-                for &i in &ids {
-                    c.send(&json!({"op": "submit", "id": format!("s{i}"), "token_ids": long_prompt(i)}))
-                        .await
-                        .unwrap();
-                }
+                let reqs = ids.iter().map(|&i| (format!("s{i}"), long_prompt(i))).collect();
+                let (lines, _) = submit_split(&socket, reqs).await;
                 let (mut acc, mut over) = (Vec::new(), 0u64);
-                for _ in &ids {
-                    let v = c.recv().await.unwrap().unwrap();
+                for v in lines {
                     match v["event"].as_str() {
                         Some("accepted") => acc.push(v["id"].as_str().unwrap().to_owned()),
                         _ if v["reason"] == "overloaded" => over += 1,
@@ -355,4 +346,28 @@ fn load(n: usize) {
         st["running"],
         st["pending_bytes"],
     );
+}
+
+/// Submits on one connection with a concurrent reader; returns the replies in order.
+async fn submit_split(socket: &Path, reqs: Vec<(String, Vec<u32>)>) -> (Vec<Value>, ()) {
+    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (rd, mut wr) = s.into_split();
+    let n = reqs.len();
+    let reader = tokio::spawn(async move {
+        let mut lines = BufReader::new(rd).lines();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Ok(Some(line)) = lines.next_line().await else {
+                break;
+            };
+            out.push(serde_json::from_str::<Value>(&line).unwrap());
+        }
+        out
+    });
+    for (id, tokens) in reqs {
+        let mut line = json!({"op": "submit", "id": id, "token_ids": tokens}).to_string();
+        line.push('\n');
+        wr.write_all(line.as_bytes()).await.unwrap();
+    }
+    (reader.await.unwrap(), ())
 }
