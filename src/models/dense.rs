@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use super::{ModelError, ModelSpec, Weights};
 use crate::kernels::cpu::attention::{AttnShape, attention};
 use crate::kernels::cpu::kv_cache::{BatchPlan, KvCache};
-use crate::kernels::cpu::matmul::{Linear, matmul_wt};
+use crate::kernels::cpu::matmul::Linear;
 use crate::kernels::cpu::ops::{self, Rope};
 
 struct Layer {
@@ -110,11 +110,7 @@ impl DenseModel {
         capture: &mut dyn FnMut(usize, &[f32]),
     ) -> Vec<f32> {
         let h = self.spec.hidden_size;
-        let mut x = Vec::with_capacity(tokens.len() * h);
-        for &t in tokens {
-            let t = t as usize;
-            x.extend_from_slice(&self.embed[t * h..(t + 1) * h]);
-        }
+        let mut x = super::head::embed_tokens(&self.embed, h, tokens);
         capture(0, &x);
         // Forwards are serialised by `&mut KvCache`; a poisoned lock only means an earlier
         // forward panicked mid-way, and every buffer is overwritten before it is read.
@@ -131,18 +127,8 @@ impl DenseModel {
     /// Greedy token of each given pre-norm last-layer row (`[n, hidden]`).
     pub fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
         let (v, h) = (self.spec.vocab_size, self.spec.hidden_size);
-        let n = rows.len() / h;
-        if n == 0 {
-            return Vec::new();
-        }
-        let normed = self.final_norm(rows);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let mut logits = Vec::new();
-        matmul_wt(&normed, n, h, head, v, &mut logits, threads);
-        logits
-            .chunks_exact(v)
-            .map(|l| ops::argmax(l) as u32)
-            .collect()
+        super::head::greedy_tokens(&self.final_norm(rows), head, v, h, threads)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod dense;
 mod error;
+pub(crate) mod head;
 mod hybrid_attn;
 pub mod hybrid_config;
 mod moe;

@@ -13,7 +13,7 @@ use super::hybrid_attn::{AttnScratch, HybridAttention, kind_indices, load_linear
 use super::hybrid_config::{LayerKind, MambaSpec};
 use super::{ModelError, ModelSpec, Weights};
 use crate::kernels::cpu::kv_cache::{BatchPlan, KvCache};
-use crate::kernels::cpu::matmul::{Linear, matmul_wt};
+use crate::kernels::cpu::matmul::Linear;
 use crate::kernels::cpu::ops;
 use crate::kernels::cpu::recurrent::{
     MambaParams, SeqState, StateCache, causal_conv_silu, gate_then_grouped_rms_norm, mamba2_scan,
@@ -139,18 +139,8 @@ impl NemotronHModel {
 
     pub fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
         let (v, h) = (self.spec.vocab_size, self.spec.hidden_size);
-        let n = rows.len() / h;
-        if n == 0 {
-            return Vec::new();
-        }
-        let normed = self.final_norm(rows);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let mut logits = Vec::new();
-        matmul_wt(&normed, n, h, head, v, &mut logits, threads);
-        logits
-            .chunks_exact(v)
-            .map(|l| ops::argmax(l) as u32)
-            .collect()
+        super::head::greedy_tokens(&self.final_norm(rows), head, v, h, threads)
     }
 
     /// Runs every block; `capture(id, x)` sees the residual stream for ids 0..=L. Returns the
@@ -168,11 +158,7 @@ impl NemotronHModel {
     ) -> Vec<f32> {
         let h = self.spec.hidden_size;
         let t = tokens.len();
-        let mut x = Vec::with_capacity(t * h);
-        for &tok in tokens {
-            let tok = tok as usize;
-            x.extend_from_slice(&self.embed[tok * h..(tok + 1) * h]);
-        }
+        let mut x = super::head::embed_tokens(&self.embed, h, tokens);
         capture(0, &x);
         let mut s = Scratch::default();
         for (i, block) in self.blocks.iter().enumerate() {

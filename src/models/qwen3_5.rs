@@ -14,7 +14,7 @@ use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::moe::{GatedMlp, MoeBlock};
 use super::{Architecture, ModelError, ModelSpec, Weights};
 use crate::kernels::cpu::kv_cache::{BatchPlan, KvCache};
-use crate::kernels::cpu::matmul::{Linear, matmul_wt};
+use crate::kernels::cpu::matmul::Linear;
 use crate::kernels::cpu::ops;
 use crate::kernels::cpu::recurrent::{
     GdnParams, SeqState, StateCache, causal_conv_silu, gated_delta_rule, gated_rms_norm_then_gate,
@@ -150,18 +150,8 @@ impl QwenHybridModel {
 
     pub fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
         let (v, h) = (self.spec.vocab_size, self.spec.hidden_size);
-        let n = rows.len() / h;
-        if n == 0 {
-            return Vec::new();
-        }
-        let normed = self.final_norm(rows);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let mut logits = Vec::new();
-        matmul_wt(&normed, n, h, head, v, &mut logits, threads);
-        logits
-            .chunks_exact(v)
-            .map(|l| ops::argmax(l) as u32)
-            .collect()
+        super::head::greedy_tokens(&self.final_norm(rows), head, v, h, threads)
     }
 
     /// Runs every layer; `capture(id, x)` sees the residual stream for ids 0..=L. Returns the
@@ -180,11 +170,7 @@ impl QwenHybridModel {
         let h = self.spec.hidden_size;
         let eps = self.spec.rms_norm_eps;
         let t = tokens.len();
-        let mut x = Vec::with_capacity(t * h);
-        for &tok in tokens {
-            let tok = tok as usize;
-            x.extend_from_slice(&self.embed[tok * h..(tok + 1) * h]);
-        }
+        let mut x = super::head::embed_tokens(&self.embed, h, tokens);
         capture(0, &x);
         let mut s = Scratch::default();
         for (i, layer) in self.layers.iter().enumerate() {
