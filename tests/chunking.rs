@@ -21,14 +21,7 @@ async fn files(
     seqs: usize,
     reqs: &[RequestSpec],
 ) -> HashMap<String, HsFile> {
-    let out = tempfile::tempdir().unwrap();
-    let mut cfg = config(model, out.path(), budget, Some(LAYERS.to_vec()));
-    cfg.engine.max_num_seqs = seqs;
-    let events = run_requests(&cfg, reqs.to_vec()).await;
-    events
-        .iter()
-        .map(|(id, ev)| (id.clone(), HsFile::read(&completed_path(ev))))
-        .collect()
+    run_files(model, &LAYERS, budget, seqs, reqs).await
 }
 
 /// Each request alone: one at a time, one chunk.

@@ -18,23 +18,6 @@ const MODELS: [(&str, [usize; 4]); 3] = [
     ("nemotron_h", [0, 1, 3, 6]),
 ];
 
-async fn files(
-    model: &str,
-    layers: &[usize],
-    budget: usize,
-    seqs: usize,
-    reqs: &[RequestSpec],
-) -> HashMap<String, HsFile> {
-    let out = tempfile::tempdir().unwrap();
-    let mut cfg = config(model, out.path(), budget, Some(layers.to_vec()));
-    cfg.engine.max_num_seqs = seqs;
-    let events = run_requests(&cfg, reqs.to_vec()).await;
-    events
-        .iter()
-        .map(|(id, ev)| (id.clone(), HsFile::read(&completed_path(ev))))
-        .collect()
-}
-
 /// Every captured layer of every reference prompt within 1e-4 of transformers (ids cover
 /// embeddings, a Gated DeltaNet / Mamba-2 layer, an attention layer and L), id L != HF's last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,7 +27,7 @@ async fn files_match_transformers() {
         let reqs: Vec<_> = (0..reference.num_prompts())
             .map(|j| spec(&format!("p{j}"), &reference.input_ids(j)))
             .collect();
-        let got = files(name, &layers, 61, 8, &reqs).await;
+        let got = run_files(name, &layers, 61, 8, &reqs).await;
         for j in 0..reference.num_prompts() {
             let f = &got[&format!("p{j}")];
             assert_eq!(f.shape, vec![reference.input_ids(j).len(), 4, 64]);
@@ -69,7 +52,7 @@ async fn vllm_hybrid_smoke_three_layers() {
         let three = [layers[1], layers[2], layers[3]];
         let reference = Reference::load(name);
         let ids = reference.input_ids(3);
-        let got = files(name, &three, 4096, 4, &[spec("smoke", &ids)]).await;
+        let got = run_files(name, &three, 4096, 4, &[spec("smoke", &ids)]).await;
         let f = &got["smoke"];
         assert_eq!(f.shape, vec![ids.len(), 3, 64]);
         let v = f.values();
@@ -102,9 +85,9 @@ fn random_reqs(n: usize, max_len: usize, seed: u64) -> Vec<RequestSpec> {
 async fn chunked_prefill_and_batching_are_byte_identical() {
     for (name, layers) in MODELS {
         let reqs = random_reqs(32, 160, 11);
-        let solo = files(name, &layers, 4096, 1, &reqs).await;
+        let solo = run_files(name, &layers, 4096, 1, &reqs).await;
         for budget in [7, 61, 4096] {
-            let got = files(name, &layers, budget, 32, &reqs).await;
+            let got = run_files(name, &layers, budget, 32, &reqs).await;
             for r in &reqs {
                 let (a, b) = (&got[&r.id], &solo[&r.id]);
                 assert_eq!(a.shape, b.shape, "{name} budget {budget} {}", r.id);
@@ -120,7 +103,7 @@ async fn chunked_prefill_and_batching_are_byte_identical() {
 async fn abort_mid_prefill_then_slot_reuse() {
     for (name, layers) in MODELS {
         let b = random_prompt(77, 150, 512);
-        let solo = files(name, &layers, 4096, 1, &[spec("b", &b)]).await;
+        let solo = run_files(name, &layers, 4096, 1, &[spec("b", &b)]).await;
         let out = tempfile::tempdir().unwrap();
         let mut cfg = config(name, out.path(), 7, Some(layers.to_vec()));
         cfg.engine.max_num_seqs = 1;

@@ -55,6 +55,25 @@ pub async fn run_requests(
     events
 }
 
+/// Runs `reqs` on a fixture model (layers, token budget, max running requests) and reads back
+/// each request's file, keyed by request id.
+pub async fn run_files(
+    model: &str,
+    layers: &[usize],
+    budget: usize,
+    seqs: usize,
+    reqs: &[RequestSpec],
+) -> HashMap<String, HsFile> {
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg = config(model, out.path(), budget, Some(layers.to_vec()));
+    cfg.engine.max_num_seqs = seqs;
+    let events = run_requests(&cfg, reqs.to_vec()).await;
+    events
+        .iter()
+        .map(|(id, ev)| (id.clone(), HsFile::read(&completed_path(ev))))
+        .collect()
+}
+
 pub fn spec(id: &str, tokens: &[u32]) -> RequestSpec {
     RequestSpec {
         id: id.into(),
