@@ -42,6 +42,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=["usual", "best"], required=True)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the GPU bench, bench/gpu.py)")
     ap.add_argument("--layers", default=None, help="layer ids to keep (default: EAGLE-3's 2,L/2,L-3,L)")
     ap.add_argument(
         "--max-seconds",
@@ -63,6 +64,7 @@ def main() -> int:
 
     prompts = [json.loads(line)["token_ids"] for line in open(a.prompts) if line.strip()]
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto", attn_implementation="sdpa")
+    model.to(a.device)
     model.eval()
     dtype = next(model.parameters()).dtype
     n_layers = model.config.num_hidden_layers
@@ -93,11 +95,16 @@ def main() -> int:
         for r, i in enumerate(batch):
             ids[r, : lens[r]] = torch.tensor(prompts[i])
             mask[r, : lens[r]] = 1
+        ids, mask = ids.to(a.device), mask.to(a.device)
         out = net(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
         hs = out.hidden_states
         kept = []
         for r, n in enumerate(lens):
             kept.append(torch.stack([hs[k][r, :n] for k in layers], dim=1).clone())
+        if a.device != "cpu":
+            # An extractor brings the rows to the host to save them; this also ends the
+            # batch's asynchronous GPU work inside the timed loop.
+            kept = [k.to("cpu") for k in kept]
         del kept
         return len(batch) * width
 
@@ -127,6 +134,7 @@ def main() -> int:
                 of_tokens=sum(map(len, prompts)),
                 batch=a.batch,
                 threads=torch.get_num_threads(),
+                device=a.device,
                 torch=torch.__version__,
                 transformers=transformers.__version__,
             )

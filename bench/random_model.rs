@@ -1,0 +1,292 @@
+//! A random-weight Llama-shaped checkpoint written by hsx itself (no torch), for the GPU bench:
+//! the GPU machines have no package registry, and a 16 GB model is too big to carry there.
+//!
+//!     cargo run --release --example random_model -- OUT_DIR [--shape llama8b|llama1b|tiny]
+//!                                                   [--layers N] [--dtype bf16|f32]
+//!
+//! Writes `config.json`, `model-0000i-of-0000n.safetensors` shards (≤ 4 GiB each) and
+//! `model.safetensors.index.json`, as Hugging Face does. Weights are uniform with std 0.02
+//! (as `initializer_range`), norms are 1; a fixed seed per tensor name, so a rerun gives the
+//! same bytes. Streams each tensor to disk: memory stays at one tensor.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use half::bf16;
+use rayon::prelude::*;
+use serde_json::json;
+
+#[derive(Clone, Copy)]
+struct Shape {
+    vocab: usize,
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    rope_theta: f64,
+}
+
+fn shape(name: &str) -> Result<Shape> {
+    Ok(match name {
+        // Llama-3.1-8B's geometry.
+        "llama8b" => Shape {
+            vocab: 128256,
+            hidden: 4096,
+            intermediate: 14336,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            rope_theta: 500000.0,
+        },
+        // Llama-3.2-1B's geometry (untied here).
+        "llama1b" => Shape {
+            vocab: 128256,
+            hidden: 2048,
+            intermediate: 8192,
+            layers: 16,
+            heads: 32,
+            kv_heads: 8,
+            rope_theta: 500000.0,
+        },
+        "tiny" => Shape {
+            vocab: 512,
+            hidden: 64,
+            intermediate: 128,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            rope_theta: 10000.0,
+        },
+        other => bail!("unknown --shape {other:?} (llama8b, llama1b, tiny)"),
+    })
+}
+
+struct Args {
+    out: PathBuf,
+    shape: Shape,
+    f32: bool,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let mut out = None;
+    let mut shape_name = "llama8b".to_string();
+    let mut layers = None;
+    let mut f32 = false;
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--shape" => shape_name = it.next().context("--shape needs a value")?,
+            "--layers" => layers = Some(it.next().context("--layers needs a value")?.parse()?),
+            "--dtype" => f32 = it.next().context("--dtype needs a value")? == "f32",
+            _ if out.is_none() && !a.starts_with("--") => out = Some(PathBuf::from(a)),
+            _ => bail!("unexpected argument {a:?}"),
+        }
+    }
+    let mut shape = shape(&shape_name)?;
+    if let Some(n) = layers {
+        shape.layers = n;
+    }
+    Ok(Args {
+        out: out.context("usage: random_model OUT_DIR [--shape S] [--layers N] [--dtype D]")?,
+        shape,
+        f32,
+    })
+}
+
+/// (name, shape) of every tensor, in Hugging Face's order.
+fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
+    let hd = s.hidden / s.heads;
+    let mut v = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![s.vocab, s.hidden],
+    )];
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        v.push((format!("{p}.input_layernorm.weight"), vec![s.hidden]));
+        v.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![s.heads * hd, s.hidden],
+        ));
+        v.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![s.kv_heads * hd, s.hidden],
+        ));
+        v.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![s.kv_heads * hd, s.hidden],
+        ));
+        v.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![s.hidden, s.heads * hd],
+        ));
+        v.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![s.hidden],
+        ));
+        v.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![s.intermediate, s.hidden],
+        ));
+        v.push((
+            format!("{p}.mlp.up_proj.weight"),
+            vec![s.intermediate, s.hidden],
+        ));
+        v.push((
+            format!("{p}.mlp.down_proj.weight"),
+            vec![s.hidden, s.intermediate],
+        ));
+    }
+    v.push(("model.norm.weight".to_string(), vec![s.hidden]));
+    v.push(("lm_head.weight".to_string(), vec![s.vocab, s.hidden]));
+    v
+}
+
+fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.hidden / s.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": s.rope_theta,
+        "tie_word_embeddings": false,
+        "attention_bias": false,
+        "mlp_bias": false,
+        "initializer_range": 0.02,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": if f32 { "float32" } else { "bfloat16" },
+    })
+}
+
+/// Values of one tensor, uniform with std 0.02 (norm weights: 1), from a per-name seed.
+fn values(name: &str, n: usize) -> Vec<f32> {
+    if name.ends_with("norm.weight") {
+        return vec![1.0; n];
+    }
+    let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let half_width = 0.02f32 * 3f32.sqrt();
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            // splitmix64 per chunk: independent streams, same bytes whatever the thread count.
+            let mut x = seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for v in chunk {
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                let u = (z >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                *v = (2.0 * u - 1.0) * half_width;
+            }
+        });
+    out
+}
+
+fn bytes_of(vals: &[f32], f32: bool) -> Vec<u8> {
+    if f32 {
+        bytemuck::cast_slice(vals).to_vec()
+    } else {
+        let b: Vec<bf16> = vals.par_iter().map(|&v| bf16::from_f32(v)).collect();
+        bytemuck::cast_slice(&b).to_vec()
+    }
+}
+
+/// Splits the tensors into shards of at most `limit` bytes (a tensor never straddles two).
+fn shards(list: &[(String, Vec<usize>)], elem: usize, limit: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0;
+    for (i, (_, shape)) in list.iter().enumerate() {
+        let bytes = shape.iter().product::<usize>() * elem;
+        if size > 0 && size + bytes > limit {
+            out.push(Vec::new());
+            size = 0;
+        }
+        out.last_mut().unwrap().push(i);
+        size += bytes;
+    }
+    out
+}
+
+fn write_shard(
+    path: &Path,
+    list: &[(String, Vec<usize>)],
+    members: &[usize],
+    f32: bool,
+) -> Result<()> {
+    let elem = if f32 { 4 } else { 2 };
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0usize;
+    for &i in members {
+        let (name, shape) = &list[i];
+        let bytes = shape.iter().product::<usize>() * elem;
+        let dtype = if f32 { "F32" } else { "BF16" };
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut h = serde_json::to_vec(&header)?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let tmp = path.with_extension("tmp");
+    let mut w = BufWriter::with_capacity(1 << 24, File::create(&tmp)?);
+    w.write_all(&(h.len() as u64).to_le_bytes())?;
+    w.write_all(&h)?;
+    for &i in members {
+        let (name, shape) = &list[i];
+        w.write_all(&bytes_of(&values(name, shape.iter().product()), f32))?;
+    }
+    w.into_inner()?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    std::fs::create_dir_all(&a.out)?;
+    let list = tensors(&a.shape);
+    let elem = if a.f32 { 4 } else { 2 };
+    let groups = shards(&list, elem, 4 << 30);
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0usize;
+    for (s, members) in groups.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", s + 1, groups.len());
+        eprintln!("writing {file} ({} tensors)", members.len());
+        write_shard(&a.out.join(&file), &list, members, a.f32)?;
+        for &i in members {
+            weight_map.insert(list[i].0.clone(), file.clone());
+            total += list[i].1.iter().product::<usize>() * elem;
+        }
+    }
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    std::fs::write(
+        a.out.join("model.safetensors.index.json"),
+        serde_json::to_vec_pretty(&index)?,
+    )?;
+    std::fs::write(
+        a.out.join("config.json"),
+        serde_json::to_vec_pretty(&config_json(&a.shape, a.f32))?,
+    )?;
+    let params: usize = list.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    eprintln!("{}: {params} parameters, {total} bytes", a.out.display());
+    Ok(())
+}
