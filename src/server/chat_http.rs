@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    ApiError, DEFAULT_MAX_TOKENS, Job, KvTransferParams, check_common, custom_path, read_body,
-    run_prompts, unix_now, usage,
+    ApiError, DEFAULT_MAX_TOKENS, Job, KvTransferParams, ParsedBody, check_common, custom_path,
+    read_body, run_prompts, unix_now, usage,
 };
 use super::{Rejection, Shared};
 use crate::chat::RenderOptions;
@@ -80,6 +80,27 @@ struct RenderRequest {
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("invalid request: {e}")))
+}
+
+/// Parses a `/v1/chat/completions` body (`render`: a `/v1/chat/completions/render` body) as the
+/// handler does, up to rendering; for the reliability suite's fuzz test.
+pub fn parse_chat_body(bytes: &[u8], render: bool) -> Result<ParsedBody, String> {
+    let (conversation, max_tokens, kv) = if render {
+        let req: RenderRequest = parse(bytes).map_err(|e| e.message())?;
+        (req.conversation, 0, None)
+    } else {
+        let req: ChatRequest = parse(bytes).map_err(|e| e.message())?;
+        let max = req.max_completion_tokens.or(req.max_tokens);
+        let kv = req.kv_transfer_params;
+        (req.conversation, max.unwrap_or(DEFAULT_MAX_TOKENS), kv)
+    };
+    let opts = conversation.options().map_err(|e| e.message())?;
+    Ok(ParsedBody {
+        conversation: Some((conversation.messages, opts)),
+        hidden_states_path: kv.and_then(|k| k.hidden_states_path),
+        max_tokens,
+        ..Default::default()
+    })
 }
 
 async fn render_ids(shared: &Arc<Shared>, c: Conversation) -> Result<(String, Vec<u32>), ApiError> {

@@ -11,9 +11,12 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
 use super::dispatch::Dispatcher;
 use super::{Rejection, Shared, paths, protocol};
@@ -23,8 +26,12 @@ use crate::engine::RequestSpec;
 /// vLLM's default when a request gives no `max_tokens`.
 pub(super) const DEFAULT_MAX_TOKENS: u32 = 16;
 
+/// Longest request line + headers (a longer head gets 431 and the connection is closed).
+const MAX_HEAD_BYTES: usize = 64 << 10;
+
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
     let cancel = shared.cancel().clone();
+    let read_timeout = shared.options().http_read_timeout;
     let mut app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -41,9 +48,52 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io
         app = app.route("/metrics", get(metrics));
     }
     let app = app.fallback(not_found).with_state(shared);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
+    // hyper directly rather than `axum::serve`, which sets no timer: without one a connection
+    // that never finishes its request head (idle, or a slowloris sending a header byte now and
+    // then) is held forever with its buffer. Here a head must arrive within `read_timeout`
+    // (idle keep-alive connections are closed after it too) and is at most MAX_HEAD_BYTES.
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(read_timeout)
+        .max_header_size(MAX_HEAD_BYTES);
+    let connections = TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors and the like: keep serving the others.
+                    tracing::warn!("HTTP accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!("HTTP connection: {e}");
+                    }
+                    return;
+                }
+                // Finish the request in progress (if any), then close.
+                _ = cancel.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+            if let Err(e) = conn.await {
+                tracing::debug!("HTTP connection: {e}");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    Ok(())
 }
 
 /// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}`.
@@ -76,6 +126,11 @@ impl ApiError {
         self.rejection
     }
 
+    /// What the client is told.
+    pub(super) fn message(self) -> String {
+        self.message
+    }
+
     pub(super) fn bad(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
@@ -101,11 +156,12 @@ impl IntoResponse for ApiError {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
         };
         let body = json!({"error": {
-            "message": self.message,
+            "message": protocol::clip(&self.message),
             "type": kind,
             "param": null,
             "code": self.status.as_u16(),
@@ -192,22 +248,49 @@ fn parse_request(bytes: &[u8]) -> Result<CompletionRequest, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("invalid request: {e}")))
 }
 
-/// The parsing half of `/v1/completions` without an engine (for the reliability suite's fuzz
-/// test): the body as the handler parses it, then its token-id prompts as the handler converts
-/// them. `Ok(None)`: a text prompt (tokenized by the handler). `Err`: the message a client gets.
-pub fn parse_completion_body(bytes: &[u8]) -> Result<Option<Vec<Vec<u32>>>, String> {
+/// A generation request body as the HTTP handlers parse it, up to where they need the engine
+/// (tokenizing, rendering a conversation, submitting); for the reliability suite's fuzz test.
+#[derive(Debug, Default)]
+pub struct ParsedBody {
+    /// Token-id prompts, converted as the handler does; `None`: text prompts or a conversation.
+    pub token_prompts: Option<Vec<Vec<u32>>>,
+    /// Text prompts (`/v1/completions` with a string or a list of strings).
+    pub text_prompts: Option<Vec<String>>,
+    /// The conversation and how it is rendered (the chat endpoints).
+    pub conversation: Option<(Value, crate::chat::RenderOptions)>,
+    /// `kv_transfer_params.hidden_states_path`, unchecked (see [`paths::resolve_custom_path`]).
+    pub hidden_states_path: Option<String>,
+    pub max_tokens: u32,
+}
+
+/// Parses a `/v1/completions` body as the handler does. `Err`: the message a client gets.
+pub fn parse_completion_body(bytes: &[u8]) -> Result<ParsedBody, String> {
     let req = parse_request(bytes).map_err(|e| e.message)?;
     let prompt: Prompt = serde_json::from_value(req.prompt).map_err(|e| e.to_string())?;
-    let ids = match prompt {
-        Prompt::Tokens(ids) => vec![protocol::token_ids(&ids).map_err(|e| e.to_string())?],
-        Prompt::Batch(batch) => batch
-            .iter()
-            .map(|ids| protocol::token_ids(ids))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?,
-        Prompt::Text(_) | Prompt::Texts(_) => return Ok(None),
+    let mut out = ParsedBody {
+        hidden_states_path: req.kv_transfer_params.and_then(|k| k.hidden_states_path),
+        max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        ..Default::default()
     };
-    Ok(Some(ids))
+    let tokens = |ids: &[i64]| protocol::token_ids(ids).map_err(|e| e.to_string());
+    let n = match prompt {
+        Prompt::Tokens(ids) => out.token_prompts.insert(vec![tokens(&ids)?]).len(),
+        Prompt::Batch(batch) => out
+            .token_prompts
+            .insert(
+                batch
+                    .iter()
+                    .map(|ids| tokens(ids))
+                    .collect::<Result<_, _>>()?,
+            )
+            .len(),
+        Prompt::Text(text) => out.text_prompts.insert(vec![text]).len(),
+        Prompt::Texts(texts) => out.text_prompts.insert(texts).len(),
+    };
+    if n == 0 {
+        return Err("prompt is an empty batch".into());
+    }
+    Ok(out)
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
@@ -334,18 +417,42 @@ pub(super) async fn run_prompts(
     Ok(done)
 }
 
-/// The checks every generation endpoint makes: the model name, no streaming, n = 1.
-/// The body, up to `http.max_body_bytes`.
+/// The body, up to `http.max_body_bytes`, within `http_read_timeout`.
 pub(super) async fn read_body(shared: &Shared, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let limit = shared.options().max_body_bytes;
-    to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
+    let timeout = shared.options().http_read_timeout;
+    match tokio::time::timeout(timeout, to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        // `to_bytes` fails for a body over the limit, or one that cannot be read (the client
+        // sent less than its Content-Length, broken chunks): only the first is a 413.
+        Ok(Err(e)) if over_limit(&e) => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body larger than {limit} bytes (http.max_body_bytes)"),
-        )
-    })
+        )),
+        Ok(Err(e)) => Err(ApiError::bad(format!("cannot read the request body: {e}"))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {} s",
+                timeout.as_secs_f64()
+            ),
+        )),
+    }
 }
 
+/// Whether a `to_bytes` error is its length limit (http-body-util's `LengthLimitError`).
+fn over_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.to_string() == "length limit exceeded" {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// The checks every generation endpoint makes: the model name, no streaming, n = 1.
 pub(super) fn check_common(
     shared: &Shared,
     model: Option<&str>,

@@ -29,8 +29,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::engine::Engine;
 
+pub use chat_http::parse_chat_body;
 pub use dispatch::Dispatcher;
-pub use http::parse_completion_body;
+pub use http::{ParsedBody, parse_completion_body};
 pub use socket::bind_unix;
 pub use submit::{Rejection, Shared};
 
@@ -40,6 +41,9 @@ pub const JOURNAL_FILE: &str = "hsx-events.jsonl";
 /// How long shutdown waits for connections that do not end on their own (a client that stopped
 /// reading its events) before it gives up on them.
 const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// [`ServerOptions::http_read_timeout`] (hyper's and nginx's default header timeouts: 30 s, 60 s).
+pub const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the frontends need from the config.
 #[derive(Debug, Clone)]
@@ -54,6 +58,9 @@ pub struct ServerOptions {
     pub allow_custom_paths: bool,
     /// Largest HTTP request body.
     pub max_body_bytes: usize,
+    /// An HTTP request head, and then its body, must arrive within this time; an idle
+    /// keep-alive connection is closed after it (slow or stalled clients hold nothing for long).
+    pub http_read_timeout: Duration,
     /// Serve `/metrics`.
     pub metrics: bool,
     /// The model directory (for `tokenizer.json`).
@@ -68,6 +75,7 @@ impl ServerOptions {
             send_buffer_bytes: cfg.socket.send_buffer_bytes,
             allow_custom_paths: cfg.output.allow_custom_paths,
             max_body_bytes: cfg.http.as_ref().map_or(32 << 20, |h| h.max_body_bytes),
+            http_read_timeout: HTTP_READ_TIMEOUT,
             metrics: cfg.metrics.enabled,
             model_dir: cfg.model.path.clone(),
         }

@@ -36,9 +36,11 @@ pub fn resolve_custom_path(root: &Path, requested: &str) -> Result<PathBuf, Stri
         return refuse("not a file name");
     }
     // Then the real location: the deepest existing ancestor, with symlinks resolved.
+    // (`symlink_metadata`, not `exists`: a dangling symlink is an existing entry, and where it
+    // leads is unknown: refused below, not skipped.)
     let mut existing = lexical.parent();
     while let Some(dir) = existing {
-        if dir.exists() {
+        if std::fs::symlink_metadata(dir).is_ok() {
             break;
         }
         existing = dir.parent();
@@ -46,9 +48,15 @@ pub fn resolve_custom_path(root: &Path, requested: &str) -> Result<PathBuf, Stri
     let Some(dir) = existing else {
         return refuse("outside the output directory");
     };
-    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let real = match std::fs::canonicalize(dir) {
+        Ok(real) => real,
+        Err(e) => return refuse(&format!("{}: {e}", dir.display())),
+    };
     if !real.starts_with(&root) {
         return refuse("a symlink leads outside the output directory");
+    }
+    if !real.is_dir() {
+        return refuse(&format!("{} is not a directory", dir.display()));
     }
     match std::fs::symlink_metadata(&lexical) {
         Ok(m) if m.file_type().is_symlink() => return refuse("the file is a symlink"),
@@ -87,5 +95,17 @@ mod tests {
         assert!(e.contains("symlink"), "{e}");
         std::os::unix::fs::symlink(outside.join("f"), root.join("f.safetensors")).unwrap();
         assert!(resolve_custom_path(&root, "f.safetensors").is_err());
+        // A dangling symlink as a parent, a symlink loop, a file as a parent.
+        std::os::unix::fs::symlink(outside.join("not_yet"), root.join("dangling")).unwrap();
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        std::fs::write(root.join("file"), b"x").unwrap();
+        for bad in [
+            "dangling/x.safetensors",
+            "loop/x.safetensors",
+            "file/x.safetensors",
+        ] {
+            let e = resolve_custom_path(&root, bad).unwrap_err();
+            assert!(e.contains("refused"), "{bad}: {e}");
+        }
     }
 }

@@ -108,11 +108,27 @@ pub fn accepted(id: &str, path: &std::path::Path) -> Value {
 }
 
 pub fn rejected(id: Option<&str>, r: &Rejection) -> Value {
-    json!({"event": "rejected", "id": id, "reason": r.reason(), "message": r.to_string()})
+    let message = clip(&r.to_string());
+    json!({"event": "rejected", "id": id, "reason": r.reason(), "message": message})
 }
 
 pub fn error(message: &str) -> Value {
-    json!({"event": "error", "message": message})
+    json!({"event": "error", "message": clip(message)})
+}
+
+/// Longest error message sent back (parser errors can quote a whole field of the request).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message`, cut to [`MAX_MESSAGE_BYTES`] (at a char boundary) with a note of its length.
+pub fn clip(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &message[..end], message.len())
 }
 
 pub fn event(e: &CompletionEvent) -> Value {
@@ -164,5 +180,11 @@ mod tests {
         assert!(parse_op("[1,2]").is_err());
         let r = token_ids(&[1, -1]).unwrap_err();
         assert_eq!(r.reason(), "token_out_of_range");
+        let long = format!("invalid type: string \"{}\"", "é".repeat(5000));
+        let e = error(&long)["message"].as_str().unwrap().to_owned();
+        assert!(
+            e.len() < MAX_MESSAGE_BYTES + 40 && e.ends_with(" bytes in all)"),
+            "{e}"
+        );
     }
 }

@@ -55,17 +55,12 @@ pub fn bind_unix(path: &Path, mode: u32) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Accepts connections (at most `max_connections` served at once) until shutdown.
+/// Accepts connections until shutdown. At most `max_connections` are served at once; one more
+/// gets a `too_many_connections` error line and is closed (it is not left waiting unanswered).
 pub(crate) async fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tracker: TaskTracker) {
-    let limit = Arc::new(Semaphore::new(shared.options().max_connections));
+    let max = shared.options().max_connections;
+    let limit = Arc::new(Semaphore::new(max));
     loop {
-        let permit = tokio::select! {
-            _ = shared.cancel().cancelled() => return,
-            p = limit.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
         let stream = tokio::select! {
             _ = shared.cancel().cancelled() => return,
             r = listener.accept() => match r {
@@ -78,7 +73,34 @@ pub(crate) async fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tra
                 }
             },
         };
-        tracker.spawn(serve_connection(stream, shared.clone(), permit));
+        match limit.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tracker.spawn(serve_connection(stream, shared.clone(), permit));
+            }
+            Err(_) => refuse(stream, max),
+        }
+    }
+}
+
+/// Tells a client over the connection limit why, and drops its connection.
+fn refuse(stream: UnixStream, max: usize) {
+    metrics::counter!("hsx_socket_connections_refused_total").increment(1);
+    let mut line = json!({
+        "event": "error",
+        "reason": "too_many_connections",
+        "message": format!(
+            "too many connections: {max} are open (socket.max_connections); try again later"
+        ),
+    })
+    .to_string();
+    line.push('\n');
+    // A fresh connection's send buffer is empty: the line fits without waiting (written
+    // directly, since tokio may not have seen the new socket writable yet).
+    let written = stream
+        .into_std()
+        .and_then(|s| std::io::Write::write_all(&mut &s, line.as_bytes()));
+    if let Err(e) = written {
+        tracing::debug!("refusing a socket connection: {e}");
     }
 }
 

@@ -39,6 +39,11 @@ pub struct TestDaemon {
 impl TestDaemon {
     /// Starts the daemon of `cfg` and returns once it accepts connections.
     pub async fn start(cfg: &Config) -> TestDaemon {
+        Self::start_with_options(cfg, ServerOptions::from_config(cfg)).await
+    }
+
+    /// [`Self::start`] with frontend options of the test's choosing (e.g. a short HTTP timeout).
+    pub async fn start_with_options(cfg: &Config, options: ServerOptions) -> TestDaemon {
         let unix = bind_unix(&cfg.socket.path, cfg.socket.mode).expect("bind socket");
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = http.local_addr().unwrap();
@@ -50,7 +55,6 @@ impl TestDaemon {
             http: Some(http),
         };
         let (tx, rx) = oneshot::channel::<()>();
-        let options = ServerOptions::from_config(cfg);
         let task = tokio::spawn(run(engine, listeners, options, async move {
             let _ = rx.await;
         }));

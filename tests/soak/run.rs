@@ -3,13 +3,16 @@
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example soak -- crash 100
-//! cargo run --release --example soak -- fuzz 1000000
+//! cargo run --release --example soak -- fuzz --cases 1000000 [--seed S]
 //! cargo run --release --example soak -- subscribers 1000
 //! cargo run --release --example soak -- load 10000
+//! cargo run --release --example soak -- conns 10000
 //! ```
 //! The daemon is `target/release/hsx` next to this binary (or `$HSX_BIN`); the model is the
 //! llama fixture (or `$HSX_MODEL`).
 
+#[path = "conns.rs"]
+mod conns;
 #[path = "crash.rs"]
 mod crash;
 #[path = "fuzz.rs"]
@@ -46,10 +49,14 @@ fn main() {
             n.max(1),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1500),
         ),
-        Some("fuzz") => fuzz_run(n.max(1)),
+        Some("fuzz") => fuzz_run(&args),
         Some("subscribers") => subscribers(n.max(1) as usize),
         Some("load") => load(n.max(1) as usize),
-        _ => eprintln!("usage: soak crash N [max_kill_ms] | fuzz N | subscribers N | load N"),
+        Some("conns") => conns::run(n.max(1) as usize),
+        _ => eprintln!(
+            "usage: soak crash N [max_kill_ms] | fuzz --cases N [--seed S] | subscribers N | load N \
+             | conns N"
+        ),
     }
 }
 
@@ -84,15 +91,46 @@ fn crash_runs(trials: u64, max_kill_ms: u64) {
     );
 }
 
-fn fuzz_run(n: u64) {
-    let dir = tempfile::tempdir().unwrap();
+/// `fuzz N` or `fuzz --cases N [--seed S]`: N proptest cases (tests/soak/fuzz.rs).
+fn fuzz_run(args: &[String]) {
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let cases = flag("--cases")
+        .or_else(|| args.get(1).and_then(|s| s.parse().ok()))
+        .unwrap_or(1_000_000);
+    let seed = flag("--seed").unwrap_or_else(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        t.map_or(0x6006, |d| d.as_nanos() as u64)
+    });
+    let cases = u32::try_from(cases).expect("at most u32::MAX cases");
     let started = Instant::now();
-    let s = fuzz::run(n, 0x6006, dir.path());
-    println!(
-        "fuzz: {} inputs, 0 panics, {:.1}s\n{s:#?}",
-        s.inputs,
-        started.elapsed().as_secs_f64()
-    );
+    match fuzz::run(cases, seed) {
+        Ok(s) => println!(
+            "fuzz (proptest, seed {seed}): {} cases, 0 panics, 0 property failures, {:.1}s\n  \
+             socket lines: {} accepted, {} refused\n  HTTP bodies: {} accepted, {} refused\n  \
+             custom paths: {} accepted (all confined), {} refused\n  longest refusal message: {} bytes (sent cut to 1 KiB)",
+            s.cases,
+            started.elapsed().as_secs_f64(),
+            s.socket_ok,
+            s.socket_err,
+            s.http_ok,
+            s.http_err,
+            s.path_ok,
+            s.path_err,
+            s.max_error_len,
+        ),
+        Err(e) => {
+            println!(
+                "fuzz (proptest, seed {seed}): FAILED after {:.1}s\n{e}",
+                started.elapsed().as_secs_f64()
+            );
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Writes a config with HTTP on a free port; returns the HTTP address.
