@@ -2,18 +2,21 @@
 """hsx vs transformers on the same models, prompts and machine; prints one table.
 
     bench/run.sh [--tokens 100000] [--work /tmp/hsx-bench] [--threads 2] [--models llama,qwen3_5]
-                 [--dtypes f32,bf16] [--python /work/venv/bin/python] [--no-peer] [--smoke]
+                 [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
  1. `cargo build --release` of hsx and of the `gemm_peak` example (unless --hsx is given);
  2. the models (bench/make_models.py, with the venv's torch) and the prompt set
     (bench/make_prompts.py) under --work, reused when present;
  3. `gemm_peak`: the FMA peak of this machine and hsx's GEMM rate at the model's shapes;
- 4. per model and dtype: `hsx extract` writing files, `hsx extract` compute-only
-    (HSX_BENCH_DISCARD_OUTPUT=1: files are not written), the peer as usually run and at its best
-    (bench/peer_transformers.py); each run's wall time, tokens/s, peak RSS (/usr/bin/time) and the
-    CPU that other processes used meanwhile (/proc/stat minus our own CPU time);
- 5. a memory run: 10 and then 100 requests through hsx, peak RSS of each;
+ 4. per model and dtype: `hsx extract` writing files (W) and `hsx extract` compute-only
+    (C, HSX_BENCH_DISCARD_OUTPUT=1: files are not written), interleaved in --pairs pairs W C, C W,
+    W C, ... (so drift in the other load hits both alike); write/compute is the median of the
+    per-pair ratios, tok/s the median of each kind's runs; then the peer as usually run and at its
+    best (bench/peer_transformers.py); each run's wall time, tokens/s, peak RSS (/usr/bin/time)
+    and the CPU that other processes used meanwhile (/proc/stat minus our own CPU time);
+ 5. a memory run: 10 and then 100 requests through hsx (with max_pending_bytes --mem-pending-mib),
+    peak RSS of each;
  6. the table (stdout) and every raw result (--work/results.json).
 
 --smoke: the CI-sized run: the bundled tiny fixture models (tests/fixtures/models/llama and
@@ -31,6 +34,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -82,6 +86,7 @@ def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> d
         stderr=p.stderr,
         wall=wall,
         rss_mib=rss,
+        cpu_s=ours,
         other_cores=max(0.0, (busy - ours) / wall) if wall > 0 else 0.0,
         load_before=load_before,
     )
@@ -118,7 +123,10 @@ def attention_flops(model_dir: Path, prompts: list[int]) -> float:
     return 4.0 * heads * hd * n_attn * pairs
 
 
-def hsx_config(path: Path, model: Path, out: Path, threads: int, budget: int) -> None:
+MAX_NUM_SEQS, MAX_WAITING = 32, 1024
+
+
+def hsx_config(path: Path, model: Path, out: Path, threads: int, budget: int, pending_bytes: int) -> None:
     path.write_text(
         f"""[model]
 path = "{model}"
@@ -126,12 +134,13 @@ device = "cpu"
 threads = {threads}
 [engine]
 max_num_batched_tokens = {budget}
-max_num_seqs = 32
-max_waiting = 1024
+max_num_seqs = {MAX_NUM_SEQS}
+max_waiting = {MAX_WAITING}
 max_model_len = 0
 block_size = 16
 num_blocks = 1024
 dtype = "auto"
+max_pending_bytes = {pending_bytes}
 [output]
 dir = "{out}"
 lock_files = false
@@ -150,19 +159,21 @@ def parse_hsx(stderr: str) -> tuple[int, float] | None:
     return None
 
 
-def run_hsx(args, hsx: Path, model: Path, prompts: Path, tag: str, discard: bool) -> dict:
+def run_hsx(args, hsx: Path, model: Path, prompts: Path, tag: str, discard: bool,
+            pending_bytes: int = 2 << 30) -> dict:
     lens = [len(json.loads(line)["token_ids"]) for line in open(prompts)]
     work = Path(args.work) / "runs" / tag
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    hsx_config(work / "config.toml", model, work / "out", args.threads, args.budget)
+    hsx_config(work / "config.toml", model, work / "out", args.threads, args.budget, pending_bytes)
     env = dict(os.environ)
     if discard:
         env["HSX_BENCH_DISCARD_OUTPUT"] = "1"
     r = timed([str(hsx), "extract", "--config", str(work / "config.toml"), "--input", str(prompts), "--quiet"], env=env)
     parsed = parse_hsx(r["stderr"])
-    res = dict(tag=tag, rc=r["rc"], rss_mib=r["rss_mib"], other_cores=r["other_cores"], wall=r["wall"])
+    res = dict(tag=tag, rc=r["rc"], rss_mib=r["rss_mib"], other_cores=r["other_cores"], wall=r["wall"],
+               cpu_s=r["cpu_s"])
     if r["rc"] != 0 or parsed is None or parsed[0] != len(lens):
         err = [line for line in r["stderr"].splitlines() if line.strip()]
         res["error"] = err[-1] if err else f"exit {r['rc']}"
@@ -173,6 +184,30 @@ def run_hsx(args, hsx: Path, model: Path, prompts: Path, tag: str, discard: bool
                out_bytes=sum(f.stat().st_size for f in files))
     shutil.rmtree(work / "out", ignore_errors=True)
     return res
+
+
+def run_pairs(args, hsx: Path, model: Path, prompts: Path, tag: str, results: dict) -> tuple[list, str | None]:
+    """--pairs pairs of (writing, compute-only) runs, interleaved W C, C W, W C, ...: both kinds
+    see the same other load on a shared machine. Returns the pairs, or the error of a writing run."""
+    pairs = []
+    for i in range(args.pairs):
+        got = {}
+        for discard in ((False, True) if i % 2 == 0 else (True, False)):
+            kind = "compute-only" if discard else "writing files"
+            log(f"{tag}: pair {i + 1}/{args.pairs}: hsx {kind}")
+            r = run_hsx(args, hsx, model, prompts, f"{tag}_{'nowrite' if discard else 'write'}{i}", discard)
+            r.update(pair=i, discard=discard)
+            results["runs"].append(r)
+            if "error" in r and not discard:
+                return pairs, r["error"]
+            got[discard] = r
+        pairs.append((got[False], got[True]))
+    return pairs, None
+
+
+def median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def run_peer(args, model: Path, prompts: Path, mode: str) -> dict:
@@ -206,12 +241,18 @@ def main() -> int:
     ap.add_argument("--peer-batch", type=int, default=4)
     ap.add_argument("--peer-max-seconds", type=float, default=150.0,
                     help="time cap per peer run (0: none); tok/s is then over the batches it ran")
+    ap.add_argument("--pairs", type=int, default=2,
+                    help="interleaved (writing, compute-only) hsx run pairs per model and dtype")
+    ap.add_argument("--mem-pending-mib", type=int, default=32,
+                    help="engine.max_pending_bytes (MiB) of the memory runs")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-memory", action="store_true", help="skip the 10/100-request memory runs")
     ap.add_argument("--hsx", default=None, help="hsx binary (default: build target/release/hsx)")
     ap.add_argument("--gemm-peak", default=None, help="gemm_peak binary (default: next to --hsx)")
     ap.add_argument("--smoke", action="store_true", help="CI-sized run on the tiny fixture models")
     args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
 
@@ -254,21 +295,25 @@ def main() -> int:
             rows.append(dict(model=name, dtype=dtype, skip=f"no model at {mdir}"))
             continue
         tag = f"{name}_{dtype}"
-        log(f"{tag}: hsx (writing files)")
-        w = run_hsx(args, hsx, mdir, prompts, tag, discard=False)
-        results["runs"].append(w)
-        if "error" in w:
-            rows.append(dict(model=name, dtype=dtype, skip=f"hsx: {w['error']}"))
-            log(f"{tag}: skipped: {w['error']}")
+        pairs, error = run_pairs(args, hsx, mdir, prompts, tag, results)
+        if error:
+            rows.append(dict(model=name, dtype=dtype, skip=f"hsx: {error}"))
+            log(f"{tag}: skipped: {error}")
             continue
-        log(f"{tag}: {w['tok_s']:.0f} tok/s; hsx compute-only")
-        c = run_hsx(args, hsx, mdir, prompts, tag + "_nowrite", discard=True)
-        results["runs"].append(c)
-        row = dict(model=name, dtype=dtype, hsx=w, compute=c)
+        ratios = [w["tok_s"] / c["tok_s"] for w, c in pairs if c.get("tok_s")]
+        cpu_ratios = [c["cpu_s"] / w["cpu_s"] for w, c in pairs if c.get("tok_s") and w["cpu_s"] > 0]
+        row = dict(model=name, dtype=dtype, pairs=pairs, ratios=ratios, ratio=median(ratios),
+                   cpu_ratio=median(cpu_ratios),
+                   hsx_tok_s=median([w["tok_s"] for w, _ in pairs]),
+                   compute_tok_s=median([c.get("tok_s") for _, c in pairs]),
+                   rss_mib=max((w["rss_mib"] for w, _ in pairs if w["rss_mib"] is not None), default=None))
+        log(f"{tag}: {row['hsx_tok_s']:.0f} tok/s writing, write/compute "
+            f"{'/'.join(f'{100 * x:.0f}%' for x in ratios) or '–'}")
+        seconds = sum(lens) / row["hsx_tok_s"]
         lin = linear_flops_per_token(mdir) * sum(lens)
         att = attention_flops(mdir, lens)
-        row["gflops"] = (lin + att) / w["seconds"] / 1e9
-        row["gemm_gflops"] = lin / w["seconds"] / 1e9
+        row["gflops"] = (lin + att) / seconds / 1e9
+        row["gemm_gflops"] = lin / seconds / 1e9
         if not args.no_peer:
             for mode in ("usual", "best"):
                 log(f"{tag}: peer {mode}")
@@ -286,7 +331,7 @@ def main() -> int:
             subprocess.run([sys.executable, str(BENCH / "make_prompts.py"), str(p), "--vocab", str(vocab), "--count",
                             str(n), "--min-len", "64", "--max-len", "64"], check=True)
             log(f"memory run: {n} requests of 64 tokens")
-            r = run_hsx(args, hsx, mdir, p, f"mem{n}", discard=False)
+            r = run_hsx(args, hsx, mdir, p, f"mem{n}", discard=False, pending_bytes=args.mem_pending_mib << 20)
             results["runs"].append(r)
             mem.append((n, r))
 
@@ -298,7 +343,8 @@ def main() -> int:
     out = []
     out.append(f"hsx bench, {now}; {cpu} ({os.cpu_count()} cpus; {isa}); {platform.platform()}")
     out.append(f"prompts: {len(lens)} ({sum(lens)} tokens, lengths {min(lens)}..{max(lens)}, log-uniform, seed 5); "
-               f"threads {args.threads}; hsx budget {args.budget} tokens/step; peer batch {args.peer_batch}")
+               f"threads {args.threads}; hsx budget {args.budget} tokens/step; peer batch {args.peer_batch}; "
+               f"{args.pairs} interleaved writing/compute-only hsx pairs per row")
     out.append(f"FMA peak ({peak['fma']}): {peak['peak_1t_gflops']:.0f} GFLOP/s on 1 thread, "
                f"{peak['peak_gflops']:.0f} on {peak['threads']}; hsx matmul_wt at the model's shapes "
                f"({peak['rows']} rows): {peak['gemm_gflops']:.0f} GFLOP/s "
@@ -312,32 +358,46 @@ def main() -> int:
         if "skip" in r:
             out.append(f"| {r['model']} | {r['dtype']} | skipped: {r['skip']} | | | | | | | | | |")
             continue
-        w, c = r["hsx"], r["compute"]
+        wt = r["hsx_tok_s"]
         u, b = r.get("usual", {}), r.get("best", {})
         ut, bt = u.get("tok_per_s"), b.get("tok_per_s")
-        loads = [x.get("other_cores") for x in (w, c, u, b) if x]
+        ratio = fmt(100 * r["ratio"] if r["ratio"] else None, ".0f") + "%"
+        if len(r["ratios"]) > 1:
+            ratio += " (" + ", ".join(f"{100 * x:.0f}" for x in r["ratios"]) + ")"
+        loads = ", ".join(f"{fmt(w.get('other_cores'), '.2f')}/{fmt(c.get('other_cores'), '.2f')}"
+                          for w, c in r["pairs"])
+        if u or b:
+            loads += "; " + "/".join(fmt(x.get("other_cores"), ".2f") for x in (u, b) if x)
         out.append(
-            f"| {r['model']} | {r['dtype']} | {w['tok_s']:.0f} | {fmt(c.get('tok_s'))} | "
-            f"{fmt(100 * w['tok_s'] / c['tok_s'] if c.get('tok_s') else None, '.0f')}% | "
-            f"{fmt(ut)} | {fmt(bt)} | {fmt(w['tok_s'] / ut if ut else None, '.2f')}× | "
-            f"{fmt(w['tok_s'] / bt if bt else None, '.2f')}× | {fmt(w['rss_mib'])} MiB | "
-            f"{r['gflops']:.0f} ({100 * r['gflops'] / peak['peak_gflops']:.0f}%) | "
-            f"{'/'.join(fmt(x, '.2f') for x in loads)} |"
+            f"| {r['model']} | {r['dtype']} | {wt:.0f} | {fmt(r['compute_tok_s'])} | {ratio} | "
+            f"{fmt(ut)} | {fmt(bt)} | {fmt(wt / ut if ut else None, '.2f')}× | "
+            f"{fmt(wt / bt if bt else None, '.2f')}× | {fmt(r['rss_mib'])} MiB | "
+            f"{r['gflops']:.0f} ({100 * r['gflops'] / peak['peak_gflops']:.0f}%) | {loads} |"
         )
     if mem:
         out.append("")
-        out.append("Memory (hsx, writing files, 64-token requests): " + "; ".join(
+        out.append(f"Memory (hsx, writing files, 64-token requests; bounds: {args.budget} tokens/step, "
+                   f"{MAX_NUM_SEQS} running, {MAX_WAITING} waiting, max_pending_bytes {args.mem_pending_mib} MiB): "
+                   + "; ".join(
             f"{n} requests: peak RSS {fmt(r.get('rss_mib'))} MiB, {fmt((r.get('out_bytes') or 0) / 2**20, '.1f')} MiB written"
             for n, r in mem))
+    by_cpu = [f"{r['model']} {r['dtype']} {100 * r['cpu_ratio']:.0f}%" for r in rows if r.get("cpu_ratio")]
+    if by_cpu:
+        out.append("write/compute by hsx's own CPU time (compute-only CPU s / writing CPU s, median over the pairs; "
+                   "hardly affected by other load; model loading included): " + ", ".join(by_cpu))
+    out.append("tok/s and write/compute: medians over the pairs (write/compute: of the per-pair ratios, "
+               "each pair's in parentheses)")
     out.append("other load = cores' worth of CPU used by other processes during each run "
-               "(hsx, hsx compute-only, peer usual, peer best)")
+               "(hsx writing/compute-only for each pair; then peer usual/peer best)")
     table = "\n".join(out)
     print(table)
     results.update(table=table, rows=rows)
     (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
     bad = [r for r in rows if "skip" in r and not r["model"].startswith("qwen3_5")]
     if args.smoke:
-        ok = not bad and all(r["hsx"]["files"] == len(lens) and r["compute"]["files"] == 0 for r in rows if "hsx" in r)
+        ok = not bad and all(w["files"] == len(lens) and c.get("files") == 0
+                             for r in rows for w, c in r.get("pairs", []))
+        ok = ok and all(len(r["pairs"]) == args.pairs for r in rows if "pairs" in r)
         ok = ok and all(r.get("rc") == 0 and r.get("files") == n for n, r in mem)
         print("smoke:", "ok" if ok else "FAILED")
         return 0 if ok else 1

@@ -95,6 +95,7 @@ async fn metrics_move_by_the_right_amounts() {
         "hsx_queue_waiting_requests",
         "hsx_running_requests",
         "hsx_connector_pending_bytes",
+        "hsx_pending_hidden_bytes",
         "hsx_kv_blocks_used",
         "hsx_kv_blocks_total",
     ] {

@@ -209,6 +209,23 @@ pub struct FinishedRequest {
     pub prefixes: Vec<PrefixOutput>,
 }
 
+// ---------------------------------------------------------------- connector -> scheduler
+
+/// The connector holds no more hidden states of this request: its file (and the files sliced
+/// from it) were written or failed, or its rows were discarded. The scheduler gives the
+/// request's share of `engine.max_pending_bytes` back and may admit more.
+///
+/// Sent on an unbounded channel so the connector never waits on the scheduler (which waits on
+/// the connector's mailbox); at most one is outstanding per admitted request whose bytes are
+/// still counted, so the bytes bound also bounds that channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HiddenStatesReleased(pub RequestId);
+
+/// The connector's end of the release channel.
+pub type ReleaseSender = tokio::sync::mpsc::UnboundedSender<HiddenStatesReleased>;
+/// The scheduler's end of the release channel.
+pub type ReleaseReceiver = tokio::sync::mpsc::UnboundedReceiver<HiddenStatesReleased>;
+
 // ---------------------------------------------------------------- connector / scheduler -> events
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

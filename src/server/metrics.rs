@@ -6,6 +6,7 @@
 //! `tokens_computed_total`, `prompt_tokens_total`, `steps_total`, `step_duration_seconds`,
 //! `step_tokens`, `hidden_state_bytes_written_total`, `save_duration_seconds`,
 //! `files_saved_total`, `files_failed_total{kind}`, `connector_pending_bytes`,
+//! `pending_hidden_bytes`, `admission_memory_waits_total`,
 //! `kv_blocks_used`, `kv_blocks_total`, `events_published_total`, `subscribers_dropped_total`,
 //! `socket_connections`.
 
@@ -92,6 +93,15 @@ fn describe() {
         Unit::Bytes,
         "Hidden states held in host memory"
     );
+    describe_gauge!(
+        "hsx_pending_hidden_bytes",
+        Unit::Bytes,
+        "Hidden-state bytes counted for admitted requests against engine.max_pending_bytes"
+    );
+    describe_counter!(
+        "hsx_admission_memory_waits_total",
+        "Requests that waited for admission until hidden-state bytes were released"
+    );
     describe_gauge!("hsx_kv_blocks_used", "KV cache blocks in use");
     describe_gauge!("hsx_kv_blocks_total", "KV cache blocks");
     describe_counter!("hsx_events_published_total", "Completion events published");
@@ -109,6 +119,7 @@ pub async fn render(shared: &Shared, handle: &PrometheusHandle) -> String {
     if let Some(s) = sched {
         metrics::gauge!("hsx_queue_waiting_requests").set(s.waiting as f64);
         metrics::gauge!("hsx_running_requests").set(s.running as f64);
+        metrics::gauge!("hsx_pending_hidden_bytes").set(s.pending_hidden_bytes as f64);
     }
     if let Some(c) = conn {
         metrics::gauge!("hsx_connector_pending_bytes")

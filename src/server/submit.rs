@@ -68,9 +68,9 @@ impl From<SubmitError> for Rejection {
         let msg = e.to_string();
         match e {
             SubmitError::Overloaded(_) => Self::Overloaded(msg),
-            SubmitError::TooLong { .. } | SubmitError::TooLargeForCache { .. } => {
-                Self::TooLong(msg)
-            }
+            SubmitError::TooLong { .. }
+            | SubmitError::TooLargeForCache { .. }
+            | SubmitError::TooLargeForHostMemory { .. } => Self::TooLong(msg),
             SubmitError::TokenOutOfRange { .. } => Self::TokenOutOfRange(msg),
             SubmitError::EmptyPrompt => Self::EmptyPrompt(msg),
             SubmitError::DuplicateId(_) => Self::DuplicateId(msg),

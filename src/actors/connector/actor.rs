@@ -8,7 +8,9 @@ use tokio::sync::{Semaphore, oneshot};
 
 use super::{CompleteHiddenStates, ConnectorError, ConnectorOptions, ConnectorState, FileLayout};
 use crate::actors::events::EventHubHandle;
-use crate::actors::messages::{CapturedChunk, EventKind, FinishedRequest, RequestId};
+use crate::actors::messages::{
+    CapturedChunk, EventKind, FinishedRequest, HiddenStatesReleased, ReleaseSender, RequestId,
+};
 
 #[derive(Actor)]
 pub struct Connector {
@@ -18,6 +20,30 @@ pub struct Connector {
     writes_in_flight: usize,
     writing_bytes: usize,
     drain_waiters: Vec<oneshot::Sender<()>>,
+    /// Where to report that a request's hidden states are no longer held (the scheduler's
+    /// `max_pending_bytes` accounting).
+    releases: Option<ReleaseSender>,
+}
+
+/// Reports a request's hidden states as released when dropped: shared by the writes of a
+/// request's file and of the files sliced from it, so it fires once, after the last of them
+/// ended (whatever the outcome, even if the write task is cancelled).
+struct ReleaseOnDrop {
+    releases: Option<ReleaseSender>,
+    id: RequestId,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        report_released(self.releases.as_ref(), self.id.clone());
+    }
+}
+
+fn report_released(releases: Option<&ReleaseSender>, id: RequestId) {
+    // A closed channel means the scheduler has stopped: nobody is counting any more.
+    if let Some(tx) = releases {
+        let _ = tx.send(HiddenStatesReleased(id));
+    }
 }
 
 /// Append a request's rows (in order; a bad chunk poisons the request).
@@ -53,6 +79,8 @@ pub struct ConnectorStats {
 /// A write task ended (its event is already published).
 struct WriteDone {
     bytes: usize,
+    /// Dropped once the accounting is updated, so the release is reported after it.
+    release: Arc<ReleaseOnDrop>,
 }
 
 impl Message<Capture> for Connector {
@@ -75,12 +103,17 @@ impl Message<Finish> for Connector {
         let id = req.id.clone();
         match self.state.finish(req) {
             Ok(mut complete) => {
+                let release = Arc::new(ReleaseOnDrop {
+                    releases: self.releases.clone(),
+                    id,
+                });
                 for prefix in complete.take_prefixes() {
-                    self.start_write(prefix, ctx);
+                    self.start_write(prefix, Arc::clone(&release), ctx);
                 }
-                self.start_write(complete, ctx);
+                self.start_write(complete, release, ctx);
             }
             Err(e) => {
+                report_released(self.releases.as_ref(), id.clone());
                 tracing::warn!("{e}");
                 metrics::counter!("hsx_files_failed_total", "kind" => "incomplete").increment(1);
                 let failed = EventKind::Failed {
@@ -99,6 +132,7 @@ impl Message<Discard> for Connector {
 
     async fn handle(&mut self, Discard(id): Discard, _: &mut Context<Self, ()>) {
         self.state.discard(&id);
+        report_released(self.releases.as_ref(), id);
     }
 }
 
@@ -135,6 +169,7 @@ impl Message<WriteDone> for Connector {
     async fn handle(&mut self, done: WriteDone, _: &mut Context<Self, ()>) {
         self.writes_in_flight = self.writes_in_flight.saturating_sub(1);
         self.writing_bytes = self.writing_bytes.saturating_sub(done.bytes);
+        drop(done.release);
         if self.writes_in_flight == 0 {
             for waiter in self.drain_waiters.drain(..) {
                 let _ = waiter.send(());
@@ -147,7 +182,14 @@ impl Connector {
     /// Runs the write off the actor's task so captures keep flowing while files are written.
     /// The task publishes the outcome itself (after the rename), then reports back for the
     /// accounting, so an event is never lost even if the connector stops meanwhile.
-    fn start_write(&mut self, complete: CompleteHiddenStates, ctx: &mut Context<Self, ()>) {
+    /// `release` is dropped (reporting the bytes released once no other write holds it) after
+    /// the outcome is published and the write is accounted as ended.
+    fn start_write(
+        &mut self,
+        complete: CompleteHiddenStates,
+        release: Arc<ReleaseOnDrop>,
+        ctx: &mut Context<Self, ()>,
+    ) {
         let bytes = complete.hidden_bytes();
         self.writes_in_flight += 1;
         self.writing_bytes += bytes;
@@ -174,7 +216,7 @@ impl Connector {
             if events.publish(id, outcome).await.is_err() {
                 tracing::warn!("event hub gone; outcome of a write not reported");
             }
-            WriteDone { bytes }
+            WriteDone { bytes, release }
         });
     }
 }
@@ -226,6 +268,18 @@ impl ConnectorHandle {
         options: ConnectorOptions,
         events: EventHubHandle,
     ) -> Result<Self, ConnectorError> {
+        Self::spawn_reporting(layout, options, events, None)
+    }
+
+    /// Like [`Self::spawn`], also reporting on `releases` each request whose hidden states it
+    /// no longer holds: after its file and the files sliced from it were written or failed,
+    /// when its finish fails, and when its rows are discarded (once per finish or discard).
+    pub fn spawn_reporting(
+        layout: FileLayout,
+        options: ConnectorOptions,
+        events: EventHubHandle,
+        releases: Option<ReleaseSender>,
+    ) -> Result<Self, ConnectorError> {
         let state = ConnectorState::new(layout.clone(), options.lock_files)?;
         let connector = Connector {
             state,
@@ -234,6 +288,7 @@ impl ConnectorHandle {
             writes_in_flight: 0,
             writing_bytes: 0,
             drain_waiters: Vec::new(),
+            releases,
         };
         // A zero-capacity tokio channel panics; one slot is the smallest bounded mailbox.
         let mailbox = mailbox::bounded(options.mailbox.max(1));

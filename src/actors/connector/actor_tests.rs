@@ -191,3 +191,59 @@ async fn invalid_layout_is_rejected() {
     let spawned = ConnectorHandle::spawn(bad, ConnectorOptions::default(), events);
     assert!(matches!(spawned, Err(ConnectorError::Layout(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_are_reported_once_per_request_on_every_path() {
+    use crate::actors::messages::{HiddenStatesReleased, PrefixOutput};
+    let dir = tempfile::tempdir().unwrap();
+    let events = EventHubHandle::spawn(EventHubOptions::default());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let connector =
+        ConnectorHandle::spawn_reporting(layout(), ConnectorOptions::default(), events, Some(tx))
+            .unwrap();
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"x").unwrap();
+    // Written, with two files sliced from its rows: one report, after all three writes.
+    connector.capture(chunk("root", 0, 4)).await.unwrap();
+    let mut root = finished("root", dir.path(), 4);
+    root.prefixes = ["p1", "p2"]
+        .iter()
+        .zip([1, 3])
+        .map(|(p, rows)| PrefixOutput {
+            id: rid(p),
+            rows,
+            path: dir.path().join(format!("{p}.safetensors")),
+        })
+        .collect();
+    connector.finish(root).await.unwrap();
+    // Write failed.
+    connector.capture(chunk("unwritable", 0, 1)).await.unwrap();
+    let req = finished("unwritable", &blocker, 1);
+    connector.finish(req).await.unwrap();
+    // Finish refused (incomplete), discarded with rows, discarded without any.
+    connector.capture(chunk("short", 0, 1)).await.unwrap();
+    connector
+        .finish(finished("short", dir.path(), 2))
+        .await
+        .unwrap();
+    connector.capture(chunk("aborted", 0, 1)).await.unwrap();
+    connector.discard(rid("aborted")).await.unwrap();
+    connector.discard(rid("unseen")).await.unwrap();
+    connector.flush().await.unwrap();
+    let stats = connector.stats().await.unwrap();
+    assert_eq!((stats.pending_bytes, stats.writing_bytes), (0, 0));
+    connector.stop().await;
+    let mut got = Vec::new();
+    while let Some(HiddenStatesReleased(id)) = rx.recv().await {
+        got.push(id.to_string());
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        ["aborted", "root", "short", "unseen", "unwritable"],
+        "one report per finish or discard, none for the sliced files"
+    );
+    for f in ["root", "p1", "p2"] {
+        assert!(dir.path().join(format!("{f}.safetensors")).exists(), "{f}");
+    }
+}

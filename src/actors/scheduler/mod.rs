@@ -12,7 +12,9 @@ pub use state::{Effects, SchedulerLimits, SchedulerState, SchedulerStats, Submit
 use crate::actors::block_manager::BlockManagerHandle;
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::events::EventHubHandle;
-use crate::actors::messages::{EventKind, Request, RequestId, StepOutput, StepPlan};
+use crate::actors::messages::{
+    EventKind, HiddenStatesReleased, ReleaseReceiver, Request, RequestId, StepOutput, StepPlan,
+};
 
 /// The scheduler's peers.
 pub struct SchedulerLinks {
@@ -20,6 +22,9 @@ pub struct SchedulerLinks {
     pub runner: flume::Sender<StepPlan>,
     pub connector: ConnectorHandle,
     pub events: EventHubHandle,
+    /// The connector's reports of hidden states it no longer holds (taken at start and
+    /// forwarded as [`Released`]); without it admitted bytes are never given back.
+    pub releases: Option<ReleaseReceiver>,
 }
 
 pub struct Scheduler {
@@ -34,7 +39,13 @@ impl Actor for Scheduler {
     type Args = (SchedulerState, SchedulerLinks);
     type Error = Infallible;
 
-    async fn on_start((state, links): Self::Args, _: ActorRef<Self>) -> Result<Self, Self::Error> {
+    async fn on_start(
+        (state, mut links): Self::Args,
+        actor: ActorRef<Self>,
+    ) -> Result<Self, Self::Error> {
+        if let Some(releases) = links.releases.take() {
+            tokio::spawn(forward_releases(releases, actor.downgrade()));
+        }
         Ok(Self {
             state,
             links,
@@ -57,6 +68,23 @@ pub enum StepResult {
 pub struct Status;
 /// Stop accepting new requests (work already queued still runs).
 pub struct StopAccepting;
+/// The connector no longer holds these requests' hidden states.
+pub struct Released(pub Vec<RequestId>);
+
+/// Forwards the connector's release reports to the scheduler, batched, until either side ends.
+/// Waiting here for the scheduler's mailbox never blocks the connector.
+async fn forward_releases(mut rx: ReleaseReceiver, scheduler: WeakActorRef<Scheduler>) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        let ids = batch.drain(..).map(|HiddenStatesReleased(id)| id).collect();
+        let Some(actor) = scheduler.upgrade() else {
+            return;
+        };
+        if actor.tell(Released(ids)).await.is_err() {
+            return;
+        }
+    }
+}
 
 impl Message<Submit> for Scheduler {
     type Reply = Result<(), SubmitError>;
@@ -112,6 +140,16 @@ impl Message<Status> for Scheduler {
     }
 }
 
+impl Message<Released> for Scheduler {
+    type Reply = ();
+    async fn handle(&mut self, msg: Released, _: &mut Context<Self, Self::Reply>) {
+        for id in &msg.0 {
+            self.state.release_hidden(id);
+        }
+        self.schedule().await;
+    }
+}
+
 impl Message<StopAccepting> for Scheduler {
     type Reply = ();
     async fn handle(&mut self, _: StopAccepting, _: &mut Context<Self, Self::Reply>) {
@@ -127,7 +165,10 @@ impl Scheduler {
         }
         let candidates = self.state.admission_candidates();
         let reservation = self.links.blocks.reserve(candidates).await;
+        let waits = self.state.stats().memory_waits;
         let plan = self.state.plan_step(reservation.granted);
+        let waited = self.state.stats().memory_waits - waits;
+        metrics::counter!("hsx_admission_memory_waits_total").increment(waited);
         self.links
             .blocks
             .release(self.state.take_unused_grants())

@@ -20,9 +20,20 @@ pub struct SchedulerLimits {
     pub vocab_size: usize,
     /// Tokens the whole KV cache can hold (blocks × block size).
     pub kv_capacity_tokens: usize,
+    /// Bytes of one captured row in host memory (`K × H ×` output dtype size), as the
+    /// connector holds it.
+    pub row_bytes: usize,
+    /// Bound on the hidden-state bytes held for admitted requests (`engine.max_pending_bytes`):
+    /// rows accumulating in the connector plus finished files not yet written.
+    pub max_pending_bytes: usize,
 }
 
 impl SchedulerLimits {
+    /// Host bytes the connector holds for a request's file (`T × K × H × dtype size`).
+    pub fn hidden_bytes(&self, req: &Request) -> usize {
+        req.expected_rows().saturating_mul(self.row_bytes)
+    }
+
     /// Whether a request can ever run under these limits (the checks `submit` makes first).
     pub fn validate(&self, req: &Request) -> Result<(), SubmitError> {
         if req.prompt.is_empty() {
@@ -51,6 +62,13 @@ impl SchedulerLimits {
             let len = req.total_forward_tokens();
             return Err(SubmitError::TooLargeForCache { len, capacity });
         }
+        // A request that could never fit under the bound is refused rather than left waiting
+        // forever (or admitted past the bound): the bound is a real bound.
+        let bytes = self.hidden_bytes(req);
+        if bytes > self.max_pending_bytes {
+            let (rows, max) = (req.expected_rows(), self.max_pending_bytes);
+            return Err(SubmitError::TooLargeForHostMemory { rows, bytes, max });
+        }
         Ok(())
     }
 }
@@ -73,6 +91,15 @@ pub enum SubmitError {
     },
     #[error("request of {len} tokens does not fit in the KV cache ({capacity} tokens)")]
     TooLargeForCache { len: usize, capacity: usize },
+    #[error(
+        "request of {rows} rows needs {bytes} bytes of host memory for its hidden states, more \
+         than engine.max_pending_bytes ({max})"
+    )]
+    TooLargeForHostMemory {
+        rows: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error("the engine is shutting down")]
     ShuttingDown,
 }
@@ -145,6 +172,12 @@ pub struct SchedulerStats {
     pub tokens_computed: u64,
     /// The part of `tokens_computed` that were prompt tokens.
     pub prompt_tokens_computed: u64,
+    /// Hidden-state bytes held for admitted requests (until the connector releases them).
+    pub pending_hidden_bytes: usize,
+    /// The most `pending_hidden_bytes` has been (never above `max_pending_bytes`).
+    pub peak_pending_hidden_bytes: usize,
+    /// Requests that waited at the head of the queue for hidden-state bytes to be released.
+    pub memory_waits: u64,
 }
 
 #[derive(Debug)]
@@ -162,6 +195,14 @@ pub struct SchedulerState {
     prompt_tokens_computed: u64,
     /// Blocks granted to requests that could not be admitted (not at the queue head).
     unused_grants: Vec<RequestId>,
+    /// Hidden-state bytes of each admitted request the connector has not released yet (a list:
+    /// a finished id may be submitted again before its file's bytes are released).
+    held: HashMap<RequestId, Vec<usize>>,
+    held_bytes: usize,
+    peak_held_bytes: usize,
+    memory_waits: u64,
+    /// The waiting request last counted in `memory_waits`.
+    held_back: Option<RequestId>,
 }
 
 impl SchedulerState {
@@ -177,6 +218,11 @@ impl SchedulerState {
             tokens_computed: 0,
             prompt_tokens_computed: 0,
             unused_grants: Vec::new(),
+            held: HashMap::new(),
+            held_bytes: 0,
+            peak_held_bytes: 0,
+            memory_waits: 0,
+            held_back: None,
         }
     }
 
@@ -187,6 +233,9 @@ impl SchedulerState {
             steps: self.next_step,
             tokens_computed: self.tokens_computed,
             prompt_tokens_computed: self.prompt_tokens_computed,
+            pending_hidden_bytes: self.held_bytes,
+            peak_pending_hidden_bytes: self.peak_held_bytes,
+            memory_waits: self.memory_waits,
         }
     }
 
@@ -263,11 +312,13 @@ impl SchedulerState {
         }
         let mut budget = self.limits.max_num_batched_tokens - self.running_budget_use();
         let slots = self.limits.max_num_seqs.saturating_sub(self.running.len());
+        let mut held = self.held_bytes;
         let mut out = Vec::new();
         for req in self.waiting.iter().take(slots) {
-            if budget == 0 {
+            if budget == 0 || !self.fits_memory(held, req) {
                 break;
             }
+            held += self.limits.hidden_bytes(req);
             budget -= req.prompt.len().min(budget);
             out.push((req.id.clone(), req.total_forward_tokens()));
         }
@@ -283,6 +334,7 @@ impl SchedulerState {
             return None;
         }
         self.admit(granted);
+        self.note_memory_wait();
         let mut plan = StepPlan {
             step: self.next_step,
             ..StepPlan::default()
@@ -327,6 +379,10 @@ impl SchedulerState {
                 break;
             };
             let req = self.waiting.pop_front().expect("front exists");
+            if self.held_back.as_ref() == Some(&req.id) {
+                self.held_back = None;
+            }
+            self.hold(&req);
             self.running.push(Running {
                 req,
                 computed: 0,
@@ -336,6 +392,54 @@ impl SchedulerState {
             });
         }
         self.unused_grants.extend(blocks.into_keys());
+    }
+
+    /// Whether `req` can be admitted with `held` bytes already held for admitted requests.
+    fn fits_memory(&self, held: usize, req: &Request) -> bool {
+        held.saturating_add(self.limits.hidden_bytes(req)) <= self.limits.max_pending_bytes
+    }
+
+    fn hold(&mut self, req: &Request) {
+        let bytes = self.limits.hidden_bytes(req);
+        self.held.entry(req.id.clone()).or_default().push(bytes);
+        self.held_bytes += bytes;
+        self.peak_held_bytes = self.peak_held_bytes.max(self.held_bytes);
+    }
+
+    /// Counts the request at the head of the queue once if the bytes bound keeps it waiting
+    /// (while a slot is free for it).
+    fn note_memory_wait(&mut self) {
+        let Some(head) = self.waiting.front() else {
+            return;
+        };
+        let slot_free = self.running.len() < self.limits.max_num_seqs;
+        if slot_free
+            && !self.fits_memory(self.held_bytes, head)
+            && self.held_back.as_ref() != Some(&head.id)
+        {
+            self.held_back = Some(head.id.clone());
+            self.memory_waits += 1;
+            tracing::debug!(
+                id = %head.id,
+                held = self.held_bytes,
+                max = self.limits.max_pending_bytes,
+                "admission waits for hidden-state bytes to be released"
+            );
+        }
+    }
+
+    /// The connector holds nothing more of `id` (file written or failed, rows discarded): its
+    /// bytes no longer count against `max_pending_bytes`. Returns the bytes released.
+    pub fn release_hidden(&mut self, id: &RequestId) -> usize {
+        let Some(list) = self.held.get_mut(id) else {
+            return 0;
+        };
+        let bytes = list.remove(0);
+        if list.is_empty() {
+            self.held.remove(id);
+        }
+        self.held_bytes -= bytes;
+        bytes
     }
 
     /// Grants that [`Self::plan_step`] could not use; their blocks must be released.

@@ -11,6 +11,8 @@ fn limits(budget: usize, seqs: usize) -> SchedulerLimits {
         max_model_len: 100,
         vocab_size: 50,
         kv_capacity_tokens: 1000,
+        row_bytes: 0,
+        max_pending_bytes: usize::MAX,
     }
 }
 
@@ -320,4 +322,165 @@ fn denied_reservation_keeps_request_waiting() {
     assert_eq!(s.take_unused_grants(), vec![id("b")]);
     let p = s.plan_step(vec![(id("a"), grant(0))]).unwrap();
     assert_eq!(p.chunks.len(), 1);
+}
+
+// ------------------------------------------------------- engine.max_pending_bytes accounting
+
+/// 10 bytes per row, at most `max` bytes held for admitted requests.
+fn bounded(max: usize) -> SchedulerState {
+    SchedulerState::new(SchedulerLimits {
+        row_bytes: 10,
+        max_pending_bytes: max,
+        ..limits(8, 8)
+    })
+}
+
+/// Runs steps until nothing can be planned; returns the requests finished or discarded (the
+/// ones the connector will report released).
+fn run_out(s: &mut SchedulerState) -> Vec<RequestId> {
+    let mut ended = Vec::new();
+    while let Some(p) = step(s) {
+        let fx = s.apply(&output_for(&p));
+        ended.extend(fx.finished.into_iter().map(|f| f.id));
+        ended.extend(fx.discard);
+    }
+    ended
+}
+
+fn running_ids(p: &StepPlan) -> Vec<String> {
+    p.new_requests.iter().map(|n| n.id.to_string()).collect()
+}
+
+#[test]
+fn admission_stops_at_the_bytes_bound_and_resumes_on_release() {
+    let mut s = bounded(100);
+    s.submit(req("a", 6, 0)).unwrap(); // 60 bytes
+    s.submit(req("b", 5, 0)).unwrap(); // 50: 110 > 100, waits
+    s.submit(req("c", 3, 0)).unwrap(); // 30: would fit, but admission is FIFO
+    let p = step(&mut s).unwrap();
+    assert_eq!(running_ids(&p), vec!["a"]);
+    assert_eq!(s.stats().pending_hidden_bytes, 60);
+    assert_eq!(s.stats().memory_waits, 1);
+    s.apply(&output_for(&p));
+    // "a" is finished but its file is not written yet: its bytes still count.
+    assert!(step(&mut s).is_none());
+    assert_eq!((s.stats().waiting, s.stats().pending_hidden_bytes), (2, 60));
+    assert_eq!(
+        s.stats().memory_waits,
+        1,
+        "a waiting request is counted once"
+    );
+    assert_eq!(s.release_hidden(&id("a")), 60);
+    let p = step(&mut s).unwrap();
+    assert_eq!(running_ids(&p), vec!["b", "c"]);
+    assert_eq!(s.stats().pending_hidden_bytes, 80);
+    s.apply(&output_for(&p));
+    s.release_hidden(&id("b"));
+    s.release_hidden(&id("c"));
+    let st = s.stats();
+    assert_eq!(
+        (st.pending_hidden_bytes, st.peak_pending_hidden_bytes),
+        (0, 80)
+    );
+    assert!(s.is_idle());
+}
+
+#[test]
+fn bound_counts_captured_rows_not_forward_tokens() {
+    let mut s = bounded(100);
+    // 4 prompt rows + 5 generated tokens, of which 4 are captured: 80 bytes.
+    let mut a = req("a", 4, 5);
+    a.include_output_tokens = true;
+    s.submit(a).unwrap();
+    // 4 prompt rows only (generated rows not captured): 40 bytes, 120 in all: waits.
+    s.submit(req("b", 4, 5)).unwrap();
+    let p = step(&mut s).unwrap();
+    assert_eq!(running_ids(&p), vec!["a"]);
+    assert_eq!(s.stats().pending_hidden_bytes, 80);
+    s.apply(&output_for(&p));
+    assert_eq!(run_out(&mut s), vec![id("a")]);
+    assert_eq!(s.release_hidden(&id("a")), 80);
+    assert_eq!(running_ids(&step(&mut s).unwrap()), vec!["b"]);
+    assert_eq!(s.stats().pending_hidden_bytes, 40);
+}
+
+#[test]
+fn request_larger_than_the_bound_is_rejected_at_submit() {
+    let mut s = bounded(100);
+    let e = s.submit(req("big", 11, 0)).unwrap_err();
+    assert_eq!(
+        e,
+        SubmitError::TooLargeForHostMemory {
+            rows: 11,
+            bytes: 110,
+            max: 100
+        }
+    );
+    assert!(e.to_string().contains("engine.max_pending_bytes"), "{e}");
+    // Exactly the bound fits, alone.
+    s.submit(req("full", 10, 0)).unwrap();
+    s.submit(req("next", 1, 0)).unwrap();
+    assert_eq!(running_ids(&step(&mut s).unwrap()), vec!["full"]);
+    assert_eq!(s.stats().pending_hidden_bytes, 100);
+}
+
+#[test]
+fn bytes_are_released_on_every_path() {
+    // Each admitted request ends in a finish or a discard for the connector, which reports the
+    // release; after it no bytes are left, whichever way the request ended.
+    let mut s = bounded(1000);
+    // Finished.
+    s.submit(req("done", 3, 0)).unwrap();
+    assert_eq!(run_out(&mut s), vec![id("done")]);
+    // Aborted while waiting: never admitted, nothing held.
+    s.submit(req("w", 3, 0)).unwrap();
+    s.abort(&id("w"));
+    // Aborted between steps (running, not in flight).
+    let mut long = req("between", 30, 0);
+    s.submit(long.clone()).unwrap();
+    let p = step(&mut s).unwrap();
+    s.apply(&output_for(&p));
+    let fx = s.abort(&id("between"));
+    assert_eq!(fx.discard, vec![id("between")]);
+    // Aborted while its step is in flight.
+    long.id = id("inflight");
+    s.submit(long.clone()).unwrap();
+    let p = step(&mut s).unwrap();
+    assert!(s.abort(&id("inflight")).discard.is_empty());
+    assert_eq!(s.apply(&output_for(&p)).discard, vec![id("inflight")]);
+    // Its step failed.
+    long.id = id("failed");
+    s.submit(long.clone()).unwrap();
+    let p = step(&mut s).unwrap();
+    assert_eq!(s.fail_step(p.step, "boom").discard, vec![id("failed")]);
+    // The runner sampled no token.
+    s.submit(req("nosample", 3, 1)).unwrap();
+    let p = step(&mut s).unwrap();
+    let fx = s.apply(&StepOutput {
+        step: p.step,
+        sampled: vec![],
+    });
+    assert_eq!(fx.discard, vec![id("nosample")]);
+    assert!(s.is_idle());
+    assert_eq!(s.stats().pending_hidden_bytes, 30 + 300 * 3 + 30);
+    for r in ["done", "between", "inflight", "failed", "nosample"] {
+        assert!(s.release_hidden(&id(r)) > 0, "{r}");
+    }
+    assert_eq!(s.release_hidden(&id("w")), 0, "never admitted");
+    assert_eq!(s.release_hidden(&id("done")), 0, "released once");
+    assert_eq!(s.stats().pending_hidden_bytes, 0);
+}
+
+#[test]
+fn id_reused_before_its_release_is_counted_per_admission() {
+    let mut s = bounded(100);
+    s.submit(req("a", 3, 0)).unwrap();
+    run_out(&mut s);
+    // Its file is not written yet when the same id comes again.
+    s.submit(req("a", 5, 0)).unwrap();
+    run_out(&mut s);
+    assert_eq!(s.stats().pending_hidden_bytes, 80);
+    assert_eq!(s.release_hidden(&id("a")), 30);
+    assert_eq!(s.release_hidden(&id("a")), 50);
+    assert_eq!(s.stats().pending_hidden_bytes, 0);
 }
