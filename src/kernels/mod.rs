@@ -5,6 +5,7 @@
 //! the batch (the block manager decides them).
 
 pub mod cpu;
+pub mod cuda;
 
 use thiserror::Error;
 

@@ -1,0 +1,74 @@
+// Prepended to every .cu source of hsx (src/kernels/cuda/nvrtc.rs): NVRTC runs without the
+// CUDA toolkit headers, so the half-precision types are plain 16-bit structs here, converted by
+// hand (bf16: round-to-nearest-even on the bits; f16: the PTX cvt instructions).
+//
+// Conventions of every kernel: device pointers arrive as plain pointers (the Rust side passes
+// CUdeviceptr values), sizes as int / long long, element offsets are computed in size_t or
+// long long so that buffers larger than 2^31 elements index correctly.
+
+struct bf16_t { unsigned short bits; };
+struct f16_t { unsigned short bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16_t x) {
+    return __uint_as_float(((unsigned int)x.bits) << 16);
+}
+__device__ __forceinline__ float to_f32(f16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16_t r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        // NaN: keep the sign and make sure a mantissa bit survives the truncation.
+        r.bits = (unsigned short)((u >> 16) | 0x40u);
+        return r;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    r.bits = (unsigned short)(u >> 16);
+    return r;
+}
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    f16_t r;
+    r.bits = h;
+    return r;
+}
+
+#define HSX_FULL_MASK 0xffffffffu
+#define HSX_INF __int_as_float(0x7f800000)
+
+// Butterfly reductions: every lane ends with the same value (a + b == b + a bit for bit), and
+// the order of additions is fixed by the lane layout, never by the data or the batch.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(HSX_FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(HSX_FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(HSX_FULL_MASK, v, o));
+    return v;
+}
+
+// Sum of one double per thread over the whole block (blockDim.x a multiple of 32, <= 1024), in
+// a fixed order; every thread gets the result. `scratch` holds 32 doubles of shared memory.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    v = warp_sum_f64(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < warps; ++w) t += scratch[w];
+    return t;
+}

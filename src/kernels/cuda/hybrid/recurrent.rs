@@ -1,0 +1,501 @@
+//! Recurrent state slots on the device and the launchers of the recurrent kernels
+//! (conv1d.cu, gated_delta.cu, mamba2.cu).
+//!
+//! State of recurrent layer `l`, slot `s`: conv `[k - 1, conv_dim]` and SSM / delta state
+//! (`[nv, dk, dv]` or `[heads, head_dim, d_state]`), f32, in two buffers
+//! `[layers, slots, per_slot]`. A chunk with `start == 0` gets its slot zeroed in every layer
+//! before the forward ([`StateSlots::reset_fresh`], one launch per buffer), so a reused slot
+//! never leaks.
+
+use cudarc::driver::LaunchConfig;
+
+use super::super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::super::ops::suffix;
+use crate::kernels::cpu::recurrent::SeqState;
+use crate::models::WeightDtype;
+
+/// Warps per block of the warp-per-item kernels (4 × 32 = 128 threads).
+const WARPS: usize = 4;
+/// Grid cap of the grid-stride kernels.
+const MAX_BLOCKS: usize = 65_535;
+
+pub(super) fn i32_of(v: usize, what: &str) -> CudaResult<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
+}
+
+fn u32_of(v: usize, what: &str) -> CudaResult<u32> {
+    u32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds a grid")))
+}
+
+/// Grid-stride kernels: 256 threads, at most [`MAX_BLOCKS`] blocks.
+fn stride_cfg(total: usize) -> CudaResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            u32_of(total.div_ceil(256).clamp(1, MAX_BLOCKS), "blocks")?,
+            1,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// One warp per item, [`WARPS`] warps per block.
+pub(super) fn warps_cfg(items: usize) -> CudaResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (u32_of(items.div_ceil(WARPS).max(1), "blocks")?, 1, 1),
+        block_dim: ((32 * WARPS) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The chunks of one batch on the device: per token its chunk, per chunk its first row,
+/// length and slot; and the slots to zero (chunks starting at position 0).
+pub struct DevSeqs {
+    pub num_seqs: usize,
+    pub num_tokens: usize,
+    tok_seq: DevBuf<i32>,
+    seq_start: DevBuf<i32>,
+    seq_len: DevBuf<i32>,
+    seq_slot: DevBuf<i32>,
+    fresh: DevBuf<i32>,
+    num_fresh: usize,
+}
+
+impl DevSeqs {
+    /// Uploads the chunks of a batch (validated by `seq_states`).
+    pub fn new(gpu: &Gpu, seqs: &[SeqState], num_tokens: usize) -> CudaResult<Self> {
+        let mut tok_seq = vec![0i32; num_tokens];
+        let (mut start, mut len, mut slot, mut fresh) = (vec![], vec![], vec![], vec![]);
+        for (i, s) in seqs.iter().enumerate() {
+            if s.rows.end > num_tokens {
+                return Err(CudaError::Invalid(format!(
+                    "chunk rows {:?} past the batch's {num_tokens} tokens",
+                    s.rows
+                )));
+            }
+            tok_seq[s.rows.clone()].fill(i32_of(i, "chunk index")?);
+            start.push(i32_of(s.rows.start, "row")?);
+            len.push(i32_of(s.rows.len(), "chunk length")?);
+            slot.push(i32_of(s.slot, "state slot")?);
+            if s.fresh {
+                fresh.push(i32_of(s.slot, "state slot")?);
+            }
+        }
+        Ok(Self {
+            num_seqs: seqs.len(),
+            num_tokens,
+            tok_seq: gpu.upload(&tok_seq)?,
+            seq_start: gpu.upload(&start)?,
+            seq_len: gpu.upload(&len)?,
+            seq_slot: gpu.upload(&slot)?,
+            num_fresh: fresh.len(),
+            fresh: gpu.upload(&fresh)?,
+        })
+    }
+}
+
+/// Conv and recurrent state of every recurrent layer, for `slots` requests.
+pub struct StateSlots {
+    conv: DevBuf<f32>,
+    ssm: DevBuf<f32>,
+    layers: usize,
+    slots: usize,
+    conv_per: usize,
+    ssm_per: usize,
+}
+
+impl StateSlots {
+    /// `layers` recurrent layers of `conv_per` + `ssm_per` floats per slot, zero-filled.
+    pub fn new(
+        gpu: &Gpu,
+        layers: usize,
+        slots: usize,
+        conv_per: usize,
+        ssm_per: usize,
+    ) -> CudaResult<Self> {
+        let size = |per: usize| {
+            layers
+                .checked_mul(slots)
+                .and_then(|n| n.checked_mul(per))
+                .ok_or_else(|| CudaError::Invalid("recurrent state size overflows".into()))
+        };
+        Ok(Self {
+            conv: gpu.zeros(size(conv_per)?)?,
+            ssm: gpu.zeros(size(ssm_per)?)?,
+            layers,
+            slots,
+            conv_per,
+            ssm_per,
+        })
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Device address of layer `l`'s conv state `[slots, k - 1, conv_dim]`.
+    pub fn conv(&self, l: usize) -> CudaResult<u64> {
+        self.check_layer(l)?;
+        self.conv
+            .ptr_at(l * self.slots * self.conv_per, self.slots * self.conv_per)
+    }
+
+    /// Device address of layer `l`'s recurrent state `[slots, ...]`.
+    pub fn ssm(&self, l: usize) -> CudaResult<u64> {
+        self.check_layer(l)?;
+        self.ssm
+            .ptr_at(l * self.slots * self.ssm_per, self.slots * self.ssm_per)
+    }
+
+    fn check_layer(&self, l: usize) -> CudaResult<()> {
+        if l >= self.layers {
+            return Err(CudaError::Invalid(format!(
+                "recurrent layer {l} of {}",
+                self.layers
+            )));
+        }
+        Ok(())
+    }
+
+    /// Zeroes every layer's state of the slots of chunks that start at position 0.
+    pub fn reset_fresh(&self, gpu: &Gpu, seqs: &DevSeqs) -> CudaResult<()> {
+        if seqs.num_fresh == 0 || self.layers == 0 {
+            return Ok(());
+        }
+        let n = i32_of(seqs.num_fresh, "fresh chunks")?;
+        let (layers, slots) = (i32_of(self.layers, "layers")?, i32_of(self.slots, "slots")?);
+        for (buf, per) in [(&self.conv, self.conv_per), (&self.ssm, self.ssm_per)] {
+            if per == 0 {
+                continue;
+            }
+            let total = self.layers * seqs.num_fresh * per;
+            launch!(
+                gpu,
+                "zero_state_slots_f32",
+                stride_cfg(total)?,
+                buf.ptr(),
+                seqs.fresh.ptr(),
+                n,
+                layers,
+                slots,
+                per as i64
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the conv input sits: column 0 of `x` (device address), rows `stride` apart.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvIo {
+    pub x: u64,
+    pub stride: usize,
+    /// Channels.
+    pub ch: usize,
+    pub k: usize,
+    pub w: u64,
+    /// 0 = no bias.
+    pub bias: u64,
+    /// This layer's conv state `[slots, k - 1, ch]`.
+    pub state: u64,
+    /// `[T, ch]` output.
+    pub out: u64,
+}
+
+/// Causal conv + SiLU of every token, then the slots' windows advance.
+pub fn conv_silu(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
+    let t = seqs.num_tokens;
+    if t == 0 {
+        return Ok(());
+    }
+    let (stride, ch, k) = (
+        i32_of(c.stride, "conv stride")?,
+        i32_of(c.ch, "conv channels")?,
+        i32_of(c.k, "conv kernel")?,
+    );
+    let ti = i32_of(t, "tokens")?;
+    launch!(
+        gpu,
+        "conv1d_silu_f32",
+        stride_cfg(t * c.ch)?,
+        c.x,
+        stride,
+        c.w,
+        c.bias,
+        c.state,
+        seqs.tok_seq.ptr(),
+        seqs.seq_start.ptr(),
+        seqs.seq_slot.ptr(),
+        c.out,
+        ti,
+        ch,
+        k
+    )?;
+    if c.k < 2 {
+        return Ok(());
+    }
+    let n = i32_of(seqs.num_seqs, "chunks")?;
+    launch!(
+        gpu,
+        "conv1d_state_update_f32",
+        stride_cfg(seqs.num_seqs * c.ch)?,
+        c.x,
+        stride,
+        c.state,
+        seqs.seq_start.ptr(),
+        seqs.seq_len.ptr(),
+        seqs.seq_slot.ptr(),
+        n,
+        ch,
+        k
+    )
+}
+
+/// Gated DeltaNet geometry and per-head parameters (device addresses).
+#[derive(Debug, Clone, Copy)]
+pub struct GdnIo {
+    pub nk: usize,
+    pub nv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Conv output `[T, 2·nk·dk + nv·dv]` (q | k | v); q and k are normalised in place.
+    pub qkv: u64,
+    /// `b` and `a` columns (head h at +h), rows `ba_stride` apart.
+    pub b: u64,
+    pub a: u64,
+    pub ba_stride: usize,
+    pub neg_a: u64,
+    pub dt_bias: u64,
+    /// This layer's state `[slots, nv, dk, dv]`.
+    pub state: u64,
+    /// `[T, nv·dv]` f32 output.
+    pub out: u64,
+}
+
+/// Columns per block of `gated_delta_rule_f32` / rows per block of `mamba2_scan_f32`.
+const COLS_PER_BLOCK: usize = 16;
+/// Largest dk (GDN) / d_state (Mamba-2) the register-resident kernels hold.
+pub const MAX_STATE_DIM: usize = 256;
+
+/// l2norm of q and k, then the gated delta rule token by token.
+pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
+    let t = seqs.num_tokens;
+    if t == 0 {
+        return Ok(());
+    }
+    if g.dk > MAX_STATE_DIM || g.nk == 0 || !g.nv.is_multiple_of(g.nk) {
+        return Err(CudaError::Invalid(format!(
+            "Gated DeltaNet nk {} nv {} dk {} (dk <= {MAX_STATE_DIM}, nv a multiple of nk)",
+            g.nk, g.nv, g.dk
+        )));
+    }
+    let key_dim = g.nk * g.dk;
+    let stride = i32_of(2 * key_dim + g.nv * g.dv, "qkv width")?;
+    let (ti, nk, nv) = (
+        i32_of(t, "tokens")?,
+        i32_of(g.nk, "nk")?,
+        i32_of(g.nv, "nv")?,
+    );
+    let (dk, dv) = (i32_of(g.dk, "dk")?, i32_of(g.dv, "dv")?);
+    // As the CPU: 1 / sqrt(dk) in f32.
+    let scale = 1.0f32 / (g.dk as f32).sqrt();
+    launch!(
+        gpu,
+        "gdn_qk_l2norm_f32",
+        warps_cfg(t * 2 * g.nk)?,
+        g.qkv,
+        stride,
+        ti,
+        nk,
+        dk,
+        scale
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32_of(g.dv.div_ceil(COLS_PER_BLOCK), "dv blocks")?,
+            u32_of(g.nv, "value heads")?,
+            u32_of(seqs.num_seqs, "chunks")?,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(
+        gpu,
+        "gated_delta_rule_f32",
+        cfg,
+        g.qkv,
+        stride,
+        g.b,
+        g.a,
+        i32_of(g.ba_stride, "b/a stride")?,
+        g.neg_a,
+        g.dt_bias,
+        g.state,
+        seqs.seq_start.ptr(),
+        seqs.seq_len.ptr(),
+        seqs.seq_slot.ptr(),
+        g.out,
+        nk,
+        nv,
+        dk,
+        dv
+    )
+}
+
+/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output, written in `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_gated_norm(
+    gpu: &Gpu,
+    x: u64,
+    z: u64,
+    z_stride: usize,
+    w: u64,
+    out: u64,
+    dtype: WeightDtype,
+    t: usize,
+    nv: usize,
+    dv: usize,
+    eps: f64,
+) -> CudaResult<()> {
+    if t == 0 {
+        return Ok(());
+    }
+    let name = format!("gdn_gated_norm_{}", suffix(dtype));
+    launch!(
+        gpu,
+        &name,
+        warps_cfg(t * nv)?,
+        x,
+        z,
+        i32_of(z_stride, "z stride")?,
+        w,
+        out,
+        i32_of(t, "tokens")?,
+        i32_of(nv, "nv")?,
+        i32_of(dv, "dv")?,
+        eps
+    )
+}
+
+/// Mamba-2 geometry and per-head parameters (device addresses).
+#[derive(Debug, Clone, Copy)]
+pub struct MambaIo {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub d_state: usize,
+    pub groups: usize,
+    /// Conv output `[T, heads·head_dim + 2·groups·d_state]` (x | B | C).
+    pub xbc: u64,
+    /// Raw dt column 0 (head h at +h), rows `dt_stride` apart.
+    pub dt: u64,
+    pub dt_stride: usize,
+    pub neg_a: u64,
+    pub d: u64,
+    pub dt_bias: u64,
+    pub dt_min: f32,
+    /// This layer's state `[slots, heads, head_dim, d_state]`.
+    pub state: u64,
+    /// `[T, heads·head_dim]` f32 output.
+    pub y: u64,
+}
+
+/// The Mamba-2 selective scan, token by token.
+pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
+    if seqs.num_tokens == 0 {
+        return Ok(());
+    }
+    if m.d_state > MAX_STATE_DIM || m.groups == 0 || !m.heads.is_multiple_of(m.groups) {
+        return Err(CudaError::Invalid(format!(
+            "Mamba-2 heads {} groups {} d_state {} (d_state <= {MAX_STATE_DIM})",
+            m.heads, m.groups, m.d_state
+        )));
+    }
+    let inner = m.heads * m.head_dim;
+    let stride = i32_of(inner + 2 * m.groups * m.d_state, "xBC width")?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32_of(m.head_dim.div_ceil(COLS_PER_BLOCK), "head_dim blocks")?,
+            u32_of(m.heads, "heads")?,
+            u32_of(seqs.num_seqs, "chunks")?,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(
+        gpu,
+        "mamba2_scan_f32",
+        cfg,
+        m.xbc,
+        stride,
+        m.dt,
+        i32_of(m.dt_stride, "dt stride")?,
+        m.neg_a,
+        m.d,
+        m.dt_bias,
+        m.dt_min,
+        m.state,
+        seqs.seq_start.ptr(),
+        seqs.seq_len.ptr(),
+        seqs.seq_slot.ptr(),
+        m.y,
+        i32_of(m.heads, "heads")?,
+        i32_of(m.head_dim, "head_dim")?,
+        i32_of(m.d_state, "d_state")?,
+        i32_of(m.groups, "groups")?
+    )
+}
+
+/// `y·silu(z)` then grouped RMSNorm times `w`, written in `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_gated_norm(
+    gpu: &Gpu,
+    y: u64,
+    z: u64,
+    z_stride: usize,
+    w: u64,
+    out: u64,
+    dtype: WeightDtype,
+    t: usize,
+    inner: usize,
+    group_size: usize,
+    eps: f64,
+) -> CudaResult<()> {
+    if t == 0 {
+        return Ok(());
+    }
+    if group_size == 0 || !inner.is_multiple_of(group_size) {
+        return Err(CudaError::Invalid(format!(
+            "gated norm group size {group_size} does not divide {inner}"
+        )));
+    }
+    let name = format!("mamba2_gated_norm_{}", suffix(dtype));
+    launch!(
+        gpu,
+        &name,
+        warps_cfg(t * (inner / group_size))?,
+        y,
+        z,
+        i32_of(z_stride, "z stride")?,
+        w,
+        out,
+        i32_of(t, "tokens")?,
+        i32_of(inner, "inner")?,
+        i32_of(group_size, "group size")?,
+        eps
+    )
+}
+
+/// `out = relu(x)²` (Nemotron-H MLP), written in `dtype`.
+pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    let name = format!("relu2_{}", suffix(dtype));
+    let cfg = LaunchConfig {
+        grid_dim: (u32_of(total.div_ceil(256), "blocks")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(gpu, &name, cfg, x, out, total as i64)
+}

@@ -1,0 +1,299 @@
+//! The paged KV cache on the device and causal GQA prefill attention over it (attention.cu).
+//!
+//! One K and one V buffer per attention layer, `[num_blocks * block_size, kv_heads * hd]` in
+//! the model dtype. The per-batch [`DevPlan`] (token ids, positions, cache slots, attention
+//! tiles, block tables) is built from the CPU backend's checked [`BatchPlan`] and uploaded once
+//! per forward; every layer reuses it.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::ops::{Heads, suffix};
+use super::weights::WeightData;
+use crate::kernels::cpu::kv_cache::BatchPlan;
+use crate::models::WeightDtype;
+
+/// Query tokens per attention tile (ATTN_TILE in attention.cu).
+pub const ATTN_TILE: usize = 16;
+/// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
+pub const ATTN_MAX_HD: usize = 256;
+const ATTN_THREADS: u32 = 128;
+const SMEM_LIMIT: usize = 48 * 1024;
+
+/// The batch plan on the device.
+pub struct DevPlan {
+    pub num_tokens: usize,
+    /// u32 token ids (range-checked on the host by `BatchPlan::new`).
+    pub tokens: DevBuf<u32>,
+    /// i32 absolute position of each token.
+    pub positions: DevBuf<i32>,
+    /// i64 cache slot of each token.
+    pub slots: DevBuf<i64>,
+    /// `[tiles, 3]`: first token, tokens, seq index.
+    tiles: DevBuf<i32>,
+    num_tiles: usize,
+    tables: DevBuf<i32>,
+    table_start: DevBuf<i32>,
+    block_size: usize,
+}
+
+impl DevPlan {
+    /// Uploads `plan` (checked by `BatchPlan::new`) and the batch's token ids.
+    pub fn new(gpu: &Gpu, tokens: &[u32], plan: &BatchPlan<'_>) -> CudaResult<Self> {
+        let to_i32 = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} {v} exceeds i32")))
+        };
+        let positions = plan
+            .positions
+            .iter()
+            .map(|&p| to_i32(p, "position"))
+            .collect::<CudaResult<Vec<_>>>()?;
+        let slots: Vec<i64> = plan.slots.iter().map(|&s| s as i64).collect();
+        let tiles = tiles(plan);
+        let mut tables = Vec::new();
+        let mut table_start = Vec::with_capacity(plan.tables.len());
+        for t in &plan.tables {
+            table_start.push(to_i32(tables.len(), "block table offset")?);
+            for &b in t.iter() {
+                tables.push(to_i32(b as usize, "block id")?);
+            }
+        }
+        Ok(Self {
+            num_tokens: plan.num_tokens(),
+            tokens: gpu.upload(tokens)?,
+            positions: gpu.upload(&positions)?,
+            slots: gpu.upload(&slots)?,
+            num_tiles: tiles.len() / 3,
+            tiles: gpu.upload(&tiles)?,
+            tables: gpu.upload(&tables)?,
+            table_start: gpu.upload(&table_start)?,
+            block_size: plan.block_size,
+        })
+    }
+}
+
+/// Runs of consecutive positions of one chunk, cut into tiles of at most [`ATTN_TILE`] tokens.
+fn tiles(plan: &BatchPlan<'_>) -> Vec<i32> {
+    let t = plan.num_tokens();
+    let mut out = Vec::with_capacity(3 * t.div_ceil(ATTN_TILE));
+    let mut start = 0;
+    while start < t {
+        let mut end = start + 1;
+        while end < t
+            && end - start < ATTN_TILE
+            && plan.seq_of[end] == plan.seq_of[start]
+            && plan.positions[end] == plan.positions[end - 1] + 1
+        {
+            end += 1;
+        }
+        // Token indices and seq indices are < T, which the caller bounds by the token budget.
+        out.extend([
+            start as i32,
+            (end - start) as i32,
+            plan.seq_of[start] as i32,
+        ]);
+        start = end;
+    }
+    out
+}
+
+/// Head geometry of an attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttnArgs {
+    q: u64,
+    q_stride: i64,
+    q_col: i32,
+    tiles: u64,
+    positions: u64,
+    tables: u64,
+    table_start: u64,
+    heads: i32,
+    kv_heads: i32,
+    hd: i32,
+    block_size: i32,
+    kb: i32,
+    scale: f32,
+}
+
+// SAFETY: plain C-layout data (addresses and numbers), as the kernel declares it.
+unsafe impl DeviceRepr for AttnArgs {}
+
+/// K and V of every attention layer.
+pub struct DevKvCache {
+    k: Vec<WeightData>,
+    v: Vec<WeightData>,
+    num_blocks: usize,
+    block_size: usize,
+    kv_dim: usize,
+    dtype: WeightDtype,
+}
+
+impl DevKvCache {
+    /// Allocates (zero-filled) `layers` K and V buffers in `dtype`.
+    pub fn new(
+        gpu: &Gpu,
+        layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dim: usize,
+        dtype: WeightDtype,
+    ) -> CudaResult<Self> {
+        let per_layer = num_blocks
+            .checked_mul(block_size)
+            .and_then(|s| s.checked_mul(kv_dim))
+            .ok_or_else(|| CudaError::Invalid("KV cache size overflows".into()))?;
+        let alloc = || -> CudaResult<WeightData> {
+            Ok(match dtype {
+                WeightDtype::F32 => WeightData::F32(gpu.zeros(per_layer)?),
+                WeightDtype::Bf16 => WeightData::Bf16(gpu.zeros(per_layer)?),
+                WeightDtype::F16 => WeightData::F16(gpu.zeros(per_layer)?),
+            })
+        };
+        let (mut k, mut v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
+        for _ in 0..layers {
+            k.push(alloc()?);
+            v.push(alloc()?);
+        }
+        Ok(Self {
+            k,
+            v,
+            num_blocks,
+            block_size,
+            kv_dim,
+            dtype,
+        })
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn layer(&self, layer: usize) -> CudaResult<(&WeightData, &WeightData)> {
+        match (self.k.get(layer), self.v.get(layer)) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(CudaError::Invalid(format!(
+                "KV cache layer {layer} of {}",
+                self.k.len()
+            ))),
+        }
+    }
+
+    /// Writes the K and V rows of every batch token (f32 columns `k_col..+kv_dim` and
+    /// `v_col..+kv_dim` of `src`'s rows) into their slots of `layer`.
+    pub fn write(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        src: Heads,
+        k_col: usize,
+        v_col: usize,
+        plan: &DevPlan,
+    ) -> CudaResult<()> {
+        let (k, v) = self.layer(layer)?;
+        if plan.block_size != self.block_size {
+            return Err(CudaError::Invalid(
+                "plan and cache block sizes differ".into(),
+            ));
+        }
+        let name = format!("kv_write_{}", suffix(self.dtype));
+        let cfg = super::context::rows_cfg(plan.num_tokens, 256)?;
+        let (stride, kc, vc) = (src.stride as i64, k_col as i32, v_col as i32);
+        let kv_dim = self.kv_dim as i32;
+        let slots = plan.slots.ptr();
+        launch!(
+            gpu,
+            &name,
+            cfg,
+            src.base,
+            stride,
+            kc,
+            vc,
+            kv_dim,
+            slots,
+            k.ptr(),
+            v.ptr()
+        )
+    }
+
+    /// `out[t, h * hd..]` (in `out_dtype`: f32 or the cache dtype) = causal attention of the
+    /// query heads `q` over positions `0..=pos[t]` of token t's sequence in `layer`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        q: Heads,
+        shape: AttnShape,
+        out: u64,
+        out_dtype: WeightDtype,
+        plan: &DevPlan,
+    ) -> CudaResult<()> {
+        let (k, v) = self.layer(layer)?;
+        check_shape(shape, self.kv_dim)?;
+        if plan.num_tiles == 0 {
+            return Ok(());
+        }
+        let name = format!("attention_{}_{}", suffix(self.dtype), suffix(out_dtype));
+        let hd = shape.head_dim;
+        let kb = [32usize, 16, 8]
+            .into_iter()
+            .find(|&kb| smem_floats(hd, kb) * 4 <= SMEM_LIMIT)
+            .unwrap_or(8);
+        let args = AttnArgs {
+            q: q.base,
+            q_stride: q.stride as i64,
+            q_col: q.col as i32,
+            tiles: plan.tiles.ptr(),
+            positions: plan.positions.ptr(),
+            tables: plan.tables.ptr(),
+            table_start: plan.table_start.ptr(),
+            heads: shape.heads as i32,
+            kv_heads: shape.kv_heads as i32,
+            hd: hd as i32,
+            block_size: self.block_size as i32,
+            kb: kb as i32,
+            scale: shape.scale,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (plan.num_tiles as u32, shape.heads as u32, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: (smem_floats(hd, kb) * 4) as u32,
+        };
+        launch!(gpu, &name, cfg, args, k.ptr(), v.ptr(), out)
+    }
+}
+
+/// Shared floats of one attention block: query tile, padded key block, value block.
+fn smem_floats(hd: usize, kb: usize) -> usize {
+    ATTN_TILE * hd + kb * (hd + 1) + kb * hd
+}
+
+fn check_shape(s: AttnShape, kv_dim: usize) -> CudaResult<()> {
+    let ok = s.kv_heads > 0
+        && s.heads.is_multiple_of(s.kv_heads)
+        && s.head_dim > 0
+        && s.head_dim <= ATTN_MAX_HD
+        && s.kv_heads * s.head_dim == kv_dim
+        && s.heads <= 65535;
+    if ok {
+        Ok(())
+    } else {
+        Err(CudaError::Invalid(format!(
+            "attention shape {s:?} unsupported (kv_dim {kv_dim}, head_dim <= {ATTN_MAX_HD})"
+        )))
+    }
+}

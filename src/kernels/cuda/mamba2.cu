@@ -1,0 +1,181 @@
+// Mamba-2 (Nemotron-H) selective scan over a packed varlen batch with the
+// [heads, head_dim, d_state] f32 state of each request in its slot, the grouped gated RMSNorm
+// (norm_before_gate = False) and the relu^2 MLP activation.
+//
+// Launch: mamba2_scan_f32 grid (ceil(head_dim / 16), heads, num_seqs), block (128).
+//
+// Algorithm: TOKEN-SERIAL (the recurrence of kernels::cpu::recurrent::mamba2_scan, no SSD
+// chunked form). Row p of a head's state (its d_state entries) evolves on its own:
+//   dt = max(softplus(dt_raw + dt_bias[h]), dt_min);  dA = exp(dt * A),  A = -exp(A_log)
+//   S[p, :] = S[p, :] * dA + (dt * x_p) * B_g;   y_p = C_g . S[p, :] + D[h] * x_p
+// Each warp owns 4 rows of one (chunk, head) and walks the chunk's tokens in order, the state
+// in registers: lane = row_sub + 4 * part; a lane keeps entries part, part + 8, ... of its row
+// (d_state <= 256); the dot product ends with a fixed 3-step xor-shuffle tree. Parallel over
+// chunks x heads x rows; results do not depend on the batch or the chunking.
+//
+// Layout (f32, row-major), after conv1d_silu_f32:
+//   xbc    [T, xbc_stride]: x [heads * head_dim] | B [groups * d_state] | C [groups * d_state]
+//   dt     [T, dt_stride] (column h; offset pointer into the in_proj output)
+//   neg_a, d, dt_bias [heads]
+//   state  [slots, heads, head_dim, d_state]
+//   y      [T, heads * head_dim]
+
+#define M2_PARTS 8
+#define M2_ROWS 4
+#define M2_MAX_COLS 32  // entries per lane: d_state <= M2_PARTS * M2_MAX_COLS = 256
+#define M2_WARPS 4
+
+__device__ __forceinline__ float m2_softplus(float v) {
+    return v > 20.0f ? v : log1pf(expf(v));
+}
+
+__device__ __forceinline__ float m2_part_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 4));
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 8));
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 16));
+    return v;
+}
+
+// grid: (ceil(head_dim / (M2_ROWS * M2_WARPS)), heads, num_seqs); block: 32 * M2_WARPS.
+extern "C" __global__ void mamba2_scan_f32(
+    const float* __restrict__ xbc, int xbc_stride,
+    const float* __restrict__ dt, int dt_stride,
+    const float* __restrict__ neg_a,
+    const float* __restrict__ dskip,
+    const float* __restrict__ dt_bias,
+    float dt_min,
+    float* __restrict__ state,
+    const int* __restrict__ seq_start,
+    const int* __restrict__ seq_len,
+    const int* __restrict__ seq_slot,
+    float* __restrict__ y,
+    int heads, int head_dim, int d_state, int groups)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row_sub = lane & (M2_ROWS - 1);
+    const int part = lane / M2_ROWS;
+    const int h = blockIdx.y;
+    const int s = blockIdx.z;
+    const int p = (blockIdx.x * M2_WARPS + warp) * M2_ROWS + row_sub;
+    const bool row_ok = p < head_dim;
+    const int g = h / (heads / groups);
+    const int inner = heads * head_dim;
+    const int r0 = seq_start[s];
+    const int len = seq_len[s];
+    float* st = state + (((size_t)seq_slot[s] * heads + h) * head_dim + (row_ok ? p : 0))
+                            * (size_t)d_state;
+
+    float S[M2_MAX_COLS];
+#pragma unroll
+    for (int r = 0; r < M2_MAX_COLS; ++r) {
+        const int c = part + M2_PARTS * r;
+        S[r] = (row_ok && c < d_state) ? st[c] : 0.0f;
+    }
+    const float na = neg_a[h];
+    const float bias = dt_bias[h];
+    const float dh = dskip[h];
+    for (int local = 0; local < len; ++local) {
+        const size_t row = (size_t)(r0 + local);
+        const float* xr = xbc + row * xbc_stride;
+        const float* bm = xr + inner + (size_t)g * d_state;
+        const float* cm = xr + inner + (size_t)(groups + g) * d_state;
+        const float d = fmaxf(m2_softplus(__fadd_rn(dt[row * dt_stride + h], bias)), dt_min);
+        const float da = expf(__fmul_rn(d, na));
+        const float xp = row_ok ? xr[(size_t)h * head_dim + p] : 0.0f;
+        const float xd = __fmul_rn(xp, d);
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < M2_MAX_COLS; ++r) {
+            const int c = part + M2_PARTS * r;
+            if (c < d_state) {
+                S[r] = __fadd_rn(__fmul_rn(S[r], da), __fmul_rn(xd, bm[c]));
+                acc = __fadd_rn(acc, __fmul_rn(cm[c], S[r]));
+            }
+        }
+        acc = m2_part_sum(acc);
+        if (row_ok && part == 0) {
+            y[row * (size_t)inner + (size_t)h * head_dim + p] =
+                __fadd_rn(acc, __fmul_rn(dh, xp));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < M2_MAX_COLS; ++r) {
+        const int c = part + M2_PARTS * r;
+        if (row_ok && c < d_state) {
+            st[c] = S[r];
+        }
+    }
+}
+
+// Nemotron-H / Mamba-2 gated norm (kernels::cpu::recurrent::gate_then_grouped_rms_norm):
+//   h = y * silu(z);  out = w * (h * r) over groups of group_size channels, r = f32(1 /
+//   sqrt(f32(mean(h^2)) + eps)), the mean of squares accumulated in f64 (as the CPU).
+// y [T, inner] f32 (not modified), z [T, z_stride], out [T, inner] in the out_proj GEMM's
+// input dtype. Launch: grid (ceil(T * groups / 4)), block (128): one warp per (token, group).
+template <typename OUT>
+__device__ void mamba2_gated_norm_t(const float* y, const float* z, int z_stride, const float* w,
+                                    OUT* out, int num_tokens, int inner, int group_size,
+                                    double eps) {
+    const int lane = threadIdx.x & 31;
+    const int ngroups = inner / group_size;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (warp >= (long long)num_tokens * ngroups) {
+        return;
+    }
+    const int t = (int)(warp / ngroups);
+    const int grp = (int)(warp - (long long)t * ngroups);
+    const size_t off = (size_t)t * inner + (size_t)grp * group_size;
+    const float* yr = y + off;
+    const float* zr = z + (size_t)t * z_stride + (size_t)grp * group_size;
+    const float* wr = w + (size_t)grp * group_size;
+    double ss = 0.0;
+    for (int i = lane; i < group_size; i += 32) {
+        const float zi = zr[i];
+        const double hv = (double)__fmul_rn(yr[i], zi / (1.0f + expf(-zi)));
+        ss += hv * hv;
+    }
+    ss = warp_sum_f64(ss);
+    const float var = (float)(ss / (double)group_size);
+    const float r = (float)(1.0 / sqrt((double)var + eps));
+    for (int i = lane; i < group_size; i += 32) {
+        const float zi = zr[i];
+        const float hv = __fmul_rn(yr[i], zi / (1.0f + expf(-zi)));
+        out[off + i] = from_f32<OUT>(__fmul_rn(wr[i], __fmul_rn(hv, r)));
+    }
+}
+extern "C" __global__ void mamba2_gated_norm_f32(const float* y, const float* z, int z_stride,
+                                                 const float* w, float* out, int num_tokens,
+                                                 int inner, int group_size, double eps) {
+    mamba2_gated_norm_t<float>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
+}
+extern "C" __global__ void mamba2_gated_norm_bf16(const float* y, const float* z, int z_stride,
+                                                  const float* w, bf16_t* out, int num_tokens,
+                                                  int inner, int group_size, double eps) {
+    mamba2_gated_norm_t<bf16_t>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
+}
+extern "C" __global__ void mamba2_gated_norm_f16(const float* y, const float* z, int z_stride,
+                                                 const float* w, f16_t* out, int num_tokens,
+                                                 int inner, int group_size, double eps) {
+    mamba2_gated_norm_t<f16_t>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
+}
+
+// Nemotron-H MLP activation: out = relu(x)^2 (x f32 from the up GEMM, out in the down GEMM's
+// input dtype). Launch: grid (ceil(n / 256)), block (256).
+template <typename OUT>
+__device__ void relu2_t(const float* x, OUT* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float r = fmaxf(x[i], 0.0f);
+        out[i] = from_f32<OUT>(__fmul_rn(r, r));
+    }
+}
+extern "C" __global__ void relu2_f32(const float* x, float* out, long long n) {
+    relu2_t<float>(x, out, n);
+}
+extern "C" __global__ void relu2_bf16(const float* x, bf16_t* out, long long n) {
+    relu2_t<bf16_t>(x, out, n);
+}
+extern "C" __global__ void relu2_f16(const float* x, f16_t* out, long long n) {
+    relu2_t<f16_t>(x, out, n);
+}

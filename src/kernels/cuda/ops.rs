@@ -1,0 +1,280 @@
+//! Rust launchers of the row-wise and element-wise kernels (norm.cu, rope.cu,
+//! elementwise.cu, embed.cu). Arguments are device addresses (`u64`) plus sizes; the caller
+//! guarantees the buffers hold what the sizes say (models size their scratch for the token
+//! budget and check the batch against it once per forward).
+//!
+//! `*_dtype` arguments name the dtype a kernel writes for a following GEMM (the weights'
+//! dtype); the residual stream and everything else stays f32.
+
+use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch, rows_cfg};
+use super::weights::DevWeight;
+use crate::models::WeightDtype;
+
+/// Kernel-name suffix of a dtype.
+pub fn suffix(d: WeightDtype) -> &'static str {
+    match d {
+        WeightDtype::F32 => "f32",
+        WeightDtype::Bf16 => "bf16",
+        WeightDtype::F16 => "f16",
+    }
+}
+
+fn i32_of(v: usize, what: &str) -> CudaResult<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
+}
+
+fn i64_of(v: usize) -> i64 {
+    // usize -> i64 cannot overflow for any buffer that fits in device memory.
+    v as i64
+}
+
+const ROW_THREADS: u32 = 256;
+
+/// `out[r] = rms_norm(x[r]) * w` for `rows` rows of `n` (out in `dtype`).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    out: u64,
+    dtype: WeightDtype,
+    rows: usize,
+    n: usize,
+    eps: f64,
+) -> CudaResult<()> {
+    let name = format!("rms_norm_{}", suffix(dtype));
+    let n = i32_of(n, "hidden")?;
+    launch!(gpu, &name, rows_cfg(rows, ROW_THREADS)?, x, w, out, n, eps)
+}
+
+/// `x += y`, then `out = rms_norm(x) * w` (the residual add fused with the next norm).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    gpu: &Gpu,
+    x: u64,
+    y: u64,
+    w: u64,
+    out: u64,
+    dtype: WeightDtype,
+    rows: usize,
+    n: usize,
+    eps: f64,
+) -> CudaResult<()> {
+    let name = format!("add_rms_norm_{}", suffix(dtype));
+    let n = i32_of(n, "hidden")?;
+    launch!(
+        gpu,
+        &name,
+        rows_cfg(rows, ROW_THREADS)?,
+        x,
+        y,
+        w,
+        out,
+        n,
+        eps
+    )
+}
+
+/// Where a group of heads sits inside wider f32 rows (e.g. q / k inside fused qkv rows).
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    /// Device address of row 0, column 0.
+    pub base: u64,
+    /// Elements between rows.
+    pub stride: usize,
+    /// Column of the first head.
+    pub col: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}
+
+/// Per-head RMSNorm in place (Qwen3 q_norm / k_norm), `w` of `head_dim` values.
+pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
+    if x.rows == 0 {
+        return Ok(());
+    }
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (
+            u32::try_from(x.rows).map_err(|_| CudaError::Invalid("rows".into()))?,
+            u32::try_from(x.heads).map_err(|_| CudaError::Invalid("heads".into()))?,
+            1,
+        ),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (stride, col, hd) = (
+        i64_of(x.stride),
+        i32_of(x.col, "col")?,
+        i32_of(x.head_dim, "hd")?,
+    );
+    launch!(gpu, "head_rms_norm", cfg, x.base, stride, col, hd, w, eps)
+}
+
+/// RoPE in place on the first `rot` dims of every head (rot == head_dim: full rotary), at
+/// `positions` (device, i32 per row), with `inv_freq` (device, rot / 2 values).
+pub fn rope(gpu: &Gpu, x: Heads, rot: usize, positions: u64, inv_freq: u64) -> CudaResult<()> {
+    if x.rows == 0 {
+        return Ok(());
+    }
+    if rot == 0 || !rot.is_multiple_of(2) || rot > x.head_dim {
+        return Err(CudaError::Invalid(format!(
+            "rotary dims {rot} must be even and within head_dim {}",
+            x.head_dim
+        )));
+    }
+    let (stride, col) = (i64_of(x.stride), i32_of(x.col, "col")?);
+    let (heads, hd, rot) = (
+        i32_of(x.heads, "heads")?,
+        i32_of(x.head_dim, "hd")?,
+        i32_of(rot, "rot")?,
+    );
+    let cfg = rows_cfg(x.rows, ROW_THREADS)?;
+    launch!(
+        gpu, "rope", cfg, x.base, stride, col, heads, hd, rot, positions, inv_freq
+    )
+}
+
+/// `out[t, i] = silu(gu[t, i]) * gu[t, inter + i]` (out in `dtype`).
+pub fn silu_mul(
+    gpu: &Gpu,
+    gu: u64,
+    out: u64,
+    dtype: WeightDtype,
+    rows: usize,
+    inter: usize,
+) -> CudaResult<()> {
+    let total = rows * inter;
+    if total == 0 {
+        return Ok(());
+    }
+    let name = format!("silu_mul_{}", suffix(dtype));
+    let inter = i32_of(inter, "intermediate")?;
+    launch!(gpu, &name, elems_cfg(total)?, gu, out, inter, i64_of(total))
+}
+
+/// `y[r, i] += b[i]` over `rows` rows of `n`.
+pub fn bias_add(gpu: &Gpu, y: u64, b: u64, rows: usize, n: usize) -> CudaResult<()> {
+    let total = rows * n;
+    if total == 0 {
+        return Ok(());
+    }
+    let ni = i32_of(n, "bias length")?;
+    launch!(gpu, "bias_add", elems_cfg(total)?, y, b, ni, i64_of(total))
+}
+
+/// `x += y` over `total` f32 values.
+pub fn add(gpu: &Gpu, x: u64, y: u64, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    launch!(gpu, "add_f32", elems_cfg(total)?, x, y, i64_of(total))
+}
+
+/// `out = a + b` over `total` f32 values.
+pub fn add_into(gpu: &Gpu, a: u64, b: u64, out: u64, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    launch!(
+        gpu,
+        "add_into_f32",
+        elems_cfg(total)?,
+        a,
+        b,
+        out,
+        i64_of(total)
+    )
+}
+
+/// f32 values to `dtype` (a plain device copy for f32).
+pub fn cast(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    match dtype {
+        WeightDtype::F32 => copy_f32(gpu, x, out, total),
+        WeightDtype::Bf16 => launch!(
+            gpu,
+            "cast_f32_bf16",
+            elems_cfg(total)?,
+            x,
+            out,
+            i64_of(total)
+        ),
+        WeightDtype::F16 => launch!(
+            gpu,
+            "cast_f32_f16",
+            elems_cfg(total)?,
+            x,
+            out,
+            i64_of(total)
+        ),
+    }
+}
+
+/// Device-to-device copy of `total` f32 values on the compute stream.
+pub fn copy_f32(gpu: &Gpu, src: u64, dst: u64, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    gpu.ctx.bind_to_thread()?;
+    // SAFETY: both ranges are live device memory of `total` f32 (caller's contract).
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(dst, src, total * 4, gpu.stream.cu_stream())?;
+    }
+    Ok(())
+}
+
+/// `x[t] = table[tokens[t]]` (f32) for `t < rows`; token ids (device, u32) must have been
+/// range-checked on the host.
+pub fn embed(gpu: &Gpu, tokens: u64, table: &DevWeight, x: u64, rows: usize) -> CudaResult<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let name = format!("embed_{}", suffix(table.data.dtype()));
+    let hidden = i32_of(table.cols, "hidden")?;
+    launch!(
+        gpu,
+        &name,
+        rows_cfg(rows, ROW_THREADS)?,
+        tokens,
+        table.data.ptr(),
+        x,
+        hidden
+    )
+}
+
+/// `out[i] = x[rows[i]]` for `n` rows (device u32 indices) of `hidden` f32.
+pub fn gather_rows(
+    gpu: &Gpu,
+    x: u64,
+    rows: u64,
+    out: u64,
+    n: usize,
+    hidden: usize,
+) -> CudaResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let hidden = i32_of(hidden, "hidden")?;
+    launch!(
+        gpu,
+        "gather_rows",
+        rows_cfg(n, ROW_THREADS)?,
+        x,
+        rows,
+        out,
+        hidden
+    )
+}
+
+/// `out[r] = argmax(logits[r])` (u32) for `rows` rows of `vocab` f32.
+pub fn argmax(gpu: &Gpu, logits: u64, rows: usize, vocab: usize, out: u64) -> CudaResult<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let vocab = i32_of(vocab, "vocab")?;
+    // The kernel's shared arrays are sized for exactly 256 threads.
+    launch!(gpu, "argmax_rows", rows_cfg(rows, 256)?, logits, vocab, out)
+}

@@ -1,0 +1,24 @@
+// Rotary embedding, rotate-half convention (transformers apply_rotary_pos_emb), in place on
+// heads inside wider rows (q and k inside the fused qkv rows). Partial rotary: only the first
+// `rot` dims of each head rotate, pairs (i, i + rot/2); the rest pass through.
+// inv_freq (rot/2 values) comes from the host (src/kernels/cpu/ops.rs::Rope, llama3 scaling
+// included). Angles as the CPU: f32(inv_freq * f32(pos)), cos/sin in f64 rounded to f32.
+//
+// Launch: grid (rows), block (256); threads loop over heads * rot/2 pairs.
+extern "C" __global__ void rope(float* x, long long stride, int col, int heads, int hd, int rot,
+                                const int* positions, const float* inv_freq) {
+    const size_t row = blockIdx.x;
+    const int half = rot / 2;
+    const float pos = (float)positions[row];
+    float* base = x + row * stride + col;
+    for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+        const int h = p / half, i = p % half;
+        const float angle = __fmul_rn(inv_freq[i], pos);
+        const float c = (float)cos((double)angle);
+        const float s = (float)sin((double)angle);
+        float* head = base + (size_t)h * hd;
+        const float x1 = head[i], x2 = head[i + half];
+        head[i] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(-x2, s));
+        head[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    }
+}
