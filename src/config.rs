@@ -47,7 +47,8 @@ pub struct Config {
 pub struct ModelSection {
     /// A Hugging Face model directory (config.json + *.safetensors).
     pub path: PathBuf,
-    /// `cpu` (the only device so far).
+    /// `cpu`, `cuda` (device 0), `cuda:N`, or `auto` (CUDA when usable, else CPU); see
+    /// [`DeviceChoice`].
     #[serde(default = "default_device")]
     pub device: String,
     /// Compute threads; 0 = every core.
@@ -109,6 +110,9 @@ pub struct EngineSection {
     pub layer_ids: Option<Vec<usize>>,
     /// dtype of the saved hidden states.
     pub dtype: DtypeChoice,
+    /// Host bytes of hidden states held for admitted requests (`T × K × H ×` dtype size each)
+    /// until their files are written; admission waits at it, a larger request is rejected.
+    pub max_pending_bytes: usize,
 }
 
 impl Default for EngineSection {
@@ -122,6 +126,7 @@ impl Default for EngineSection {
             num_blocks: 4096,
             layer_ids: None,
             dtype: DtypeChoice::Auto,
+            max_pending_bytes: 2 << 30,
         }
     }
 }
@@ -180,7 +185,8 @@ pub struct SocketSection {
     pub mode: u32,
     /// Longest accepted request line in bytes; longer lines are answered with an error.
     pub max_line_bytes: usize,
-    /// Connections served at once; further ones wait to be accepted.
+    /// Connections served at once; one more is answered with a `too_many_connections` error
+    /// line and closed.
     pub max_connections: usize,
     /// Kernel send buffer of each connection in bytes (0: the OS default). Together with
     /// `events.subscriber_buffer` it bounds how far a subscriber may lag before it is dropped.
@@ -248,6 +254,37 @@ impl Default for LoggingSection {
         Self {
             format: LogFormat::Text,
             level: "info".into(),
+        }
+    }
+}
+
+/// Where the model runs (`model.device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Cpu,
+    /// A CUDA device ordinal (`cuda` = `cuda:0`).
+    Cuda(usize),
+    /// CUDA device 0 when the `cuda` feature is built and a device is usable, else the CPU.
+    Auto,
+}
+
+impl DeviceChoice {
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let bad = || {
+            ConfigError::Invalid(format!(
+                "model.device {s:?}: expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\""
+            ))
+        };
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            "auto" => Ok(Self::Auto),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                    n.parse().map(Self::Cuda).map_err(|_| bad())
+                }
+                _ => Err(bad()),
+            },
         }
     }
 }
@@ -340,6 +377,7 @@ impl Config {
             ("engine.max_waiting", e.max_waiting),
             ("engine.block_size", e.block_size),
             ("engine.num_blocks", e.num_blocks),
+            ("engine.max_pending_bytes", e.max_pending_bytes),
             (
                 "output.max_concurrent_writes",
                 self.output.max_concurrent_writes,
@@ -353,12 +391,7 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
             }
         }
-        if self.model.device != "cpu" {
-            return Err(ConfigError::Invalid(format!(
-                "model.device {:?} is not supported (expected \"cpu\")",
-                self.model.device
-            )));
-        }
+        DeviceChoice::parse(&self.model.device)?;
         if self.socket.mode > 0o777 {
             return Err(ConfigError::Invalid(format!(
                 "socket.mode {:#o} is not a file mode (write it in octal, e.g. 0o600)",
@@ -428,121 +461,5 @@ pub fn parse_layer_list(s: &str) -> Result<Vec<usize>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MINIMAL: &str = "[model]\npath = \"m\"\n";
-
-    #[test]
-    fn minimal_config_gets_defaults() {
-        let c = Config::parse(MINIMAL).unwrap();
-        assert_eq!(c.engine.block_size, 16);
-        assert_eq!(c.engine.dtype, DtypeChoice::Auto);
-        c.validate().unwrap();
-    }
-
-    #[test]
-    fn unknown_key_is_named() {
-        let err = Config::parse("[model]\npath = \"m\"\n[engine]\nmax_tokenz = 3\n").unwrap_err();
-        assert!(err.to_string().contains("max_tokenz"), "{err}");
-        let err = Config::parse("[model]\npath = \"m\"\n[bogus]\n").unwrap_err();
-        assert!(err.to_string().contains("bogus"), "{err}");
-    }
-
-    #[test]
-    fn zero_budget_rejected() {
-        let mut c = Config::parse(MINIMAL).unwrap();
-        c.engine.max_num_batched_tokens = 0;
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("max_num_batched_tokens"), "{err}");
-    }
-
-    #[test]
-    fn default_layers_follow_speculators() {
-        assert_eq!(resolve_layer_ids(None, 32).unwrap(), vec![2, 16, 29, 32]);
-        assert_eq!(resolve_layer_ids(None, 4).unwrap(), vec![1, 2, 4]);
-        assert_eq!(resolve_layer_ids(None, 1).unwrap(), vec![0, 1]);
-    }
-
-    #[test]
-    fn configured_layers_come_out_ascending() {
-        assert_eq!(
-            resolve_layer_ids(Some(&[4, 0, 2]), 4).unwrap(),
-            vec![0, 2, 4]
-        );
-    }
-
-    #[test]
-    fn duplicate_and_out_of_range_layers_rejected() {
-        let e = resolve_layer_ids(Some(&[1, 3, 1]), 4)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("twice"), "{e}");
-        let e = resolve_layer_ids(Some(&[5]), 4).unwrap_err().to_string();
-        assert!(e.contains("out of range"), "{e}");
-        assert!(resolve_layer_ids(Some(&[]), 4).is_err());
-    }
-
-    #[test]
-    fn overrides_apply() {
-        let mut c = Config::parse(MINIMAL).unwrap();
-        c.apply(&Overrides {
-            layers: Some(vec![1]),
-            max_num_batched_tokens: Some(7),
-            dtype: Some(DtypeChoice::Bf16),
-            ..Default::default()
-        });
-        assert_eq!(c.engine.layer_ids, Some(vec![1]));
-        assert_eq!(c.engine.max_num_batched_tokens, 7);
-        assert_eq!(c.engine.dtype, DtypeChoice::Bf16);
-    }
-
-    #[test]
-    fn daemon_sections_parse_and_validate() {
-        let text = "[model]\npath = \"m\"\n[socket]\npath = \"s.sock\"\nmode = 0o660\n\
-                    [http]\naddress = \"127.0.0.1:0\"\n[metrics]\nenabled = false\n\
-                    [logging]\nformat = \"json\"\nlevel = \"debug\"\n\
-                    [output]\nallow_custom_paths = true\n";
-        let c = Config::parse(text).unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.socket.mode, 0o660);
-        assert_eq!(c.http.as_ref().unwrap().address, "127.0.0.1:0");
-        assert!(!c.metrics.enabled && c.output.allow_custom_paths);
-        assert_eq!(c.logging.format, LogFormat::Json);
-        let c = Config::parse(MINIMAL).unwrap();
-        assert!(c.http.is_none() && c.metrics.enabled);
-        assert_eq!(c.socket.mode, 0o600);
-        let err = Config::parse("[model]\npath = \"m\"\n[socket]\nmod = 1\n").unwrap_err();
-        assert!(err.to_string().contains("mod"), "{err}");
-        let mut c = Config::parse(MINIMAL).unwrap();
-        c.apply(&Overrides {
-            http: Some("nonsense".into()),
-            ..Default::default()
-        });
-        assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("http.address")
-        );
-        c.http = None;
-        c.socket.mode = 0o1777;
-        assert!(c.validate().is_err());
-    }
-
-    #[test]
-    fn shipped_config_loads_with_every_section() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
-        let c = Config::load(&path, &Overrides::default()).unwrap();
-        assert!(c.socket.path.ends_with("out/hsx.sock"));
-        assert_eq!(c.socket.mode, 0o600);
-        assert_eq!(c.http.unwrap().address, "127.0.0.1:8000");
-        assert!(c.metrics.enabled);
-    }
-
-    #[test]
-    fn layer_list_parses() {
-        assert_eq!(parse_layer_list("0, 2,5").unwrap(), vec![0, 2, 5]);
-        assert!(parse_layer_list("1,x").is_err());
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

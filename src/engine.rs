@@ -20,8 +20,9 @@ use crate::actors::model_runner::{self, RowShape, RunnerLinks};
 use crate::actors::scheduler::{
     SchedulerHandle, SchedulerLimits, SchedulerLinks, SchedulerState, SchedulerStats, SubmitError,
 };
-use crate::config::{Config, ConfigError, resolve_layer_ids};
+use crate::config::{Config, ConfigError, DeviceChoice, resolve_layer_ids};
 use crate::kernels::cpu::{CpuBackend, CpuOptions};
+use crate::kernels::cuda;
 use crate::models::{ModelError, ModelSpec, WeightDtype};
 
 #[derive(Debug, Error)]
@@ -132,7 +133,9 @@ impl Engine {
             dtype: info.dtype,
             model: info.model_name.clone(),
         };
-        let connector = ConnectorHandle::spawn(
+        let row_bytes = layout.row_bytes();
+        let (release_tx, release_rx) = tokio::sync::mpsc::unbounded_channel();
+        let connector = ConnectorHandle::spawn_reporting(
             layout,
             ConnectorOptions {
                 lock_files: cfg.output.lock_files,
@@ -140,6 +143,7 @@ impl Engine {
                 mailbox: MAILBOX,
             },
             events.clone(),
+            Some(release_tx),
         )?;
         let blocks = BlockManagerHandle::spawn(
             BlockPool::new(e.num_blocks, e.block_size, state_slots),
@@ -153,12 +157,15 @@ impl Engine {
             max_model_len: info.max_model_len,
             vocab_size: info.vocab_size,
             kv_capacity_tokens: e.num_blocks * e.block_size,
+            row_bytes,
+            max_pending_bytes: e.max_pending_bytes,
         };
         let links = SchedulerLinks {
             blocks: blocks.clone(),
             runner: plan_tx,
             connector: connector.clone(),
             events: events.clone(),
+            releases: Some(release_rx),
         };
         let scheduler = SchedulerHandle::spawn(SchedulerState::new(limits.clone()), links, MAILBOX);
         let shape = RowShape {
@@ -304,6 +311,67 @@ fn engine_info(
 }
 
 async fn load_backend(
+    cfg: &Config,
+    spec: ModelSpec,
+    layer_ids: &[usize],
+) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
+    let device = match DeviceChoice::parse(&cfg.model.device)? {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Cuda(n) => Some(n),
+        DeviceChoice::Auto => auto_device(&spec),
+    };
+    match device {
+        Some(ordinal) => load_cuda(cfg, spec, layer_ids, ordinal).await,
+        None => load_cpu(cfg, spec, layer_ids).await,
+    }
+}
+
+/// `device = "auto"`: CUDA device 0 when it is usable and runs this architecture, else CPU.
+fn auto_device(spec: &ModelSpec) -> Option<usize> {
+    match cuda::probe(0) {
+        Ok(info) if cuda::supports(spec) => {
+            tracing::info!(device = %info.name, "model.device = auto: using CUDA device 0");
+            Some(0)
+        }
+        Ok(_) => {
+            tracing::info!(
+                "model.device = auto: {} does not run on CUDA yet, using the CPU",
+                spec.architecture.hf_name()
+            );
+            None
+        }
+        Err(why) => {
+            tracing::info!("model.device = auto: using the CPU ({why})");
+            None
+        }
+    }
+}
+
+async fn load_cuda(
+    cfg: &Config,
+    spec: ModelSpec,
+    layer_ids: &[usize],
+    ordinal: usize,
+) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
+    // Fails at start with the probe's reason (no feature, no driver, no device...).
+    cuda::probe(ordinal)
+        .map_err(|e| EngineError::Load(format!("model.device cuda:{ordinal}: {e}")))?;
+    let dir: PathBuf = cfg.model.path.clone();
+    let opts = cuda::CudaOptions {
+        capture_layers: layer_ids.to_vec(),
+        num_blocks: cfg.engine.num_blocks,
+        block_size: cfg.engine.block_size,
+        num_state_slots: cfg.engine.max_num_seqs,
+        max_num_batched_tokens: cfg.engine.max_num_batched_tokens,
+        device: ordinal,
+    };
+    tokio::task::spawn_blocking(move || cuda::load(Path::new(&dir), spec, opts))
+        .await
+        .map_err(|e| EngineError::Load(e.to_string()))?
+        .map_err(EngineError::from)
+}
+
+async fn load_cpu(
     cfg: &Config,
     spec: ModelSpec,
     layer_ids: &[usize],
