@@ -4,39 +4,21 @@
 //! equal (f32). Skipped, saying why, where no CUDA device is usable.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use hsx::kernels::cpu::{CpuBackend, CpuOptions};
-use hsx::kernels::cuda::{self, CudaOptions};
-use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, SeqChunk};
+use common::backends::{
+    Paging, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
+};
+use hsx::kernels::cpu::CpuBackend;
+use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
 use hsx::models::{ModelSpec, WeightDtype};
 
 const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "llama_bf16"];
-const BLOCK: usize = 16;
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;
-
-fn model_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-fn usable() -> bool {
-    match cuda::probe(0) {
-        Ok(info) => {
-            eprintln!(
-                "cuda device: {} (sm_{}{})",
-                info.name, info.compute_capability.0, info.compute_capability.1
-            );
-            true
-        }
-        Err(reason) => {
-            eprintln!("skipping: {reason}");
-            false
-        }
-    }
-}
+const PAGING: Paging = Paging::Dense {
+    num_blocks: NUM_BLOCKS,
+};
 
 struct Pair {
     cpu: CpuBackend,
@@ -46,39 +28,11 @@ struct Pair {
 }
 
 fn pair(name: &str) -> Pair {
-    let dir = model_dir(name);
-    let spec = ModelSpec::from_dir(&dir).unwrap();
+    let spec = ModelSpec::from_dir(&common::model_dir(name)).unwrap();
     let layers: Vec<usize> = (0..=spec.num_layers).collect();
-    let cpu = CpuBackend::load(
-        &dir,
-        spec.clone(),
-        CpuOptions {
-            capture_layers: layers.clone(),
-            num_blocks: NUM_BLOCKS,
-            block_size: BLOCK,
-            threads: 2,
-            num_state_slots: 0,
-        },
-    )
-    .unwrap();
-    let gpu = cuda::load(
-        &dir,
-        spec.clone(),
-        CudaOptions {
-            capture_layers: layers,
-            num_blocks: NUM_BLOCKS,
-            block_size: BLOCK,
-            num_state_slots: 0,
-            max_num_batched_tokens: BUDGET,
-            device: 0,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{name}: cuda load: {e}"));
-    let tol = if spec.dtype == WeightDtype::F32 {
-        1e-4
-    } else {
-        2e-2
-    };
+    let cpu = cpu_backend(name, cpu_options(layers.clone(), NUM_BLOCKS, 0));
+    let gpu = cuda_backend(name, layers, NUM_BLOCKS, 0, BUDGET);
+    let tol = cuda_tol(spec.dtype);
     Pair {
         cpu,
         gpu,
@@ -87,57 +41,20 @@ fn pair(name: &str) -> Pair {
     }
 }
 
-/// Request `r` owns blocks `NUM_BLOCKS - 1 - (r + 4 k)`: non-contiguous, descending.
-fn table(r: usize, len: usize) -> Vec<u32> {
-    (0..len.div_ceil(BLOCK))
-        .map(|k| (NUM_BLOCKS - 1 - (r + 4 * k)) as u32)
-        .collect()
-}
-
-fn chunk(r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
-    SeqChunk {
-        start,
-        len,
-        block_table: table(r, total),
-        sample: start + len == total,
-        state_slot: None,
-    }
-}
-
 fn prompts(spec: &ModelSpec) -> Vec<Vec<u32>> {
-    let v = spec.vocab_size as u64;
     [5usize, 17, 33, 64]
         .iter()
         .enumerate()
-        .map(|(j, &len)| {
-            let mut x = (j as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % v) as u32
-                })
-                .collect()
-        })
+        .map(|(j, &len)| common::random_prompt(j as u64 + 1, len, spec.vocab_size as u32))
         .collect()
 }
 
 /// Largest |a - b| over largest |b|, per captured layer, worst layer.
 fn rel_err(a: &[f32], b: &[f32], k: usize, h: usize) -> f32 {
     assert_eq!(a.len(), b.len());
-    let mut worst = 0f32;
-    for layer in 0..k {
-        let (mut num, mut den) = (0f32, 0f32);
-        for (ra, rb) in a.chunks_exact(k * h).zip(b.chunks_exact(k * h)) {
-            for (x, y) in ra[layer * h..][..h].iter().zip(&rb[layer * h..][..h]) {
-                num = num.max((x - y).abs());
-                den = den.max(y.abs());
-            }
-        }
-        worst = worst.max(num / den.max(f32::MIN_POSITIVE));
-    }
-    worst
+    (0..k)
+        .map(|l| common::max_rel(&layer_of(a, l, k, h), &layer_of(b, l, k, h)))
+        .fold(0f32, f32::max)
 }
 
 /// Every prompt split into chunks of `c`, one forward per step with all prompts' chunks of the
@@ -147,56 +64,15 @@ fn run_chunked(
     prompts: &[Vec<u32>],
     c: usize,
 ) -> Vec<(Vec<f32>, Option<u32>)> {
-    let row = be.capture_layers().len() * be.hidden_size();
-    let mut results = vec![(Vec::new(), None); prompts.len()];
-    for step in 0.. {
-        let (mut ids, mut seqs, mut owners) = (Vec::new(), Vec::new(), Vec::new());
-        for (r, p) in prompts.iter().enumerate().rev() {
-            let start = step * c;
-            if start < p.len() {
-                let len = c.min(p.len() - start);
-                ids.extend_from_slice(&p[start..start + len]);
-                seqs.push(chunk(r, start, len, p.len()));
-                owners.push((r, len));
-            }
-        }
-        if seqs.is_empty() {
-            break;
-        }
-        let out = be
-            .forward(&Batch {
-                token_ids: &ids,
-                seqs: &seqs,
-            })
-            .unwrap();
-        let mut offset = 0;
-        for (s, &(r, len)) in owners.iter().enumerate() {
-            let rows = &out.captured[offset * row..(offset + len) * row];
-            results[r].0.extend_from_slice(rows);
-            if out.sampled[s].is_some() {
-                results[r].1 = out.sampled[s];
-            }
-            offset += len;
-        }
-    }
-    results
-}
-
-fn alone(be: &mut dyn Backend, r: usize, ids: &[u32]) -> BatchOutput {
-    let seqs = [chunk(r, 0, ids.len(), ids.len())];
-    be.forward(&Batch {
-        token_ids: ids,
-        seqs: &seqs,
-    })
-    .unwrap()
+    PAGING.run_pieces(be, prompts, c, true)
 }
 
 fn check_alone(name: &str) {
     let mut p = pair(name);
     let (k, h) = (p.spec.num_layers + 1, p.spec.hidden_size);
     for (j, ids) in prompts(&p.spec).iter().enumerate() {
-        let c = alone(&mut p.cpu, j, ids);
-        let g = alone(p.gpu.as_mut(), j, ids);
+        let c = PAGING.alone(&mut p.cpu, j, ids);
+        let g = PAGING.alone(p.gpu.as_mut(), j, ids);
         let e = rel_err(&g.captured, &c.captured, k, h);
         eprintln!("{name} prompt {j} ({} tokens): rel err {e:.2e}", ids.len());
         assert!(e <= p.tol, "{name} prompt {j}: rel err {e} > {}", p.tol);
@@ -218,7 +94,7 @@ fn check_chunked(name: &str) {
     let whole: Vec<_> = ps
         .iter()
         .enumerate()
-        .map(|(j, ids)| alone(p.gpu.as_mut(), j, ids))
+        .map(|(j, ids)| PAGING.alone(p.gpu.as_mut(), j, ids))
         .collect();
     for c in [1, 7, 16, 37] {
         let cpu = run_chunked(&mut p.cpu, &ps, c);
@@ -246,7 +122,7 @@ fn check_chunked(name: &str) {
 
 #[test]
 fn dense_models_match_the_cpu_backend_alone() {
-    if !usable() {
+    if !cuda_usable() {
         return;
     }
     for name in ARCHS {
@@ -256,7 +132,7 @@ fn dense_models_match_the_cpu_backend_alone() {
 
 #[test]
 fn dense_models_match_the_cpu_backend_chunked_and_batched() {
-    if !usable() {
+    if !cuda_usable() {
         return;
     }
     for name in ARCHS {
@@ -266,12 +142,12 @@ fn dense_models_match_the_cpu_backend_chunked_and_batched() {
 
 #[test]
 fn bad_batches_are_errors_not_crashes() {
-    if !usable() {
+    if !cuda_usable() {
         return;
     }
     let mut p = pair("llama");
     let vocab = p.spec.vocab_size as u32;
-    let seqs = [chunk(0, 0, 2, 2)];
+    let seqs = [PAGING.chunk(0, 0, 2, 2)];
     let err = p
         .gpu
         .forward(&Batch {
@@ -297,6 +173,6 @@ fn bad_batches_are_errors_not_crashes() {
         .unwrap_err();
     assert!(err.to_string().contains("budget"), "{err}");
     // The backend still works after refusing batches.
-    let out = alone(p.gpu.as_mut(), 1, &[3, 4, 5]);
+    let out = PAGING.alone(p.gpu.as_mut(), 1, &[3, 4, 5]);
     assert_eq!(out.sampled.len(), 1);
 }

@@ -1,9 +1,13 @@
 //! Dense models on the CPU backend against the Hugging Face reference fixtures
 //! (tests/fixtures/make_fixtures.py), byte-identity across chunking and batching, and errors.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::backends::{Paging, cpu_backend, cpu_options, same_bits};
+use common::{fixture_dir, model_dir};
 use hsx::kernels::cpu::{CpuBackend, CpuOptions};
 use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, SeqChunk};
 use hsx::models::{ModelError, ModelSpec, WeightDtype};
@@ -12,16 +16,11 @@ use safetensors::SafeTensors;
 const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "llama_bf16"];
 const LAYERS: usize = 4;
 const HIDDEN: usize = 64;
-const BLOCK: usize = 16;
 const NUM_BLOCKS: usize = 64;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn model_dir(name: &str) -> PathBuf {
-    fixtures().join("models").join(name)
-}
+/// Non-contiguous, descending block ids so paging bugs show.
+const PAGING: Paging = Paging::Dense {
+    num_blocks: NUM_BLOCKS,
+};
 
 /// The reference tensors of one model: f32 tensors and i64 tensors (as u32 / usize).
 struct Reference {
@@ -32,7 +31,7 @@ struct Reference {
 impl Reference {
     fn load(name: &str) -> Self {
         let bytes = std::fs::read(
-            fixtures()
+            fixture_dir()
                 .join("reference")
                 .join(format!("{name}.safetensors")),
         )
@@ -78,34 +77,15 @@ fn backend(name: &str) -> CpuBackend {
 }
 
 fn backend_with_threads(name: &str, threads: usize) -> CpuBackend {
-    let dir = model_dir(name);
-    let spec = ModelSpec::from_dir(&dir).unwrap();
     let opts = CpuOptions {
-        capture_layers: (0..=LAYERS).collect(),
-        num_blocks: NUM_BLOCKS,
-        block_size: BLOCK,
         threads,
-        num_state_slots: 0,
+        ..cpu_options((0..=LAYERS).collect(), NUM_BLOCKS, 0)
     };
-    CpuBackend::load(&dir, spec, opts).unwrap()
-}
-
-/// Non-contiguous, descending block ids so paging bugs show: request `r` owns blocks
-/// `NUM_BLOCKS - 1 - (r + 4 k)` for k = 0, 1, ...
-fn table(r: usize, len: usize) -> Vec<u32> {
-    (0..len.div_ceil(BLOCK))
-        .map(|k| (NUM_BLOCKS - 1 - (r + 4 * k)) as u32)
-        .collect()
+    cpu_backend(name, opts)
 }
 
 fn chunk(r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
-    SeqChunk {
-        start,
-        len,
-        block_table: table(r, total),
-        sample: start + len == total,
-        state_slot: None,
-    }
+    PAGING.chunk(r, start, len, total)
 }
 
 /// Captured rows of one token: `[K * H]` slice of `[T, K, H]`.
@@ -125,18 +105,9 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     num / den
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 /// One prompt as one chunk (request slot `r`).
 fn run_alone(be: &mut CpuBackend, r: usize, ids: &[u32]) -> BatchOutput {
-    let seqs = [chunk(r, 0, ids.len(), ids.len())];
-    be.forward(&Batch {
-        token_ids: ids,
-        seqs: &seqs,
-    })
-    .unwrap()
+    PAGING.alone(be, r, ids)
 }
 
 fn check_against_hf(name: &str) {
@@ -212,43 +183,7 @@ fn run_chunked_mixed(
     prompts: &[Vec<u32>],
     c: usize,
 ) -> Vec<(Vec<f32>, Option<u32>)> {
-    let row = (LAYERS + 1) * HIDDEN;
-    let mut results: Vec<(Vec<f32>, Option<u32>)> = vec![(Vec::new(), None); prompts.len()];
-    let mut step = 0;
-    loop {
-        let mut ids = Vec::new();
-        let mut seqs = Vec::new();
-        let mut owners = Vec::new();
-        for (r, p) in prompts.iter().enumerate().rev() {
-            let start = step * c;
-            if start < p.len() {
-                let len = c.min(p.len() - start);
-                ids.extend_from_slice(&p[start..start + len]);
-                seqs.push(chunk(r, start, len, p.len()));
-                owners.push((r, len));
-            }
-        }
-        if seqs.is_empty() {
-            return results;
-        }
-        let out = be
-            .forward(&Batch {
-                token_ids: &ids,
-                seqs: &seqs,
-            })
-            .unwrap();
-        let mut offset = 0;
-        for (s, &(r, len)) in owners.iter().enumerate() {
-            results[r]
-                .0
-                .extend_from_slice(&out.captured[offset * row..(offset + len) * row]);
-            if out.sampled[s].is_some() {
-                results[r].1 = out.sampled[s];
-            }
-            offset += len;
-        }
-        step += 1;
-    }
+    PAGING.run_pieces(be, prompts, c, true)
 }
 
 #[test]
@@ -510,7 +445,7 @@ fn load_err(dir: &Path) -> ModelError {
 
 #[test]
 fn load_errors_are_clear() {
-    let missing = fixtures().join("models/does-not-exist");
+    let missing = fixture_dir().join("models/does-not-exist");
     let e = ModelSpec::from_dir(&missing).unwrap_err();
     assert!(matches!(e, ModelError::MissingDir(_)), "{e}");
 

@@ -6,13 +6,15 @@ mod common;
 
 use std::path::Path;
 
+use common::backends::{
+    check_bad_state_slots, cpu_backend, cpu_options, layer_of, reused_slot_runs, run_split,
+    same_bits,
+};
 use common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::kernels::cpu::{CpuBackend, CpuOptions};
-use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
 use hsx::models::{ModelError, ModelSpec};
 
 const HIDDEN: usize = 64;
-const BLOCK: usize = 16;
 const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
@@ -25,80 +27,7 @@ const MODELS: [(&str, usize, usize, usize); 4] = [
 ];
 
 fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
-    let dir = model_dir(name);
-    let spec = ModelSpec::from_dir(&dir).unwrap();
-    let opts = CpuOptions {
-        capture_layers: layers,
-        num_blocks: NUM_BLOCKS,
-        block_size: BLOCK,
-        threads: 2,
-        num_state_slots: SLOTS,
-    };
-    CpuBackend::load(&dir, spec, opts).unwrap()
-}
-
-/// Request `r` owns blocks `r, r + 64, ...` (interleaved, so paging bugs show).
-fn table(r: usize, len: usize) -> Vec<u32> {
-    (0..len.div_ceil(BLOCK))
-        .map(|k| (r + 64 * k) as u32)
-        .collect()
-}
-
-fn chunk(r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
-    SeqChunk {
-        start,
-        len,
-        block_table: table(r, total),
-        sample: start + len == total,
-        state_slot: Some(r as u32),
-    }
-}
-
-/// Runs `prompts[r]` as request r (slot r), cutting every request into pieces of at most
-/// `piece` tokens; each step holds the next piece of every unfinished request. Returns each
-/// request's captured rows `[T, K, H]` and its sampled token.
-fn run_split(be: &mut CpuBackend, prompts: &[Vec<u32>], piece: usize) -> Vec<(Vec<f32>, u32)> {
-    let k = be.capture_layers().len();
-    let mut done = vec![0usize; prompts.len()];
-    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
-    let mut sampled = vec![u32::MAX; prompts.len()];
-    while done.iter().zip(prompts).any(|(d, p)| d < &p.len()) {
-        let (mut tokens, mut seqs, mut who) = (Vec::new(), Vec::new(), Vec::new());
-        for (r, p) in prompts.iter().enumerate() {
-            if done[r] < p.len() {
-                let len = piece.min(p.len() - done[r]);
-                tokens.extend_from_slice(&p[done[r]..done[r] + len]);
-                seqs.push(chunk(r, done[r], len, p.len()));
-                who.push((r, len));
-            }
-        }
-        let out = be
-            .forward(&Batch {
-                token_ids: &tokens,
-                seqs: &seqs,
-            })
-            .unwrap();
-        let mut off = 0;
-        for (i, &(r, len)) in who.iter().enumerate() {
-            rows[r].extend_from_slice(&out.captured[off * k * HIDDEN..(off + len) * k * HIDDEN]);
-            off += len;
-            done[r] += len;
-            if let Some(t) = out.sampled[i] {
-                sampled[r] = t;
-            }
-        }
-    }
-    rows.into_iter().zip(sampled).collect()
-}
-
-fn layer_of(rows: &[f32], k: usize, kk: usize) -> Vec<f32> {
-    rows.chunks_exact(kk * HIDDEN)
-        .flat_map(|r| r[k * HIDDEN..(k + 1) * HIDDEN].to_vec())
-        .collect()
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    cpu_backend(name, cpu_options(layers, NUM_BLOCKS, SLOTS))
 }
 
 /// Every layer id 0..=L of every reference prompt within 1e-4 max-rel of transformers, the
@@ -117,13 +46,13 @@ fn every_layer_matches_transformers() {
             let ids = reference.input_ids(j);
             let (rows, tok) = run_split(&mut be, std::slice::from_ref(&ids), 4096).remove(0);
             for i in 0..=l {
-                let got = layer_of(&rows, i, l + 1);
+                let got = layer_of(&rows, i, l + 1, HIDDEN);
                 let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
                 worst = worst.max(err);
                 assert!(err <= 1e-4, "{name} p{j} layer {i}: max-rel {err:e}");
                 assert!(got.iter().all(|v| v.is_finite()), "{name} p{j} layer {i}");
             }
-            let last = layer_of(&rows, l, l + 1);
+            let last = layer_of(&rows, l, l + 1, HIDDEN);
             let hf_last = reference.f32(&format!("p{j}.hf_last"));
             assert!(
                 max_rel(&last, &hf_last) > 1e-2,
@@ -135,7 +64,11 @@ fn every_layer_matches_transformers() {
                 err <= 1e-4,
                 "{name} p{j}: final_norm(id L) vs hf_last {err:e}"
             );
-            assert_eq!(tok, reference.next_token(j), "{name} p{j}: greedy token");
+            assert_eq!(
+                tok,
+                Some(reference.next_token(j)),
+                "{name} p{j}: greedy token"
+            );
         }
         eprintln!("{name}: worst max-rel over all layers and prompts {worst:e}");
     }
@@ -176,44 +109,14 @@ fn splits_and_mixed_batches_are_byte_identical() {
 fn reused_slot_starts_from_zero() {
     for (name, l, rec, attn) in MODELS.into_iter().take(3) {
         let mut be = backend(name, vec![0, rec, attn, l]);
-        let b = random_prompt(7, 90, 512);
-        let solo = run_split(&mut be, std::slice::from_ref(&b), 4096).remove(0);
-        let a = random_prompt(8, 120, 512);
-        let seqs = [chunk(0, 0, 70, a.len())];
-        be.forward(&Batch {
-            token_ids: &a[..70],
-            seqs: &seqs,
-        })
-        .unwrap();
-        let again = run_split(&mut be, std::slice::from_ref(&b), 33).remove(0);
+        let (solo, again) = reused_slot_runs(&mut be, 4096);
         assert!(same_bits(&again.0, &solo.0), "{name}: stale state leaked");
     }
 }
 
 #[test]
 fn bad_state_slots_are_rejected() {
-    let mut be = backend("qwen3_5", vec![0, 4]);
-    let ids = [1u32, 2];
-    let mut c0 = chunk(0, 0, 1, 1);
-    let mut c1 = chunk(1, 0, 1, 1);
-    c1.state_slot = Some(0);
-    let e = be.forward(&Batch {
-        token_ids: &ids,
-        seqs: &[c0.clone(), c1],
-    });
-    assert!(matches!(e, Err(BackendError::InvalidBatch(m)) if m.contains("slot 0")));
-    c0.state_slot = None;
-    let e = be.forward(&Batch {
-        token_ids: &ids[..1],
-        seqs: &[c0.clone()],
-    });
-    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
-    c0.state_slot = Some(SLOTS as u32);
-    let e = be.forward(&Batch {
-        token_ids: &ids[..1],
-        seqs: &[c0],
-    });
-    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
+    check_bad_state_slots(&mut backend("qwen3_5", vec![0, 4]), SLOTS);
 }
 
 /// Copies a fixture model to `dst`, editing its config and optionally renaming its tensors.
@@ -264,13 +167,7 @@ fn language_model_prefix_is_accepted() {
     let reference = Reference::load("qwen3_5");
     let ids = reference.input_ids(2);
     let spec = ModelSpec::from_dir(tmp.path()).unwrap();
-    let opts = CpuOptions {
-        capture_layers: vec![0, 4],
-        num_blocks: NUM_BLOCKS,
-        block_size: BLOCK,
-        threads: 2,
-        num_state_slots: 1,
-    };
+    let opts = cpu_options(vec![0, 4], NUM_BLOCKS, 1);
     let mut be = CpuBackend::load(tmp.path(), spec, opts).unwrap();
     let got = run_split(&mut be, std::slice::from_ref(&ids), 4096).remove(0);
     let mut orig = backend("qwen3_5", vec![0, 4]);
@@ -284,11 +181,8 @@ fn load_err(dir: &Path) -> String {
         Err(e) => return e.to_string(),
     };
     let opts = CpuOptions {
-        capture_layers: vec![0],
-        num_blocks: 4,
-        block_size: BLOCK,
         threads: 1,
-        num_state_slots: 1,
+        ..cpu_options(vec![0], 4, 1)
     };
     match CpuBackend::load(dir, spec, opts) {
         Ok(_) => panic!("{} loaded", dir.display()),
@@ -347,11 +241,8 @@ fn unsupported_variants_fail_with_clear_messages() {
     let dir = model_dir("qwen3_5");
     let spec = ModelSpec::from_dir(&dir).unwrap();
     let opts = CpuOptions {
-        capture_layers: vec![0],
-        num_blocks: 4,
-        block_size: BLOCK,
         threads: 1,
-        num_state_slots: 0,
+        ..cpu_options(vec![0], 4, 0)
     };
     let e = CpuBackend::load(&dir, spec, opts).err().unwrap();
     assert!(matches!(e, ModelError::InvalidOptions(m) if m.contains("num_state_slots")));
@@ -366,16 +257,7 @@ fn thirty_two_requests_in_one_step_are_byte_identical() {
         let prompts: Vec<Vec<u32>> = (0..32)
             .map(|i| random_prompt(500 + i as u64, 1 + (i * 37) % 150, 512))
             .collect();
-        let dir = model_dir(name);
-        let spec = ModelSpec::from_dir(&dir).unwrap();
-        let opts = CpuOptions {
-            capture_layers: layers,
-            num_blocks: NUM_BLOCKS,
-            block_size: BLOCK,
-            threads: 2,
-            num_state_slots: 32,
-        };
-        let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
+        let mut be = cpu_backend(name, cpu_options(layers, NUM_BLOCKS, 32));
         let solo: Vec<_> = prompts
             .iter()
             .map(|p| run_split(&mut be, std::slice::from_ref(p), 4096).remove(0))

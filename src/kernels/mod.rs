@@ -49,6 +49,16 @@ pub struct BatchOutput {
     pub sampled: Vec<Option<u32>>,
 }
 
+impl BatchOutput {
+    /// The output of a batch without tokens: nothing captured, nothing sampled.
+    pub fn empty(batch: &Batch<'_>) -> Self {
+        Self {
+            captured: Vec::new(),
+            sampled: vec![None; batch.seqs.len()],
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum BackendError {
     #[error("invalid batch: {0}")]

@@ -32,7 +32,7 @@ pub(super) fn load_linear(
 }
 
 /// `1 + w` of a zero-centred RMSNorm (computed once in f32, as transformers does per call).
-pub(super) fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
+pub(crate) fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
     for v in &mut w {
         *v += 1.0;
     }
@@ -218,7 +218,7 @@ fn partial_rope(
 
 /// Index of each layer among the layers of its kind (KV cache index for attention layers,
 /// state-cache index for recurrent ones).
-pub(super) fn kind_indices(kinds: &[super::LayerKind]) -> (Vec<usize>, usize, usize) {
+pub(crate) fn kind_indices(kinds: &[super::LayerKind]) -> (Vec<usize>, usize, usize) {
     let (mut attn, mut rec) = (0, 0);
     let idx = kinds
         .iter()
@@ -235,4 +235,17 @@ pub(super) fn kind_indices(kinds: &[super::LayerKind]) -> (Vec<usize>, usize, us
         })
         .collect();
     (idx, attn, rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::LayerKind::*;
+    use super::*;
+
+    #[test]
+    fn kind_indices_count_per_kind() {
+        let (idx, attn, rec) = kind_indices(&[Mamba2, Mlp, Attention, Mlp, Mamba2, Attention]);
+        assert_eq!(idx, vec![0, 0, 0, 0, 1, 1]);
+        assert_eq!((attn, rec), (2, 2));
+    }
 }

@@ -11,7 +11,7 @@ pub mod config;
 pub mod dense;
 mod error;
 pub(crate) mod head;
-mod hybrid_attn;
+pub(crate) mod hybrid_attn;
 pub mod hybrid_config;
 mod moe;
 pub mod nemotron_h;

@@ -331,12 +331,21 @@ fn load_gdn(
 /// r = nv / nk (transformers `fix_query_key_value_ordering`) — re-ordered here into the Qwen3.5
 /// layout `[q | k | v | z | b | a]` (all heads of each part in head order).
 fn next_to_fused(qkvz: &Linear, ba: &Linear, g: &GdnSpec) -> Linear {
-    let inp = qkvz.inp;
+    Linear {
+        w: next_to_fused_rows(&qkvz.w, &ba.w, g, qkvz.inp),
+        b: None,
+        out: qkvz.out + ba.out,
+        inp: qkvz.inp,
+    }
+}
+
+/// [`next_to_fused`] on the row-major weights (`inp` columns), for the CUDA backend too.
+pub(crate) fn next_to_fused_rows(qkvz: &[f32], ba: &[f32], g: &GdnSpec, inp: usize) -> Vec<f32> {
     let (dk, dv, nk) = (g.k_head_dim, g.v_head_dim, g.num_k_heads);
     let r = g.num_v_heads / nk;
     let group = 2 * dk + 2 * r * dv;
-    let rows = |l: &Linear, from: usize, n: usize| l.w[from * inp..(from + n) * inp].to_vec();
-    let mut w = Vec::with_capacity((qkvz.out + ba.out) * inp);
+    let rows = |w: &[f32], from: usize, n: usize| w[from * inp..(from + n) * inp].to_vec();
+    let mut w = Vec::with_capacity(qkvz.len() + ba.len());
     // q, k, v, z parts: offsets inside a key-head group and their lengths
     for (off, len) in [
         (0, dk),
@@ -353,10 +362,5 @@ fn next_to_fused(qkvz: &Linear, ba: &Linear, g: &GdnSpec) -> Linear {
             w.extend(rows(ba, kh * 2 * r + off, r));
         }
     }
-    Linear {
-        w,
-        b: None,
-        out: qkvz.out + ba.out,
-        inp,
-    }
+    w
 }

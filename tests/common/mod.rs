@@ -2,6 +2,8 @@
 //! through a real engine, reading the files back.
 #![allow(dead_code)]
 
+pub mod backends;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

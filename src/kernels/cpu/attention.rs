@@ -132,18 +132,9 @@ pub fn attention(
 
 /// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens, × kv heads.
 fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
-    let t = plan.num_tokens();
-    let mut tasks = Vec::with_capacity(t.div_ceil(tile) * kv_heads + kv_heads);
-    let mut start = 0;
-    while start < t {
-        let mut end = start + 1;
-        while end < t
-            && end - start < tile
-            && plan.seq_of[end] == plan.seq_of[start]
-            && plan.positions[end] == plan.positions[end - 1] + 1
-        {
-            end += 1;
-        }
+    let tiles = plan.tiles(tile);
+    let mut tasks = Vec::with_capacity(tiles.len() * kv_heads);
+    for (start, end) in tiles {
         for kv_head in 0..kv_heads {
             tasks.push(Task {
                 t0: start,
@@ -151,7 +142,6 @@ fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
                 kv_head,
             });
         }
-        start = end;
     }
     tasks
 }

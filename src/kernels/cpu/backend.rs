@@ -147,10 +147,7 @@ impl CpuBackend {
             opts.num_state_slots
         };
         let states = StateCache::new(&state_shapes, slots).map_err(ModelError::InvalidOptions)?;
-        let mut capture_slot = vec![None; model.spec().num_layers + 1];
-        for (k, &id) in opts.capture_layers.iter().enumerate() {
-            capture_slot[id] = Some(k);
-        }
+        let capture_slot = capture_slots(&opts.capture_layers, model.spec().num_layers);
         Ok(Self {
             model,
             cache,
@@ -178,12 +175,11 @@ impl CpuBackend {
     }
 
     fn limits(&self) -> PlanLimits {
-        PlanLimits {
-            vocab: self.model.spec().vocab_size,
-            max_positions: self.model.spec().max_position_embeddings,
-            num_blocks: self.cache.num_blocks(),
-            block_size: self.cache.block_size(),
-        }
+        PlanLimits::new(
+            self.model.spec(),
+            self.cache.num_blocks(),
+            self.cache.block_size(),
+        )
     }
 
     fn run(&mut self, batch: &Batch<'_>, plan: &BatchPlan<'_>, seqs: &[SeqState]) -> BatchOutput {
@@ -223,11 +219,10 @@ impl CpuBackend {
                 .collect();
             model.greedy(&rows, threads)
         });
-        let mut sampled = vec![None; batch.seqs.len()];
-        for (&(seq, _), tok) in plan.sample_rows.iter().zip(sampled_tokens) {
-            sampled[seq] = Some(tok);
+        BatchOutput {
+            captured,
+            sampled: plan.sampled(sampled_tokens, batch.seqs.len()),
         }
-        BatchOutput { captured, sampled }
     }
 }
 
@@ -248,17 +243,10 @@ impl Backend for CpuBackend {
             Vec::new()
         };
         if plan.num_tokens() == 0 {
-            return Ok(BatchOutput {
-                captured: Vec::new(),
-                sampled: vec![None; batch.seqs.len()],
-            });
+            return Ok(BatchOutput::empty(batch));
         }
         catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan, &seqs))).map_err(|panic| {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".to_string());
+            let msg = panic_message(panic.as_ref());
             BackendError::Compute(format!("cpu forward panicked: {msg}"))
         })
     }
@@ -284,15 +272,37 @@ fn check_options(spec: &ModelSpec, opts: &CpuOptions) -> Result<(), ModelError> 
             spec.architecture.hf_name()
         ));
     }
+    check_capture_layers(spec, &opts.capture_layers)
+}
+
+/// Capture layer ids are in `0..=L` and strictly ascending (every backend's options).
+pub(crate) fn check_capture_layers(spec: &ModelSpec, layers: &[usize]) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::InvalidOptions(m));
     let l = spec.num_layers;
-    if let Some(&id) = opts.capture_layers.iter().find(|&&id| id > l) {
+    if let Some(&id) = layers.iter().find(|&&id| id > l) {
         return bad(format!("capture layer {id} is out of range 0..={l}"));
     }
-    if opts.capture_layers.windows(2).any(|w| w[0] >= w[1]) {
+    if layers.windows(2).any(|w| w[0] >= w[1]) {
         return bad(format!(
-            "capture layers {:?} must be strictly ascending",
-            opts.capture_layers
+            "capture layers {layers:?} must be strictly ascending"
         ));
     }
     Ok(())
+}
+
+/// Layer id (`0..=num_layers`) -> index of that id in `capture_layers` (checked ids).
+pub(crate) fn capture_slots(capture_layers: &[usize], num_layers: usize) -> Vec<Option<usize>> {
+    let mut slots = vec![None; num_layers + 1];
+    for (k, &id) in capture_layers.iter().enumerate() {
+        slots[id] = Some(k);
+    }
+    slots
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }

@@ -156,6 +156,49 @@ impl<'a> BatchPlan<'a> {
     pub fn num_tokens(&self) -> usize {
         self.positions.len()
     }
+
+    /// One entry per seq chunk: the greedy token of each chunk that asked for a sample
+    /// (`tokens` in `sample_rows` order), else `None`.
+    pub fn sampled(&self, tokens: Vec<u32>, num_seqs: usize) -> Vec<Option<u32>> {
+        let mut sampled = vec![None; num_seqs];
+        for (&(seq, _), tok) in self.sample_rows.iter().zip(tokens) {
+            sampled[seq] = Some(tok);
+        }
+        sampled
+    }
+
+    /// Runs of consecutive positions of one chunk, cut into tiles of at most `tile` tokens:
+    /// `(first token, end)` of each, in token order.
+    pub fn tiles(&self, tile: usize) -> Vec<(usize, usize)> {
+        let t = self.num_tokens();
+        let mut out = Vec::with_capacity(t.div_ceil(tile));
+        let mut start = 0;
+        while start < t {
+            let mut end = start + 1;
+            while end < t
+                && end - start < tile
+                && self.seq_of[end] == self.seq_of[start]
+                && self.positions[end] == self.positions[end - 1] + 1
+            {
+                end += 1;
+            }
+            out.push((start, end));
+            start = end;
+        }
+        out
+    }
+}
+
+impl PlanLimits {
+    /// The limits of `spec` on a cache of `num_blocks` blocks of `block_size` positions.
+    pub fn new(spec: &crate::models::ModelSpec, num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            vocab: spec.vocab_size,
+            max_positions: spec.max_position_embeddings,
+            num_blocks,
+            block_size,
+        }
+    }
 }
 
 fn check_chunk(

@@ -44,6 +44,12 @@ template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
 #define HSX_FULL_MASK 0xffffffffu
 #define HSX_INF __int_as_float(0x7f800000)
 
+// Grid-stride loop: `idx` (long long) visits 0..total once across the whole grid, whatever
+// its size.
+#define HSX_GRID_STRIDE(idx, total)                                                    \
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < (total); \
+         idx += (long long)gridDim.x * blockDim.x)
+
 // Butterfly reductions: every lane ends with the same value (a + b == b + a bit for bit), and
 // the order of additions is fixed by the lane layout, never by the data or the batch.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -34,8 +34,7 @@ extern "C" __global__ void conv1d_silu_f32(
 {
     const long long total = (long long)num_tokens * ch;
     const int hist = k - 1;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    HSX_GRID_STRIDE(idx, total) {
         const int t = (int)(idx / ch);
         const int c = (int)(idx - (long long)t * ch);
         const int s = tok_seq[t];
@@ -70,8 +69,7 @@ extern "C" __global__ void conv1d_state_update_f32(
 {
     const long long total = (long long)num_seqs * ch;
     const int hist = k - 1;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    HSX_GRID_STRIDE(idx, total) {
         const int s = (int)(idx / ch);
         const int c = (int)(idx - (long long)s * ch);
         const int len = seq_len[s];
@@ -95,8 +93,7 @@ extern "C" __global__ void zero_state_slots_f32(
     int n, int layers, int slots, long long per_slot)
 {
     const long long total = (long long)layers * n * per_slot;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    HSX_GRID_STRIDE(idx, total) {
         const long long e = idx % per_slot;
         const long long li = idx / per_slot;
         const int i = (int)(li % n);

@@ -8,14 +8,16 @@
 //! The residual stream and every GEMM output are f32; GEMM inputs (normed rows, attention
 //! output, SiLU·mul) are written in the weights' dtype.
 
-use super::capture::Capture;
+use super::api::CudaOptions;
+use super::backend::{DevModel, residual_stream};
 use super::context::{CudaResult, DevBuf, Gpu};
 use super::gemm::linear;
-use super::kv_cache::{AttnShape, DevKvCache, DevPlan};
-use super::ops::{self, Heads};
+use super::kv_cache::{DevKvCache, DevPlan, QkvRows};
+use super::ops;
 use super::weights::{DevWeight, UploadError, upload_matrix, upload_stacked, upload_vector};
 use crate::kernels::cpu::ops::Rope;
-use crate::models::{ModelSpec, WeightDtype, Weights};
+use crate::kernels::{BackendError, Batch};
+use crate::models::{ModelError, ModelSpec, WeightDtype, Weights};
 
 struct Layer {
     input_norm: DevBuf<f32>,
@@ -54,7 +56,6 @@ pub struct DenseCuda {
     lm_head: Option<DevWeight>,
     inv_freq: DevBuf<f32>,
     s: Scratch,
-    max_tokens: usize,
 }
 
 impl DenseCuda {
@@ -62,8 +63,8 @@ impl DenseCuda {
         gpu: &Gpu,
         w: &Weights,
         spec: ModelSpec,
-        max_tokens: usize,
-    ) -> Result<Self, UploadError> {
+        opts: &CudaOptions,
+    ) -> Result<Self, ModelError> {
         let (v, h, dt) = (spec.vocab_size, spec.hidden_size, spec.dtype);
         let embed = upload_matrix(gpu, w, "model.embed_tokens.weight", v, h, dt)?;
         let layers = (0..spec.num_layers)
@@ -77,7 +78,7 @@ impl DenseCuda {
         };
         let rope = Rope::new(spec.head_dim, spec.rope_theta, spec.rope_scaling);
         let inv_freq = gpu.upload(rope.inv_freq())?;
-        let s = Scratch::new(gpu, &spec, max_tokens)?;
+        let s = Scratch::new(gpu, &spec, opts.max_num_batched_tokens)?;
         Ok(Self {
             dtype: dt,
             spec,
@@ -87,66 +88,7 @@ impl DenseCuda {
             lm_head,
             inv_freq,
             s,
-            max_tokens,
         })
-    }
-
-    pub fn spec(&self) -> &ModelSpec {
-        &self.spec
-    }
-
-    pub fn kv_dim(&self) -> usize {
-        self.spec.num_kv_heads * self.spec.head_dim
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
-    /// Runs every layer over the batch; captured layers go to `capture` (slot of each layer id
-    /// in `slots`). Leaves the last layer's output (pre-norm) in the residual buffer.
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        plan: &DevPlan,
-        cache: &DevKvCache,
-        capture: &Capture,
-        slots: &[Option<usize>],
-    ) -> CudaResult<()> {
-        let t = plan.num_tokens;
-        let (h, eps, s) = (self.spec.hidden_size, self.spec.rms_norm_eps, &self.s);
-        s.x.check(t * h, "tokens beyond the budget")?;
-        ops::embed(gpu, plan.tokens.ptr(), &self.embed, s.x.ptr(), t)?;
-        let cap = |id: usize| match slots.get(id).copied().flatten() {
-            Some(k) => capture.capture(gpu, k, s.x.ptr(), t),
-            None => Ok(()),
-        };
-        cap(0)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            if i == 0 {
-                let (x, n) = (s.x.ptr(), s.normed.ptr());
-                ops::rms_norm(gpu, x, layer.input_norm.ptr(), n, self.dtype, t, h, eps)?;
-            } else {
-                // Layer i-1's MLP residual add, fused with this layer's input norm.
-                let w = layer.input_norm.ptr();
-                ops::add_rms_norm(
-                    gpu,
-                    s.x.ptr(),
-                    s.proj.ptr(),
-                    w,
-                    s.normed.ptr(),
-                    self.dtype,
-                    t,
-                    h,
-                    eps,
-                )?;
-                cap(i)?;
-            }
-            self.attention_block(gpu, i, layer, plan, cache)?;
-            self.mlp_block(gpu, layer, t)?;
-        }
-        ops::add(gpu, s.x.ptr(), s.proj.ptr(), t * h)?;
-        cap(self.layers.len())
     }
 
     fn attention_block(
@@ -159,36 +101,26 @@ impl DenseCuda {
     ) -> CudaResult<()> {
         let (spec, s, t) = (&self.spec, &self.s, plan.num_tokens);
         let (hd, eps) = (spec.head_dim, spec.rms_norm_eps);
-        let (qd, kvd) = (spec.num_heads * hd, self.kv_dim());
-        let width = qd + 2 * kvd;
+        let qd = spec.num_heads * hd;
+        let width = qd + 2 * spec.num_kv_heads * hd;
         linear(gpu, s.normed.ptr(), &layer.qkv, s.qkv.ptr(), t)?;
         if let Some(b) = &layer.qkv_bias {
             ops::bias_add(gpu, s.qkv.ptr(), b.ptr(), t, width)?;
         }
-        let heads = |col: usize, heads: usize| Heads {
+        let rows = QkvRows {
             base: s.qkv.ptr(),
-            stride: width,
-            col,
-            rows: t,
-            heads,
-            head_dim: hd,
-        };
-        let (q, k) = (heads(0, spec.num_heads), heads(qd, spec.num_kv_heads));
-        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            ops::head_rms_norm(gpu, q, qn.ptr(), eps)?;
-            ops::head_rms_norm(gpu, k, kn.ptr(), eps)?;
-        }
-        let (pos, inv) = (plan.positions.ptr(), self.inv_freq.ptr());
-        ops::rope(gpu, q, hd, pos, inv)?;
-        ops::rope(gpu, k, hd, pos, inv)?;
-        cache.write(gpu, index, q, qd, qd + kvd, plan)?;
-        let shape = AttnShape {
+            width,
+            k_col: qd,
             heads: spec.num_heads,
             kv_heads: spec.num_kv_heads,
             head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
         };
-        cache.attention(gpu, index, q, shape, s.attn.ptr(), self.dtype, plan)?;
+        let norms = (layer.q_norm.as_ref())
+            .zip(layer.k_norm.as_ref())
+            .map(|(q, k)| (q.ptr(), k.ptr(), eps));
+        let rope = Some((hd, self.inv_freq.ptr()));
+        let out = (s.attn.ptr(), self.dtype);
+        cache.attend(gpu, index, rows, norms, rope, out, plan)?;
         linear(gpu, s.attn.ptr(), &layer.o, s.proj.ptr(), t)?;
         if let Some(b) = &layer.o_bias {
             ops::bias_add(gpu, s.proj.ptr(), b.ptr(), t, spec.hidden_size)?;
@@ -221,34 +153,60 @@ impl DenseCuda {
         }
         Ok(())
     }
+}
 
-    /// Greedy tokens of residual rows `rows` (device u32 indices, `n` of them) of the last
-    /// forward: final norm, LM head, argmax. Waits for the compute stream.
-    pub fn greedy(&self, gpu: &Gpu, rows: &DevBuf<u32>, n: usize) -> CudaResult<Vec<u32>> {
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let (h, v) = (self.spec.hidden_size, self.spec.vocab_size);
-        let last: DevBuf<f32> = gpu.zeros(n * h)?;
-        let normed: DevBuf<f32> = gpu.zeros(n * h)?;
-        let logits: DevBuf<f32> = gpu.zeros(n * v)?;
-        let out: DevBuf<u32> = gpu.zeros(n)?;
-        ops::gather_rows(gpu, self.s.x.ptr(), rows.ptr(), last.ptr(), n, h)?;
-        let eps = self.spec.rms_norm_eps;
-        ops::rms_norm(
+impl DevModel for DenseCuda {
+    type Seqs = ();
+
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn kv_shape(&self) -> (usize, usize) {
+        let s = &self.spec;
+        (s.num_layers, s.num_kv_heads * s.head_dim)
+    }
+
+    fn residual(&self) -> &DevBuf<f32> {
+        &self.s.x
+    }
+
+    fn head(&self) -> (&DevBuf<f32>, &DevWeight) {
+        (
+            &self.final_norm,
+            self.lm_head.as_ref().unwrap_or(&self.embed),
+        )
+    }
+
+    fn seqs(&self, _: &Batch<'_>) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn forward(
+        &self,
+        gpu: &Gpu,
+        plan: &DevPlan,
+        _: &(),
+        cache: &DevKvCache,
+        cap: &dyn Fn(usize) -> CudaResult<()>,
+    ) -> CudaResult<()> {
+        let (s, layers) = (&self.s, &self.layers);
+        let stream = (&s.x, &s.normed, &s.proj);
+        let norm = |l: &Layer| l.input_norm.ptr();
+        residual_stream(
             gpu,
-            last.ptr(),
-            self.final_norm.ptr(),
-            normed.ptr(),
-            self.dtype,
-            n,
-            h,
-            eps,
-        )?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        linear(gpu, normed.ptr(), head, logits.ptr(), n)?;
-        ops::argmax(gpu, logits.ptr(), n, v, out.ptr())?;
-        gpu.download(&out, n)
+            &self.spec,
+            &self.embed,
+            plan,
+            stream,
+            layers,
+            norm,
+            cap,
+            |i, l| {
+                self.attention_block(gpu, i, l, plan, cache)?;
+                self.mlp_block(gpu, l, plan.num_tokens)
+            },
+        )
     }
 }
 

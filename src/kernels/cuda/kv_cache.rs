@@ -8,7 +8,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
-use super::ops::{Heads, suffix};
+use super::ops::{self, Heads, suffix};
 use super::weights::WeightData;
 use crate::kernels::cpu::kv_cache::BatchPlan;
 use crate::models::WeightDtype;
@@ -72,38 +72,34 @@ impl DevPlan {
     }
 }
 
-/// Runs of consecutive positions of one chunk, cut into tiles of at most [`ATTN_TILE`] tokens.
+/// [`BatchPlan::tiles`] of at most [`ATTN_TILE`] tokens as `[first token, tokens, seq index]`.
 fn tiles(plan: &BatchPlan<'_>) -> Vec<i32> {
-    let t = plan.num_tokens();
-    let mut out = Vec::with_capacity(3 * t.div_ceil(ATTN_TILE));
-    let mut start = 0;
-    while start < t {
-        let mut end = start + 1;
-        while end < t
-            && end - start < ATTN_TILE
-            && plan.seq_of[end] == plan.seq_of[start]
-            && plan.positions[end] == plan.positions[end - 1] + 1
-        {
-            end += 1;
-        }
-        // Token indices and seq indices are < T, which the caller bounds by the token budget.
-        out.extend([
-            start as i32,
-            (end - start) as i32,
-            plan.seq_of[start] as i32,
-        ]);
-        start = end;
-    }
-    out
+    // Token indices and seq indices are < T, which the caller bounds by the token budget.
+    plan.tiles(ATTN_TILE)
+        .into_iter()
+        .flat_map(|(start, end)| {
+            [
+                start as i32,
+                (end - start) as i32,
+                plan.seq_of[start] as i32,
+            ]
+        })
+        .collect()
 }
 
-/// Head geometry of an attention layer.
+/// Head geometry of an attention layer (the CPU kernels' type).
+pub use crate::kernels::cpu::attention::AttnShape;
+
+/// Fused projection rows `[q | … | k | v]` (f32, `width` apart, one per batch token): q heads
+/// at column 0, k heads at `k_col`, v right after k.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
+pub struct QkvRows {
+    pub base: u64,
+    pub width: usize,
+    pub k_col: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    pub scale: f32,
 }
 
 /// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
@@ -227,6 +223,51 @@ impl DevKvCache {
             k.ptr(),
             v.ptr()
         )
+    }
+
+    /// An attention layer over fused projection rows: per-head q/k RMSNorm in place where
+    /// `norms` = (q weight, k weight, eps) is given, RoPE of the first `rot` dims at the plan's
+    /// positions where `rope` = (rot, inv_freq) is given, every token's K/V into `layer`, then
+    /// the causal attention into `out` = (address, dtype) with scale `head_dim^-0.5`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        rows: QkvRows,
+        norms: Option<(u64, u64, f64)>,
+        rope: Option<(usize, u64)>,
+        (out, out_dtype): (u64, WeightDtype),
+        plan: &DevPlan,
+    ) -> CudaResult<()> {
+        let hd = rows.head_dim;
+        let heads = |col: usize, heads: usize| Heads {
+            base: rows.base,
+            stride: rows.width,
+            col,
+            rows: plan.num_tokens,
+            heads,
+            head_dim: hd,
+        };
+        let (q, k) = (heads(0, rows.heads), heads(rows.k_col, rows.kv_heads));
+        if let Some((qn, kn, eps)) = norms {
+            ops::head_rms_norm(gpu, q, qn, eps)?;
+            ops::head_rms_norm(gpu, k, kn, eps)?;
+        }
+        if let Some((rot, inv_freq)) = rope {
+            let pos = plan.positions.ptr();
+            ops::rope(gpu, q, rot, pos, inv_freq)?;
+            ops::rope(gpu, k, rot, pos, inv_freq)?;
+        }
+        let v_col = rows.k_col + rows.kv_heads * hd;
+        self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
+        let shape = AttnShape {
+            heads: rows.heads,
+            kv_heads: rows.kv_heads,
+            head_dim: hd,
+            scale: (hd as f64).powf(-0.5) as f32,
+        };
+        self.attention(gpu, layer, q, shape, out, out_dtype, plan)
     }
 
     /// `out[t, h * hd..]` (in `out_dtype`: f32 or the cache dtype) = causal attention of the

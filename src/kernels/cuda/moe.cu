@@ -159,8 +159,7 @@ extern "C" __global__ void moe_combine_f32(
     int num_tokens, int top_k, int h)
 {
     const long long total = (long long)num_tokens * h;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    HSX_GRID_STRIDE(idx, total) {
         const int t = (int)(idx / h);
         const int c = (int)(idx - (long long)t * h);
         float acc = 0.0f;

@@ -19,7 +19,8 @@ pub fn suffix(d: WeightDtype) -> &'static str {
     }
 }
 
-fn i32_of(v: usize, what: &str) -> CudaResult<i32> {
+/// `v` as an i32 kernel argument (`what` names it in the error).
+pub fn i32_of(v: usize, what: &str) -> CudaResult<i32> {
     i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
 }
 

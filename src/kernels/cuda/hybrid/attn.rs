@@ -9,12 +9,14 @@
 
 use super::super::context::{CudaResult, DevBuf, Gpu, elems_cfg, launch};
 use super::super::gemm::linear;
-use super::super::kv_cache::{AttnShape, DevKvCache, DevPlan};
-use super::super::ops::{self, Heads, suffix};
+use super::super::kv_cache::{DevKvCache, DevPlan, QkvRows};
+use super::super::ops::{self, suffix};
+pub(super) use super::super::weights::upload_matrix as matrix;
 use super::super::weights::{DevWeight, UploadError, upload_as};
 use super::Buffers;
 use super::recurrent::i32_of;
 use crate::kernels::cpu::ops::Rope;
+pub(super) use crate::models::hybrid_attn::one_plus;
 use crate::models::{ModelSpec, WeightDtype, Weights};
 
 /// One attention layer's weights on the device.
@@ -36,14 +38,6 @@ pub struct HybridAttnDev {
     head_dim: usize,
     eps: f64,
     kv_index: usize,
-}
-
-/// `1 + w` in f32, as the CPU model computes it once.
-pub(super) fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
-    for v in &mut w {
-        *v += 1.0;
-    }
-    w
 }
 
 /// Per-head `[q(hd) | gate(hd)]` rows (each `inp` wide) -> `[q (all heads) | gate (all)]`.
@@ -172,37 +166,23 @@ impl HybridAttnDev {
         if let Some(bias) = &self.qkv_bias {
             ops::bias_add(gpu, qkv, bias.ptr(), t, width)?;
         }
-        let k_col = if self.gated { 2 * qd } else { qd };
-        let heads = |col: usize, heads: usize| Heads {
+        let rows = QkvRows {
             base: qkv,
-            stride: width,
-            col,
-            rows: t,
-            heads,
-            head_dim: hd,
-        };
-        let (q, k) = (heads(0, self.heads), heads(k_col, self.kv_heads));
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            ops::head_rms_norm(gpu, q, qn.ptr(), self.eps)?;
-            ops::head_rms_norm(gpu, k, kn.ptr(), self.eps)?;
-        }
-        if let Some(inv) = &self.inv_freq {
-            let pos = plan.positions.ptr();
-            ops::rope(gpu, q, self.rotary_dim, pos, inv.ptr())?;
-            ops::rope(gpu, k, self.rotary_dim, pos, inv.ptr())?;
-        }
-        let kvd = self.kv_heads * hd;
-        cache.write(gpu, self.kv_index, q, k_col, k_col + kvd, plan)?;
-        let shape = AttnShape {
+            width,
+            k_col: if self.gated { 2 * qd } else { qd },
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
         };
+        let norms = (self.q_norm.as_ref())
+            .zip(self.k_norm.as_ref())
+            .map(|(q, k)| (q.ptr(), k.ptr(), self.eps));
+        let rope = (self.inv_freq.as_ref()).map(|inv| (self.rotary_dim, inv.ptr()));
         if self.gated {
             // f32 attention output, then `* sigmoid(gate)` into the o_proj input dtype.
             let attn = b.mid.ptr();
-            cache.attention(gpu, self.kv_index, q, shape, attn, WeightDtype::F32, plan)?;
+            let out = (attn, WeightDtype::F32);
+            cache.attend(gpu, self.kv_index, rows, norms, rope, out, plan)?;
             let total = t * qd;
             if total > 0 {
                 let name = format!("attn_gate_{}", suffix(dtype));
@@ -220,7 +200,8 @@ impl HybridAttnDev {
                 )?;
             }
         } else {
-            cache.attention(gpu, self.kv_index, q, shape, b.act.ptr(), dtype, plan)?;
+            let out = (b.act.ptr(), dtype);
+            cache.attend(gpu, self.kv_index, rows, norms, rope, out, plan)?;
         }
         linear(gpu, b.act.ptr(), &self.o, b.proj.ptr(), t)?;
         if let Some(bias) = &self.o_bias {
@@ -228,16 +209,4 @@ impl HybridAttnDev {
         }
         Ok(())
     }
-}
-
-/// One `[rows, cols]` checkpoint matrix in `dtype`.
-pub(super) fn matrix(
-    gpu: &Gpu,
-    w: &Weights,
-    name: &str,
-    rows: usize,
-    cols: usize,
-    dtype: WeightDtype,
-) -> Result<DevWeight, UploadError> {
-    super::super::weights::upload_matrix(gpu, w, name, rows, cols, dtype)
 }

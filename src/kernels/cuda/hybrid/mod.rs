@@ -4,8 +4,8 @@
 //! embedding, capture and argmax pieces plus the recurrent kernels (conv1d.cu,
 //! gated_delta.cu, mamba2.cu, moe.cu, hybrid/gated_attn.cu).
 //!
-//! Entry point: [`load`] (the CUDA backend's `load` dispatches here for
-//! `Architecture::is_hybrid()`), which returns a [`HybridCudaBackend`].
+//! Entry point: [`HybridModel`], which the CUDA backend's `load` drives for
+//! `Architecture::is_hybrid()` (the residual-stream loop is [`super::backend::residual_stream`]).
 //!
 //! # Recurrent state
 //! One slot per running request ([`crate::kernels::SeqChunk::state_slot`]), f32 conv and
@@ -25,19 +25,13 @@ mod nemotron;
 mod qwen;
 mod recurrent;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
-
 use super::api::CudaOptions;
-use super::capture::Capture;
+use super::backend::{DevModel, residual_stream};
 use super::context::{CudaError, CudaResult, DevBuf, Gpu};
-use super::gemm::linear;
 use super::kv_cache::{ATTN_MAX_HD, DevKvCache, DevPlan};
-use super::ops;
 use super::weights::DevWeight;
-use crate::kernels::cpu::kv_cache::{BatchPlan, PlanLimits};
 use crate::kernels::cpu::recurrent::{SeqState, seq_states};
-use crate::kernels::{Backend, BackendError, Batch, BatchOutput};
+use crate::kernels::{BackendError, Batch};
 use crate::models::hybrid_config::LayerKind;
 use crate::models::{Architecture, ModelError, ModelSpec, Weights};
 use nemotron::NemotronCuda;
@@ -55,6 +49,33 @@ pub struct Widths {
     pub mid: usize,
     /// Input of the output projection (GEMM input dtype; f32-sized).
     pub act: usize,
+}
+
+/// One forward of a hybrid model: the device, the shared activation buffers, the batch plan
+/// and chunks, the KV cache and the state slots (fresh slots already zeroed).
+pub struct Step<'a> {
+    pub gpu: &'a Gpu,
+    pub b: &'a Buffers,
+    pub plan: &'a DevPlan,
+    pub seqs: &'a DevSeqs,
+    pub cache: &'a DevKvCache,
+    pub states: &'a StateSlots,
+}
+
+impl Step<'_> {
+    /// [`residual_stream`] of `blocks` on the shared buffers (`b.x` the residual stream).
+    fn run_blocks<B>(
+        &self,
+        (spec, embed): (&ModelSpec, &DevWeight),
+        blocks: &[B],
+        norm: impl Fn(&B) -> u64,
+        cap: &dyn Fn(usize) -> CudaResult<()>,
+        body: impl FnMut(usize, &B) -> CudaResult<()>,
+    ) -> CudaResult<()> {
+        let (b, plan) = (self.b, self.plan);
+        let stream = (&b.x, &b.normed, &b.proj);
+        residual_stream(self.gpu, spec, embed, plan, stream, blocks, norm, cap, body)
+    }
 }
 
 /// Activation buffers for the token budget, allocated once and shared by every layer.
@@ -88,27 +109,6 @@ impl Buffers {
             act: gpu.zeros(n(w.act)?)?,
         })
     }
-}
-
-/// Index of each layer among the layers of its kind (KV cache index for attention layers,
-/// state index for recurrent ones), and the two counts (as models::hybrid_attn).
-pub(crate) fn kind_indices(kinds: &[LayerKind]) -> (Vec<usize>, usize, usize) {
-    let (mut attn, mut rec) = (0, 0);
-    let idx = kinds
-        .iter()
-        .map(|k| match k {
-            LayerKind::Attention => {
-                attn += 1;
-                attn - 1
-            }
-            k if k.is_recurrent() => {
-                rec += 1;
-                rec - 1
-            }
-            _ => 0,
-        })
-        .collect();
-    (idx, attn, rec)
 }
 
 enum Model {
@@ -187,62 +187,27 @@ pub fn check_supported(spec: &ModelSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// Loads a hybrid model (`spec.architecture.is_hybrid()`) onto device `opts.device`.
-pub fn load(
-    dir: &Path,
-    spec: ModelSpec,
-    opts: CudaOptions,
-) -> Result<Box<dyn Backend>, ModelError> {
-    catch_unwind(AssertUnwindSafe(|| {
-        HybridCudaBackend::load(dir, spec, opts)
-    }))
-    .unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panic".into());
-        Err(ModelError::InvalidOptions(format!(
-            "cuda: loading panicked: {msg}"
-        )))
-    })
-    .map(|b| Box::new(b) as Box<dyn Backend>)
-}
-
-/// A hybrid model on one device with its KV cache (attention layers), recurrent state slots
-/// and capture buffers (field order = drop order: buffers before the context they live in).
-pub struct HybridCudaBackend {
+/// A hybrid model on the device with its activation buffers and recurrent state slots.
+pub(crate) struct HybridModel {
     model: Model,
     buffers: Buffers,
-    cache: DevKvCache,
     states: StateSlots,
-    capture: Capture,
-    capture_layers: Vec<usize>,
-    /// layer id -> capture slot
-    capture_slot: Vec<Option<usize>>,
-    max_tokens: usize,
-    gpu: Gpu,
 }
 
-impl HybridCudaBackend {
-    pub fn load(dir: &Path, spec: ModelSpec, opts: CudaOptions) -> Result<Self, ModelError> {
-        check_options(&spec, &opts)?;
-        let gpu = Gpu::new(opts.device)?;
-        tracing::info!(
-            device = opts.device,
-            name = %gpu.info.name,
-            cc = ?gpu.info.compute_capability,
-            arch = spec.architecture.hf_name(),
-            "cuda backend (hybrid): device ready"
-        );
-        let weights = Weights::open(dir)?;
+impl HybridModel {
+    pub(crate) fn load(
+        gpu: &Gpu,
+        weights: &Weights,
+        spec: ModelSpec,
+        opts: &CudaOptions,
+    ) -> Result<Self, ModelError> {
         let t = opts.max_num_batched_tokens;
         let model = match spec.architecture {
             Architecture::Qwen3_5 | Architecture::Qwen3Next => {
-                Model::Qwen(Box::new(QwenCuda::load(&gpu, &weights, spec, t)?))
+                Model::Qwen(Box::new(QwenCuda::load(gpu, weights, spec, t)?))
             }
             Architecture::NemotronH => {
-                Model::Nemotron(Box::new(NemotronCuda::load(&gpu, &weights, spec)?))
+                Model::Nemotron(Box::new(NemotronCuda::load(gpu, weights, spec)?))
             }
             other => {
                 return Err(ModelError::InvalidOptions(format!(
@@ -251,198 +216,70 @@ impl HybridCudaBackend {
                 )));
             }
         };
-        let s = model.spec();
-        let (h, kv_dim) = (s.hidden_size, s.num_kv_heads * s.head_dim);
-        let buffers = Buffers::new(&gpu, h, model.widths(), t)?;
-        let (num_attn, num_rec, conv_per, ssm_per) = model.cache_shape();
-        let cache = DevKvCache::new(
-            &gpu,
-            num_attn,
-            opts.num_blocks,
-            opts.block_size,
-            kv_dim,
-            s.dtype,
-        )?;
-        let states = StateSlots::new(&gpu, num_rec, opts.num_state_slots, conv_per, ssm_per)?;
-        let capture = Capture::new(&gpu, opts.capture_layers.len(), h, t)?;
-        let mut capture_slot = vec![None; s.num_layers + 1];
-        for (k, &id) in opts.capture_layers.iter().enumerate() {
-            capture_slot[id] = Some(k);
-        }
-        gpu.stream.synchronize().map_err(CudaError::from)?;
+        let buffers = Buffers::new(gpu, model.spec().hidden_size, model.widths(), t)?;
+        let (_, num_rec, conv_per, ssm_per) = model.cache_shape();
+        let states = StateSlots::new(gpu, num_rec, opts.num_state_slots, conv_per, ssm_per)?;
         Ok(Self {
             model,
             buffers,
-            cache,
             states,
-            capture,
-            capture_layers: opts.capture_layers,
-            capture_slot,
-            max_tokens: t,
-            gpu,
         })
     }
+}
 
-    pub fn spec(&self) -> &ModelSpec {
+impl DevModel for HybridModel {
+    type Seqs = Vec<SeqState>;
+
+    fn spec(&self) -> &ModelSpec {
         self.model.spec()
     }
 
-    fn limits(&self) -> PlanLimits {
+    fn kv_shape(&self) -> (usize, usize) {
         let s = self.model.spec();
-        PlanLimits {
-            vocab: s.vocab_size,
-            max_positions: s.max_position_embeddings,
-            num_blocks: self.cache.num_blocks(),
-            block_size: self.cache.block_size(),
-        }
+        (self.model.cache_shape().0, s.num_kv_heads * s.head_dim)
     }
 
-    fn run(
-        &mut self,
-        batch: &Batch<'_>,
-        plan: &BatchPlan<'_>,
-        seqs: &[SeqState],
-    ) -> CudaResult<BatchOutput> {
-        let (gpu, b) = (&self.gpu, &self.buffers);
-        let t = plan.num_tokens();
-        self.capture.begin()?;
-        let dev = DevPlan::new(gpu, batch.token_ids, plan)?;
-        let dseqs = DevSeqs::new(gpu, seqs, t)?;
+    fn residual(&self) -> &DevBuf<f32> {
+        &self.buffers.x
+    }
+
+    fn head(&self) -> (&DevBuf<f32>, &DevWeight) {
+        self.model.head()
+    }
+
+    fn seqs(&self, batch: &Batch<'_>) -> Result<Vec<SeqState>, BackendError> {
+        seq_states(batch, self.states.num_slots())
+    }
+
+    fn forward(
+        &self,
+        gpu: &Gpu,
+        plan: &DevPlan,
+        seqs: &Vec<SeqState>,
+        cache: &DevKvCache,
+        cap: &dyn Fn(usize) -> CudaResult<()>,
+    ) -> CudaResult<()> {
+        let dseqs = DevSeqs::new(gpu, seqs, plan.num_tokens)?;
         self.states.reset_fresh(gpu, &dseqs)?;
-        let (capture, slots) = (&self.capture, &self.capture_slot);
-        let cap = |id: usize| match slots.get(id).copied().flatten() {
-            Some(k) => capture.capture(gpu, k, b.x.ptr(), t),
-            None => Ok(()),
+        let step = Step {
+            gpu,
+            b: &self.buffers,
+            plan,
+            seqs: &dseqs,
+            cache,
+            states: &self.states,
         };
         match &self.model {
-            Model::Qwen(m) => m.forward(gpu, b, &dev, &dseqs, &self.cache, &self.states, &cap)?,
-            Model::Nemotron(m) => {
-                m.forward(gpu, b, &dev, &dseqs, &self.cache, &self.states, &cap)?
-            }
+            Model::Qwen(m) => m.forward(&step, cap),
+            Model::Nemotron(m) => m.forward(&step, cap),
         }
-        let rows: Vec<u32> = plan.sample_rows.iter().map(|&(_, r)| r as u32).collect();
-        let tokens = self.greedy(&rows)?;
-        let captured = self.capture.finish(t)?;
-        let mut sampled = vec![None; batch.seqs.len()];
-        for (&(seq, _), tok) in plan.sample_rows.iter().zip(tokens) {
-            sampled[seq] = Some(tok);
-        }
-        Ok(BatchOutput { captured, sampled })
     }
-
-    /// Greedy tokens of residual rows `rows` of the last forward: final norm, LM head,
-    /// argmax. Waits for the compute stream.
-    fn greedy(&self, rows: &[u32]) -> CudaResult<Vec<u32>> {
-        let n = rows.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let gpu = &self.gpu;
-        let s = self.model.spec();
-        let (h, v, dt) = (s.hidden_size, s.vocab_size, s.dtype);
-        let rows_dev = gpu.upload(rows)?;
-        let last: DevBuf<f32> = gpu.zeros(n * h)?;
-        let normed: DevBuf<f32> = gpu.zeros(n * h)?;
-        let logits: DevBuf<f32> = gpu.zeros(n * v)?;
-        let out: DevBuf<u32> = gpu.zeros(n)?;
-        ops::gather_rows(gpu, self.buffers.x.ptr(), rows_dev.ptr(), last.ptr(), n, h)?;
-        let (norm, head) = self.model.head();
-        let eps = s.rms_norm_eps;
-        ops::rms_norm(gpu, last.ptr(), norm.ptr(), normed.ptr(), dt, n, h, eps)?;
-        linear(gpu, normed.ptr(), head, logits.ptr(), n)?;
-        ops::argmax(gpu, logits.ptr(), n, v, out.ptr())?;
-        gpu.download(&out, n)
-    }
-}
-
-impl Backend for HybridCudaBackend {
-    fn hidden_size(&self) -> usize {
-        self.model.spec().hidden_size
-    }
-
-    fn capture_layers(&self) -> &[usize] {
-        &self.capture_layers
-    }
-
-    fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
-        let plan = BatchPlan::new(batch, &self.limits())?;
-        let seqs = seq_states(batch, self.states.num_slots())?;
-        let t = plan.num_tokens();
-        if t == 0 {
-            return Ok(BatchOutput {
-                captured: Vec::new(),
-                sampled: vec![None; batch.seqs.len()],
-            });
-        }
-        if t > self.max_tokens {
-            return Err(BackendError::InvalidBatch(format!(
-                "{t} tokens exceed the CUDA backend's token budget {}",
-                self.max_tokens
-            )));
-        }
-        Ok(self.run(batch, &plan, &seqs)?)
-    }
-}
-
-impl Drop for HybridCudaBackend {
-    fn drop(&mut self) {
-        // Nothing may still run on buffers about to be freed.
-        let _ = self.gpu.stream.synchronize();
-        let _ = self.gpu.copy_stream.synchronize();
-    }
-}
-
-fn check_options(spec: &ModelSpec, opts: &CudaOptions) -> Result<(), ModelError> {
-    let bad = |m: String| Err(ModelError::InvalidOptions(m));
-    if let Err(why) = check_supported(spec) {
-        return bad(format!(
-            "{} does not run on the CUDA backend: {why} (use device = \"cpu\")",
-            spec.architecture.hf_name()
-        ));
-    }
-    if opts.block_size == 0 || opts.num_blocks == 0 || opts.max_num_batched_tokens == 0 {
-        return bad(format!(
-            "num_blocks ({}), block_size ({}) and max_num_batched_tokens ({}) must be > 0",
-            opts.num_blocks, opts.block_size, opts.max_num_batched_tokens
-        ));
-    }
-    if spec.has_recurrent_layers() && opts.num_state_slots == 0 {
-        return bad(format!(
-            "{} has recurrent layers and needs num_state_slots > 0 (one per running request)",
-            spec.architecture.hf_name()
-        ));
-    }
-    let int = i32::MAX as usize;
-    if opts.num_blocks > int
-        || opts.max_num_batched_tokens > int
-        || opts.block_size > int
-        || opts.num_state_slots > int
-        || spec.max_position_embeddings > int
-    {
-        return bad(
-            "num_blocks, block_size, num_state_slots, max_num_batched_tokens and \
-             max_position_embeddings must fit in i32"
-                .into(),
-        );
-    }
-    let l = spec.num_layers;
-    if let Some(&id) = opts.capture_layers.iter().find(|&&id| id > l) {
-        return bad(format!("capture layer {id} is out of range 0..={l}"));
-    }
-    if opts.capture_layers.windows(2).any(|w| w[0] >= w[1]) {
-        return bad(format!(
-            "capture layers {:?} must be strictly ascending",
-            opts.capture_layers
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::context::kernel_names_for_test;
     use super::super::nvrtc::SOURCES;
-    use super::*;
 
     /// Every kernel the hybrid launchers call is an entry point of a loaded source.
     #[test]
@@ -480,13 +317,5 @@ mod tests {
         for w in &wanted {
             assert!(all.contains(w), "kernel `{w}` is launched but not defined");
         }
-    }
-
-    #[test]
-    fn kind_indices_count_per_kind() {
-        use LayerKind::*;
-        let (idx, attn, rec) = kind_indices(&[Mamba2, Mlp, Attention, Mlp, Mamba2, Attention]);
-        assert_eq!(idx, vec![0, 0, 0, 0, 1, 1]);
-        assert_eq!((attn, rec), (2, 2));
     }
 }

@@ -9,12 +9,12 @@
 
 use super::super::context::{CudaResult, DevBuf, Gpu};
 use super::super::gemm::linear;
-use super::super::kv_cache::{DevKvCache, DevPlan};
 use super::super::ops;
 use super::super::weights::{DevWeight, UploadError};
 use super::attn::{HybridAttnDev, matrix};
-use super::recurrent::{self, ConvIo, DevSeqs, MambaIo, StateSlots};
-use super::{Buffers, Widths, kind_indices};
+use super::recurrent::{self, ConvIo, GatedNormIo, MambaIo};
+use super::{Step, Widths};
+use crate::models::hybrid_attn::kind_indices;
 use crate::models::hybrid_config::{LayerKind, MambaSpec};
 use crate::models::{ModelError, ModelSpec, Weights};
 
@@ -172,39 +172,16 @@ impl NemotronCuda {
 
     /// Runs every block; `cap(id)` captures `b.x` for ids 0..=L. Leaves the last block's
     /// (pre-norm) output in `b.x`. Fresh slots must already be zeroed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        b: &Buffers,
-        plan: &DevPlan,
-        seqs: &DevSeqs,
-        cache: &DevKvCache,
-        states: &StateSlots,
-        cap: &dyn Fn(usize) -> CudaResult<()>,
-    ) -> CudaResult<()> {
-        let t = plan.num_tokens;
-        let (h, eps, dt) = (
-            self.spec.hidden_size,
-            self.spec.rms_norm_eps,
-            self.spec.dtype,
-        );
-        b.x.check(t * h, "tokens beyond the budget")?;
-        ops::embed(gpu, plan.tokens.ptr(), &self.embed, b.x.ptr(), t)?;
-        cap(0)?;
-        let (x, normed, proj) = (b.x.ptr(), b.normed.ptr(), b.proj.ptr());
-        for (i, block) in self.blocks.iter().enumerate() {
-            let w = block.norm.ptr();
-            if i == 0 {
-                ops::rms_norm(gpu, x, w, normed, dt, t, h, eps)?;
-            } else {
-                // Block i-1's residual add, fused with this block's norm.
-                ops::add_rms_norm(gpu, x, proj, w, normed, dt, t, h, eps)?;
-                cap(i)?;
-            }
+    pub fn forward(&self, s: &Step<'_>, cap: &dyn Fn(usize) -> CudaResult<()>) -> CudaResult<()> {
+        let (gpu, b, plan) = (s.gpu, s.b, s.plan);
+        let (t, h, dt) = (plan.num_tokens, self.spec.hidden_size, self.spec.dtype);
+        let (normed, proj) = (b.normed.ptr(), b.proj.ptr());
+        let norm = |block: &Block| block.norm.ptr();
+        let model = (&self.spec, &self.embed);
+        s.run_blocks(model, &self.blocks, norm, cap, |_, block| {
             match &block.mixer {
-                Mixer::Mamba(m) => self.mamba_forward(gpu, m, b, seqs, states)?,
-                Mixer::Attn(a) => a.forward(gpu, b, dt, plan, cache)?,
+                Mixer::Mamba(m) => self.mamba_forward(s, m),
+                Mixer::Attn(a) => a.forward(gpu, b, dt, plan, s.cache),
                 Mixer::Mlp(m) => {
                     let inter = self.spec.intermediate_size;
                     linear(gpu, normed, &m.up, b.wide.ptr(), t)?;
@@ -216,22 +193,15 @@ impl NemotronCuda {
                     if let Some(bias) = &m.down_bias {
                         ops::bias_add(gpu, proj, bias.ptr(), t, h)?;
                     }
+                    Ok(())
                 }
             }
-        }
-        ops::add(gpu, x, proj, t * h)?;
-        cap(self.blocks.len())
+        })
     }
 
     /// Mamba-2 on `b.normed`, result in `b.proj`.
-    fn mamba_forward(
-        &self,
-        gpu: &Gpu,
-        m: &MambaDev,
-        b: &Buffers,
-        seqs: &DevSeqs,
-        states: &StateSlots,
-    ) -> CudaResult<()> {
+    fn mamba_forward(&self, s: &Step<'_>, m: &MambaDev) -> CudaResult<()> {
+        let (gpu, b, seqs, states) = (s.gpu, s.b, s.seqs, s.states);
         let spec = &self.mamba;
         let t = seqs.num_tokens;
         let (inner, conv_dim, nh) = (spec.intermediate(), spec.conv_dim(), spec.num_heads);
@@ -275,19 +245,17 @@ impl NemotronCuda {
             },
             seqs,
         )?;
-        recurrent::mamba2_gated_norm(
-            gpu,
-            b.mid.ptr(),
-            proj,
-            width,
-            m.norm.ptr(),
-            b.act.ptr(),
-            self.spec.dtype,
+        let norm = GatedNormIo {
+            x: b.mid.ptr(),
+            z: proj,
+            z_stride: width,
+            w: m.norm.ptr(),
+            out: b.act.ptr(),
+            dtype: self.spec.dtype,
             t,
-            inner,
-            inner / spec.n_groups,
-            self.spec.rms_norm_eps,
-        )?;
+            eps: self.spec.rms_norm_eps,
+        };
+        recurrent::mamba2_gated_norm(gpu, norm, inner, inner / spec.n_groups)?;
         linear(gpu, b.act.ptr(), &m.out_proj, b.proj.ptr(), t)?;
         if let Some(bias) = &m.out_bias {
             ops::bias_add(gpu, b.proj.ptr(), bias.ptr(), t, self.spec.hidden_size)?;

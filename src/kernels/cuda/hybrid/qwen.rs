@@ -7,16 +7,17 @@
 //! SiLU with the slot's conv state, l2norm of q / k, the gated delta rule token by token
 //! (gated_delta.cu), the per-head gated norm `w·norm(o)·silu(z)`, then `out_proj`.
 
-use super::super::context::{CudaResult, DevBuf, Gpu};
+use super::super::context::{CudaError, CudaResult, DevBuf, Gpu};
 use super::super::gemm::linear;
-use super::super::kv_cache::{DevKvCache, DevPlan};
 use super::super::ops;
 use super::super::weights::{DevWeight, UploadError, upload_as, upload_stacked};
 use super::attn::{HybridAttnDev, matrix, one_plus};
 use super::moe::{MoeDev, MoeScratch};
-use super::recurrent::{self, ConvIo, DevSeqs, GdnIo, StateSlots};
-use super::{Buffers, Widths, kind_indices};
+use super::recurrent::{self, ConvIo, GatedNormIo, GdnIo};
+use super::{Step, Widths};
+use crate::models::hybrid_attn::kind_indices;
 use crate::models::hybrid_config::{GdnSpec, LayerKind};
+use crate::models::qwen3_5::next_to_fused_rows;
 use crate::models::{Architecture, ModelError, ModelSpec, Weights};
 
 struct GdnDev {
@@ -200,70 +201,43 @@ impl QwenCuda {
 
     /// Runs every layer; `cap(id)` captures the residual stream `b.x` for ids 0..=L. Leaves the
     /// last layer's (pre-norm) output in `b.x`. Fresh slots must already be zeroed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        b: &Buffers,
-        plan: &DevPlan,
-        seqs: &DevSeqs,
-        cache: &DevKvCache,
-        states: &StateSlots,
-        cap: &dyn Fn(usize) -> CudaResult<()>,
-    ) -> CudaResult<()> {
-        let t = plan.num_tokens;
-        let (h, eps, dt) = (
+    pub fn forward(&self, s: &Step<'_>, cap: &dyn Fn(usize) -> CudaResult<()>) -> CudaResult<()> {
+        let (gpu, b, plan) = (s.gpu, s.b, s.plan);
+        let (t, h, eps, dt) = (
+            plan.num_tokens,
             self.spec.hidden_size,
             self.spec.rms_norm_eps,
             self.spec.dtype,
         );
-        b.x.check(t * h, "tokens beyond the budget")?;
-        ops::embed(gpu, plan.tokens.ptr(), &self.embed, b.x.ptr(), t)?;
-        cap(0)?;
-        let (x, normed, proj) = (b.x.ptr(), b.normed.ptr(), b.proj.ptr());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let w = layer.input_norm.ptr();
-            if i == 0 {
-                ops::rms_norm(gpu, x, w, normed, dt, t, h, eps)?;
-            } else {
-                // Layer i-1's MLP residual add, fused with this layer's input norm.
-                ops::add_rms_norm(gpu, x, proj, w, normed, dt, t, h, eps)?;
-                cap(i)?;
-            }
+        let (normed, proj) = (b.normed.ptr(), b.proj.ptr());
+        let norm = |l: &Layer| l.input_norm.ptr();
+        let model = (&self.spec, &self.embed);
+        s.run_blocks(model, &self.layers, norm, cap, |_, layer| {
             match &layer.mixer {
-                Mixer::Gdn(g) => self.gdn_forward(gpu, g, b, seqs, states)?,
-                Mixer::Attn(a) => a.forward(gpu, b, dt, plan, cache)?,
+                Mixer::Gdn(g) => self.gdn_forward(s, g)?,
+                Mixer::Attn(a) => a.forward(gpu, b, dt, plan, s.cache)?,
             }
             let w = layer.post_norm.ptr();
-            ops::add_rms_norm(gpu, x, proj, w, normed, dt, t, h, eps)?;
+            ops::add_rms_norm(gpu, b.x.ptr(), proj, w, normed, dt, t, h, eps)?;
             match &layer.ffn {
                 Ffn::Dense { gate_up, down } => {
                     let inter = self.spec.intermediate_size;
                     linear(gpu, normed, gate_up, b.wide.ptr(), t)?;
                     ops::silu_mul(gpu, b.wide.ptr(), b.act.ptr(), dt, t, inter)?;
-                    linear(gpu, b.act.ptr(), down, proj, t)?;
+                    linear(gpu, b.act.ptr(), down, proj, t)
                 }
                 Ffn::Moe(m) => {
-                    let s = self.moe.as_ref().ok_or_else(|| {
-                        super::super::context::CudaError::Invalid("no MoE scratch".into())
-                    })?;
-                    m.forward(gpu, normed, t, s, dt, proj)?;
+                    let scratch = (self.moe.as_ref())
+                        .ok_or_else(|| CudaError::Invalid("no MoE scratch".into()))?;
+                    m.forward(gpu, normed, t, scratch, dt, proj)
                 }
             }
-        }
-        ops::add(gpu, x, proj, t * h)?;
-        cap(self.layers.len())
+        })
     }
 
     /// Gated DeltaNet on `b.normed`, result in `b.proj`.
-    fn gdn_forward(
-        &self,
-        gpu: &Gpu,
-        g: &GdnDev,
-        b: &Buffers,
-        seqs: &DevSeqs,
-        states: &StateSlots,
-    ) -> CudaResult<()> {
+    fn gdn_forward(&self, s: &Step<'_>, g: &GdnDev) -> CudaResult<()> {
+        let (gpu, b, seqs, states) = (s.gpu, s.b, s.seqs, s.states);
         let spec = &self.gdn;
         let t = seqs.num_tokens;
         let (conv_dim, vd, nv) = (spec.conv_dim(), spec.value_dim(), spec.num_v_heads);
@@ -303,19 +277,17 @@ impl QwenCuda {
             },
             seqs,
         )?;
-        recurrent::gdn_gated_norm(
-            gpu,
-            b.mid.ptr(),
-            col(conv_dim),
-            width,
-            g.norm.ptr(),
-            b.act.ptr(),
-            self.spec.dtype,
+        let norm = GatedNormIo {
+            x: b.mid.ptr(),
+            z: col(conv_dim),
+            z_stride: width,
+            w: g.norm.ptr(),
+            out: b.act.ptr(),
+            dtype: self.spec.dtype,
             t,
-            nv,
-            spec.v_head_dim,
-            self.spec.rms_norm_eps,
-        )?;
+            eps: self.spec.rms_norm_eps,
+        };
+        recurrent::gdn_gated_norm(gpu, norm, nv, spec.v_head_dim)?;
         linear(gpu, b.act.ptr(), &g.out_proj, b.proj.ptr(), t)
     }
 }
@@ -341,7 +313,7 @@ fn load_gdn(
     let rows = if spec.architecture == Architecture::Qwen3Next {
         let qkvz = w.tensor(&format!("{p}.in_proj_qkvz.weight"), &[2 * kd + 2 * vd, h])?;
         let ba = w.tensor(&format!("{p}.in_proj_ba.weight"), &[2 * nv, h])?;
-        next_to_fused(&qkvz, &ba, g, h)
+        next_to_fused_rows(&qkvz, &ba, g, h)
     } else {
         let mut rows = w.tensor(&format!("{p}.in_proj_qkv.weight"), &[conv_dim, h])?;
         rows.extend(w.tensor(&format!("{p}.in_proj_z.weight"), &[vd, h])?);
@@ -364,31 +336,4 @@ fn load_gdn(
         out_proj: matrix(gpu, w, &format!("{p}.out_proj.weight"), h, vd, dt)?,
         state_index,
     })
-}
-
-/// Qwen3-Next's projections grouped per key head — `in_proj_qkvz` rows
-/// `[q(dk) | k(dk) | v(r·dv) | z(r·dv)]` and `in_proj_ba` rows `[b(r) | a(r)]` per key head,
-/// r = nv / nk — re-ordered into `[q | k | v | z | b | a]` (as models::qwen3_5::next_to_fused).
-fn next_to_fused(qkvz: &[f32], ba: &[f32], g: &GdnSpec, inp: usize) -> Vec<f32> {
-    let (dk, dv, nk) = (g.k_head_dim, g.v_head_dim, g.num_k_heads);
-    let r = g.num_v_heads / nk;
-    let group = 2 * dk + 2 * r * dv;
-    let rows = |w: &[f32], from: usize, n: usize| w[from * inp..(from + n) * inp].to_vec();
-    let mut out = Vec::with_capacity(qkvz.len() + ba.len());
-    for (off, len) in [
-        (0, dk),
-        (dk, dk),
-        (2 * dk, r * dv),
-        (2 * dk + r * dv, r * dv),
-    ] {
-        for kh in 0..nk {
-            out.extend(rows(qkvz, kh * group + off, len));
-        }
-    }
-    for off in [0, r] {
-        for kh in 0..nk {
-            out.extend(rows(ba, kh * 2 * r + off, r));
-        }
-    }
-    out
 }

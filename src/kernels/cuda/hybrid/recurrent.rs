@@ -9,7 +9,8 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
+pub(super) use super::super::ops::i32_of;
 use super::super::ops::suffix;
 use crate::kernels::cpu::recurrent::SeqState;
 use crate::models::WeightDtype;
@@ -18,10 +19,6 @@ use crate::models::WeightDtype;
 const WARPS: usize = 4;
 /// Grid cap of the grid-stride kernels.
 const MAX_BLOCKS: usize = 65_535;
-
-pub(super) fn i32_of(v: usize, what: &str) -> CudaResult<i32> {
-    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
-}
 
 fn u32_of(v: usize, what: &str) -> CudaResult<u32> {
     u32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds a grid")))
@@ -36,6 +33,20 @@ fn stride_cfg(total: usize) -> CudaResult<LaunchConfig> {
             1,
         ),
         block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The token-by-token scans: `cols` columns of state in blocks of [`COLS_PER_BLOCK`], per head,
+/// per chunk; 128 threads.
+fn scan_cfg(cols: (usize, &str), heads: usize, chunks: usize) -> CudaResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            u32_of(cols.0.div_ceil(COLS_PER_BLOCK), cols.1)?,
+            u32_of(heads, "heads")?,
+            u32_of(chunks, "chunks")?,
+        ),
+        block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     })
 }
@@ -311,19 +322,10 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
         dk,
         scale
     )?;
-    let cfg = LaunchConfig {
-        grid_dim: (
-            u32_of(g.dv.div_ceil(COLS_PER_BLOCK), "dv blocks")?,
-            u32_of(g.nv, "value heads")?,
-            u32_of(seqs.num_seqs, "chunks")?,
-        ),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
     launch!(
         gpu,
         "gated_delta_rule_f32",
-        cfg,
+        scan_cfg((g.dv, "dv blocks"), g.nv, seqs.num_seqs)?,
         g.qkv,
         stride,
         g.b,
@@ -343,39 +345,53 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
     )
 }
 
-/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output, written in `dtype`.
-#[allow(clippy::too_many_arguments)]
-pub fn gdn_gated_norm(
+/// A gated RMSNorm over `t` rows: input `x` (f32), gate `z` (f32 rows `z_stride` apart),
+/// weight `w`, output `out` in `dtype` (device addresses).
+#[derive(Debug, Clone, Copy)]
+pub struct GatedNormIo {
+    pub x: u64,
+    pub z: u64,
+    pub z_stride: usize,
+    pub w: u64,
+    pub out: u64,
+    pub dtype: WeightDtype,
+    pub t: usize,
+    pub eps: f64,
+}
+
+/// Launches `{kernel}_{dtype}`, one warp per (row, group), with the kernel's two geometry
+/// arguments `dims`.
+fn gated_norm(
     gpu: &Gpu,
-    x: u64,
-    z: u64,
-    z_stride: usize,
-    w: u64,
-    out: u64,
-    dtype: WeightDtype,
-    t: usize,
-    nv: usize,
-    dv: usize,
-    eps: f64,
+    kernel: &str,
+    n: GatedNormIo,
+    groups: usize,
+    dims: (i32, i32),
 ) -> CudaResult<()> {
-    if t == 0 {
-        return Ok(());
-    }
-    let name = format!("gdn_gated_norm_{}", suffix(dtype));
+    let name = format!("{kernel}_{}", suffix(n.dtype));
     launch!(
         gpu,
         &name,
-        warps_cfg(t * nv)?,
-        x,
-        z,
-        i32_of(z_stride, "z stride")?,
-        w,
-        out,
-        i32_of(t, "tokens")?,
-        i32_of(nv, "nv")?,
-        i32_of(dv, "dv")?,
-        eps
+        warps_cfg(n.t * groups)?,
+        n.x,
+        n.z,
+        i32_of(n.z_stride, "z stride")?,
+        n.w,
+        n.out,
+        i32_of(n.t, "tokens")?,
+        dims.0,
+        dims.1,
+        n.eps
     )
+}
+
+/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output (`nv` heads of `dv`).
+pub fn gdn_gated_norm(gpu: &Gpu, n: GatedNormIo, nv: usize, dv: usize) -> CudaResult<()> {
+    if n.t == 0 {
+        return Ok(());
+    }
+    let dims = (i32_of(nv, "nv")?, i32_of(dv, "dv")?);
+    gated_norm(gpu, "gdn_gated_norm", n, nv, dims)
 }
 
 /// Mamba-2 geometry and per-head parameters (device addresses).
@@ -413,19 +429,10 @@ pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
     }
     let inner = m.heads * m.head_dim;
     let stride = i32_of(inner + 2 * m.groups * m.d_state, "xBC width")?;
-    let cfg = LaunchConfig {
-        grid_dim: (
-            u32_of(m.head_dim.div_ceil(COLS_PER_BLOCK), "head_dim blocks")?,
-            u32_of(m.heads, "heads")?,
-            u32_of(seqs.num_seqs, "chunks")?,
-        ),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
     launch!(
         gpu,
         "mamba2_scan_f32",
-        cfg,
+        scan_cfg((m.head_dim, "head_dim blocks"), m.heads, seqs.num_seqs)?,
         m.xbc,
         stride,
         m.dt,
@@ -446,22 +453,15 @@ pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
     )
 }
 
-/// `y·silu(z)` then grouped RMSNorm times `w`, written in `dtype`.
-#[allow(clippy::too_many_arguments)]
+/// `y·silu(z)` then grouped RMSNorm times `w` (`n.x` = y, `inner` wide, groups of
+/// `group_size`).
 pub fn mamba2_gated_norm(
     gpu: &Gpu,
-    y: u64,
-    z: u64,
-    z_stride: usize,
-    w: u64,
-    out: u64,
-    dtype: WeightDtype,
-    t: usize,
+    n: GatedNormIo,
     inner: usize,
     group_size: usize,
-    eps: f64,
 ) -> CudaResult<()> {
-    if t == 0 {
+    if n.t == 0 {
         return Ok(());
     }
     if group_size == 0 || !inner.is_multiple_of(group_size) {
@@ -469,21 +469,8 @@ pub fn mamba2_gated_norm(
             "gated norm group size {group_size} does not divide {inner}"
         )));
     }
-    let name = format!("mamba2_gated_norm_{}", suffix(dtype));
-    launch!(
-        gpu,
-        &name,
-        warps_cfg(t * (inner / group_size))?,
-        y,
-        z,
-        i32_of(z_stride, "z stride")?,
-        w,
-        out,
-        i32_of(t, "tokens")?,
-        i32_of(inner, "inner")?,
-        i32_of(group_size, "group size")?,
-        eps
-    )
+    let dims = (i32_of(inner, "inner")?, i32_of(group_size, "group size")?);
+    gated_norm(gpu, "mamba2_gated_norm", n, inner / group_size, dims)
 }
 
 /// `out = relu(x)²` (Nemotron-H MLP), written in `dtype`.
@@ -492,10 +479,5 @@ pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> C
         return Ok(());
     }
     let name = format!("relu2_{}", suffix(dtype));
-    let cfg = LaunchConfig {
-        grid_dim: (u32_of(total.div_ceil(256), "blocks")?, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(gpu, &name, cfg, x, out, total as i64)
+    launch!(gpu, &name, elems_cfg(total)?, x, out, total as i64)
 }

@@ -1,0 +1,238 @@
+//! Driving a backend directly with hand-made batches (block tables, chunks, prompts cut into
+//! pieces), loading the CPU and CUDA backends on the fixtures, comparing captured rows.
+
+use hsx::kernels::cpu::{CpuBackend, CpuOptions};
+use hsx::kernels::cuda::{self, CudaOptions};
+use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, SeqChunk};
+use hsx::models::{ModelSpec, WeightDtype};
+
+use super::{model_dir, random_prompt};
+
+/// One request's captured rows `[T, K, H]` and sampled token.
+pub type Run = (Vec<f32>, Option<u32>);
+
+/// Positions per KV block in these tests.
+pub const BLOCK: usize = 16;
+
+/// Which KV blocks (and recurrent-state slot) request `r` gets.
+#[derive(Debug, Clone, Copy)]
+pub enum Paging {
+    /// Dense models: blocks `num_blocks - 1 - (r + 4 k)` for k = 0, 1, ... (non-contiguous,
+    /// descending, so paging bugs show); no state slot.
+    Dense { num_blocks: usize },
+    /// Hybrid models: blocks `r, r + 64, ...` (interleaved, so paging bugs show); state slot r.
+    Hybrid,
+}
+
+impl Paging {
+    /// Request `r`'s block table for `len` positions.
+    pub fn table(self, r: usize, len: usize) -> Vec<u32> {
+        (0..len.div_ceil(BLOCK))
+            .map(|k| match self {
+                Paging::Dense { num_blocks } => (num_blocks - 1 - (r + 4 * k)) as u32,
+                Paging::Hybrid => (r + 64 * k) as u32,
+            })
+            .collect()
+    }
+
+    /// Positions `start..start + len` of request `r`'s `total` tokens (sampled at the end).
+    pub fn chunk(self, r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
+        SeqChunk {
+            start,
+            len,
+            block_table: self.table(r, total),
+            sample: start + len == total,
+            state_slot: match self {
+                Paging::Dense { .. } => None,
+                Paging::Hybrid => Some(r as u32),
+            },
+        }
+    }
+
+    /// `ids` as request `r`, in one chunk.
+    pub fn alone(self, be: &mut dyn Backend, r: usize, ids: &[u32]) -> BatchOutput {
+        let seqs = [self.chunk(r, 0, ids.len(), ids.len())];
+        be.forward(&Batch {
+            token_ids: ids,
+            seqs: &seqs,
+        })
+        .unwrap()
+    }
+
+    /// Runs `prompts[r]` as request r, cut into pieces of at most `piece` tokens; each step is
+    /// one forward holding the next piece of every unfinished request (in request order, or
+    /// reversed with `reverse` to vary batch positions). Returns each request's captured rows
+    /// `[T, K, H]` and its sampled token.
+    pub fn run_pieces(
+        self,
+        be: &mut dyn Backend,
+        prompts: &[Vec<u32>],
+        piece: usize,
+        reverse: bool,
+    ) -> Vec<Run> {
+        let row = be.capture_layers().len() * be.hidden_size();
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        if reverse {
+            order.reverse();
+        }
+        let mut results: Vec<Run> = vec![(Vec::new(), None); prompts.len()];
+        for start in (0..).step_by(piece) {
+            let (mut ids, mut seqs, mut owners) = (Vec::new(), Vec::new(), Vec::new());
+            for &r in &order {
+                let p = &prompts[r];
+                if start < p.len() {
+                    let len = piece.min(p.len() - start);
+                    ids.extend_from_slice(&p[start..start + len]);
+                    seqs.push(self.chunk(r, start, len, p.len()));
+                    owners.push((r, len));
+                }
+            }
+            if seqs.is_empty() {
+                break;
+            }
+            let out = be
+                .forward(&Batch {
+                    token_ids: &ids,
+                    seqs: &seqs,
+                })
+                .unwrap();
+            let mut offset = 0;
+            for (s, &(r, len)) in owners.iter().enumerate() {
+                let rows = &out.captured[offset * row..(offset + len) * row];
+                results[r].0.extend_from_slice(rows);
+                if out.sampled[s].is_some() {
+                    results[r].1 = out.sampled[s];
+                }
+                offset += len;
+            }
+        }
+        results
+    }
+}
+
+/// [`Paging::run_pieces`] of hybrid-model requests (request r on slot r), in request order.
+pub fn run_split(be: &mut dyn Backend, prompts: &[Vec<u32>], piece: usize) -> Vec<Run> {
+    Paging::Hybrid.run_pieces(be, prompts, piece, false)
+}
+
+/// A request `b` run on slot 0 (in pieces of `first_piece`), then a request on slot 0
+/// abandoned mid-prefill (state left in the slot), then `b` again on that slot in pieces of 33:
+/// both runs of `b`, which must match (a fresh chunk starts from a zero state).
+pub fn reused_slot_runs(be: &mut dyn Backend, first_piece: usize) -> (Run, Run) {
+    let b = random_prompt(7, 90, 512);
+    let solo = run_split(be, std::slice::from_ref(&b), first_piece).remove(0);
+    let a = random_prompt(8, 120, 512);
+    let seqs = [Paging::Hybrid.chunk(0, 0, 70, a.len())];
+    be.forward(&Batch {
+        token_ids: &a[..70],
+        seqs: &seqs,
+    })
+    .unwrap();
+    let again = run_split(be, std::slice::from_ref(&b), 33).remove(0);
+    (solo, again)
+}
+
+/// A slot used by two chunks, a chunk without a slot and a slot past the backend's `slots` are
+/// invalid batches.
+pub fn check_bad_state_slots(be: &mut dyn Backend, slots: usize) {
+    let ids = [1u32, 2];
+    let mut c0 = Paging::Hybrid.chunk(0, 0, 1, 1);
+    let mut c1 = Paging::Hybrid.chunk(1, 0, 1, 1);
+    c1.state_slot = Some(0);
+    let e = be.forward(&Batch {
+        token_ids: &ids,
+        seqs: &[c0.clone(), c1],
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(m)) if m.contains("slot 0")));
+    c0.state_slot = None;
+    let e = be.forward(&Batch {
+        token_ids: &ids[..1],
+        seqs: std::slice::from_ref(&c0),
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
+    c0.state_slot = Some(slots as u32);
+    let e = be.forward(&Batch {
+        token_ids: &ids[..1],
+        seqs: &[c0],
+    });
+    assert!(matches!(e, Err(BackendError::InvalidBatch(_))));
+}
+
+/// Layer slot `k` (`[T, h]`) of captured rows `[T, kk, h]`.
+pub fn layer_of(rows: &[f32], k: usize, kk: usize, h: usize) -> Vec<f32> {
+    rows.chunks_exact(kk * h)
+        .flat_map(|r| r[k * h..(k + 1) * h].to_vec())
+        .collect()
+}
+
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// CPU options capturing `layers` on `num_blocks` blocks of [`BLOCK`] and `slots` state slots,
+/// 2 threads.
+pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOptions {
+    CpuOptions {
+        capture_layers: layers,
+        num_blocks,
+        block_size: BLOCK,
+        threads: 2,
+        num_state_slots: slots,
+    }
+}
+
+/// The CPU backend on fixture model `name`.
+pub fn cpu_backend(name: &str, opts: CpuOptions) -> CpuBackend {
+    let dir = model_dir(name);
+    let spec = ModelSpec::from_dir(&dir).unwrap();
+    CpuBackend::load(&dir, spec, opts).unwrap()
+}
+
+/// Whether CUDA device 0 is usable (saying which, or why not).
+pub fn cuda_usable() -> bool {
+    match cuda::probe(0) {
+        Ok(info) => {
+            eprintln!(
+                "cuda device: {} (sm_{}{})",
+                info.name, info.compute_capability.0, info.compute_capability.1
+            );
+            true
+        }
+        Err(reason) => {
+            eprintln!("skipping: {reason}");
+            false
+        }
+    }
+}
+
+/// The CUDA backend on fixture model `name` (device 0, blocks of [`BLOCK`], token budget
+/// `budget`), capturing `layers`.
+pub fn cuda_backend(
+    name: &str,
+    layers: Vec<usize>,
+    num_blocks: usize,
+    slots: usize,
+    budget: usize,
+) -> Box<dyn Backend> {
+    let dir = model_dir(name);
+    let spec = ModelSpec::from_dir(&dir).unwrap();
+    assert!(cuda::supports(&spec), "{name} should run on CUDA");
+    let opts = CudaOptions {
+        capture_layers: layers,
+        num_blocks,
+        block_size: BLOCK,
+        num_state_slots: slots,
+        max_num_batched_tokens: budget,
+        device: 0,
+    };
+    cuda::load(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
+}
+
+/// Tolerance of CUDA vs CPU captured rows (max-rel per layer) for weights in `dtype`.
+pub fn cuda_tol(dtype: WeightDtype) -> f32 {
+    if dtype == WeightDtype::F32 {
+        1e-4
+    } else {
+        2e-2
+    }
+}
