@@ -93,9 +93,7 @@ impl DenseModel {
     /// The final RMSNorm applied to every `hidden`-wide row of `x` (id L -> HF's post-norm
     /// last hidden state).
     pub fn final_norm(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = Vec::new();
-        ops::rms_norm(x, &self.final_norm, self.spec.rms_norm_eps, &mut out);
-        out
+        super::head::final_norm(x, &self.final_norm, self.spec.rms_norm_eps)
     }
 
     /// Runs all layers over the planned batch. `capture(id, x)` is called with the residual
@@ -126,9 +124,15 @@ impl DenseModel {
 
     /// Greedy token of each given pre-norm last-layer row (`[n, hidden]`).
     pub fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
-        let (v, h) = (self.spec.vocab_size, self.spec.hidden_size);
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        super::head::greedy_tokens(&self.final_norm(rows), head, v, h, threads)
+        let head = self.lm_head.as_deref();
+        super::head::greedy(
+            &self.spec,
+            rows,
+            &self.final_norm,
+            head,
+            &self.embed,
+            threads,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

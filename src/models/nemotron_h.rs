@@ -132,15 +132,19 @@ impl NemotronHModel {
     }
 
     pub fn final_norm(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = Vec::new();
-        ops::rms_norm(x, &self.final_norm, self.spec.rms_norm_eps, &mut out);
-        out
+        super::head::final_norm(x, &self.final_norm, self.spec.rms_norm_eps)
     }
 
     pub fn greedy(&self, rows: &[f32], threads: usize) -> Vec<u32> {
-        let (v, h) = (self.spec.vocab_size, self.spec.hidden_size);
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        super::head::greedy_tokens(&self.final_norm(rows), head, v, h, threads)
+        let head = self.lm_head.as_deref();
+        super::head::greedy(
+            &self.spec,
+            rows,
+            &self.final_norm,
+            head,
+            &self.embed,
+            threads,
+        )
     }
 
     /// Runs every block; `capture(id, x)` sees the residual stream for ids 0..=L. Returns the
