@@ -21,8 +21,8 @@ use crate::actors::scheduler::{
     SchedulerHandle, SchedulerLimits, SchedulerLinks, SchedulerState, SchedulerStats, SubmitError,
 };
 use crate::config::{Config, ConfigError, DeviceChoice, resolve_layer_ids};
-use crate::kernels::cpu::{CpuBackend, CpuOptions};
 use crate::kernels::cuda;
+use crate::models::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda as load_on_cuda};
 use crate::models::{ModelError, ModelSpec, WeightDtype};
 
 #[derive(Debug, Error)]
@@ -106,7 +106,7 @@ impl Engine {
             source,
         })?;
         let has_recurrent = spec.has_recurrent_layers();
-        let backend = load_backend(cfg, spec, &info.layer_ids).await?;
+        let backend = load_backend(cfg, spec, &info.layer_ids, info.dtype).await?;
 
         let e = &cfg.engine;
         // Hybrid models keep one recurrent-state slot per running request.
@@ -314,6 +314,7 @@ async fn load_backend(
     cfg: &Config,
     spec: ModelSpec,
     layer_ids: &[usize],
+    dtype: OutputDtype,
 ) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
     let device = match DeviceChoice::parse(&cfg.model.device)? {
         DeviceChoice::Cpu => None,
@@ -321,15 +322,15 @@ async fn load_backend(
         DeviceChoice::Auto => auto_device(&spec),
     };
     match device {
-        Some(ordinal) => load_cuda(cfg, spec, layer_ids, ordinal).await,
-        None => load_cpu(cfg, spec, layer_ids).await,
+        Some(ordinal) => load_cuda(cfg, spec, layer_ids, ordinal, dtype).await,
+        None => load_cpu(cfg, spec, layer_ids, dtype).await,
     }
 }
 
 /// `device = "auto"`: CUDA device 0 when it is usable and runs this architecture, else CPU.
 fn auto_device(spec: &ModelSpec) -> Option<usize> {
     match cuda::probe(0) {
-        Ok(info) if cuda::supports(spec) => {
+        Ok(info) if cuda_supports(spec) => {
             tracing::info!(device = %info.name, "model.device = auto: using CUDA device 0");
             Some(0)
         }
@@ -352,20 +353,22 @@ async fn load_cuda(
     spec: ModelSpec,
     layer_ids: &[usize],
     ordinal: usize,
+    dtype: OutputDtype,
 ) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
     // Fails at start with the probe's reason (no feature, no driver, no device...).
     cuda::probe(ordinal)
         .map_err(|e| EngineError::Load(format!("model.device cuda:{ordinal}: {e}")))?;
     let dir: PathBuf = cfg.model.path.clone();
-    let opts = cuda::CudaOptions {
+    let opts = CudaOptions {
         capture_layers: layer_ids.to_vec(),
         num_blocks: cfg.engine.num_blocks,
         block_size: cfg.engine.block_size,
         num_state_slots: cfg.engine.max_num_seqs,
         max_num_batched_tokens: cfg.engine.max_num_batched_tokens,
         device: ordinal,
+        output_dtype: dtype,
     };
-    tokio::task::spawn_blocking(move || cuda::load(Path::new(&dir), spec, opts))
+    tokio::task::spawn_blocking(move || load_on_cuda(Path::new(&dir), spec, opts))
         .await
         .map_err(|e| EngineError::Load(e.to_string()))?
         .map_err(EngineError::from)
@@ -375,6 +378,7 @@ async fn load_cpu(
     cfg: &Config,
     spec: ModelSpec,
     layer_ids: &[usize],
+    dtype: OutputDtype,
 ) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
     let dir: PathBuf = cfg.model.path.clone();
     let opts = CpuOptions {
@@ -383,6 +387,7 @@ async fn load_cpu(
         block_size: cfg.engine.block_size,
         threads: cfg.model.threads,
         num_state_slots: cfg.engine.max_num_seqs,
+        output_dtype: dtype,
     };
     let loaded = tokio::task::spawn_blocking(move || CpuBackend::load(Path::new(&dir), spec, opts))
         .await

@@ -70,30 +70,7 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// Element type of the hidden states written to files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputDtype {
-    F32,
-    Bf16,
-    F16,
-}
-
-impl OutputDtype {
-    pub fn size(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::Bf16 | Self::F16 => 2,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::F16 => "f16",
-        }
-    }
-}
+pub use crate::kernels::OutputDtype;
 
 /// A request as the scheduler holds it.
 #[derive(Debug, Clone)]

@@ -1,11 +1,23 @@
-//! Compute backends behind one narrow trait over a packed, unpadded batch.
+//! The devices and the device-ops layer the models are written over.
 //!
-//! The model runner turns a `StepPlan` into a [`Batch`] and calls [`Backend::forward`]; the
-//! backend owns the weights and the cache memory (paged KV blocks), the block tables come with
-//! the batch (the block manager decides them).
+//! - [`device`]: the [`Device`] trait (fused ops over associated buffer / weight / cache types);
+//!   [`cpu`] and [`cuda`] implement it. Nothing here knows an architecture or a checkpoint name.
+//! - [`plan`], [`rope`], [`routing`]: device-neutral planning (the checked per-token plan of a
+//!   batch and its recurrent-state chunks, RoPE tables, MoE routing in expert order).
+//! - [`Backend`]: what the model runner drives: a packed, unpadded [`Batch`] in, the captured
+//!   rows (already in the file dtype) and sampled tokens out. `models::ModelBackend` implements
+//!   it for any architecture on any [`Device`].
 
 pub mod cpu;
 pub mod cuda;
+pub mod device;
+pub mod dtype;
+pub mod plan;
+pub mod rope;
+pub mod routing;
+
+pub use device::{Device, DeviceError};
+pub use dtype::{OutputDtype, RopeScaling, WeightDtype};
 
 use thiserror::Error;
 
@@ -40,22 +52,36 @@ impl Batch<'_> {
 }
 
 /// What a forward pass returns.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct BatchOutput {
-    /// Captured rows `[num_tokens, K, H]`, f32 row-major, rows in batch order, the K capture
-    /// layers in ascending layer-id order (DESIGN.md §1.1).
-    pub captured: Vec<f32>,
+    /// Captured rows `[num_tokens, K, H]` row-major as little-endian bytes of the file dtype
+    /// ([`Backend::output_dtype`]), rows in batch order, the K capture layers in ascending
+    /// layer-id order (DESIGN.md §1.1).
+    pub captured: Vec<u8>,
+    /// dtype of `captured`.
+    pub dtype: OutputDtype,
     /// One entry per seq chunk: `Some(token)` where `sample` was set, else `None`.
     pub sampled: Vec<Option<u32>>,
 }
 
 impl BatchOutput {
     /// The output of a batch without tokens: nothing captured, nothing sampled.
-    pub fn empty(batch: &Batch<'_>) -> Self {
+    pub fn empty(batch: &Batch<'_>, dtype: OutputDtype) -> Self {
         Self {
             captured: Vec::new(),
+            dtype,
             sampled: vec![None; batch.seqs.len()],
         }
+    }
+
+    /// The captured values widened to f32.
+    pub fn captured_f32(&self) -> Vec<f32> {
+        let stored = match self.dtype {
+            OutputDtype::F32 => WeightDtype::F32,
+            OutputDtype::Bf16 => WeightDtype::Bf16,
+            OutputDtype::F16 => WeightDtype::F16,
+        };
+        dtype::widen(&self.captured, stored)
     }
 }
 
@@ -75,5 +101,7 @@ pub trait Backend: Send {
     fn hidden_size(&self) -> usize;
     /// Layer ids captured by `forward`, ascending.
     fn capture_layers(&self) -> &[usize];
+    /// dtype of the captured rows in [`BatchOutput::captured`].
+    fn output_dtype(&self) -> OutputDtype;
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError>;
 }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use super::ModelError;
 use super::hybrid_config::HybridSpec;
 use super::weights::Weights;
+pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
 
 /// The decoder families hsx runs: dense, and hybrid (see [`HybridSpec`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,48 +59,6 @@ impl Architecture {
     pub fn is_hybrid(self) -> bool {
         matches!(self, Self::Qwen3_5 | Self::Qwen3Next | Self::NemotronH)
     }
-}
-
-/// dtype of the weights on disk (also the dtype of the saved hidden states).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightDtype {
-    F32,
-    Bf16,
-    F16,
-}
-
-impl WeightDtype {
-    /// Parses the torch name (`float32`, `bfloat16`, `float16`, optionally `torch.`-prefixed).
-    pub fn from_torch_name(name: &str) -> Option<Self> {
-        match name.strip_prefix("torch.").unwrap_or(name) {
-            "float32" | "float" => Some(Self::F32),
-            "bfloat16" => Some(Self::Bf16),
-            "float16" | "half" => Some(Self::F16),
-            _ => None,
-        }
-    }
-
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            Self::F32 => "float32",
-            Self::Bf16 => "bfloat16",
-            Self::F16 => "float16",
-        }
-    }
-}
-
-/// RoPE frequency scaling.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE (`rope_type: "default"` or no scaling).
-    None,
-    /// Llama 3.x frequency-dependent scaling (transformers `_compute_llama3_parameters`).
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
 }
 
 /// Everything the engine and the backends need to know about a dense model.

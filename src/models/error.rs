@@ -48,4 +48,14 @@ pub enum ModelError {
     TensorDtype { name: String, dtype: String },
     #[error("invalid backend options: {0}")]
     InvalidOptions(String),
+    #[error("{path}: {message}")]
+    InvalidConfig { path: PathBuf, message: String },
+    #[error("device: {0}")]
+    Device(String),
+}
+
+impl From<crate::kernels::DeviceError> for ModelError {
+    fn from(e: crate::kernels::DeviceError) -> Self {
+        ModelError::Device(e.to_string())
+    }
 }

@@ -1,24 +1,31 @@
-//! Model configs, weight loading and the architecture families.
+//! Model configs, weight loading, the shared layers and one file per architecture, all
+//! generic over the device ops ([`crate::kernels::Device`]).
 //!
-//! - [`config`]: `config.json` -> [`ModelSpec`] (dense Llama / Qwen2 / Qwen3 / Mistral).
-//! - [`weights`]: `model.safetensors` or an index + shards, tensors widened to f32 once.
-//! - [`dense`]: the dense decoder (weights + forward over a packed batch on the CPU kernels).
-//! - [`hybrid_config`]: layer patterns and recurrent geometry of the hybrid families.
-//! - [`qwen3_5`]: Qwen3.5 / Qwen3-Next (Gated DeltaNet + gated attention, MoE for Next).
-//! - [`nemotron_h`]: Nemotron-H (Mamba-2 / attention / MLP blocks).
+//! - [`config`], [`hybrid_config`]: `config.json` -> [`ModelSpec`], checked at load.
+//! - [`weights`]: `model.safetensors` or an index + shards, tensors as stored.
+//! - [`layers`]: attention, MLPs, MoE, Gated DeltaNet, Mamba-2, the loader helper.
+//! - [`decoder`]: embedding -> layers (residual stream + capture) -> final norm -> LM head.
+//! - [`dense`], [`qwen3_5`], [`nemotron_h`]: the architectures (checkpoint names live here);
+//!   [`registry`] maps an architecture to its file.
+//! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
+//!   [`devices`]: the CPU and CUDA entry points.
 
+pub mod backend;
 pub mod config;
+pub mod decoder;
 pub mod dense;
+pub mod devices;
 mod error;
-pub(crate) mod head;
-pub(crate) mod hybrid_attn;
 pub mod hybrid_config;
-mod moe;
+pub mod layers;
 pub mod nemotron_h;
 pub mod qwen3_5;
+pub mod registry;
 pub mod weights;
 
+pub use backend::{Layout, ModelBackend};
 pub use config::{Architecture, ModelSpec, RopeScaling, WeightDtype};
+pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;
 pub use hybrid_config::{HybridSpec, LayerKind};
 pub use weights::Weights;

@@ -6,12 +6,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
 use memmap2::Mmap;
-use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use super::{ModelError, WeightDtype};
+use crate::kernels::device::{HostMatrix, dtype_size, widen};
 
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
@@ -108,6 +107,23 @@ impl Weights {
 
     /// The tensor `name` as f32, checked against `expected_shape`.
     pub fn tensor(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let (dtype, bytes) = self.raw(name, expected_shape)?;
+        Ok(widen(bytes, dtype))
+    }
+
+    /// The matrix `name` (`[rows, cols]`) as stored: raw elements in its dtype.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
+        let (dtype, bytes) = self.raw(name, &[rows, cols])?;
+        Ok(HostMatrix {
+            dtype,
+            rows,
+            cols,
+            data: bytes.to_vec(),
+        })
+    }
+
+    /// The stored bytes of `name`, checked against `expected_shape` and its byte count.
+    fn raw(&self, name: &str, expected_shape: &[usize]) -> Result<(WeightDtype, &[u8]), ModelError> {
         let (shard, info) = self.info(name)?;
         if info.shape != expected_shape {
             return Err(ModelError::TensorShape {
@@ -119,24 +135,27 @@ impl Weights {
         let dtype = weight_dtype(name, info.dtype)?;
         let (start, end) = info.data_offsets;
         let bytes = shard
-            .mmap
-            .get(shard.data_start + start..shard.data_start + end)
+            .data_start
+            .checked_add(start)
+            .zip(shard.data_start.checked_add(end))
+            .and_then(|(a, b)| shard.mmap.get(a..b))
             .ok_or_else(|| ModelError::Safetensors {
                 path: shard.path.clone(),
                 message: format!("data of `{name}` lies outside the file"),
             })?;
-        let numel: usize = info.shape.iter().product();
-        let out = widen(bytes, dtype);
-        if out.len() != numel {
+        let numel = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if numel.and_then(|n| n.checked_mul(dtype_size(dtype))) != Some(bytes.len()) {
             return Err(ModelError::Safetensors {
                 path: shard.path.clone(),
                 message: format!(
-                    "`{name}` holds {} values, its shape needs {numel}",
-                    out.len()
+                    "`{name}` holds {} bytes, its shape {:?} needs {numel:?} values of {} bytes",
+                    bytes.len(),
+                    info.shape,
+                    dtype_size(dtype)
                 ),
             });
         }
-        Ok(out)
+        Ok((dtype, bytes))
     }
 
     fn info(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), ModelError> {
@@ -193,62 +212,5 @@ fn weight_dtype(name: &str, dtype: Dtype) -> Result<WeightDtype, ModelError> {
             name: name.to_string(),
             dtype: format!("{other:?}"),
         }),
-    }
-}
-
-/// Little-endian bytes -> f32 values, in parallel on the current rayon pool (a trailing
-/// partial element is dropped; the caller checks the count).
-fn widen(bytes: &[u8], dtype: WeightDtype) -> Vec<f32> {
-    const CHUNK: usize = 1 << 16;
-    let size = match dtype {
-        WeightDtype::F32 => 4,
-        WeightDtype::Bf16 | WeightDtype::F16 => 2,
-    };
-    let mut out = vec![0.0f32; bytes.len() / size];
-    out.par_chunks_mut(CHUNK)
-        .zip(bytes.par_chunks(CHUNK * size))
-        .for_each(|(o, b)| widen_into(b, dtype, o));
-    out
-}
-
-fn widen_into(bytes: &[u8], dtype: WeightDtype, out: &mut [f32]) {
-    match dtype {
-        WeightDtype::F32 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        WeightDtype::Bf16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-            }
-        }
-        WeightDtype::F16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn widen_all_dtypes() {
-        let x = [1.5f32, -2.25, 0.0];
-        let f32_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(widen(&f32_bytes, WeightDtype::F32), x);
-        let bf: Vec<u8> = x
-            .iter()
-            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
-            .collect();
-        assert_eq!(widen(&bf, WeightDtype::Bf16), x);
-        let h: Vec<u8> = x
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-            .collect();
-        assert_eq!(widen(&h, WeightDtype::F16), x);
     }
 }

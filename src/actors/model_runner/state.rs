@@ -26,8 +26,13 @@ pub enum PlanError {
         end: usize,
         known: usize,
     },
-    #[error("backend output has {got} captured values, expected {expected}")]
+    #[error("backend output has {got} bytes of captured rows, expected {expected}")]
     OutputSize { got: usize, expected: usize },
+    #[error("backend captured {got:?} rows, the files are {expected:?}")]
+    OutputDtype {
+        got: OutputDtype,
+        expected: OutputDtype,
+    },
     #[error("request {0}: a token was to be sampled but the backend returned none")]
     MissingSample(RequestId),
 }
@@ -56,8 +61,9 @@ pub struct RowShape {
 }
 
 impl RowShape {
-    fn values(&self) -> usize {
-        self.layers * self.hidden
+    /// Bytes of one token's captured row.
+    fn bytes(&self) -> usize {
+        self.layers * self.hidden * self.dtype.size()
     }
 }
 
@@ -106,7 +112,7 @@ impl RunnerState {
     }
 
     /// Commits a successful forward: advances each request, appends sampled tokens, and
-    /// cuts the captured rows per request (in the file dtype).
+    /// cuts the captured rows (already in the file dtype) per request.
     pub fn commit(
         &mut self,
         plan: &StepPlan,
@@ -114,7 +120,13 @@ impl RunnerState {
         shape: RowShape,
     ) -> Result<(StepOutput, Vec<CapturedChunk>), PlanError> {
         let total: usize = plan.chunks.iter().map(|c| c.len).sum();
-        let expected = total * shape.values();
+        if out.dtype != shape.dtype {
+            return Err(PlanError::OutputDtype {
+                got: out.dtype,
+                expected: shape.dtype,
+            });
+        }
+        let expected = total * shape.bytes();
         if out.captured.len() != expected || out.sampled.len() != plan.chunks.len() {
             let got = out.captured.len();
             return Err(PlanError::OutputSize { got, expected });
@@ -137,12 +149,12 @@ impl RunnerState {
                 result.sampled.push((c.id.clone(), t));
             }
             if c.capture_len > 0 {
-                let vals = &out.captured[row * shape.values()..][..c.capture_len * shape.values()];
+                let bytes = &out.captured[row * shape.bytes()..][..c.capture_len * shape.bytes()];
                 captures.push(CapturedChunk {
                     id: c.id.clone(),
                     start: c.start,
                     rows: c.capture_len,
-                    data: encode(vals, shape.dtype),
+                    data: bytes.to_vec(),
                 });
             }
             row += c.len;
@@ -232,7 +244,8 @@ mod tests {
         assert_eq!(step.token_ids, vec![1, 2, 9]);
         assert_eq!(step.seqs[1].block_table, vec![3, 4]);
         let out = BatchOutput {
-            captured: vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5],
+            captured: encode(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5], OutputDtype::F32),
+            dtype: OutputDtype::F32,
             sampled: vec![None, Some(5)],
         };
         let (res, caps) = s.commit(&plan, &out, SHAPE).unwrap();
@@ -301,7 +314,8 @@ mod tests {
         };
         s.prepare(&plan).unwrap();
         let short = BatchOutput {
-            captured: vec![0.0],
+            captured: encode(&[0.0], OutputDtype::F32),
+            dtype: OutputDtype::F32,
             sampled: vec![Some(1)],
         };
         assert!(matches!(
@@ -309,12 +323,21 @@ mod tests {
             Err(PlanError::OutputSize { .. })
         ));
         let unsampled = BatchOutput {
-            captured: vec![0.0, 0.0],
+            captured: encode(&[0.0, 0.0], OutputDtype::F32),
+            dtype: OutputDtype::F32,
             sampled: vec![None],
         };
         assert!(matches!(
             s.commit(&plan, &unsampled, SHAPE),
             Err(PlanError::MissingSample(_))
+        ));
+        let bf16 = BatchOutput {
+            dtype: OutputDtype::Bf16,
+            ..unsampled
+        };
+        assert!(matches!(
+            s.commit(&plan, &bf16, SHAPE),
+            Err(PlanError::OutputDtype { .. })
         ));
     }
 

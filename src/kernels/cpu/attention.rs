@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::kv_cache::BatchPlan;
+use crate::kernels::plan::BatchPlan;
 
 /// Head geometry of one attention layer.
 #[derive(Debug, Clone, Copy)]

@@ -1,17 +1,19 @@
-//! CPU backend: f32 compute, gemm + rayon.
+//! CPU device: f32 compute, gemm + rayon.
 //!
+//! - [`device`]: [`CpuDevice`], the [`Device`](crate::kernels::Device) implementation.
 //! - [`matmul`]: row-invariant `A · Wᵀ` on the `gemm` crate (see its docs for the gemm findings).
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, residual add, argmax.
-//! - [`kv_cache`]: the paged KV cache and the checked per-token plan of a batch.
+//! - [`kv_cache`]: the paged KV cache.
 //! - [`attention`]: causal GQA attention reading the cache only, in a fixed order.
 //! - [`recurrent`]: state slots, causal conv, gated delta rule, Mamba-2 scan (hybrid models).
-//! - [`backend`]: [`CpuBackend`], the [`Backend`](crate::kernels::Backend) implementation.
+//! - [`moe`]: the router's softmax top-k.
 
 pub mod attention;
-pub mod backend;
+pub mod device;
 pub mod kv_cache;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 pub mod recurrent;
 
-pub use backend::{CpuBackend, CpuOptions};
+pub use device::CpuDevice;

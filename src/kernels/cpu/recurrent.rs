@@ -13,52 +13,9 @@
 //! `4 · dk · dv` (GDN) or `3 · head_dim · d_state` (Mamba-2) flops done sequentially — no
 //! chunked matmul form — parallel only over requests × heads.
 
-use std::ops::Range;
-
 use rayon::prelude::*;
 
-use crate::kernels::{BackendError, Batch};
-
-/// One request's rows in a packed batch, and its state slot.
-#[derive(Debug, Clone)]
-pub struct SeqState {
-    pub rows: Range<usize>,
-    pub slot: usize,
-    /// The chunk starts at position 0: the slot's state is zeroed before use.
-    pub fresh: bool,
-}
-
-/// Validates the state slots of a batch (every chunk has one, in range, no two chunks share
-/// one) and lists each chunk's rows.
-pub fn seq_states(batch: &Batch<'_>, num_slots: usize) -> Result<Vec<SeqState>, BackendError> {
-    let mut used = vec![false; num_slots];
-    let mut row = 0;
-    let mut out = Vec::with_capacity(batch.seqs.len());
-    for (i, seq) in batch.seqs.iter().enumerate() {
-        let invalid = |m: String| BackendError::InvalidBatch(format!("seq chunk {i}: {m}"));
-        let slot = seq
-            .state_slot
-            .ok_or_else(|| invalid("no recurrent-state slot (hybrid model)".into()))?
-            as usize;
-        if slot >= num_slots {
-            return Err(invalid(format!(
-                "state slot {slot} >= number of slots {num_slots}"
-            )));
-        }
-        if std::mem::replace(&mut used[slot], true) {
-            return Err(invalid(format!(
-                "state slot {slot} is used by two chunks of the batch"
-            )));
-        }
-        out.push(SeqState {
-            rows: row..row + seq.len,
-            slot,
-            fresh: seq.start == 0,
-        });
-        row += seq.len;
-    }
-    Ok(out)
-}
+use crate::kernels::plan::SeqState;
 
 /// Conv state (`[k - 1, channels]` per slot) and recurrent state (f32) of one layer.
 pub struct LayerState {
@@ -462,6 +419,7 @@ pub fn gate_then_grouped_rms_norm(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ops::Range;
 
     fn seq(rows: Range<usize>, slot: usize, fresh: bool) -> SeqState {
         SeqState { rows, slot, fresh }
@@ -509,35 +467,5 @@ mod tests {
         }
         assert_eq!(whole, parts);
         assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
-    }
-
-    #[test]
-    fn seq_states_rejects_shared_or_missing_slots() {
-        use crate::kernels::SeqChunk;
-        let c = |slot| SeqChunk {
-            start: 0,
-            len: 1,
-            block_table: vec![0],
-            sample: false,
-            state_slot: slot,
-        };
-        let seqs = [c(Some(1)), c(Some(1))];
-        let b = Batch {
-            token_ids: &[1, 2],
-            seqs: &seqs,
-        };
-        assert!(seq_states(&b, 4).is_err());
-        let seqs = [c(None)];
-        let b = Batch {
-            token_ids: &[1],
-            seqs: &seqs,
-        };
-        assert!(seq_states(&b, 4).is_err());
-        let seqs = [c(Some(4))];
-        let b = Batch {
-            token_ids: &[1],
-            seqs: &seqs,
-        };
-        assert!(seq_states(&b, 4).is_err());
     }
 }

@@ -1,23 +1,16 @@
-//! The CUDA backend's public types, the same with and without the `cuda` feature.
+//! The CUDA device's public types, the same with and without the `cuda` feature.
 
 use thiserror::Error;
 
-/// How to build the CUDA backend (the CPU backend's options plus the device and token budget).
-#[derive(Debug, Clone)]
-pub struct CudaOptions {
-    /// Layer ids to capture, ascending, each in `0..=L` (DESIGN.md §1.1).
-    pub capture_layers: Vec<usize>,
-    /// KV cache blocks per layer.
-    pub num_blocks: usize,
-    /// Positions per KV block.
-    pub block_size: usize,
-    /// Recurrent-state slots (hybrid models; ignored for dense ones).
-    pub num_state_slots: usize,
-    /// Most tokens of one forward (`engine.max_num_batched_tokens`): activation and capture
-    /// staging buffers are allocated once for it.
-    pub max_num_batched_tokens: usize,
-    /// CUDA device ordinal.
-    pub device: usize,
+/// What the CUDA kernels can hold (the same with and without the feature, so a model can be
+/// checked against them anywhere).
+pub mod limits {
+    /// Largest attention head_dim (query tile and key block in shared memory).
+    pub const ATTN_MAX_HEAD_DIM: usize = 256;
+    /// Largest dk (Gated DeltaNet) / d_state (Mamba-2) the register-resident scans hold.
+    pub const MAX_STATE_DIM: usize = 256;
+    /// Largest expert count of `moe_route_f32` (32 lanes × 32 registers).
+    pub const MAX_EXPERTS: usize = 1024;
 }
 
 /// The device a probe found.

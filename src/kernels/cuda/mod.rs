@@ -29,20 +29,16 @@
 //! and call it with `launch!`. The NVRTC test compiles every source (no GPU needed).
 
 mod api;
-pub use api::{CudaOptions, CudaUnavailable, DeviceInfo};
+pub use api::{CudaUnavailable, DeviceInfo, limits};
 
-#[cfg(feature = "cuda")]
-mod backend;
 #[cfg(feature = "cuda")]
 pub mod capture;
 #[cfg(feature = "cuda")]
 pub mod context;
 #[cfg(feature = "cuda")]
-mod dense;
+mod device;
 #[cfg(feature = "cuda")]
 pub mod gemm;
-#[cfg(feature = "cuda")]
-pub mod hybrid;
 #[cfg(feature = "cuda")]
 pub mod kv_cache;
 #[cfg(feature = "cuda")]
@@ -50,14 +46,14 @@ pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod ops;
 #[cfg(feature = "cuda")]
-pub mod weights;
+pub mod recurrent;
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use backend::{load, probe, supports};
+pub use device::{CudaDevice, probe};
 #[cfg(feature = "cuda")]
 pub use nvrtc::compile_all_for_test;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{load, probe, supports};
+pub use stub::probe;

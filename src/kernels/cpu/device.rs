@@ -1,0 +1,598 @@
+//! [`CpuDevice`]: the [`Device`] ops on the CPU kernels of this module, f32 throughout (bf16
+//! weights widened at load), every op inside the device's rayon pool.
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use super::attention::{AttnShape, attention};
+use super::kv_cache::KvCache;
+use super::matmul::{Linear, matmul_wt};
+use super::moe::route_top_k;
+use super::ops::{self, apply_rope};
+use super::recurrent::{self, StateCache, sigmoid};
+use crate::kernels::device::{
+    AttnCall, BufKind, Cols, ConvCall, DevResult, Device, DeviceError, GdnParams, HostMatrix,
+    KvShape, MambaParams,
+};
+use crate::kernels::dtype::OutputDtype;
+use crate::kernels::plan::{BatchPlan, SeqState};
+use crate::kernels::rope::Rope;
+use crate::kernels::routing::Routing;
+
+/// The CPU: a private rayon pool of `threads` threads.
+pub struct CpuDevice {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl CpuDevice {
+    /// A device with `threads` compute threads (0 = every core).
+    pub fn new(threads: usize) -> Result<Self, String> {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hsx-cpu-{i}"))
+            .build()
+            .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+        Ok(Self { pool, threads })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+/// Activations `[rows, width]`, f32.
+#[derive(Debug, Default)]
+pub struct CpuBuf {
+    pub data: Vec<f32>,
+    pub width: usize,
+}
+
+impl CpuBuf {
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.width).unwrap_or(0)
+    }
+}
+
+/// The KV cache plus the contiguous q / k / v of the layer being computed.
+pub struct CpuKv {
+    cache: KvCache,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Recurrent-state slots plus contiguous copies of the strided inputs.
+pub struct CpuStates {
+    cache: StateCache,
+    first: Vec<f32>,
+    second: Vec<f32>,
+}
+
+/// Captured rows in the file dtype, `[rows, layers, hidden]`.
+pub struct CpuCapture {
+    data: Vec<u8>,
+    layers: usize,
+    hidden: usize,
+    dtype: OutputDtype,
+}
+
+/// One forward's plan.
+pub struct CpuStep<'a> {
+    tokens: &'a [u32],
+    plan: &'a BatchPlan<'a>,
+    seqs: &'a [SeqState],
+}
+
+/// Columns of every row of `c` into `out`, contiguous.
+fn gather_cols(c: Cols<'_, CpuBuf>, out: &mut Vec<f32>) {
+    out.clear();
+    let w = c.buf.width;
+    for row in c.buf.data.chunks_exact(w) {
+        out.extend_from_slice(&row[c.col..c.col + c.width]);
+    }
+}
+
+fn set(out: &mut CpuBuf, width: usize) {
+    out.width = width;
+}
+
+impl Device for CpuDevice {
+    type Buf = CpuBuf;
+    type Linear = Linear;
+    type Vector = Vec<f32>;
+    type Rope = Rope;
+    type Kv = CpuKv;
+    type States = CpuStates;
+    type Capture = CpuCapture;
+    type Step<'a> = CpuStep<'a>;
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<Linear> {
+        let (out, inp) = (weight.rows, weight.cols);
+        let w = self.pool.install(|| weight.to_f32());
+        Ok(Linear { w, b: bias, out, inp })
+    }
+
+    fn vector(&self, values: &[f32]) -> DevResult<Vec<f32>> {
+        Ok(values.to_vec())
+    }
+
+    fn rope_table(&self, rope: &Rope) -> DevResult<Rope> {
+        Ok(rope.clone())
+    }
+
+    fn buffer(&self, _rows: usize, width: usize, _kind: BufKind) -> DevResult<CpuBuf> {
+        Ok(CpuBuf {
+            data: Vec::new(),
+            width,
+        })
+    }
+
+    fn kv_cache(&self, s: KvShape) -> DevResult<CpuKv> {
+        let cache = KvCache::new(s.layers, s.num_blocks, s.block_size, s.kv_dim)
+            .map_err(DeviceError::Invalid)?;
+        Ok(CpuKv {
+            cache,
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+        })
+    }
+
+    fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<CpuStates> {
+        let cache = StateCache::new(shapes, slots).map_err(DeviceError::Invalid)?;
+        Ok(CpuStates {
+            cache,
+            first: Vec::new(),
+            second: Vec::new(),
+        })
+    }
+
+    fn capture_buffer(
+        &self,
+        layers: usize,
+        hidden: usize,
+        _rows: usize,
+        dtype: OutputDtype,
+    ) -> DevResult<CpuCapture> {
+        Ok(CpuCapture {
+            data: Vec::new(),
+            layers,
+            hidden,
+            dtype,
+        })
+    }
+
+    fn upload(&self, rows: &[f32], width: usize, out: &mut CpuBuf) -> DevResult<()> {
+        out.data.clear();
+        out.data.extend_from_slice(rows);
+        set(out, width);
+        Ok(())
+    }
+
+    fn download(&self, x: &CpuBuf) -> DevResult<Vec<f32>> {
+        Ok(x.data.clone())
+    }
+
+    fn begin<'a>(
+        &self,
+        tokens: &'a [u32],
+        plan: &'a BatchPlan<'a>,
+        seqs: &'a [SeqState],
+        states: Option<&mut CpuStates>,
+    ) -> DevResult<CpuStep<'a>> {
+        if let Some(s) = states {
+            s.cache.reset_fresh(seqs);
+        }
+        Ok(CpuStep { tokens, plan, seqs })
+    }
+
+    fn embed(&self, step: &CpuStep<'_>, table: &Linear, out: &mut CpuBuf) -> DevResult<()> {
+        let h = table.inp;
+        out.data.clear();
+        for &t in step.tokens {
+            let t = t as usize;
+            out.data.extend_from_slice(&table.w[t * h..(t + 1) * h]);
+        }
+        set(out, h);
+        Ok(())
+    }
+
+    fn matmul(&self, x: &CpuBuf, w: &Linear, out: &mut CpuBuf) -> DevResult<()> {
+        w.forward(&x.data, x.rows(), &mut out.data, self.threads);
+        set(out, w.out);
+        Ok(())
+    }
+
+    fn matmul_rows(
+        &self,
+        x: &CpuBuf,
+        rows: Range<usize>,
+        w: &Linear,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let (k, n, m) = (w.inp, w.out, rows.len());
+        if out.width != n || out.rows() < rows.end || x.width != k {
+            return Err(DeviceError::Invalid(format!(
+                "matmul_rows {rows:?}: input width {} (weight {k}), output [{}, {}] (weight {n})",
+                x.width,
+                out.rows(),
+                out.width
+            )));
+        }
+        let mut y = Vec::new();
+        matmul_wt(
+            &x.data[rows.start * k..rows.end * k],
+            m,
+            k,
+            &w.w,
+            n,
+            &mut y,
+            self.threads,
+        );
+        if let Some(b) = &w.b {
+            for row in y.chunks_exact_mut(n) {
+                for (v, bi) in row.iter_mut().zip(b) {
+                    *v += *bi;
+                }
+            }
+        }
+        out.data[rows.start * n..rows.end * n].copy_from_slice(&y);
+        Ok(())
+    }
+
+    fn resize(&self, out: &mut CpuBuf, n: usize, width: usize) -> DevResult<()> {
+        out.data.clear();
+        out.data.resize(n * width, 0.0);
+        set(out, width);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f64, out: &mut CpuBuf) -> DevResult<()> {
+        ops::rms_norm(&x.data, w, eps, &mut out.data);
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CpuBuf,
+        y: &CpuBuf,
+        w: &Vec<f32>,
+        eps: f64,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        ops::add_inplace(&mut x.data, &y.data);
+        self.rms_norm(x, w, eps, out)
+    }
+
+    fn add(&self, x: &mut CpuBuf, y: &CpuBuf) -> DevResult<()> {
+        ops::add_inplace(&mut x.data, &y.data);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        step: &CpuStep<'_>,
+        kv: &mut CpuKv,
+        qkv: &mut CpuBuf,
+        call: &AttnCall<'_, Self>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let l = call.layout;
+        let hd = l.head_dim;
+        let (qd, kvd) = (l.heads * hd, l.kv_heads * hd);
+        let cols = |col, width| Cols {
+            buf: &*qkv,
+            col,
+            width,
+        };
+        gather_cols(cols(0, qd), &mut kv.q);
+        gather_cols(cols(l.k_col, kvd), &mut kv.k);
+        gather_cols(cols(l.v_col(), kvd), &mut kv.v);
+        if let Some((qn, kn, eps)) = call.qk_norm {
+            ops::rms_norm_inplace(&mut kv.q, qn, eps);
+            ops::rms_norm_inplace(&mut kv.k, kn, eps);
+        }
+        let plan = step.plan;
+        if let Some((rope, rot)) = call.rope {
+            apply_rope(rope, &mut kv.q, &plan.positions, hd, rot);
+            apply_rope(rope, &mut kv.k, &plan.positions, hd, rot);
+        }
+        kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
+        let (kc, vc) = kv.cache.layer(call.kv_layer);
+        let shape = AttnShape {
+            heads: l.heads,
+            kv_heads: l.kv_heads,
+            head_dim: hd,
+            scale: (hd as f64).powf(-0.5) as f32,
+        };
+        attention(&kv.q, kc, vc, plan, shape, &mut out.data);
+        set(out, qd);
+        Ok(())
+    }
+
+    fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
+        let mut g = Vec::new();
+        gather_cols(gate, &mut g);
+        out.data.clear();
+        out.data
+            .extend(x.data.iter().zip(&g).map(|(&a, &g)| a * sigmoid(g)));
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate_up: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+        let inter = gate_up.width / 2;
+        ops::silu_mul(&gate_up.data, inter, &mut out.data);
+        set(out, inter);
+        Ok(())
+    }
+
+    fn relu2(&self, x: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+        out.data.clear();
+        out.data.extend(x.data.iter().map(|v| {
+            let r = v.max(0.0);
+            r * r
+        }));
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn conv1d_silu(
+        &self,
+        step: &CpuStep<'_>,
+        states: &mut CpuStates,
+        x: Cols<'_, CpuBuf>,
+        call: &ConvCall<'_, Self>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        gather_cols(x, &mut states.first);
+        let st = states.cache.layer_mut(call.state_layer);
+        recurrent::causal_conv_silu(
+            &states.first,
+            x.width,
+            call.weight,
+            call.bias.map(|b| b.as_slice()),
+            call.kernel,
+            step.seqs,
+            &mut st.conv,
+            &mut out.data,
+        );
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn gated_delta_rule(
+        &self,
+        step: &CpuStep<'_>,
+        states: &mut CpuStates,
+        state_layer: usize,
+        qkv: &mut CpuBuf,
+        (beta, alpha): (Cols<'_, CpuBuf>, Cols<'_, CpuBuf>),
+        p: &GdnParams<'_, Self>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        gather_cols(beta, &mut states.first);
+        gather_cols(alpha, &mut states.second);
+        let d = p.dims;
+        let params = recurrent::GdnParams {
+            nk: d.nk,
+            nv: d.nv,
+            dk: d.dk,
+            dv: d.dv,
+            neg_a: p.neg_a,
+            dt_bias: p.dt_bias,
+        };
+        let st = states.cache.layer_mut(state_layer);
+        recurrent::gated_delta_rule(
+            &qkv.data,
+            &states.first,
+            &states.second,
+            &params,
+            step.seqs,
+            &mut st.ssm,
+            &mut out.data,
+        );
+        set(out, d.nv * d.dv);
+        Ok(())
+    }
+
+    fn gdn_gated_norm(
+        &self,
+        x: &CpuBuf,
+        z: Cols<'_, CpuBuf>,
+        w: &Vec<f32>,
+        eps: f64,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let mut zs = Vec::new();
+        gather_cols(z, &mut zs);
+        out.data.clear();
+        out.data.extend_from_slice(&x.data);
+        recurrent::gated_rms_norm_then_gate(&mut out.data, &zs, w, eps);
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn mamba2_scan(
+        &self,
+        step: &CpuStep<'_>,
+        states: &mut CpuStates,
+        state_layer: usize,
+        xbc: &CpuBuf,
+        dt: Cols<'_, CpuBuf>,
+        p: &MambaParams<'_, Self>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        gather_cols(dt, &mut states.first);
+        let d = p.dims;
+        let params = recurrent::MambaParams {
+            heads: d.heads,
+            head_dim: d.head_dim,
+            d_state: d.d_state,
+            groups: d.groups,
+            neg_a: p.neg_a,
+            d: p.d,
+            dt_bias: p.dt_bias,
+            dt_min: d.dt_min,
+        };
+        let st = states.cache.layer_mut(state_layer);
+        recurrent::mamba2_scan(
+            &xbc.data,
+            &states.first,
+            &params,
+            step.seqs,
+            &mut st.ssm,
+            &mut out.data,
+        );
+        set(out, d.heads * d.head_dim);
+        Ok(())
+    }
+
+    fn mamba2_gated_norm(
+        &self,
+        y: &CpuBuf,
+        z: Cols<'_, CpuBuf>,
+        w: &Vec<f32>,
+        (group_size, eps): (usize, f64),
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let mut zs = Vec::new();
+        gather_cols(z, &mut zs);
+        out.data.clear();
+        out.data.extend_from_slice(&y.data);
+        recurrent::gate_then_grouped_rms_norm(&mut out.data, &zs, w, group_size, eps);
+        set(out, y.width);
+        Ok(())
+    }
+
+    fn moe_route(&self, logits: &CpuBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {
+        let (ids, weights) = route_top_k(&logits.data, logits.width, top_k, renorm);
+        Routing::build(&ids, &weights, logits.rows(), top_k, logits.width)
+            .map_err(DeviceError::Invalid)
+    }
+
+    fn moe_gather(&self, x: &CpuBuf, routing: &Routing, out: &mut CpuBuf) -> DevResult<()> {
+        let rows: Vec<usize> = routing.rows.iter().map(|&r| r as usize).collect();
+        self.gather_rows(x, &rows, out)
+    }
+
+    fn moe_shared_gate(&self, x: &CpuBuf, w: &Vec<f32>, out: &mut CpuBuf) -> DevResult<()> {
+        out.data.clear();
+        out.data.extend(x.data.chunks_exact(x.width).map(|xr| {
+            // A plain fixed-order dot per row (gemm with N = 1 was measured not to be
+            // row-invariant for large M).
+            let g: f32 = xr.iter().zip(w).map(|(a, b)| a * b).sum();
+            sigmoid(g)
+        }));
+        set(out, 1);
+        Ok(())
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CpuBuf,
+        routing: &Routing,
+        (shared, gate): (&CpuBuf, &CpuBuf),
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let h = y.width;
+        let t = shared.rows();
+        let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
+        out.data.clear();
+        out.data.resize(t * h, 0.0);
+        for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
+            for i in 0..k {
+                let (pos, p) = (routing.tok_pos[tok * k + i] as usize, routing.tok_w[tok * k + i]);
+                for (oi, &v) in o.iter_mut().zip(&y.data[pos * h..(pos + 1) * h]) {
+                    *oi += v * p;
+                }
+            }
+            let sg = gate.data[tok];
+            for (oi, &si) in o.iter_mut().zip(&shared.data[tok * h..(tok + 1) * h]) {
+                *oi += sg * si;
+            }
+        }
+        set(out, h);
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) -> DevResult<()> {
+        let w = x.width;
+        out.data.clear();
+        for &r in rows {
+            out.data.extend_from_slice(&x.data[r * w..(r + 1) * w]);
+        }
+        set(out, w);
+        Ok(())
+    }
+
+    fn argmax(&self, logits: &CpuBuf) -> DevResult<Vec<u32>> {
+        Ok(logits
+            .data
+            .chunks_exact(logits.width.max(1))
+            .map(|l| ops::argmax(l) as u32)
+            .collect())
+    }
+
+    fn capture_begin(&self, cap: &mut CpuCapture) -> DevResult<()> {
+        cap.data.clear();
+        Ok(())
+    }
+
+    fn capture(&self, cap: &mut CpuCapture, slot: usize, x: &CpuBuf) -> DevResult<()> {
+        let (k, h, es) = (cap.layers, cap.hidden, cap.dtype.size());
+        let rows = x.rows();
+        if slot >= k || x.width != h {
+            return Err(DeviceError::Invalid(format!(
+                "capture slot {slot} of {k}, rows {} wide (hidden {h})",
+                x.width
+            )));
+        }
+        if cap.data.len() < rows * k * h * es {
+            cap.data.resize(rows * k * h * es, 0);
+        }
+        let dtype = cap.dtype;
+        for (row, dst) in x.data.chunks_exact(h).zip(cap.data.chunks_exact_mut(k * h * es)) {
+            encode_into(row, dtype, &mut dst[slot * h * es..(slot + 1) * h * es]);
+        }
+        Ok(())
+    }
+
+    fn capture_finish(&self, cap: &mut CpuCapture, rows: usize) -> DevResult<Vec<u8>> {
+        let mut out = std::mem::take(&mut cap.data);
+        out.resize(rows * cap.layers * cap.hidden * cap.dtype.size(), 0);
+        Ok(out)
+    }
+}
+
+/// f32 values to little-endian bytes of `dtype` (round to nearest even, as torch).
+fn encode_into(vals: &[f32], dtype: OutputDtype, out: &mut [u8]) {
+    match dtype {
+        OutputDtype::F32 => out.copy_from_slice(bytemuck::cast_slice(vals)),
+        OutputDtype::Bf16 => {
+            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+            }
+        }
+        OutputDtype::F16 => {
+            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&f16::from_f32(*v).to_le_bytes());
+            }
+        }
+    }
+}

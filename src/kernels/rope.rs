@@ -1,0 +1,104 @@
+//! The RoPE frequency table (host side, every device): `inv_freq` per rotary dim pair, with
+//! llama3 scaling, and the f32 cos/sin transformers computes from it.
+
+use super::dtype::RopeScaling;
+
+/// Rotary embedding, rotate-half convention (transformers `apply_rotary_pos_emb`).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64, scaling: RopeScaling) -> Self {
+        let mut inv_freq = default_inv_freq(head_dim, theta);
+        if let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = scaling
+        {
+            llama3_scale(
+                &mut inv_freq,
+                factor as f32,
+                low_freq_factor as f32,
+                high_freq_factor as f32,
+                original_max_position_embeddings as f32,
+            );
+        }
+        Self { inv_freq }
+    }
+
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// `(cos, sin)` for one position, each `head_dim / 2` long.
+    pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+            // transformers: freqs = inv_freq (f32) * position (f32), cos/sin in f32.
+            let angle = (f * pos as f32) as f64;
+            *c = angle.cos() as f32;
+            *s = angle.sin() as f32;
+        }
+    }
+}
+
+/// `1 / theta^(2i / d)` in f32, as transformers `_compute_default_rope_parameters`.
+fn default_inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
+    let base = theta as f32;
+    (0..head_dim / 2)
+        .map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
+/// transformers `_compute_llama3_parameters`, step by step in f32 (torch's
+/// `scalar / tensor` is `reciprocal(tensor) * scalar`).
+fn llama3_scale(inv: &mut [f32], factor: f32, low: f32, high: f32, old_ctx: f32) {
+    let low_freq_wavelen = old_ctx / low;
+    let high_freq_wavelen = old_ctx / high;
+    let two_pi = std::f64::consts::PI as f32 * 2.0;
+    for f in inv.iter_mut() {
+        let wavelen = (1.0 / *f) * two_pi;
+        let llama = if wavelen > low_freq_wavelen {
+            *f / factor
+        } else {
+            *f
+        };
+        let smooth = ((1.0 / wavelen) * old_ctx - low) / (high - low);
+        let smoothed = (1.0 - smooth) * llama / factor + smooth * llama;
+        // ~(wavelen < high) * ~(wavelen > low); wavelen is never NaN here.
+        let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+        *f = if medium { smoothed } else { llama };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_has_three_bands() {
+        let plain = Rope::new(16, 10000.0, RopeScaling::None);
+        let scaled = Rope::new(
+            16,
+            10000.0,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 64.0,
+            },
+        );
+        let ratios: Vec<f32> = scaled
+            .inv_freq()
+            .iter()
+            .zip(plain.inv_freq())
+            .map(|(a, b)| a / b)
+            .collect();
+        assert_eq!(ratios[0], 1.0);
+        assert!(ratios[1] < 1.0 && ratios[1] > 0.125);
+        assert!((ratios[7] - 0.125).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,93 @@
+//! The routing of one MoE layer, planned on the host from the router's top-k choice (every
+//! device): rows in expert order (tokens ascending inside an expert), each expert's row range,
+//! and per token the rows and weights of its experts in ascending expert order — the order
+//! the combine adds them in, so every device sums a token's experts the same way.
+
+fn index(v: usize) -> Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("MoE row {v} exceeds i32"))
+}
+
+/// The routing of one MoE layer in expert order.
+#[derive(Debug, PartialEq)]
+pub struct Routing {
+    /// Token of each expert-ordered row.
+    pub rows: Vec<i32>,
+    /// Expert e's rows are `offsets[e]..offsets[e + 1]`.
+    pub offsets: Vec<usize>,
+    /// `[T, k]`: row of token t's i-th expert, ascending expert order.
+    pub tok_pos: Vec<i32>,
+    /// `[T, k]`: the matching routing weights.
+    pub tok_w: Vec<f32>,
+}
+
+impl Routing {
+    /// From the device's `ids` / `wts` (`[T, k]`, ids in descending-probability order).
+    pub fn build(
+        ids: &[i32],
+        wts: &[f32],
+        t: usize,
+        k: usize,
+        experts: usize,
+    ) -> Result<Self, String> {
+        let mut counts = vec![0usize; experts];
+        for &e in ids {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < experts)
+                .ok_or_else(|| format!("router chose expert {e}"))?;
+            counts[e] += 1;
+        }
+        let mut offsets = Vec::with_capacity(experts + 1);
+        offsets.push(0);
+        for c in &counts {
+            offsets.push(offsets.last().copied().unwrap_or(0) + c);
+        }
+        let mut fill = offsets[..experts].to_vec();
+        let mut rows = vec![0i32; t * k];
+        let (mut tok_pos, mut tok_w) = (Vec::with_capacity(t * k), Vec::with_capacity(t * k));
+        let mut mine: Vec<(usize, usize, f32)> = Vec::with_capacity(k);
+        for tok in 0..t {
+            mine.clear();
+            for i in 0..k {
+                let e = ids[tok * k + i] as usize;
+                let pos = fill[e];
+                fill[e] += 1;
+                rows[pos] = index(tok)?;
+                mine.push((e, pos, wts[tok * k + i]));
+            }
+            mine.sort_by_key(|&(e, _, _)| e);
+            for &(_, pos, w) in &mine {
+                tok_pos.push(index(pos)?);
+                tok_w.push(w);
+            }
+        }
+        Ok(Self {
+            rows,
+            offsets,
+            tok_pos,
+            tok_w,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_orders_rows_by_expert_then_token() {
+        // 3 tokens, top-2 of 4 experts.
+        let ids = [2, 0, 0, 3, 2, 1];
+        let wts = [0.6, 0.4, 0.7, 0.3, 0.5, 0.5];
+        let r = Routing::build(&ids, &wts, 3, 2, 4).unwrap();
+        assert_eq!(r.offsets, vec![0, 2, 3, 5, 6]);
+        // expert 0: tokens 0, 1; expert 1: token 2; expert 2: tokens 0, 2; expert 3: token 1
+        assert_eq!(r.rows, vec![0, 1, 2, 0, 2, 1]);
+        // token 0: experts 0 (row 0, 0.4), 2 (row 3, 0.6)
+        assert_eq!(&r.tok_pos[..2], &[0, 3]);
+        assert_eq!(&r.tok_w[..2], &[0.4, 0.6]);
+        assert_eq!(&r.tok_pos[2..4], &[1, 5]);
+        assert_eq!(&r.tok_pos[4..], &[2, 4]);
+        assert!(Routing::build(&[4, 0], &[0.5, 0.5], 1, 2, 4).is_err());
+    }
+}

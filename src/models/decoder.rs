@@ -1,0 +1,135 @@
+//! [`Decoder`]: what every architecture loads into — the embedding, the decoder layers, the
+//! final norm and the LM head — and the residual stream every architecture runs:
+//! `x = embed(tokens)` (layer id 0); per part `x += sublayer(norm(x))`, the add fused into the
+//! next part's norm (exact in f32), so the row captured as id `i` is the residual stream after
+//! `i` layers; id L is the last layer's output before the final norm (DESIGN.md §1.1).
+
+use super::ModelSpec;
+use super::layers::{Ctx, Layer, Sublayer, Widths};
+use crate::kernels::Device;
+use crate::kernels::device::{BufKind, DevResult};
+
+pub use super::layers::Scratch;
+
+/// A loaded model on device `D`.
+pub struct Decoder<D: Device> {
+    pub spec: ModelSpec,
+    pub embed: D::Linear,
+    pub layers: Vec<Layer<D>>,
+    pub final_norm: D::Vector,
+    /// `None` when tied to the embedding.
+    pub lm_head: Option<D::Linear>,
+}
+
+/// How much cache a model needs: KV cache layers and their width, per-slot state shapes of
+/// each recurrent layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheShape {
+    pub kv_layers: usize,
+    pub kv_dim: usize,
+    pub state_shapes: Vec<(usize, usize)>,
+}
+
+impl<D: Device> Decoder<D> {
+    fn sublayers(&self) -> impl Iterator<Item = &Sublayer<D>> {
+        self.layers
+            .iter()
+            .flat_map(|l| &l.parts)
+            .map(|p| &p.sublayer)
+    }
+
+    pub fn cache_shape(&self) -> CacheShape {
+        let s = &self.spec;
+        let kv_layers = self
+            .sublayers()
+            .filter(|l| matches!(l, Sublayer::Attention(_)))
+            .count();
+        let state_shapes = self
+            .sublayers()
+            .filter_map(|l| match l {
+                Sublayer::GatedDeltaNet(g) => Some(g.state_shape()),
+                Sublayer::Mamba2(m) => Some(m.state_shape()),
+                _ => None,
+            })
+            .collect();
+        CacheShape {
+            kv_layers,
+            kv_dim: s.num_kv_heads * s.head_dim,
+            state_shapes,
+        }
+    }
+
+    /// Activation buffers for `tokens` rows.
+    pub fn scratch(&self, dev: &D, tokens: usize) -> DevResult<Scratch<D>> {
+        Scratch::new(dev, self.spec.hidden_size, Widths::of(&self.layers), tokens)
+    }
+
+    /// Runs every layer over the step; `cap(id, x)` sees the residual stream for ids 0..=L in
+    /// order. Leaves the last layer's (pre-norm) output in `s.x`.
+    pub fn forward(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+        cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
+    ) -> DevResult<()> {
+        let eps = self.spec.rms_norm_eps;
+        dev.embed(ctx.step, &self.embed, &mut s.x)?;
+        cap(0, &s.x)?;
+        let mut pending = false;
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (j, part) in layer.parts.iter().enumerate() {
+                if pending {
+                    dev.add_rms_norm(&mut s.x, &s.proj, &part.norm, eps, &mut s.normed)?;
+                } else {
+                    dev.rms_norm(&s.x, &part.norm, eps, &mut s.normed)?;
+                }
+                if j == 0 && i > 0 {
+                    cap(i, &s.x)?;
+                }
+                pending = true;
+                part.sublayer.forward(dev, ctx, s)?;
+            }
+        }
+        if pending {
+            dev.add(&mut s.x, &s.proj)?;
+        }
+        if !self.layers.is_empty() {
+            cap(self.layers.len(), &s.x)?;
+        }
+        Ok(())
+    }
+
+    fn head(&self) -> &D::Linear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Greedy tokens of rows `rows` of the pre-norm last-layer output `x`: the final norm, the
+    /// LM head, argmax.
+    pub fn greedy(&self, dev: &D, x: &D::Buf, rows: &[usize]) -> DevResult<Vec<u32>> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (n, h, v) = (rows.len(), self.spec.hidden_size, self.spec.vocab_size);
+        let mut last = dev.buffer(n, h, BufKind::F32)?;
+        let mut normed = dev.buffer(n, h, BufKind::GemmIn)?;
+        let mut logits = dev.buffer(n, v, BufKind::F32)?;
+        dev.gather_rows(x, rows, &mut last)?;
+        let eps = self.spec.rms_norm_eps;
+        dev.rms_norm(&last, &self.final_norm, eps, &mut normed)?;
+        dev.matmul(&normed, self.head(), &mut logits)?;
+        dev.argmax(&logits)
+    }
+
+    /// The final norm of host rows `[n, hidden]` (id-L rows -> transformers' post-norm
+    /// `hidden_states[L]`).
+    pub fn final_norm(&self, dev: &D, rows: &[f32]) -> DevResult<Vec<f32>> {
+        let h = self.spec.hidden_size;
+        let n = rows.len() / h;
+        let mut x = dev.buffer(n, h, BufKind::F32)?;
+        let mut out = dev.buffer(n, h, BufKind::F32)?;
+        dev.upload(rows, h, &mut x)?;
+        dev.rms_norm(&x, &self.final_norm, self.spec.rms_norm_eps, &mut out)?;
+        dev.download(&out)
+    }
+}

@@ -1,0 +1,80 @@
+//! Full attention over the paged KV cache: fused q/k/v projection (+ bias), optional per-head
+//! q/k RMSNorm, RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
+//! attention, optional output gate `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
+
+use super::{Ctx, Scratch, Widths};
+use crate::kernels::Device;
+use crate::kernels::device::{AttnCall, Cols, DevResult, QkvLayout};
+
+/// One attention sublayer's weights on the device.
+pub struct Attention<D: Device> {
+    /// `[q | k | v]` rows, or `[q | gate | k | v]` for the gated form.
+    pub qkv: D::Linear,
+    pub o: D::Linear,
+    /// Per-head q and k RMSNorm weights.
+    pub qk_norm: Option<(D::Vector, D::Vector)>,
+    /// RoPE table and rotary dims of each head.
+    pub rope: Option<(D::Rope, usize)>,
+    pub gated: bool,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f64,
+    /// This layer's index among the attention layers (its KV cache layer).
+    pub kv_layer: usize,
+}
+
+impl<D: Device> Attention<D> {
+    fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn layout(&self) -> QkvLayout {
+        let qd = self.q_dim();
+        QkvLayout {
+            k_col: if self.gated { 2 * qd } else { qd },
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    pub(super) fn widths(&self) -> Widths {
+        let l = self.layout();
+        let qd = self.q_dim();
+        Widths {
+            wide: l.v_col() + self.kv_heads * self.head_dim,
+            mid: qd,
+            act: qd,
+            ..Widths::default()
+        }
+    }
+
+    pub(super) fn forward(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+    ) -> DevResult<()> {
+        dev.matmul(&s.normed, &self.qkv, &mut s.wide)?;
+        let call = AttnCall {
+            kv_layer: self.kv_layer,
+            layout: self.layout(),
+            qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k, self.eps)),
+            rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
+        };
+        if self.gated {
+            dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.mid)?;
+            let qd = self.q_dim();
+            let gate = Cols {
+                buf: &s.wide,
+                col: qd,
+                width: qd,
+            };
+            dev.sigmoid_gate(&s.mid, gate, &mut s.act)?;
+        } else {
+            dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
+        }
+        dev.matmul(&s.act, &self.o, &mut s.proj)
+    }
+}

@@ -1,0 +1,57 @@
+//! The dense MLPs: SwiGLU `down(silu(gate(x)) · up(x))` (gate and up stacked into one
+//! projection) and Nemotron-H's `down(relu(up(x))²)`.
+
+use super::{Scratch, Widths};
+use crate::kernels::Device;
+use crate::kernels::device::DevResult;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// The first projection is `[gate | up]`.
+    SwiGlu,
+    Relu2,
+}
+
+pub struct Mlp<D: Device> {
+    pub up: D::Linear,
+    pub down: D::Linear,
+    pub act: Activation,
+    pub inter: usize,
+}
+
+impl<D: Device> Mlp<D> {
+    fn wide(&self) -> usize {
+        match self.act {
+            Activation::SwiGlu => 2 * self.inter,
+            Activation::Relu2 => self.inter,
+        }
+    }
+
+    pub(super) fn widths(&self) -> Widths {
+        Widths {
+            wide: self.wide(),
+            act: self.inter,
+            ..Widths::default()
+        }
+    }
+
+    /// `out = mlp(x)` through the `wide` and `act` buffers.
+    pub(super) fn run(
+        &self,
+        dev: &D,
+        x: &D::Buf,
+        (wide, act): (&mut D::Buf, &mut D::Buf),
+        out: &mut D::Buf,
+    ) -> DevResult<()> {
+        dev.matmul(x, &self.up, wide)?;
+        match self.act {
+            Activation::SwiGlu => dev.silu_mul(wide, act)?,
+            Activation::Relu2 => dev.relu2(wide, act)?,
+        }
+        dev.matmul(act, &self.down, out)
+    }
+
+    pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
+        self.run(dev, &s.normed, (&mut s.wide, &mut s.act), &mut s.proj)
+    }
+}

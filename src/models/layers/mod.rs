@@ -1,0 +1,244 @@
+//! The building blocks every architecture is made of, generic over the [`Device`] ops: a
+//! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
+//! a MoE block, Gated DeltaNet or Mamba-2. Each reads the normed rows `s.normed` and leaves
+//! its output in `s.proj`. The residual stream and the capture are in [`super::decoder`].
+//!
+//! [`Loader`] reads checkpoint tensors for the architecture files, which alone know the names.
+
+pub mod attention;
+pub mod gdn;
+pub mod mamba2;
+pub mod mlp;
+pub mod moe;
+
+use super::{ModelError, Weights};
+use crate::kernels::device::{BufKind, DevResult, HostMatrix};
+use crate::kernels::Device;
+
+pub use attention::Attention;
+pub use gdn::GatedDeltaNet;
+pub use mamba2::Mamba2;
+pub use mlp::Mlp;
+pub use moe::Moe;
+
+/// What a sublayer needs of one forward beyond its scratch: the device's plan, the KV cache
+/// and the recurrent-state slots.
+pub struct Ctx<'s, 'a, D: Device> {
+    pub step: &'s D::Step<'a>,
+    pub kv: &'s mut D::Kv,
+    pub states: Option<&'s mut D::States>,
+}
+
+impl<D: Device> Ctx<'_, '_, D> {
+    /// The state slots (hybrid models; a model with recurrent layers always has them).
+    pub fn states(&mut self) -> DevResult<&mut D::States> {
+        self.states.as_deref_mut().ok_or_else(|| {
+            crate::kernels::DeviceError::Invalid("recurrent layer without state slots".into())
+        })
+    }
+}
+
+/// One sublayer of a decoder layer.
+pub enum Sublayer<D: Device> {
+    Attention(Attention<D>),
+    Mlp(Mlp<D>),
+    Moe(Moe<D>),
+    GatedDeltaNet(GatedDeltaNet<D>),
+    Mamba2(Mamba2<D>),
+}
+
+impl<D: Device> Sublayer<D> {
+    /// `s.proj` = the sublayer of `s.normed`.
+    pub fn forward(&self, dev: &D, ctx: &mut Ctx<'_, '_, D>, s: &mut Scratch<D>) -> DevResult<()> {
+        match self {
+            Self::Attention(a) => a.forward(dev, ctx, s),
+            Self::Mlp(m) => m.forward(dev, s),
+            Self::Moe(m) => m.forward(dev, s),
+            Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
+            Self::Mamba2(m) => m.forward(dev, ctx, s),
+        }
+    }
+
+    fn widths(&self) -> Widths {
+        match self {
+            Self::Attention(a) => a.widths(),
+            Self::Mlp(m) => m.widths(),
+            Self::Moe(m) => m.widths(),
+            Self::GatedDeltaNet(g) => g.widths(),
+            Self::Mamba2(m) => m.widths(),
+        }
+    }
+}
+
+/// `x += sublayer(norm(x))`.
+pub struct Part<D: Device> {
+    pub norm: D::Vector,
+    pub sublayer: Sublayer<D>,
+}
+
+/// One decoder layer (a layer id): its parts in order.
+pub struct Layer<D: Device> {
+    pub parts: Vec<Part<D>>,
+}
+
+/// Row widths (values per token) of the shared activation buffers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Widths {
+    /// First projection (fused qkv, in_proj, gate_up).
+    pub wide: usize,
+    /// Conv output of the recurrent layers.
+    pub conv: usize,
+    /// Recurrence / attention output before its gate or norm (f32).
+    pub mid: usize,
+    /// Input of the output projection.
+    pub act: usize,
+    /// MoE: (experts, top_k, expert intermediate size).
+    pub moe: Option<(usize, usize, usize)>,
+}
+
+impl Widths {
+    fn max(self, o: Widths) -> Widths {
+        let moe = match (self.moe, o.moe) {
+            (Some(a), Some(b)) => Some((a.0.max(b.0), a.1.max(b.1), a.2.max(b.2))),
+            (a, b) => a.or(b),
+        };
+        Widths {
+            wide: self.wide.max(o.wide),
+            conv: self.conv.max(o.conv),
+            mid: self.mid.max(o.mid),
+            act: self.act.max(o.act),
+            moe,
+        }
+    }
+
+    /// The widths every layer of `layers` fits in.
+    pub fn of(layers: &[Layer<impl Device>]) -> Widths {
+        (layers.iter().flat_map(|l| &l.parts)).fold(Widths::default(), |w, p| {
+            w.max(p.sublayer.widths())
+        })
+    }
+}
+
+/// Activation buffers shared by every layer, made once for the token budget.
+pub struct Scratch<D: Device> {
+    /// The residual stream `[T, hidden]`, f32.
+    pub x: D::Buf,
+    pub normed: D::Buf,
+    /// A sublayer's output `[T, hidden]`, f32.
+    pub proj: D::Buf,
+    pub wide: D::Buf,
+    pub conv: D::Buf,
+    pub mid: D::Buf,
+    pub act: D::Buf,
+    pub moe: Option<MoeScratch<D>>,
+}
+
+/// The MoE blocks' buffers (`top_k` rows per token for the experts).
+pub struct MoeScratch<D: Device> {
+    pub logits: D::Buf,
+    pub rows: D::Buf,
+    pub gate_up: D::Buf,
+    pub act: D::Buf,
+    pub out: D::Buf,
+    pub shared: D::Buf,
+    pub gate: D::Buf,
+}
+
+impl<D: Device> Scratch<D> {
+    /// Buffers for `t` tokens of `hidden` and the layers' `w`idths.
+    pub fn new(dev: &D, hidden: usize, w: Widths, t: usize) -> DevResult<Self> {
+        use BufKind::{F32, GemmIn};
+        let moe = match w.moe {
+            Some((experts, k, inter)) => {
+                let n = t.saturating_mul(k);
+                Some(MoeScratch {
+                    logits: dev.buffer(t, experts, F32)?,
+                    rows: dev.buffer(n, hidden, GemmIn)?,
+                    gate_up: dev.buffer(n, 2 * inter, F32)?,
+                    act: dev.buffer(n, inter, GemmIn)?,
+                    out: dev.buffer(n, hidden, F32)?,
+                    shared: dev.buffer(t, hidden, F32)?,
+                    gate: dev.buffer(t, 1, F32)?,
+                })
+            }
+            None => None,
+        };
+        Ok(Self {
+            x: dev.buffer(t, hidden, F32)?,
+            normed: dev.buffer(t, hidden, GemmIn)?,
+            proj: dev.buffer(t, hidden, F32)?,
+            wide: dev.buffer(t, w.wide, F32)?,
+            conv: dev.buffer(t, w.conv, F32)?,
+            mid: dev.buffer(t, w.mid, F32)?,
+            act: dev.buffer(t, w.act, GemmIn)?,
+            moe,
+        })
+    }
+}
+
+/// Reads checkpoint tensors onto a device.
+pub struct Loader<'a, D: Device> {
+    pub dev: &'a D,
+    pub w: &'a Weights,
+}
+
+impl<D: Device> Loader<'_, D> {
+    /// A `[rows, cols]` matrix as stored.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
+        self.w.matrix(name, rows, cols)
+    }
+
+    /// An f32 tensor of `shape`.
+    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        self.w.tensor(name, shape)
+    }
+
+    /// An f32 vector of `n` values on the device.
+    pub fn vector(&self, name: &str, n: usize) -> Result<D::Vector, ModelError> {
+        Ok(self.dev.vector(&self.f32s(name, &[n])?)?)
+    }
+
+    /// `{name}.weight` `[rows, cols]` of each part stacked into one linear layer, with the
+    /// parts' `{name}.bias` when `bias`.
+    pub fn linear(
+        &self,
+        parts: &[(String, usize)],
+        cols: usize,
+        bias: bool,
+    ) -> Result<D::Linear, ModelError> {
+        let mut mats = Vec::with_capacity(parts.len());
+        let mut b = Vec::new();
+        for (name, rows) in parts {
+            mats.push(self.matrix(&format!("{name}.weight"), *rows, cols)?);
+            if bias {
+                b.extend(self.f32s(&format!("{name}.bias"), &[*rows])?);
+            }
+        }
+        let m = HostMatrix::stack(mats).map_err(ModelError::Device)?;
+        Ok(self.dev.linear(m, bias.then_some(b))?)
+    }
+
+    /// One `{name}.weight` `[rows, cols]` (+ bias).
+    pub fn linear1(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+    ) -> Result<D::Linear, ModelError> {
+        self.linear(&[(name.to_string(), rows)], cols, bias)
+    }
+}
+
+/// `1 + w` of a zero-centred RMSNorm (computed once in f32, as transformers does per call).
+pub fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
+    for v in &mut w {
+        *v += 1.0;
+    }
+    w
+}
+
+/// `-exp(A_log)` per head.
+pub fn neg_exp(a_log: &[f32]) -> Vec<f32> {
+    a_log.iter().map(|&v| -v.exp()).collect()
+}

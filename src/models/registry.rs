@@ -1,0 +1,18 @@
+//! Architecture -> the file that loads it. A new architecture is one file over the shared
+//! layers plus a line here.
+
+use super::decoder::Decoder;
+use super::layers::Loader;
+use super::{Architecture, ModelError, ModelSpec, dense, nemotron_h, qwen3_5};
+use crate::kernels::Device;
+
+/// Loads the model `spec` describes through `ld`.
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    match spec.architecture {
+        Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Mistral => {
+            dense::load(ld, spec)
+        }
+        Architecture::Qwen3_5 | Architecture::Qwen3Next => qwen3_5::load(ld, spec),
+        Architecture::NemotronH => nemotron_h::load(ld, spec),
+    }
+}
