@@ -1,10 +1,9 @@
 //! Driving a backend directly with hand-made batches (block tables, chunks, prompts cut into
 //! pieces), loading the CPU and CUDA backends on the fixtures, comparing captured rows.
 
-use hsx::kernels::cpu::{CpuBackend, CpuOptions};
-use hsx::kernels::cuda::{self, CudaOptions};
-use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, SeqChunk};
-use hsx::models::{ModelSpec, WeightDtype};
+use hsx::kernels::cuda;
+use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, OutputDtype, SeqChunk};
+use hsx::models::{CpuBackend, CpuOptions, CudaOptions, ModelSpec, WeightDtype};
 
 use super::{model_dir, random_prompt};
 
@@ -96,9 +95,10 @@ impl Paging {
                     seqs: &seqs,
                 })
                 .unwrap();
+            let captured = out.captured_f32();
             let mut offset = 0;
             for (s, &(r, len)) in owners.iter().enumerate() {
-                let rows = &out.captured[offset * row..(offset + len) * row];
+                let rows = &captured[offset * row..(offset + len) * row];
                 results[r].0.extend_from_slice(rows);
                 if out.sampled[s].is_some() {
                     results[r].1 = out.sampled[s];
@@ -178,6 +178,7 @@ pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOp
         block_size: BLOCK,
         threads: 2,
         num_state_slots: slots,
+        output_dtype: OutputDtype::F32,
     }
 }
 
@@ -216,7 +217,10 @@ pub fn cuda_backend(
 ) -> Box<dyn Backend> {
     let dir = model_dir(name);
     let spec = ModelSpec::from_dir(&dir).unwrap();
-    assert!(cuda::supports(&spec), "{name} should run on CUDA");
+    assert!(
+        hsx::models::cuda_supports(&spec),
+        "{name} should run on CUDA"
+    );
     let opts = CudaOptions {
         capture_layers: layers,
         num_blocks,
@@ -224,8 +228,9 @@ pub fn cuda_backend(
         num_state_slots: slots,
         max_num_batched_tokens: budget,
         device: 0,
+        output_dtype: OutputDtype::F32,
     };
-    cuda::load(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
+    hsx::models::load_cuda(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
 }
 
 /// Tolerance of CUDA vs CPU captured rows (max-rel per layer) for weights in `dtype`.

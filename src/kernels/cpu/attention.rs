@@ -537,7 +537,8 @@ unsafe fn values_block<const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::kv_cache::{KvCache, PlanLimits};
+    use crate::kernels::cpu::kv_cache::KvCache;
+    use crate::kernels::plan::PlanLimits;
     use crate::kernels::{Batch, SeqChunk};
 
     fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {

@@ -2,8 +2,7 @@
 //! moment, restart, resume. 10 trials here; `cargo run --release --example soak -- crash 100`
 //! runs the long version (tests/soak/).
 
-#[path = "soak/crash.rs"]
-mod crash;
+use crate::crash;
 
 use std::path::{Path, PathBuf};
 

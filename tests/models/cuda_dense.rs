@@ -4,7 +4,7 @@
 //! equal (f32). Skipped, saying why, where no CUDA device is usable.
 #![cfg(feature = "cuda")]
 
-mod common;
+use crate::common;
 
 use common::backends::{
     Paging, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,

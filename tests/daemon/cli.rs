@@ -1,6 +1,6 @@
 //! The `hsx serve`, `hsx submit` and `hsx subscribe` binaries, end to end, with SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

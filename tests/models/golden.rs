@@ -2,7 +2,7 @@
 //! layer, the states transformers computes (max-rel ≤ 1e-4 with f32 weights), id L is the
 //! pre-norm state (not HF's post-norm `hidden_states[L]`), and greedy tokens match.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hsx::actors::messages::EventKind;

@@ -2,7 +2,7 @@
 //! test (64 requests, budget 37, a watcher on the output directory), budgets {7, 64, 4096},
 //! and vLLM's own acceptance cases.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

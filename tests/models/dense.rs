@@ -1,15 +1,15 @@
 //! Dense models on the CPU backend against the Hugging Face reference fixtures
 //! (tests/fixtures/make_fixtures.py), byte-identity across chunking and batching, and errors.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use common::backends::{Paging, cpu_backend, cpu_options, same_bits};
 use common::{fixture_dir, model_dir};
-use hsx::kernels::cpu::{CpuBackend, CpuOptions};
 use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, SeqChunk};
+use hsx::models::{CpuBackend, CpuOptions};
 use hsx::models::{ModelError, ModelSpec, WeightDtype};
 use safetensors::SafeTensors;
 
@@ -117,23 +117,24 @@ fn check_against_hf(name: &str) {
         let ids = reference.ids(j);
         let t = ids.len();
         let out = run_alone(&mut be, j, &ids);
-        assert_eq!(out.captured.len(), t * (LAYERS + 1) * HIDDEN);
+        let captured = out.captured_f32();
+        assert_eq!(captured.len(), t * (LAYERS + 1) * HIDDEN);
         for i in 0..=LAYERS {
             let ours: Vec<f32> = (0..t)
-                .flat_map(|tt| row_layer(&out.captured, tt, i).to_vec())
+                .flat_map(|tt| row_layer(&captured, tt, i).to_vec())
                 .collect();
             let e = rel_err(&ours, reference.layer(j, i));
             assert!(e <= 1e-4, "{name} p{j} layer {i}: rel err {e}");
         }
         let last: Vec<f32> = (0..t)
-            .flat_map(|tt| row_layer(&out.captured, tt, LAYERS).to_vec())
+            .flat_map(|tt| row_layer(&captured, tt, LAYERS).to_vec())
             .collect();
         let hf_last = &reference.f32s[&format!("p{j}.hf_last")];
         assert!(
             rel_err(&last, hf_last) > 1e-3,
             "{name} p{j}: id L must be pre-norm"
         );
-        let e = rel_err(&be.final_norm(&last), hf_last);
+        let e = rel_err(&be.final_norm(&last).unwrap(), hf_last);
         assert!(
             e <= 1e-4,
             "{name} p{j}: final_norm(id L) vs hf_last rel err {e}"
@@ -214,9 +215,9 @@ fn chunking_and_batching_are_bit_identical() {
         let row = (LAYERS + 1) * HIDDEN;
         let mut offset = 0;
         for (r, p) in prompts.iter().enumerate() {
-            let mine = &packed.captured[offset * row..(offset + p.len()) * row];
+            let mine = &packed.captured_f32()[offset * row..(offset + p.len()) * row];
             assert!(
-                same_bits(mine, &alone[r].captured),
+                same_bits(mine, &alone[r].captured_f32()),
                 "{name} p{r}: packed batch differs"
             );
             assert_eq!(packed.sampled[r], alone[r].sampled[0]);
@@ -227,7 +228,7 @@ fn chunking_and_batching_are_bit_identical() {
         for (r, p) in prompts.iter().enumerate() {
             let got = run_chunked_mixed(&mut be, std::slice::from_ref(p), 7);
             assert!(
-                same_bits(&got[0].0, &alone[r].captured),
+                same_bits(&got[0].0, &alone[r].captured_f32()),
                 "{name} p{r}: chunks of 7 differ"
             );
             assert_eq!(got[0].1, alone[r].sampled[0]);
@@ -236,7 +237,7 @@ fn chunking_and_batching_are_bit_identical() {
             let got = run_chunked_mixed(&mut be, &prompts, c);
             for (r, (rows, tok)) in got.iter().enumerate() {
                 assert!(
-                    same_bits(rows, &alone[r].captured),
+                    same_bits(rows, &alone[r].captured_f32()),
                     "{name} p{r}: mixed chunks of {c} differ"
                 );
                 assert_eq!(*tok, alone[r].sampled[0]);
@@ -261,7 +262,7 @@ fn thread_count_does_not_change_bits() {
     };
     let one = backend_with_threads("qwen3", 1).forward(&batch).unwrap();
     let three = backend_with_threads("qwen3", 3).forward(&batch).unwrap();
-    assert!(same_bits(&one.captured, &three.captured));
+    assert_eq!(one.captured, three.captured);
     assert_eq!(one.sampled, three.sampled);
 }
 
@@ -275,6 +276,7 @@ fn capture_subset_and_no_sample() {
         block_size: 32,
         threads: 1,
         num_state_slots: 0,
+        output_dtype: hsx::kernels::OutputDtype::F32,
     };
     let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
     assert_eq!(be.capture_layers(), &[1, 4]);
@@ -295,10 +297,10 @@ fn capture_subset_and_no_sample() {
         })
         .unwrap();
     assert_eq!(out.sampled, vec![None]);
-    assert_eq!(out.captured.len(), ids.len() * 2 * HIDDEN);
+    assert_eq!(out.captured.len(), ids.len() * 2 * HIDDEN * 4);
     for (k, id) in [1, 4].into_iter().enumerate() {
         let ours: Vec<f32> = out
-            .captured
+            .captured_f32()
             .chunks_exact(HIDDEN)
             .skip(k)
             .step_by(2)
@@ -398,7 +400,7 @@ fn bad_batches_are_errors_and_leave_the_cache_alone() {
         })
         .unwrap();
     let joined = [first.captured, second.captured].concat();
-    assert!(same_bits(&joined, &alone.captured));
+    assert_eq!(joined, alone.captured);
     assert_eq!(second.sampled, alone.sampled);
     let empty = be
         .forward(&Batch {
@@ -436,6 +438,7 @@ fn load_err(dir: &Path) -> ModelError {
         block_size: 16,
         threads: 1,
         num_state_slots: 0,
+        output_dtype: hsx::kernels::OutputDtype::F32,
     };
     match CpuBackend::load(dir, spec, opts) {
         Ok(_) => panic!("{} loaded", dir.display()),

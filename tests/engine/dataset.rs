@@ -1,7 +1,7 @@
 //! `extract --input DIR` on a Hugging Face `datasets` directory (speculators' preprocessed
 //! layout): `hs_{row}.safetensors` per row, sharded runs whose union is the unsharded run.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

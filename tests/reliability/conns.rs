@@ -5,8 +5,7 @@
 //! others keep being served, and takes new ones once some close. The long version (10,000
 //! connections against the release binary, its peak RSS) is `soak conns` (tests/soak/run.rs).
 
-mod common;
-mod daemon_support;
+use crate::daemon_support;
 
 use std::time::{Duration, Instant};
 

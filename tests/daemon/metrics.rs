@@ -1,8 +1,7 @@
 //! `/metrics` over HTTP: Prometheus text, counters moving by the right amounts. One test in
 //! this binary, because the metrics recorder is process-wide.
 
-mod common;
-mod daemon_support;
+use crate::daemon_support;
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! The daemon's HTTP surface as speculators' client uses it (a drop-in for `vllm serve`).
 
-mod common;
-mod daemon_support;
+use crate::common;
+use crate::daemon_support;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! connector): files against transformers, vLLM's hybrid smoke case, chunked prefill and
 //! continuous batching byte-identical to solo runs, abort + state-slot reuse.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `model.device` selection, in any build: `cuda` fails at start with a clear reason where the
 //! CUDA backend cannot run (no feature, no driver, no device), `auto` falls back to the CPU.
 
-mod common;
+use crate::common;
 
 use common::{config, run_requests, spec};
 use hsx::engine::Engine;

@@ -7,10 +7,9 @@
 //! the limit, never a 500; a completion's file is inside the root and holds token ids below the
 //! vocabulary; the daemon answers `/health` and completes a request afterwards.
 
-mod common;
-mod daemon_support;
-#[path = "soak/fuzz.rs"]
-mod fuzz;
+use crate::common;
+use crate::daemon_support;
+use crate::fuzz;
 
 use std::path::Path;
 use std::time::Duration;

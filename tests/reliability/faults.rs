@@ -3,10 +3,8 @@
 //! covered by tests/daemon_*.rs; the proptest fuzzing of tests/soak/fuzz.rs), lost subscribers resuming exactly once, a small load run
 //! through both frontends, and a model-runner fault on one step.
 
-mod common;
-mod daemon_support;
-#[path = "soak/fuzz.rs"]
-mod fuzz;
+use crate::daemon_support;
+use crate::fuzz;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The daemon's Unix socket protocol, against the real server on a temporary socket.
 
-mod common;
-mod daemon_support;
+use crate::common;
+use crate::daemon_support;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

@@ -2,7 +2,7 @@
 //! files sliced from the longer row's states, identical to computing them separately, and only
 //! the longest rows go through the model.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hsx::engine::Engine;

@@ -2,7 +2,7 @@
 //! however many requests come (admission waits for the connector to release bytes), the files
 //! are the same as without the bound, and a request that could never fit is refused.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! for a Llama-3 template, a Qwen3-style template (tools, <think> handling, Python string
 //! methods) and one that raises on bad role order. Fixtures: tests/fixtures/make_chat_fixtures.py.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hsx::chat::ChatTemplate;

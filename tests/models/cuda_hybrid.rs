@@ -9,7 +9,7 @@
 //! where none is usable.
 #![cfg(feature = "cuda")]
 
-mod common;
+use crate::common;
 
 use common::backends::{
     check_bad_state_slots, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,

@@ -2,8 +2,8 @@
 //! (what speculators' `prepare_data.py` calls) and socket `submit` with `messages`, all rendered
 //! exactly as transformers' `apply_chat_template` (fixtures: make_chat_fixtures.py).
 
-mod common;
-mod daemon_support;
+use crate::common;
+use crate::daemon_support;
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! The `hsx extract` command as a user runs it: the shipped config, resume, bad input.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

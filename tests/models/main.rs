@@ -1,0 +1,12 @@
+//! Model numerics against transformers, byte-identity across batching and chunking, every fixture architecture on every available device.
+//!
+//! One test binary per area (each links the whole crate once).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cuda_dense;
+mod cuda_hybrid;
+mod dense;
+mod golden;
+mod hybrid;
