@@ -188,60 +188,6 @@ impl ModelSpec {
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
-
-    pub(super) fn validate(&self, path: &Path) -> Result<(), ModelError> {
-        let bad = |field: &str, message: String| ModelError::Field {
-            path: path.to_path_buf(),
-            field: field.to_string(),
-            message,
-        };
-        let positive = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_layers),
-            ("num_attention_heads", self.num_heads),
-            ("num_key_value_heads", self.num_kv_heads),
-            ("head_dim", self.head_dim),
-            ("intermediate_size", self.intermediate_size),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(bad(field, "must be > 0".into()));
-            }
-        }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(bad(
-                "num_key_value_heads",
-                format!(
-                    "{} does not divide num_attention_heads {}",
-                    self.num_kv_heads, self.num_heads
-                ),
-            ));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(bad(
-                "head_dim",
-                format!("{} must be even for RoPE", self.head_dim),
-            ));
-        }
-        if self.vocab_size > u32::MAX as usize {
-            return Err(bad("vocab_size", "too large for u32 token ids".into()));
-        }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(bad(
-                "rms_norm_eps",
-                format!("invalid value {}", self.rms_norm_eps),
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(bad(
-                "rope_theta",
-                format!("invalid value {}", self.rope_theta),
-            ));
-        }
-        Ok(())
-    }
 }
 
 fn model_name(dir: &Path) -> String {

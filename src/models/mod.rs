@@ -16,6 +16,7 @@ pub mod decoder;
 pub mod dense;
 pub mod devices;
 mod error;
+mod spec_checks;
 pub mod hybrid_config;
 pub mod layers;
 pub mod nemotron_h;

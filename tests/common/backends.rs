@@ -241,3 +241,33 @@ pub fn cuda_tol(dtype: WeightDtype) -> f32 {
         2e-2
     }
 }
+
+/// The devices a test can run a model on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dev {
+    Cpu,
+    Cuda,
+}
+
+/// Fixture model `name` on `dev`, capturing `layers`, with `num_blocks` KV blocks of
+/// [`BLOCK`], `slots` state slots and (CUDA) a token budget of 4096; `None`, with a skip line
+/// saying why, when the device is not usable here.
+pub fn load_on(
+    dev: Dev,
+    name: &str,
+    layers: Vec<usize>,
+    num_blocks: usize,
+    slots: usize,
+) -> Option<Box<dyn Backend>> {
+    match dev {
+        Dev::Cpu => Some(Box::new(cpu_backend(
+            name,
+            cpu_options(layers, num_blocks, slots),
+        ))),
+        Dev::Cuda if cuda_usable() => Some(cuda_backend(name, layers, num_blocks, slots, 4096)),
+        Dev::Cuda => {
+            eprintln!("skip: {name} on cuda (no usable CUDA device)");
+            None
+        }
+    }
+}

@@ -10,3 +10,4 @@ mod cuda_hybrid;
 mod dense;
 mod golden;
 mod hybrid;
+mod matrix;

@@ -1,13 +1,15 @@
-//! Captured hidden states leave the device every forward without stalling the compute stream.
+//! Captured hidden states leave the device every forward, already in the file dtype, without
+//! stalling the compute stream.
 //!
-//! For each captured layer: a device-to-device copy of its `[T, H]` rows into the layer's slot
-//! of a staging buffer `[K, max_tokens, H]` (on the compute stream, so later layers may
-//! overwrite the residual stream at once), an event recorded after it, and on the copy stream —
-//! which waits for that event only — a strided 2-D download into pinned host memory laid out
-//! `[max_tokens, K, H]`, i.e. already in `BatchOutput.captured` order. The compute stream never
-//! waits for a download. [`Capture::finish`] synchronises the copy stream once, at the end of
-//! the forward, and copies the rows out. Device and pinned memory are O(token budget × K × H),
-//! allocated once.
+//! For each captured layer: its `[T, H]` f32 rows converted to the output dtype (bf16 / f16
+//! cast, or a plain copy for f32) into the layer's slot of a staging buffer `[K, max_tokens, H]`
+//! (on the compute stream, so later layers may overwrite the residual stream at once), an event
+//! recorded after it, and on the copy stream — which waits for that event only — a strided 2-D
+//! download into pinned host memory laid out `[max_tokens, K, H]`, i.e. already in
+//! `BatchOutput.captured` order. A 16-bit file moves half the bytes of f32 over PCIe and needs
+//! no host conversion. The compute stream never waits for a download. [`Capture::finish`]
+//! synchronises the copy stream once, at the end of the forward, and copies the bytes out.
+//! Device and pinned memory are O(token budget × K × H), allocated once.
 
 use std::sync::Arc;
 
@@ -16,10 +18,11 @@ use cudarc::driver::{CudaContext, CudaEvent};
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu};
 use super::ops;
+use crate::kernels::dtype::{OutputDtype, WeightDtype};
 
-/// Page-locked host memory (cached, not write-combined: the host reads it).
+/// Page-locked host bytes (cached, not write-combined: the host reads them).
 struct PinnedBuf {
-    ptr: *mut f32,
+    ptr: *mut u8,
     len: usize,
     ctx: Arc<CudaContext>,
 }
@@ -30,9 +33,8 @@ unsafe impl Send for PinnedBuf {}
 impl PinnedBuf {
     fn new(ctx: &Arc<CudaContext>, len: usize) -> CudaResult<Self> {
         ctx.bind_to_thread()?;
-        let bytes = len.max(1) * std::mem::size_of::<f32>();
         // SAFETY: plain cuMemHostAlloc; flags 0 = cached, page-locked.
-        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }? as *mut f32;
+        let ptr = unsafe { cudarc::driver::result::malloc_host(len.max(1), 0) }? as *mut u8;
         if ptr.is_null() {
             return Err(CudaError::Invalid("cuMemHostAlloc returned null".into()));
         }
@@ -43,10 +45,10 @@ impl PinnedBuf {
         })
     }
 
-    /// The first `n` values. The caller guarantees no download into them is in flight.
-    fn read(&self, n: usize) -> Vec<f32> {
-        assert!(n <= self.len, "pinned read of {n} values past {}", self.len);
-        // SAFETY: `ptr` holds `len` f32 values (zeroed or written by finished downloads).
+    /// The first `n` bytes. The caller guarantees no download into them is in flight.
+    fn read(&self, n: usize) -> Vec<u8> {
+        assert!(n <= self.len, "pinned read of {n} bytes past {}", self.len);
+        // SAFETY: `ptr` holds `len` bytes (zeroed or written by finished downloads).
         unsafe { std::slice::from_raw_parts(self.ptr, n) }.to_vec()
     }
 }
@@ -60,36 +62,52 @@ impl Drop for PinnedBuf {
     }
 }
 
-/// Staging and pinned buffers of the captured layers.
+/// Staging and pinned buffers of the captured layers, in the output dtype.
 pub struct Capture {
     layers: usize,
     hidden: usize,
     max_tokens: usize,
-    staging: DevBuf<f32>,
+    dtype: OutputDtype,
+    /// `[K, max_tokens, H]` elements of `dtype`, as bytes.
+    staging: DevBuf<u8>,
     pinned: PinnedBuf,
     ready: CudaEvent,
     copy_stream: Arc<cudarc::driver::CudaStream>,
 }
 
 impl Capture {
-    /// Buffers for `layers` captured layers of `hidden` values and up to `max_tokens` rows.
-    pub fn new(gpu: &Gpu, layers: usize, hidden: usize, max_tokens: usize) -> CudaResult<Self> {
+    /// Buffers for `layers` captured layers of `hidden` values and up to `max_tokens` rows
+    /// of `dtype`.
+    pub fn new(
+        gpu: &Gpu,
+        layers: usize,
+        hidden: usize,
+        max_tokens: usize,
+        dtype: OutputDtype,
+    ) -> CudaResult<Self> {
         let total = layers
             .checked_mul(hidden)
             .and_then(|n| n.checked_mul(max_tokens))
+            .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| CudaError::Invalid("capture staging size overflows".into()))?;
         let pinned = PinnedBuf::new(&gpu.ctx, total)?;
-        // SAFETY: `pinned` holds `total` f32; zero them so that a read never sees garbage.
+        // SAFETY: `pinned` holds `total` bytes; zero them so that a read never sees garbage.
         unsafe { std::ptr::write_bytes(pinned.ptr, 0, total) };
         Ok(Self {
             layers,
             hidden,
             max_tokens,
+            dtype,
             staging: gpu.zeros(total)?,
             pinned,
             ready: gpu.ctx.new_event(None)?,
             copy_stream: gpu.copy_stream.clone(),
         })
+    }
+
+    /// Values per captured row.
+    pub fn hidden(&self) -> usize {
+        self.hidden
     }
 
     /// Call before a forward: the previous forward's downloads (even of a failed one) are
@@ -98,20 +116,25 @@ impl Capture {
         Ok(self.copy_stream.synchronize()?)
     }
 
-    /// Captures rows `x[0..t]` (`[t, hidden]` f32 on the device) as capture slot `k`.
+    /// Captures rows `x[0..t]` (`[t, hidden]` f32 on the device) as capture slot `k`,
+    /// converted to the output dtype on the compute stream.
     pub fn capture(&self, gpu: &Gpu, k: usize, x: u64, t: usize) -> CudaResult<()> {
         let dst = self.stage(k, t)?;
-        ops::copy_f32(gpu, x, dst, t * self.hidden)?;
+        let dtype = match self.dtype {
+            OutputDtype::F32 => WeightDtype::F32,
+            OutputDtype::Bf16 => WeightDtype::Bf16,
+            OutputDtype::F16 => WeightDtype::F16,
+        };
+        ops::cast(gpu, x, dst, dtype, t * self.hidden)?;
         self.download(gpu, k, t)
     }
 
-    /// Captures `a + b` (a split residual: `hidden + residual`, DESIGN.md §1.1) as slot `k`.
-    pub fn capture_sum(&self, gpu: &Gpu, k: usize, a: u64, b: u64, t: usize) -> CudaResult<()> {
-        let dst = self.stage(k, t)?;
-        ops::add_into(gpu, a, b, dst, t * self.hidden)?;
-        self.download(gpu, k, t)
+    /// Bytes of one captured row of one layer.
+    fn row_bytes(&self) -> usize {
+        self.hidden * self.dtype.size()
     }
 
+    /// Device address of slot `k`'s first row, checking that `t` rows fit.
     fn stage(&self, k: usize, t: usize) -> CudaResult<u64> {
         if k >= self.layers || t > self.max_tokens {
             return Err(CudaError::Invalid(format!(
@@ -119,8 +142,8 @@ impl Capture {
                 self.layers, self.max_tokens
             )));
         }
-        self.staging
-            .ptr_at(k * self.max_tokens * self.hidden, t * self.hidden)
+        let row = self.row_bytes();
+        self.staging.ptr_at(k * self.max_tokens * row, t * row)
     }
 
     /// Orders the copy stream after the compute so far and queues the download of slot `k`.
@@ -130,7 +153,7 @@ impl Capture {
         }
         self.ready.record(&gpu.stream)?;
         self.copy_stream.wait(&self.ready)?;
-        let row = self.hidden * 4;
+        let row = self.row_bytes();
         let copy = CUDA_MEMCPY2D {
             srcXInBytes: 0,
             srcY: 0,
@@ -159,15 +182,16 @@ impl Capture {
         Ok(())
     }
 
-    /// Waits for this forward's downloads and returns the `[t, K, H]` rows.
-    pub fn finish(&self, t: usize) -> CudaResult<Vec<f32>> {
+    /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
+    /// bytes of the output dtype.
+    pub fn finish(&self, t: usize) -> CudaResult<Vec<u8>> {
         self.copy_stream.synchronize()?;
         if t > self.max_tokens {
             return Err(CudaError::Invalid(format!(
                 "{t} rows past the capture budget"
             )));
         }
-        Ok(self.pinned.read(t * self.layers * self.hidden))
+        Ok(self.pinned.read(t * self.layers * self.row_bytes()))
     }
 }
 

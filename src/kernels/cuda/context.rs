@@ -1,4 +1,4 @@
-//! The device context shared by every CUDA model: context, streams, cuBLAS, kernels by name,
+//! The device context under [`super::CudaDevice`]: context, streams, cuBLAS, kernels by name,
 //! typed device buffers and the launch helper.
 //!
 //! # Streams and ordering
@@ -23,8 +23,7 @@ use thiserror::Error;
 
 use super::api::{CudaUnavailable, DeviceInfo};
 use super::nvrtc;
-use crate::kernels::BackendError;
-use crate::models::ModelError;
+use crate::kernels::{BackendError, DeviceError};
 
 /// A failure of the CUDA runtime stack.
 #[derive(Debug, Error)]
@@ -49,9 +48,12 @@ impl From<CudaError> for BackendError {
     }
 }
 
-impl From<CudaError> for ModelError {
+impl From<CudaError> for DeviceError {
     fn from(e: CudaError) -> Self {
-        ModelError::InvalidOptions(format!("cuda: {e}"))
+        match e {
+            CudaError::Invalid(m) => DeviceError::Invalid(m),
+            other => DeviceError::Failed(format!("cuda: {other}")),
+        }
     }
 }
 
@@ -194,19 +196,37 @@ impl Gpu {
         src: &DevBuf<T>,
         len: usize,
     ) -> CudaResult<Vec<T>> {
+        let mut out = vec![T::default(); len];
+        self.download_into(src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Fills `dst` with the first `dst.len()` elements of `src`, waiting for the compute
+    /// stream.
+    pub fn download_into<T: DeviceRepr>(&self, src: &DevBuf<T>, dst: &mut [T]) -> CudaResult<()> {
+        let len = dst.len();
         if len > src.len {
             return Err(CudaError::Invalid(format!(
                 "download of {len} elements from a buffer of {}",
                 src.len
             )));
         }
-        let mut out = vec![T::default(); len];
         if len > 0 {
-            self.stream
-                .memcpy_dtoh(&src.slice.slice(..len), &mut out[..])?;
+            self.stream.memcpy_dtoh(&src.slice.slice(..len), dst)?;
         }
         self.stream.synchronize()?;
-        Ok(out)
+        Ok(())
+    }
+
+    /// Zeroes `bytes` bytes from device address `ptr` on the compute stream.
+    pub fn memset_zero(&self, ptr: u64, bytes: usize) -> CudaResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the caller passes a range inside one live allocation of this context.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream())? };
+        Ok(())
     }
 }
 

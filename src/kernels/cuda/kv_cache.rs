@@ -2,21 +2,21 @@
 //!
 //! One K and one V buffer per attention layer, `[num_blocks * block_size, kv_heads * hd]` in
 //! the model dtype. The per-batch [`DevPlan`] (token ids, positions, cache slots, attention
-//! tiles, block tables) is built from the CPU backend's checked [`BatchPlan`] and uploaded once
+//! tiles, block tables) is built from the device-neutral checked [`BatchPlan`] and uploaded once
 //! per forward; every layer reuses it.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::gemm::WeightData;
 use super::ops::{self, Heads, suffix};
-use super::weights::WeightData;
-use crate::kernels::cpu::kv_cache::BatchPlan;
-use crate::models::WeightDtype;
+use crate::kernels::dtype::WeightDtype;
+use crate::kernels::plan::BatchPlan;
 
 /// Query tokens per attention tile (ATTN_TILE in attention.cu).
 pub const ATTN_TILE: usize = 16;
 /// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
-pub const ATTN_MAX_HD: usize = 256;
+pub const ATTN_MAX_HD: usize = super::limits::ATTN_MAX_HEAD_DIM;
 const ATTN_THREADS: u32 = 128;
 const SMEM_LIMIT: usize = 48 * 1024;
 
@@ -87,8 +87,14 @@ fn tiles(plan: &BatchPlan<'_>) -> Vec<i32> {
         .collect()
 }
 
-/// Head geometry of an attention layer (the CPU kernels' type).
-pub use crate::kernels::cpu::attention::AttnShape;
+/// Head geometry of an attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
 
 /// Fused projection rows `[q | … | k | v]` (f32, `width` apart, one per batch token): q heads
 /// at column 0, k heads at `k_col`, v right after k.
@@ -148,13 +154,7 @@ impl DevKvCache {
             .checked_mul(block_size)
             .and_then(|s| s.checked_mul(kv_dim))
             .ok_or_else(|| CudaError::Invalid("KV cache size overflows".into()))?;
-        let alloc = || -> CudaResult<WeightData> {
-            Ok(match dtype {
-                WeightDtype::F32 => WeightData::F32(gpu.zeros(per_layer)?),
-                WeightDtype::Bf16 => WeightData::Bf16(gpu.zeros(per_layer)?),
-                WeightDtype::F16 => WeightData::F16(gpu.zeros(per_layer)?),
-            })
-        };
+        let alloc = || WeightData::zeros(gpu, dtype, per_layer);
         let (mut k, mut v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
         for _ in 0..layers {
             k.push(alloc()?);

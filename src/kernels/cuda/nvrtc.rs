@@ -20,12 +20,12 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("elementwise.cu")),
     ("embed", include_str!("embed.cu")),
     ("attention", include_str!("attention.cu")),
-    // Hybrid models (src/kernels/cuda/hybrid/).
+    // Recurrent layers, MoE and the attention output gate.
     ("conv1d", include_str!("conv1d.cu")),
     ("gated_delta", include_str!("gated_delta.cu")),
     ("mamba2", include_str!("mamba2.cu")),
     ("moe", include_str!("moe.cu")),
-    ("gated_attn", include_str!("hybrid/gated_attn.cu")),
+    ("gated_attn", include_str!("gated_attn.cu")),
 ];
 
 /// A compiled module image (CUBIN bytes).
@@ -175,14 +175,20 @@ mod tests {
             "rope".into(),
             "bias_add".into(),
             "add_f32".into(),
-            "add_into_f32".into(),
             "cast_f32_bf16".into(),
             "cast_f32_f16".into(),
             "gather_rows".into(),
             "argmax_rows".into(),
         ];
         for d in ["f32", "bf16", "f16"] {
-            for k in ["rms_norm", "add_rms_norm", "silu_mul", "embed", "kv_write"] {
+            for k in [
+                "rms_norm",
+                "add_rms_norm",
+                "silu_mul",
+                "embed",
+                "kv_write",
+                "attn_gate",
+            ] {
                 wanted.push(format!("{k}_{d}"));
             }
         }

@@ -1,14 +1,13 @@
 //! Rust launchers of the row-wise and element-wise kernels (norm.cu, rope.cu,
-//! elementwise.cu, embed.cu). Arguments are device addresses (`u64`) plus sizes; the caller
-//! guarantees the buffers hold what the sizes say (models size their scratch for the token
-//! budget and check the batch against it once per forward).
+//! elementwise.cu, embed.cu, gated_attn.cu). Arguments are device addresses (`u64`) plus
+//! sizes; the caller ([`super::CudaDevice`]) checks that the buffers hold what the sizes say.
 //!
 //! `*_dtype` arguments name the dtype a kernel writes for a following GEMM (the weights'
 //! dtype); the residual stream and everything else stays f32.
 
 use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch, rows_cfg};
-use super::weights::DevWeight;
-use crate::models::WeightDtype;
+use super::gemm::DevWeight;
+use crate::kernels::dtype::WeightDtype;
 
 /// Kernel-name suffix of a dtype.
 pub fn suffix(d: WeightDtype) -> &'static str {
@@ -172,22 +171,6 @@ pub fn add(gpu: &Gpu, x: u64, y: u64, total: usize) -> CudaResult<()> {
     launch!(gpu, "add_f32", elems_cfg(total)?, x, y, i64_of(total))
 }
 
-/// `out = a + b` over `total` f32 values.
-pub fn add_into(gpu: &Gpu, a: u64, b: u64, out: u64, total: usize) -> CudaResult<()> {
-    if total == 0 {
-        return Ok(());
-    }
-    launch!(
-        gpu,
-        "add_into_f32",
-        elems_cfg(total)?,
-        a,
-        b,
-        out,
-        i64_of(total)
-    )
-}
-
 /// f32 values to `dtype` (a plain device copy for f32).
 pub fn cast(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
     if total == 0 {
@@ -243,6 +226,39 @@ pub fn embed(gpu: &Gpu, tokens: u64, table: &DevWeight, x: u64, rows: usize) -> 
         table.data.ptr(),
         x,
         hidden
+    )
+}
+
+/// `out[t, i] = attn[t, i] · sigmoid(gate[t, gate_col + i])` (Qwen3.5 / Qwen3-Next gated
+/// attention) for `rows` rows of `qd`, the gate read from rows `gate_stride` apart starting at
+/// `gate` (row 0, column 0), out in `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_gate(
+    gpu: &Gpu,
+    attn: u64,
+    (gate, gate_stride, gate_col): (u64, usize, usize),
+    out: u64,
+    dtype: WeightDtype,
+    rows: usize,
+    qd: usize,
+) -> CudaResult<()> {
+    let total = rows * qd;
+    if total == 0 {
+        return Ok(());
+    }
+    let name = format!("attn_gate_{}", suffix(dtype));
+    let (col, qd) = (i32_of(gate_col, "gate column")?, i32_of(qd, "q dim")?);
+    launch!(
+        gpu,
+        &name,
+        elems_cfg(total)?,
+        attn,
+        gate,
+        i64_of(gate_stride),
+        col,
+        out,
+        qd,
+        i64_of(total)
     )
 }
 

@@ -2,18 +2,17 @@
 //! (conv1d.cu, gated_delta.cu, mamba2.cu).
 //!
 //! State of recurrent layer `l`, slot `s`: conv `[k - 1, conv_dim]` and SSM / delta state
-//! (`[nv, dk, dv]` or `[heads, head_dim, d_state]`), f32, in two buffers
-//! `[layers, slots, per_slot]`. A chunk with `start == 0` gets its slot zeroed in every layer
-//! before the forward ([`StateSlots::reset_fresh`], one launch per buffer), so a reused slot
-//! never leaks.
+//! (`[nv, dk, dv]` or `[heads, head_dim, d_state]`), f32, in two buffers, each layer's
+//! `[slots, per_slot]` after the previous layer's. A chunk with `start == 0` gets its slot
+//! zeroed in every layer before the forward ([`StateSlots::reset_fresh`], one launch per
+//! buffer when the layers share a shape), so a reused slot never leaks.
 
 use cudarc::driver::LaunchConfig;
 
-use super::super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
-pub(super) use super::super::ops::i32_of;
-use super::super::ops::suffix;
-use crate::kernels::cpu::recurrent::SeqState;
-use crate::models::WeightDtype;
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
+use super::ops::{i32_of, suffix};
+use crate::kernels::dtype::WeightDtype;
+use crate::kernels::plan::SeqState;
 
 /// Warps per block of the warp-per-item kernels (4 × 32 = 128 threads).
 const WARPS: usize = 4;
@@ -52,7 +51,7 @@ fn scan_cfg(cols: (usize, &str), heads: usize, chunks: usize) -> CudaResult<Laun
 }
 
 /// One warp per item, [`WARPS`] warps per block.
-pub(super) fn warps_cfg(items: usize) -> CudaResult<LaunchConfig> {
+pub fn warps_cfg(items: usize) -> CudaResult<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (u32_of(items.div_ceil(WARPS).max(1), "blocks")?, 1, 1),
         block_dim: ((32 * WARPS) as u32, 1, 1),
@@ -110,34 +109,47 @@ impl DevSeqs {
 pub struct StateSlots {
     conv: DevBuf<f32>,
     ssm: DevBuf<f32>,
-    layers: usize,
+    layers: Vec<LayerState>,
     slots: usize,
+}
+
+/// Where one layer's `[slots, per]` states start in the two buffers, and their sizes.
+#[derive(Debug, Clone, Copy)]
+struct LayerState {
+    conv_off: usize,
     conv_per: usize,
+    ssm_off: usize,
     ssm_per: usize,
 }
 
 impl StateSlots {
-    /// `layers` recurrent layers of `conv_per` + `ssm_per` floats per slot, zero-filled.
-    pub fn new(
-        gpu: &Gpu,
-        layers: usize,
-        slots: usize,
-        conv_per: usize,
-        ssm_per: usize,
-    ) -> CudaResult<Self> {
-        let size = |per: usize| {
-            layers
-                .checked_mul(slots)
-                .and_then(|n| n.checked_mul(per))
-                .ok_or_else(|| CudaError::Invalid("recurrent state size overflows".into()))
-        };
+    /// `shapes[l]` = (conv floats, state floats) per slot of recurrent layer `l`, zero-filled.
+    pub fn new(gpu: &Gpu, shapes: &[(usize, usize)], slots: usize) -> CudaResult<Self> {
+        let overflow = || CudaError::Invalid("recurrent state size overflows".into());
+        let (mut conv, mut ssm) = (0usize, 0usize);
+        let mut layers = Vec::with_capacity(shapes.len());
+        for &(conv_per, ssm_per) in shapes {
+            layers.push(LayerState {
+                conv_off: conv,
+                conv_per,
+                ssm_off: ssm,
+                ssm_per,
+            });
+            let add = |acc: usize, per: usize| {
+                slots
+                    .checked_mul(per)
+                    .and_then(|n| acc.checked_add(n))
+                    .ok_or_else(overflow)
+            };
+            conv = add(conv, conv_per)?;
+            ssm = add(ssm, ssm_per)?;
+        }
+        i32_of(slots, "state slots")?;
         Ok(Self {
-            conv: gpu.zeros(size(conv_per)?)?,
-            ssm: gpu.zeros(size(ssm_per)?)?,
+            conv: gpu.zeros(conv)?,
+            ssm: gpu.zeros(ssm)?,
             layers,
             slots,
-            conv_per,
-            ssm_per,
         })
     }
 
@@ -145,55 +157,77 @@ impl StateSlots {
         self.slots
     }
 
+    fn layer(&self, l: usize) -> CudaResult<LayerState> {
+        self.layers.get(l).copied().ok_or_else(|| {
+            CudaError::Invalid(format!("recurrent layer {l} of {}", self.layers.len()))
+        })
+    }
+
+    /// (conv floats, state floats) per slot of layer `l`.
+    pub fn shape(&self, l: usize) -> CudaResult<(usize, usize)> {
+        let s = self.layer(l)?;
+        Ok((s.conv_per, s.ssm_per))
+    }
+
     /// Device address of layer `l`'s conv state `[slots, k - 1, conv_dim]`.
     pub fn conv(&self, l: usize) -> CudaResult<u64> {
-        self.check_layer(l)?;
-        self.conv
-            .ptr_at(l * self.slots * self.conv_per, self.slots * self.conv_per)
+        let s = self.layer(l)?;
+        self.conv.ptr_at(s.conv_off, self.slots * s.conv_per)
     }
 
     /// Device address of layer `l`'s recurrent state `[slots, ...]`.
     pub fn ssm(&self, l: usize) -> CudaResult<u64> {
-        self.check_layer(l)?;
-        self.ssm
-            .ptr_at(l * self.slots * self.ssm_per, self.slots * self.ssm_per)
-    }
-
-    fn check_layer(&self, l: usize) -> CudaResult<()> {
-        if l >= self.layers {
-            return Err(CudaError::Invalid(format!(
-                "recurrent layer {l} of {}",
-                self.layers
-            )));
-        }
-        Ok(())
+        let s = self.layer(l)?;
+        self.ssm.ptr_at(s.ssm_off, self.slots * s.ssm_per)
     }
 
     /// Zeroes every layer's state of the slots of chunks that start at position 0.
     pub fn reset_fresh(&self, gpu: &Gpu, seqs: &DevSeqs) -> CudaResult<()> {
-        if seqs.num_fresh == 0 || self.layers == 0 {
+        if seqs.num_fresh == 0 {
             return Ok(());
         }
-        let n = i32_of(seqs.num_fresh, "fresh chunks")?;
-        let (layers, slots) = (i32_of(self.layers, "layers")?, i32_of(self.slots, "slots")?);
-        for (buf, per) in [(&self.conv, self.conv_per), (&self.ssm, self.ssm_per)] {
-            if per == 0 {
-                continue;
-            }
-            let total = self.layers * seqs.num_fresh * per;
-            launch!(
-                gpu,
-                "zero_state_slots_f32",
-                stride_cfg(total)?,
-                buf.ptr(),
-                seqs.fresh.ptr(),
-                n,
-                layers,
-                slots,
-                per as i64
-            )?;
+        // Consecutive layers of one shape are one `[layers, slots, per]` block (a model's
+        // recurrent layers usually all share one shape): one launch per block and buffer.
+        let mut first = 0;
+        while first < self.layers.len() {
+            let s = self.layers[first];
+            let run = self.layers[first..]
+                .iter()
+                .take_while(|o| (o.conv_per, o.ssm_per) == (s.conv_per, s.ssm_per))
+                .count();
+            self.zero_run(gpu, seqs, &self.conv, (s.conv_off, s.conv_per), run)?;
+            self.zero_run(gpu, seqs, &self.ssm, (s.ssm_off, s.ssm_per), run)?;
+            first += run;
         }
         Ok(())
+    }
+
+    /// Zeroes the fresh slots of `layers` consecutive layers of `per` floats per slot from
+    /// element `off` of `buf`.
+    fn zero_run(
+        &self,
+        gpu: &Gpu,
+        seqs: &DevSeqs,
+        buf: &DevBuf<f32>,
+        (off, per): (usize, usize),
+        layers: usize,
+    ) -> CudaResult<()> {
+        if per == 0 || layers == 0 {
+            return Ok(());
+        }
+        let base = buf.ptr_at(off, layers * self.slots * per)?;
+        let total = layers * seqs.num_fresh * per;
+        launch!(
+            gpu,
+            "zero_state_slots_f32",
+            stride_cfg(total)?,
+            base,
+            seqs.fresh.ptr(),
+            i32_of(seqs.num_fresh, "fresh chunks")?,
+            i32_of(layers, "layers")?,
+            i32_of(self.slots, "slots")?,
+            per as i64
+        )
     }
 }
 
@@ -287,7 +321,7 @@ pub struct GdnIo {
 /// Columns per block of `gated_delta_rule_f32` / rows per block of `mamba2_scan_f32`.
 const COLS_PER_BLOCK: usize = 16;
 /// Largest dk (GDN) / d_state (Mamba-2) the register-resident kernels hold.
-pub const MAX_STATE_DIM: usize = 256;
+pub const MAX_STATE_DIM: usize = super::limits::MAX_STATE_DIM;
 
 /// l2norm of q and k, then the gated delta rule token by token.
 pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
@@ -480,4 +514,37 @@ pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> C
     }
     let name = format!("relu2_{}", suffix(dtype));
     launch!(gpu, &name, elems_cfg(total)?, x, out, total as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::context::kernel_names_for_test;
+    use super::super::nvrtc::SOURCES;
+
+    /// Every kernel the recurrent launchers call is an entry point of a loaded source.
+    #[test]
+    fn launched_recurrent_kernels_exist() {
+        let all: Vec<String> = SOURCES
+            .iter()
+            .flat_map(|(_, src)| kernel_names_for_test(src))
+            .collect();
+        let mut wanted: Vec<String> = [
+            "zero_state_slots_f32",
+            "conv1d_silu_f32",
+            "conv1d_state_update_f32",
+            "gdn_qk_l2norm_f32",
+            "gated_delta_rule_f32",
+            "mamba2_scan_f32",
+        ]
+        .map(String::from)
+        .to_vec();
+        for d in ["f32", "bf16", "f16"] {
+            for k in ["gdn_gated_norm", "mamba2_gated_norm", "relu2"] {
+                wanted.push(format!("{k}_{d}"));
+            }
+        }
+        for w in &wanted {
+            assert!(all.contains(w), "kernel `{w}` is launched but not defined");
+        }
+    }
 }

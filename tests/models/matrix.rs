@@ -1,0 +1,83 @@
+//! Every fixture architecture on every device, from one table: the same checks for each
+//! (model, device) pair — every layer id of every reference prompt against transformers, the
+//! greedy token, and the same rows whether a request runs alone or cut into pieces of 7 and 61
+//! tokens sharing steps with other requests (bit for bit on the CPU). A device that is not
+//! usable here prints a skip line.
+
+use crate::common::backends::{Dev, Paging, cuda_tol, layer_of, load_on, same_bits};
+use crate::common::{Reference, max_rel, model_dir, random_prompt};
+use hsx::models::{ModelSpec, WeightDtype};
+
+const HIDDEN: usize = 64;
+/// Request r's blocks are r, r + 64, ... (Paging::Hybrid): room for 10 requests of 640 tokens.
+const NUM_BLOCKS: usize = 640;
+const SLOTS: usize = 8;
+
+fn check(name: &str, dev: Dev) {
+    let spec = ModelSpec::from_dir(&model_dir(name)).unwrap();
+    let l = spec.num_layers;
+    let Some(mut be) = load_on(dev, name, (0..=l).collect(), NUM_BLOCKS, SLOTS) else {
+        return;
+    };
+    let tol = match dev {
+        Dev::Cpu => 1e-4,
+        Dev::Cuda => cuda_tol(spec.dtype).max(1e-4),
+    };
+    let reference = Reference::load(name);
+    for j in 0..reference.num_prompts() {
+        let ids = reference.input_ids(j);
+        let (rows, tok) = Paging::Hybrid
+            .run_pieces(be.as_mut(), std::slice::from_ref(&ids), 4096, false)
+            .remove(0);
+        for i in 0..=l {
+            let got = layer_of(&rows, i, l + 1, HIDDEN);
+            let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
+            assert!(err <= tol, "{name} on {dev:?} p{j} layer {i}: max-rel {err:e}");
+        }
+        if dev == Dev::Cpu || spec.dtype == WeightDtype::F32 {
+            assert_eq!(tok, Some(reference.next_token(j)), "{name} on {dev:?} p{j}");
+        }
+    }
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|r| random_prompt(40 + r, [5, 90, 130, 64][r as usize], 512))
+        .collect();
+    let whole = Paging::Hybrid.run_pieces(be.as_mut(), &prompts, 4096, false);
+    for (piece, reverse) in [(7, false), (61, true)] {
+        let split = Paging::Hybrid.run_pieces(be.as_mut(), &prompts, piece, reverse);
+        for (r, (a, b)) in whole.iter().zip(&split).enumerate() {
+            match dev {
+                Dev::Cpu => assert!(same_bits(&a.0, &b.0), "{name} p{r} pieces of {piece}"),
+                Dev::Cuda => assert!(max_rel(&b.0, &a.0) <= 1e-5, "{name} p{r} pieces of {piece}"),
+            }
+            assert_eq!(a.1, b.1, "{name} on {dev:?} p{r} pieces of {piece}: token");
+        }
+    }
+}
+
+/// `fixture => module` rows: a CPU and a CUDA test for each.
+macro_rules! matrix {
+    ($($module:ident => $fixture:literal),* $(,)?) => {
+        $(mod $module {
+            #[test]
+            fn cpu() {
+                super::check($fixture, super::Dev::Cpu);
+            }
+            #[test]
+            fn cuda() {
+                super::check($fixture, super::Dev::Cuda);
+            }
+        })*
+    };
+}
+
+matrix! {
+    llama => "llama",
+    llama_bf16 => "llama_bf16",
+    mistral => "mistral",
+    qwen2 => "qwen2",
+    qwen3 => "qwen3",
+    qwen3_5 => "qwen3_5",
+    qwen3_5_bf16 => "qwen3_5_bf16",
+    qwen3_next => "qwen3_next",
+    nemotron_h => "nemotron_h",
+}
