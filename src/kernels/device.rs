@@ -59,6 +59,12 @@ pub struct Cols<'a, B> {
     pub width: usize,
 }
 
+impl<'a, B> Cols<'a, B> {
+    pub fn new(buf: &'a B, col: usize, width: usize) -> Self {
+        Self { buf, col, width }
+    }
+}
+
 impl<B> Clone for Cols<'_, B> {
     fn clone(&self) -> Self {
         *self

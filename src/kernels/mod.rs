@@ -16,6 +16,7 @@ pub mod plan;
 pub mod rope;
 pub mod routing;
 
+pub use cpu::CpuDevice;
 pub use device::{Device, DeviceError};
 pub use dtype::{OutputDtype, RopeScaling, WeightDtype};
 

@@ -17,10 +17,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         .map(|i| load_layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
     let final_norm = ld.vector("model.norm.weight", h)?;
-    let lm_head = match spec.tie_word_embeddings {
-        true => None,
-        false => Some(ld.linear1("lm_head", v, h, false)?),
-    };
+    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         spec,
         embed,

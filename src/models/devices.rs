@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::backend::{Layout, ModelBackend};
 use super::{ModelError, ModelSpec};
-use crate::kernels::cpu::CpuDevice;
+use crate::kernels::CpuDevice;
 use crate::kernels::{Backend, OutputDtype};
 
 /// A model on the CPU.

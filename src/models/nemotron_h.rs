@@ -6,7 +6,7 @@
 use super::decoder::Decoder;
 use super::hybrid_config::{LayerKind, MambaSpec};
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mamba2, Mlp, Part, Sublayer, neg_exp};
+use super::layers::{Attention, CausalConv, Layer, Loader, Mamba2, Mlp, Part, Sublayer, neg_exp};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::MambaDims;
@@ -56,10 +56,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             parts: vec![Part { norm, sublayer }],
         });
     }
-    let lm_head = match spec.tie_word_embeddings {
-        true => None,
-        false => Some(ld.linear1("lm_head", v, h, false)?),
-    };
+    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         final_norm: ld.vector("backbone.norm_f.weight", h)?,
         spec,
@@ -106,16 +103,19 @@ fn load_mamba<D: Device>(
     let h = spec.hidden_size;
     let (inner, conv_dim, nh, k) = (m.intermediate(), m.conv_dim(), m.num_heads, m.conv_kernel);
     let n = |s: &str| format!("{px}.{s}");
-    let conv_b = match m.conv_bias {
+    let bias = match m.conv_bias {
         true => Some(ld.vector(&n("conv1d.bias"), conv_dim)?),
         false => None,
     };
     let a_log = ld.f32s(&n("A_log"), &[nh])?;
     Ok(Mamba2 {
         in_proj: ld.linear1(&n("in_proj"), inner + conv_dim + nh, h, m.proj_bias)?,
-        conv_w: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
-        conv_b,
-        conv_kernel: k,
+        conv: CausalConv {
+            weight: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
+            bias,
+            kernel: k,
+            state_layer,
+        },
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         d: ld.vector(&n("D"), nh)?,
         dt_bias: ld.vector(&n("dt_bias"), nh)?,
@@ -129,6 +129,5 @@ fn load_mamba<D: Device>(
             dt_min: m.time_step_min as f32,
         },
         eps: spec.rms_norm_eps,
-        state_layer,
     })
 }

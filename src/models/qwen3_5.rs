@@ -14,7 +14,7 @@ use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::Expert;
 use super::layers::{
-    Attention, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp, one_plus,
+    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp, one_plus,
 };
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -45,10 +45,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         layers.push(load_layer(ld, &spec, &hybrid, &gdn, at)?);
     }
     let norm = one_plus(ld.f32s(&format!("{prefix}.norm.weight"), &[h])?);
-    let lm_head = match spec.tie_word_embeddings {
-        true => None,
-        false => Some(ld.linear1("lm_head", v, h, false)?),
-    };
+    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         final_norm: ld.dev.vector(&norm)?,
         spec,
@@ -210,8 +207,12 @@ fn load_gdn<D: Device>(
     let a_log = ld.f32s(&n("A_log"), &[nv])?;
     Ok(GatedDeltaNet {
         in_proj: ld.dev.linear(in_proj, None)?,
-        conv_w: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
-        conv_kernel: k,
+        conv: CausalConv {
+            weight: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
+            bias: None,
+            kernel: k,
+            state_layer,
+        },
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         dt_bias: ld.vector(&n("dt_bias"), nv)?,
         norm: ld.vector(&n("norm.weight"), g.v_head_dim)?,
@@ -223,7 +224,6 @@ fn load_gdn<D: Device>(
             dv: g.v_head_dim,
         },
         eps: spec.rms_norm_eps,
-        state_layer,
     })
 }
 

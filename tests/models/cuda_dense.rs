@@ -9,7 +9,7 @@ use crate::common;
 use common::backends::{
     Paging, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
 };
-use hsx::kernels::cpu::CpuBackend;
+use hsx::models::CpuBackend;
 use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
 use hsx::models::{ModelSpec, WeightDtype};
 

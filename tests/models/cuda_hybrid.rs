@@ -17,7 +17,7 @@ use common::backends::{
 };
 use common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::kernels::Backend;
-use hsx::kernels::cpu::CpuBackend;
+use hsx::models::CpuBackend;
 use hsx::kernels::cuda;
 use hsx::models::ModelSpec;
 

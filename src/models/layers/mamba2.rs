@@ -2,16 +2,14 @@
 //! conv + SiLU over xBC with the request slot's conv state; the selective scan token by token
 //! with `dt` clamped to `time_step_min`; `y · silu(z)`, then RMSNorm per group; `out_proj`.
 
-use super::{Ctx, Scratch, Widths};
+use super::{CausalConv, Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{Cols, ConvCall, DevResult, MambaDims, MambaParams};
+use crate::kernels::device::{Cols, DevResult, MambaDims, MambaParams};
 
 pub struct Mamba2<D: Device> {
     pub in_proj: D::Linear,
-    /// `[conv_dim, kernel]` and optional `[conv_dim]` bias.
-    pub conv_w: D::Vector,
-    pub conv_b: Option<D::Vector>,
-    pub conv_kernel: usize,
+    /// Over `xBC`.
+    pub conv: CausalConv<D>,
     /// `-exp(A_log)`, `D`, `dt_bias` per head.
     pub neg_a: D::Vector,
     pub d: D::Vector,
@@ -21,7 +19,6 @@ pub struct Mamba2<D: Device> {
     pub out_proj: D::Linear,
     pub dims: MambaDims,
     pub eps: f64,
-    pub state_layer: usize,
 }
 
 impl<D: Device> Mamba2<D> {
@@ -37,7 +34,7 @@ impl<D: Device> Mamba2<D> {
     pub fn state_shape(&self) -> (usize, usize) {
         let d = self.dims;
         (
-            (self.conv_kernel - 1) * self.conv_dim(),
+            self.conv.state_floats(self.conv_dim()),
             d.heads * d.head_dim * d.d_state,
         )
     }
@@ -60,21 +57,8 @@ impl<D: Device> Mamba2<D> {
         s: &mut Scratch<D>,
     ) -> DevResult<()> {
         let (inner, cd, nh) = (self.inner(), self.conv_dim(), self.dims.heads);
-        dev.matmul(&s.normed, &self.in_proj, &mut s.wide)?;
-        let cols = |col, width| Cols {
-            buf: &s.wide,
-            col,
-            width,
-        };
-        let conv = ConvCall {
-            state_layer: self.state_layer,
-            weight: &self.conv_w,
-            bias: self.conv_b.as_ref(),
-            kernel: self.conv_kernel,
-        };
-        let step = ctx.step;
-        let states = ctx.states()?;
-        dev.conv1d_silu(step, states, cols(inner, cd), &conv, &mut s.conv)?;
+        self.conv.project(dev, ctx, s, &self.in_proj, (inner, cd))?;
+        let cols = |col, width| Cols::new(&s.wide, col, width);
         let params = MambaParams {
             dims: self.dims,
             neg_a: &self.neg_a,
@@ -82,8 +66,8 @@ impl<D: Device> Mamba2<D> {
             dt_bias: &self.dt_bias,
         };
         let dt = cols(inner + cd, nh);
-        let l = self.state_layer;
-        dev.mamba2_scan(step, states, l, &s.conv, dt, &params, &mut s.mid)?;
+        let (step, l) = (ctx.step, self.conv.state_layer);
+        dev.mamba2_scan(step, ctx.states()?, l, &s.conv, dt, &params, &mut s.mid)?;
         let group = (inner / self.dims.groups, self.eps);
         dev.mamba2_gated_norm(&s.mid, cols(0, inner), &self.norm, group, &mut s.act)?;
         dev.matmul(&s.act, &self.out_proj, &mut s.proj)

@@ -12,7 +12,7 @@ pub mod mlp;
 pub mod moe;
 
 use super::{ModelError, Weights};
-use crate::kernels::device::{BufKind, DevResult, HostMatrix};
+use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
 use crate::kernels::Device;
 
 pub use attention::Attention;
@@ -35,6 +35,45 @@ impl<D: Device> Ctx<'_, '_, D> {
         self.states.as_deref_mut().ok_or_else(|| {
             crate::kernels::DeviceError::Invalid("recurrent layer without state slots".into())
         })
+    }
+}
+
+/// The causal depthwise conv1d + SiLU that opens a recurrent layer, with its conv state
+/// carried per request slot.
+pub struct CausalConv<D: Device> {
+    /// `[channels, kernel]`.
+    pub weight: D::Vector,
+    pub bias: Option<D::Vector>,
+    pub kernel: usize,
+    /// The layer's index among the recurrent layers.
+    pub state_layer: usize,
+}
+
+impl<D: Device> CausalConv<D> {
+    /// Conv state floats per slot for `channels` channels.
+    pub fn state_floats(&self, channels: usize) -> usize {
+        (self.kernel - 1) * channels
+    }
+
+    /// `in_proj(s.normed)` into `s.wide`, then the conv of its columns `col..col + width` into
+    /// `s.conv`.
+    fn project(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+        in_proj: &D::Linear,
+        (col, width): (usize, usize),
+    ) -> DevResult<()> {
+        dev.matmul(&s.normed, in_proj, &mut s.wide)?;
+        let call = ConvCall {
+            state_layer: self.state_layer,
+            weight: &self.weight,
+            bias: self.bias.as_ref(),
+            kernel: self.kernel,
+        };
+        let x = Cols::new(&s.wide, col, width);
+        dev.conv1d_silu(ctx.step, ctx.states()?, x, &call, &mut s.conv)
     }
 }
 
@@ -216,6 +255,17 @@ impl<D: Device> Loader<'_, D> {
         }
         let m = HostMatrix::stack(mats).map_err(ModelError::Device)?;
         Ok(self.dev.linear(m, bias.then_some(b))?)
+    }
+
+    /// `lm_head.weight`, or `None` when the head is tied to the embedding.
+    pub fn lm_head(&self, spec: &super::ModelSpec) -> Result<Option<D::Linear>, ModelError> {
+        match spec.tie_word_embeddings {
+            true => Ok(None),
+            false => {
+                let (v, h) = (spec.vocab_size, spec.hidden_size);
+                Ok(Some(self.linear1("lm_head", v, h, false)?))
+            }
+        }
     }
 
     /// One `{name}.weight` `[rows, cols]` (+ bias).
