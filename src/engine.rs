@@ -22,7 +22,9 @@ use crate::actors::scheduler::{
 };
 use crate::config::{Config, ConfigError, DeviceChoice, resolve_layer_ids};
 use crate::kernels::cuda;
-use crate::models::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda as load_on_cuda};
+use crate::models::{
+    CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda as load_on_cuda,
+};
 use crate::models::{ModelError, ModelSpec, WeightDtype};
 
 #[derive(Debug, Error)]

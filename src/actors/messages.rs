@@ -157,6 +157,9 @@ pub struct PlannedChunk {
 pub struct StepOutput {
     pub step: u64,
     pub sampled: Vec<(RequestId, u32)>,
+    /// Requests that fail with this step (their captured rows were refused by the guard):
+    /// no file is written for them.
+    pub failed: Vec<(RequestId, String)>,
 }
 
 // ---------------------------------------------------------------- model runner -> connector

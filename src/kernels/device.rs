@@ -20,8 +20,8 @@ use std::ops::Range;
 use half::{bf16, f16};
 use thiserror::Error;
 
-pub use super::dtype::{dtype_size, widen};
 use super::dtype::{OutputDtype, WeightDtype};
+pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
 use super::rope::Rope;
 use super::routing::Routing;
@@ -308,8 +308,12 @@ pub trait Device: Send + Sync + Sized + 'static {
         states: Option<&mut Self::States>,
     ) -> DevResult<Self::Step<'a>>;
     /// `out[t] = table[tokens[t]]` (f32).
-    fn embed(&self, step: &Self::Step<'_>, table: &Self::Linear, out: &mut Self::Buf)
-    -> DevResult<()>;
+    fn embed(
+        &self,
+        step: &Self::Step<'_>,
+        table: &Self::Linear,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out = x · Wᵀ (+ b)`, f32 accumulation, f32 out.
     fn matmul(&self, x: &Self::Buf, w: &Self::Linear, out: &mut Self::Buf) -> DevResult<()>;
     /// [`Device::matmul`] on rows `rows` of `x` into the same rows of `out`, which must
@@ -422,11 +426,14 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// optionally renormalised, planned on the host.
     fn moe_route(&self, logits: &Self::Buf, top_k: usize, renorm: bool) -> DevResult<Routing>;
     /// `out[i] = x[routing.rows[i]]` (expert order; `x`'s kind).
-    fn moe_gather(&self, x: &Self::Buf, routing: &Routing, out: &mut Self::Buf)
-    -> DevResult<()>;
+    fn moe_gather(&self, x: &Self::Buf, routing: &Routing, out: &mut Self::Buf) -> DevResult<()>;
     /// `out[t] = sigmoid(x[t] · w)`, one value per row (the shared expert's gate).
-    fn moe_shared_gate(&self, x: &Self::Buf, w: &Self::Vector, out: &mut Self::Buf)
-    -> DevResult<()>;
+    fn moe_shared_gate(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Vector,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out[t] = Σ_e w_te · y[row_te]` in ascending expert order from zero, then
     /// `+ gate[t] · shared[t]`.
     fn moe_combine(

@@ -63,6 +63,43 @@ pub struct BatchOutput {
     pub dtype: OutputDtype,
     /// One entry per seq chunk: `Some(token)` where `sample` was set, else `None`.
     pub sampled: Vec<Option<u32>>,
+    /// Captured rows the finite-and-non-empty guard refused, by batch row then layer (empty
+    /// when the guard is off).
+    pub bad_rows: Vec<BadRow>,
+}
+
+/// Why the guard refused a captured row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowFault {
+    /// A NaN or an infinity.
+    NonFinite,
+    /// Every value zero at a layer id >= 1 (an embedding row may legitimately be zero).
+    AllZero,
+}
+
+impl RowFault {
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NonFinite => "non_finite",
+            Self::AllZero => "all_zero",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::NonFinite => "holds NaN or infinite values",
+            Self::AllZero => "is all zeros",
+        }
+    }
+}
+
+/// A captured row the guard refused: batch row, layer id, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadRow {
+    pub row: usize,
+    pub layer: usize,
+    pub fault: RowFault,
 }
 
 impl BatchOutput {
@@ -72,6 +109,7 @@ impl BatchOutput {
             captured: Vec::new(),
             dtype,
             sampled: vec![None; batch.seqs.len()],
+            bad_rows: Vec::new(),
         }
     }
 

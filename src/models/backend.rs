@@ -141,6 +141,7 @@ impl<D: Device> ModelBackend<D> {
                 captured,
                 dtype: layout.output_dtype,
                 sampled: plan.sampled(tokens, batch.seqs.len()),
+                bad_rows: Vec::new(),
             })
         })
     }

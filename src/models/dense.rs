@@ -51,7 +51,11 @@ fn load_layer<D: Device>(
     let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
     let attention = Attention {
         qkv: ld.linear(
-            &[(attn("q_proj"), qd), (attn("k_proj"), kvd), (attn("v_proj"), kvd)],
+            &[
+                (attn("q_proj"), qd),
+                (attn("k_proj"), kvd),
+                (attn("v_proj"), kvd),
+            ],
             h,
             spec.qkv_bias,
         )?,

@@ -80,21 +80,33 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
         ));
     }
     let h = spec.hybrid.as_ref()?;
-    if let Some(g) = h.gdn.as_ref().filter(|g| g.k_head_dim > limits::MAX_STATE_DIM) {
+    if let Some(g) = h
+        .gdn
+        .as_ref()
+        .filter(|g| g.k_head_dim > limits::MAX_STATE_DIM)
+    {
         return Some(format!(
             "linear_key_head_dim {} > {}",
             g.k_head_dim,
             limits::MAX_STATE_DIM
         ));
     }
-    if let Some(m) = h.mamba.as_ref().filter(|m| m.state_size > limits::MAX_STATE_DIM) {
+    if let Some(m) = h
+        .mamba
+        .as_ref()
+        .filter(|m| m.state_size > limits::MAX_STATE_DIM)
+    {
         return Some(format!(
             "ssm_state_size {} > {}",
             m.state_size,
             limits::MAX_STATE_DIM
         ));
     }
-    if let Some(m) = h.moe.as_ref().filter(|m| m.num_experts > limits::MAX_EXPERTS) {
+    if let Some(m) = h
+        .moe
+        .as_ref()
+        .filter(|m| m.num_experts > limits::MAX_EXPERTS)
+    {
         return Some(format!(
             "num_experts {} > {}",
             m.num_experts,

@@ -16,12 +16,12 @@ pub mod decoder;
 pub mod dense;
 pub mod devices;
 mod error;
-mod spec_checks;
 pub mod hybrid_config;
 pub mod layers;
 pub mod nemotron_h;
 pub mod qwen3_5;
 pub mod registry;
+mod spec_checks;
 pub mod weights;
 
 pub use backend::{Layout, ModelBackend};

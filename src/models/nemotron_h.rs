@@ -111,7 +111,9 @@ fn load_mamba<D: Device>(
     Ok(Mamba2 {
         in_proj: ld.linear1(&n("in_proj"), inner + conv_dim + nh, h, m.proj_bias)?,
         conv: CausalConv {
-            weight: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
+            weight: ld
+                .dev
+                .vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
             bias,
             kernel: k,
             state_layer,

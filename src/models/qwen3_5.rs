@@ -14,7 +14,8 @@ use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::Expert;
 use super::layers::{
-    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp, one_plus,
+    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp,
+    one_plus,
 };
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -40,7 +41,11 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             LayerKind::Attention => &mut attn,
             _ => &mut rec,
         };
-        let at = LayerAt { prefix, i, index: *index };
+        let at = LayerAt {
+            prefix,
+            i,
+            index: *index,
+        };
         *index += 1;
         layers.push(load_layer(ld, &spec, &hybrid, &gdn, at)?);
     }
@@ -171,8 +176,11 @@ fn load_attention<D: Device>(
     })
 }
 
+/// `(start, count)` row ranges of a matrix, in the order to take them.
+type RowRanges = Vec<(usize, usize)>;
+
 /// Row ranges of per-head `[q(hd) | gate(hd)]` rows in `[q (all heads) | gate (all)]` order.
-fn q_then_gate(heads: usize, hd: usize) -> Vec<(usize, usize)> {
+fn q_then_gate(heads: usize, hd: usize) -> RowRanges {
     (0..2)
         .flat_map(|part| (0..heads).map(move |h| (h * 2 * hd + part * hd, hd)))
         .collect()
@@ -208,7 +216,9 @@ fn load_gdn<D: Device>(
     Ok(GatedDeltaNet {
         in_proj: ld.dev.linear(in_proj, None)?,
         conv: CausalConv {
-            weight: ld.dev.vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
+            weight: ld
+                .dev
+                .vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
             bias: None,
             kernel: k,
             state_layer,
@@ -231,7 +241,7 @@ fn load_gdn<D: Device>(
 /// `[q(dk) | k(dk) | v(r·dv) | z(r·dv)]` and `in_proj_ba` rows `[b(r) | a(r)]` for each key head,
 /// r = nv / nk (transformers `fix_query_key_value_ordering`): the row ranges of each, in the
 /// Qwen3.5 order `[q | k | v | z]` and `[b | a]` (all heads of each part in head order).
-fn next_to_fused(g: &GdnSpec) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+fn next_to_fused(g: &GdnSpec) -> (RowRanges, RowRanges) {
     let (dk, dv, nk) = (g.k_head_dim, g.v_head_dim, g.num_k_heads);
     let r = g.num_v_heads / nk;
     let group = 2 * dk + 2 * r * dv;
@@ -259,7 +269,11 @@ fn swiglu<D: Device>(
 ) -> Result<Mlp<D>, ModelError> {
     let n = |s: &str| format!("{prefix}.{s}");
     Ok(Mlp {
-        up: ld.linear(&[(n("gate_proj"), inter), (n("up_proj"), inter)], hidden, false)?,
+        up: ld.linear(
+            &[(n("gate_proj"), inter), (n("up_proj"), inter)],
+            hidden,
+            false,
+        )?,
         down: ld.linear1(&n("down_proj"), hidden, inter, false)?,
         act: Activation::SwiGlu,
         inter,
@@ -275,7 +289,12 @@ fn load_moe<D: Device>(
 ) -> Result<Moe<D>, ModelError> {
     let experts = (0..m.num_experts)
         .map(|e| {
-            let mlp = swiglu(ld, &format!("{prefix}.experts.{e}"), hidden, m.expert_intermediate)?;
+            let mlp = swiglu(
+                ld,
+                &format!("{prefix}.experts.{e}"),
+                hidden,
+                m.expert_intermediate,
+            )?;
             Ok(Expert {
                 gate_up: mlp.up,
                 down: mlp.down,
@@ -286,7 +305,12 @@ fn load_moe<D: Device>(
     Ok(Moe {
         router: ld.linear1(&format!("{prefix}.gate"), m.num_experts, hidden, false)?,
         experts,
-        shared: swiglu(ld, &format!("{prefix}.shared_expert"), hidden, m.shared_intermediate)?,
+        shared: swiglu(
+            ld,
+            &format!("{prefix}.shared_expert"),
+            hidden,
+            m.shared_intermediate,
+        )?,
         shared_gate: ld.dev.vector(&shared_gate)?,
         top_k: m.top_k,
         norm_topk_prob: m.norm_topk_prob,

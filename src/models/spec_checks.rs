@@ -67,8 +67,14 @@ impl ModelSpec {
                 .ok_or_else(|| bad(what, format!("sizes {dims:?} overflow")))
         };
         too_big("vocab_size", &[self.vocab_size, self.hidden_size])?;
-        too_big("num_attention_heads", &[self.num_heads, self.head_dim, self.hidden_size])?;
-        too_big("intermediate_size", &[self.intermediate_size, self.hidden_size, 2])?;
+        too_big(
+            "num_attention_heads",
+            &[self.num_heads, self.head_dim, self.hidden_size],
+        )?;
+        too_big(
+            "intermediate_size",
+            &[self.intermediate_size, self.hidden_size, 2],
+        )?;
         match &self.hybrid {
             Some(h) => check_hybrid(self, h).map_err(|(f, m)| bad(f, m)),
             None => Ok(()),
@@ -79,11 +85,21 @@ impl ModelSpec {
 /// The hybrid geometry: `Err((field, why))`.
 fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, String)> {
     if h.layers.len() != spec.num_layers {
-        let m = format!("{} layer kinds for {} layers", h.layers.len(), spec.num_layers);
+        let m = format!(
+            "{} layer kinds for {} layers",
+            h.layers.len(),
+            spec.num_layers
+        );
         return Err(("layer_types", m));
     }
     if let Some(g) = &h.gdn {
-        let dims = [g.num_k_heads, g.num_v_heads, g.k_head_dim, g.v_head_dim, g.conv_kernel];
+        let dims = [
+            g.num_k_heads,
+            g.num_v_heads,
+            g.k_head_dim,
+            g.v_head_dim,
+            g.conv_kernel,
+        ];
         if dims.contains(&0) || !g.num_v_heads.is_multiple_of(g.num_k_heads) {
             let m = format!(
                 "Gated DeltaNet heads {}/{} (value heads a multiple of key heads), head dims {}/{}, conv kernel {}: all must be > 0",
@@ -93,9 +109,16 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
         }
     }
     if let Some(m) = &h.mamba {
-        let dims = [m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel];
+        let dims = [
+            m.num_heads,
+            m.head_dim,
+            m.state_size,
+            m.n_groups,
+            m.conv_kernel,
+        ];
         let inner = m.num_heads.checked_mul(m.head_dim).unwrap_or(0);
-        if dims.contains(&0) || !m.num_heads.is_multiple_of(m.n_groups)
+        if dims.contains(&0)
+            || !m.num_heads.is_multiple_of(m.n_groups)
             || !inner.is_multiple_of(m.n_groups)
         {
             let msg = format!(
@@ -105,7 +128,10 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
             return Err(("mamba_num_heads", msg));
         }
         if !(m.time_step_min.is_finite() && m.time_step_min >= 0.0) {
-            return Err(("time_step_limit", format!("invalid minimum {}", m.time_step_min)));
+            return Err((
+                "time_step_limit",
+                format!("invalid minimum {}", m.time_step_min),
+            ));
         }
     }
     if let Some(m) = &h.moe {
@@ -117,7 +143,11 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
             return Err(("moe_intermediate_size", "must be > 0".into()));
         }
         if m.sparse_layers.len() != spec.num_layers {
-            let msg = format!("{} sparse flags for {} layers", m.sparse_layers.len(), spec.num_layers);
+            let msg = format!(
+                "{} sparse flags for {} layers",
+                m.sparse_layers.len(),
+                spec.num_layers
+            );
             return Err(("mlp_only_layers", msg));
         }
     }

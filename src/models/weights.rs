@@ -123,7 +123,11 @@ impl Weights {
     }
 
     /// The stored bytes of `name`, checked against `expected_shape` and its byte count.
-    fn raw(&self, name: &str, expected_shape: &[usize]) -> Result<(WeightDtype, &[u8]), ModelError> {
+    fn raw(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<(WeightDtype, &[u8]), ModelError> {
         let (shard, info) = self.info(name)?;
         if info.shape != expected_shape {
             return Err(ModelError::TensorShape {

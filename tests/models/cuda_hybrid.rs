@@ -17,8 +17,8 @@ use common::backends::{
 };
 use common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::kernels::Backend;
-use hsx::models::CpuBackend;
 use hsx::kernels::cuda;
+use hsx::models::CpuBackend;
 use hsx::models::ModelSpec;
 
 /// (fixture, L)
@@ -33,22 +33,7 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 const BUDGET: usize = 1024;
 
-/// The hybrid kernel sources (the NVRTC header is prepended by `nvrtc::compile`).
-const SOURCES: [(&str, &str); 5] = [
-    ("conv1d", include_str!("../src/kernels/cuda/conv1d.cu")),
-    (
-        "gated_delta",
-        include_str!("../src/kernels/cuda/gated_delta.cu"),
-    ),
-    ("mamba2", include_str!("../src/kernels/cuda/mamba2.cu")),
-    ("moe", include_str!("../src/kernels/cuda/moe.cu")),
-    (
-        "gated_attn",
-        include_str!("../src/kernels/cuda/hybrid/gated_attn.cu"),
-    ),
-];
-
-/// Every hybrid kernel compiles for A100 and H100/H200; needs libnvrtc only (no GPU).
+/// Every kernel source compiles for A100 and H100/H200; needs libnvrtc only (no GPU).
 #[test]
 fn hybrid_kernels_compile_with_nvrtc() {
     if !cuda::nvrtc::nvrtc_present() {
@@ -56,7 +41,7 @@ fn hybrid_kernels_compile_with_nvrtc() {
         return;
     }
     for cc in [(9, 0), (8, 0)] {
-        for (name, src) in SOURCES {
+        for &(name, src) in cuda::nvrtc::SOURCES {
             match cuda::nvrtc::compile(name, src, cc) {
                 Ok(img) => eprintln!("{name}.cu: sm_{}{} cubin, {} bytes", cc.0, cc.1, img.len()),
                 Err(e) => panic!("{name}.cu does not compile:\n{e}"),

@@ -32,7 +32,10 @@ fn check(name: &str, dev: Dev) {
         for i in 0..=l {
             let got = layer_of(&rows, i, l + 1, HIDDEN);
             let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
-            assert!(err <= tol, "{name} on {dev:?} p{j} layer {i}: max-rel {err:e}");
+            assert!(
+                err <= tol,
+                "{name} on {dev:?} p{j} layer {i}: max-rel {err:e}"
+            );
         }
         if dev == Dev::Cpu || spec.dtype == WeightDtype::F32 {
             assert_eq!(tok, Some(reference.next_token(j)), "{name} on {dev:?} p{j}");

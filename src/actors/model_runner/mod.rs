@@ -61,7 +61,7 @@ fn run_step(
     if prepared.seqs.is_empty() {
         return StepResult::Done(crate::actors::messages::StepOutput {
             step: plan.step,
-            sampled: Vec::new(),
+            ..Default::default()
         });
     }
     if let Some(e) = crate::faults::step_fault(plan) {

@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use thiserror::Error;
 
 use crate::actors::messages::{CapturedChunk, OutputDtype, RequestId, StepOutput, StepPlan};
-use crate::kernels::{BatchOutput, SeqChunk};
+use crate::kernels::{BadRow, BatchOutput, SeqChunk};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
@@ -133,7 +133,7 @@ impl RunnerState {
         }
         let mut result = StepOutput {
             step: plan.step,
-            sampled: Vec::new(),
+            ..StepOutput::default()
         };
         let mut captures = Vec::new();
         let mut row = 0;
@@ -148,7 +148,14 @@ impl RunnerState {
                 seq.tokens.push(t);
                 result.sampled.push((c.id.clone(), t));
             }
-            if c.capture_len > 0 {
+            let captured = row..row + c.capture_len;
+            if let Some(bad) = out.bad_rows.iter().find(|b| captured.contains(&b.row)) {
+                metrics::counter!("hsx_bad_states_total", "reason" => bad.fault.name())
+                    .increment(1);
+                result
+                    .failed
+                    .push((c.id.clone(), refusal(bad, c.start + bad.row - row)));
+            } else if c.capture_len > 0 {
                 let bytes = &out.captured[row * shape.bytes()..][..c.capture_len * shape.bytes()];
                 captures.push(CapturedChunk {
                     id: c.id.clone(),
@@ -161,6 +168,16 @@ impl RunnerState {
         }
         Ok((result, captures))
     }
+}
+
+/// The error of a request whose captured row the guard refused.
+fn refusal(bad: &BadRow, position: usize) -> String {
+    format!(
+        "the hidden state at layer {} of token position {position} {}: no file written \
+         (engine.reject_bad_states = false keeps such states)",
+        bad.layer,
+        bad.fault.describe()
+    )
 }
 
 fn check_chunk(id: &RequestId, seq: &Seq, start: usize, len: usize) -> Result<(), PlanError> {
@@ -247,6 +264,7 @@ mod tests {
             captured: encode(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5], OutputDtype::F32),
             dtype: OutputDtype::F32,
             sampled: vec![None, Some(5)],
+            bad_rows: vec![],
         };
         let (res, caps) = s.commit(&plan, &out, SHAPE).unwrap();
         assert_eq!(res.sampled, vec![(id("b"), 5)]);
@@ -317,6 +335,7 @@ mod tests {
             captured: encode(&[0.0], OutputDtype::F32),
             dtype: OutputDtype::F32,
             sampled: vec![Some(1)],
+            bad_rows: vec![],
         };
         assert!(matches!(
             s.commit(&plan, &short, SHAPE),
@@ -326,6 +345,7 @@ mod tests {
             captured: encode(&[0.0, 0.0], OutputDtype::F32),
             dtype: OutputDtype::F32,
             sampled: vec![None],
+            bad_rows: vec![],
         };
         assert!(matches!(
             s.commit(&plan, &unsampled, SHAPE),
@@ -346,5 +366,38 @@ mod tests {
         // 1 + 2^-8 is halfway between two bf16 values: ties go to even (1.0).
         let bytes = encode(&[1.0 + 1.0 / 256.0, -2.0], OutputDtype::Bf16);
         assert_eq!(bytes, vec![0x80, 0x3f, 0x00, 0xc0]);
+    }
+
+    #[test]
+    fn refused_rows_fail_their_request_only() {
+        use crate::kernels::RowFault;
+        let mut s = RunnerState::default();
+        let plan = StepPlan {
+            step: 0,
+            new_requests: vec![new_req("a", &[1, 2, 3]), new_req("b", &[9])],
+            chunks: vec![chunk("a", 0, 2, false), chunk("b", 0, 1, false)],
+            released: vec![],
+        };
+        s.prepare(&plan).unwrap();
+        let out = BatchOutput {
+            captured: encode(&[0.0; 6], OutputDtype::F32),
+            dtype: OutputDtype::F32,
+            sampled: vec![None, None],
+            bad_rows: vec![BadRow {
+                row: 1,
+                layer: 3,
+                fault: RowFault::NonFinite,
+            }],
+        };
+        let (res, caps) = s.commit(&plan, &out, SHAPE).unwrap();
+        assert_eq!(caps.len(), 1);
+        assert_eq!(caps[0].id, id("b"));
+        assert_eq!(res.failed.len(), 1);
+        let (who, why) = &res.failed[0];
+        assert_eq!(who, &id("a"));
+        assert!(
+            why.contains("layer 3") && why.contains("position 1"),
+            "{why}"
+        );
     }
 }

@@ -458,6 +458,9 @@ impl SchedulerState {
             return fx;
         }
         let sampled: HashMap<&RequestId, u32> = out.sampled.iter().map(|(i, t)| (i, *t)).collect();
+        for (id, why) in &out.failed {
+            self.doomed.insert(id.clone(), why.clone());
+        }
         for chunk in &plan.chunks {
             let Some(r) = self.running.iter_mut().find(|r| r.req.id == chunk.id) else {
                 continue;

@@ -58,6 +58,7 @@ fn output_for(plan: &StepPlan) -> StepOutput {
             .filter(|c| c.sample)
             .map(|c| (c.id.clone(), 7))
             .collect(),
+        failed: Vec::new(),
     }
 }
 
@@ -303,10 +304,29 @@ fn missing_sampled_token_fails_the_request() {
     let p = step(&mut s).unwrap();
     let fx = s.apply(&StepOutput {
         step: p.step,
-        sampled: vec![],
+        ..Default::default()
     });
     assert!(fx.finished.is_empty());
     assert!(fx.failed[0].1.contains("sampled no token"));
+}
+
+#[test]
+fn refused_states_fail_the_request_and_discard_its_rows() {
+    let mut s = SchedulerState::new(limits(8, 8));
+    s.submit(req("a", 3, 0)).unwrap();
+    s.submit(req("b", 2, 0)).unwrap();
+    let p = step(&mut s).unwrap();
+    let fx = s.apply(&StepOutput {
+        failed: vec![(id("a"), "layer 2 is all zeros".into())],
+        ..output_for(&p)
+    });
+    assert_eq!(fx.discard, vec![id("a")]);
+    assert_eq!(
+        fx.failed,
+        vec![(id("a"), "layer 2 is all zeros".to_string())]
+    );
+    assert_eq!(fx.finished.len(), 1);
+    assert!(fx.release_blocks.contains(&id("a")));
 }
 
 #[test]
@@ -458,7 +478,7 @@ fn bytes_are_released_on_every_path() {
     let p = step(&mut s).unwrap();
     let fx = s.apply(&StepOutput {
         step: p.step,
-        sampled: vec![],
+        ..Default::default()
     });
     assert_eq!(fx.discard, vec![id("nosample")]);
     assert!(s.is_idle());

@@ -123,7 +123,12 @@ impl Device for CpuDevice {
     fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<Linear> {
         let (out, inp) = (weight.rows, weight.cols);
         let w = self.pool.install(|| weight.to_f32());
-        Ok(Linear { w, b: bias, out, inp })
+        Ok(Linear {
+            w,
+            b: bias,
+            out,
+            inp,
+        })
     }
 
     fn vector(&self, values: &[f32]) -> DevResult<Vec<f32>> {
@@ -517,7 +522,10 @@ impl Device for CpuDevice {
         out.data.resize(t * h, 0.0);
         for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
             for i in 0..k {
-                let (pos, p) = (routing.tok_pos[tok * k + i] as usize, routing.tok_w[tok * k + i]);
+                let (pos, p) = (
+                    routing.tok_pos[tok * k + i] as usize,
+                    routing.tok_w[tok * k + i],
+                );
                 for (oi, &v) in o.iter_mut().zip(&y.data[pos * h..(pos + 1) * h]) {
                     *oi += v * p;
                 }
@@ -567,7 +575,11 @@ impl Device for CpuDevice {
             cap.data.resize(rows * k * h * es, 0);
         }
         let dtype = cap.dtype;
-        for (row, dst) in x.data.chunks_exact(h).zip(cap.data.chunks_exact_mut(k * h * es)) {
+        for (row, dst) in x
+            .data
+            .chunks_exact(h)
+            .zip(cap.data.chunks_exact_mut(k * h * es))
+        {
             encode_into(row, dtype, &mut dst[slot * h * es..(slot + 1) * h * es]);
         }
         Ok(())

@@ -1,6 +1,5 @@
 //! Paged KV cache (per layer, `num_blocks × block_size` slots for K and for V), f32.
 
-
 /// K and V of every layer: `[num_blocks * block_size, kv_dim]` each, f32.
 pub struct KvCache {
     k: Vec<Vec<f32>>,

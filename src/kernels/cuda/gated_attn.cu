@@ -1,5 +1,5 @@
 // Qwen3.5 / Qwen3-Next gated attention output: out = attn * sigmoid(gate), per element
-// (models::hybrid_attn: `a *= sigmoid(g)`), written in the o_proj GEMM's input dtype.
+// (Device::sigmoid_gate: `a * sigmoid(g)`), written in the o_proj GEMM's input dtype.
 //   attn [T, qd] f32 (the attention output), gate: column gate_col + i of rows gate_stride
 //   apart (the gate half of the q projection), out [T, qd].
 // Launch: grid (ceil(T * qd / 256)), block (256).

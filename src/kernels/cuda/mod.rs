@@ -1,8 +1,14 @@
-//! The CUDA backend (cargo feature `cuda`): cudarc with dynamic loading, `.cu` kernels compiled
-//! by NVRTC at start-up, cuBLAS for the GEMMs. Without the feature this module still compiles
-//! and every entry point answers with a clear [`CudaUnavailable::NotBuilt`].
+//! The CUDA device (cargo feature `cuda`): [`CudaDevice`] implements the
+//! [`Device`](crate::kernels::Device) ops on `.cu` kernels compiled by NVRTC at start-up and
+//! cuBLAS GEMMs, through cudarc with dynamic loading (it builds without a CUDA toolkit).
+//! Without the feature this module still compiles and [`probe`] answers
+//! [`CudaUnavailable::NotBuilt`]. Nothing here knows an architecture or a checkpoint name: the
+//! models (src/models/) are written once over the ops.
 //!
-//! # What the infra offers (for whoever adds a model or a kernel)
+//! # Layout
+//! - `device`, `device_ops`, `device_types`: [`CudaDevice`] and its associated types (activation buffers in
+//!   f32 or the compute dtype, linear layers, RoPE tables, the step plan); each op checks its
+//!   operands' kinds, shapes and the output's capacity on the host, then calls the launchers.
 //! - [`context::Gpu`]: the device context, the compute stream (all compute runs on it, in
 //!   order), a side copy stream (capture downloads), the cuBLAS handle and every kernel
 //!   function by name ([`context::Gpu::func`]). cudarc's per-buffer event tracking is OFF:
@@ -11,16 +17,19 @@
 //!   ([`context::DevBuf::ptr_at`]); kernels take raw device pointers, so sub-ranges (the q / k
 //!   / v columns of fused qkv rows, one layer of the cache) need no views.
 //! - [`context::launch!`](crate::kernels::cuda::context): `launch!(gpu, "name", cfg, args...)`.
-//! - [`gemm`]: `y[M, N] (f32) = x[M, K] · W[N, K]ᵀ` with W in f32 / bf16 / f16 and f32
-//!   accumulation ([`gemm::linear`]); [`weights::DevWeight`] uploads a checkpoint tensor once.
-//! - [`ops`]: RMSNorm (+ fused residual add), per-head RMSNorm, RoPE (full and partial rotary,
-//!   host-precomputed inv_freq), SwiGLU, bias add, residual add, embedding gather, row gather,
-//!   greedy argmax, casts.
-//! - [`kv_cache`]: the paged KV cache (per layer, model dtype), the K/V write and the causal GQA
-//!   prefill attention over it, with the per-batch plan (tiles, positions, block tables)
-//!   uploaded once per forward and shared by every layer.
-//! - [`capture`]: device staging of the captured layers and their asynchronous download into
-//!   pinned host memory on the copy stream.
+//! - [`gemm`]: weights on the device in their stored dtype ([`gemm::DevWeight`]) and
+//!   `y[M, N] (f32) = x[M, K] · W[N, K]ᵀ` with x and W in f32 / bf16 / f16, f32 accumulation.
+//! - [`ops`]: launchers of RMSNorm (+ fused residual add), per-head RMSNorm, RoPE, SwiGLU,
+//!   bias add, residual add, the attention output gate, embedding gather, row gather, greedy
+//!   argmax, casts.
+//! - [`kv_cache`]: the paged KV cache (per layer, compute dtype), the K/V write and the causal
+//!   GQA attention over it, with the per-batch plan (tiles, positions, block tables) uploaded
+//!   once per forward and shared by every layer.
+//! - [`recurrent`]: the recurrent-state slots and the launchers of causal conv1d, the gated
+//!   delta rule, the Mamba-2 scan, their gated norms and relu².
+//! - [`moe`]: launchers of the MoE router top-k, row gather, shared-expert gate and combine.
+//! - [`capture`]: captured rows converted to the file dtype into device staging and
+//!   downloaded asynchronously into pinned host memory on the copy stream.
 //!
 //! # Adding a kernel
 //! Write `src/kernels/cuda/NAME.cu` with `extern "C" __global__` entry points (templates inside
@@ -38,9 +47,15 @@ pub mod context;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod device_ops;
+#[cfg(feature = "cuda")]
+mod device_types;
+#[cfg(feature = "cuda")]
 pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod kv_cache;
+#[cfg(feature = "cuda")]
+pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
@@ -53,6 +68,8 @@ mod stub;
 
 #[cfg(feature = "cuda")]
 pub use device::{CudaDevice, probe};
+#[cfg(feature = "cuda")]
+pub use device_types::{CudaBuf, CudaLinear, CudaRope, CudaStep};
 #[cfg(feature = "cuda")]
 pub use nvrtc::compile_all_for_test;
 #[cfg(not(feature = "cuda"))]

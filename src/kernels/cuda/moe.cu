@@ -1,4 +1,4 @@
-// Qwen3-Next sparse MoE pieces (models::moe::MoeBlock): the router's softmax + top-k, row
+// Qwen3-Next sparse MoE pieces (Device::moe_*): the router's softmax + top-k, row
 // gather into expert order, the shared-expert gate and the weighted combine. The expert
 // GEMMs go through cuBLAS on contiguous per-expert row ranges.
 //

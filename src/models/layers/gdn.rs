@@ -35,10 +35,7 @@ impl<D: Device> GatedDeltaNet<D> {
     /// (conv floats, state floats) per slot.
     pub fn state_shape(&self) -> (usize, usize) {
         let d = self.dims;
-        (
-            self.conv.state_floats(self.conv_dim()),
-            d.nv * d.dk * d.dv,
-        )
+        (self.conv.state_floats(self.conv_dim()), d.nv * d.dk * d.dv)
     }
 
     pub(super) fn widths(&self) -> Widths {

@@ -12,8 +12,8 @@ pub mod mlp;
 pub mod moe;
 
 use super::{ModelError, Weights};
-use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
 use crate::kernels::Device;
+use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
 
 pub use attention::Attention;
 pub use gdn::GatedDeltaNet;
@@ -152,9 +152,8 @@ impl Widths {
 
     /// The widths every layer of `layers` fits in.
     pub fn of(layers: &[Layer<impl Device>]) -> Widths {
-        (layers.iter().flat_map(|l| &l.parts)).fold(Widths::default(), |w, p| {
-            w.max(p.sublayer.widths())
-        })
+        (layers.iter().flat_map(|l| &l.parts))
+            .fold(Widths::default(), |w, p| w.max(p.sublayer.widths()))
     }
 }
 

@@ -1,0 +1,536 @@
+//! [`CudaDevice`]: the [`Device`] ops on the CUDA kernels of this module. Memory, the step
+//! plan and the simple ops are here; the ops with more geometry to check (GEMMs, attention,
+//! the recurrent layers, MoE) are in `device_ops`, the associated types in `device_types`.
+//!
+//! Every op checks its operands' kinds, widths and row counts and its output's capacity on
+//! the host before it launches anything: a kernel takes raw addresses and would otherwise
+//! read or write past a buffer. All work is issued on the compute stream in order; only
+//! [`Device::download`], [`Device::argmax`], [`Device::moe_route`] and the capture's finish
+//! wait for it.
+
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::api::{CudaUnavailable, DeviceInfo};
+use super::capture::Capture;
+use super::context::{CudaError, DevBuf, Gpu};
+use super::device_types::{
+    CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, invalid, same_f32,
+};
+use super::gemm::DevWeight;
+use super::kv_cache::{DevKvCache, DevPlan};
+use super::ops::{self, i32_of};
+use super::recurrent::{self, DevSeqs, StateSlots};
+use crate::kernels::device::{
+    AttnCall, BufKind, Cols, ConvCall, DevResult, Device, GdnParams, HostMatrix, KvShape,
+    MambaParams,
+};
+use crate::kernels::dtype::{OutputDtype, WeightDtype, dtype_size};
+use crate::kernels::plan::{BatchPlan, SeqState};
+use crate::kernels::rope::Rope;
+use crate::kernels::routing::Routing;
+
+/// Checks the libraries and device `ordinal` (never panics, even without a driver).
+pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
+    // cudarc panics where a symbol is missing from an old driver: report it as an error.
+    catch_unwind(|| super::context::probe(ordinal)).unwrap_or_else(|p| {
+        Err(CudaUnavailable::Init(format!(
+            "the CUDA driver panicked: {}",
+            panic_message(p.as_ref())
+        )))
+    })
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// One CUDA device and the compute dtype of the model on it (the dtype of GEMM inputs,
+/// weights and the KV cache). `Gpu` is `Send + Sync` (cudarc's context, streams, cuBLAS
+/// handle and functions are); the ops take `&self` and share no mutable host state, and the
+/// caller (`ModelBackend`) drives one forward at a time.
+pub struct CudaDevice {
+    pub(super) gpu: Gpu,
+    pub(super) dtype: WeightDtype,
+}
+
+impl CudaDevice {
+    /// Probes device `ordinal`, creates its context and streams and compiles the kernels.
+    pub fn new(ordinal: usize, dtype: WeightDtype) -> Result<Self, CudaError> {
+        probe(ordinal)?;
+        let gpu = catch_unwind(AssertUnwindSafe(|| Gpu::new(ordinal))).unwrap_or_else(|p| {
+            Err(CudaError::Unavailable(CudaUnavailable::Init(format!(
+                "CUDA set-up panicked: {}",
+                panic_message(p.as_ref())
+            ))))
+        })?;
+        tracing::info!(
+            device = ordinal,
+            name = %gpu.info.name,
+            cc = ?gpu.info.compute_capability,
+            dtype = dtype.torch_name(),
+            "cuda device ready"
+        );
+        Ok(Self { gpu, dtype })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.gpu.info
+    }
+
+    /// The element type of a buffer of `kind`.
+    fn kind_dtype(&self, kind: BufKind) -> WeightDtype {
+        match kind {
+            BufKind::F32 => WeightDtype::F32,
+            BufKind::GemmIn => self.dtype,
+        }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Dropped last (ModelBackend's field order): nothing issued may still run or copy
+        // when the context goes.
+        let _ = self.gpu.stream.synchronize();
+        let _ = self.gpu.copy_stream.synchronize();
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf = CudaBuf;
+    type Linear = CudaLinear;
+    type Vector = DevBuf<f32>;
+    type Rope = CudaRope;
+    type Kv = DevKvCache;
+    type States = StateSlots;
+    type Capture = Capture;
+    type Step<'a> = CudaStep<'a>;
+
+    fn describe(&self) -> String {
+        let i = &self.gpu.info;
+        let (major, minor) = i.compute_capability;
+        let dtype = self.dtype.torch_name();
+        format!("cuda:{} {} (sm_{major}{minor}, {dtype})", i.ordinal, i.name)
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<CudaLinear> {
+        // Only a matrix stored in another dtype is converted; the rest go up as they are.
+        let weight = match weight.dtype == self.dtype {
+            true => weight,
+            false => weight.to_dtype(self.dtype),
+        };
+        if let Some(b) = bias.as_ref().filter(|b| b.len() != weight.rows) {
+            return invalid(format!("bias of {} for {} rows", b.len(), weight.rows));
+        }
+        Ok(CudaLinear {
+            w: DevWeight::upload(&self.gpu, &weight)?,
+            bias: bias.map(|b| self.gpu.upload(&b)).transpose()?,
+        })
+    }
+
+    fn vector(&self, values: &[f32]) -> DevResult<DevBuf<f32>> {
+        Ok(self.gpu.upload(values)?)
+    }
+
+    fn rope_table(&self, rope: &Rope) -> DevResult<CudaRope> {
+        Ok(CudaRope {
+            inv_freq: self.gpu.upload(rope.inv_freq())?,
+        })
+    }
+
+    fn buffer(&self, rows: usize, width: usize, kind: BufKind) -> DevResult<CudaBuf> {
+        let dtype = self.kind_dtype(kind);
+        let bytes = rows
+            .checked_mul(width)
+            .and_then(|n| n.checked_mul(dtype_size(dtype)));
+        let Some(bytes) = bytes else {
+            return invalid(format!("a [{rows}, {width}] buffer overflows"));
+        };
+        let mem = self.gpu.zeros(bytes)?;
+        Ok(CudaBuf::new(mem, dtype, rows * width, width))
+    }
+
+    fn kv_cache(&self, s: KvShape) -> DevResult<DevKvCache> {
+        // The kernels take these as i32.
+        i32_of(s.num_blocks, "num_blocks")?;
+        i32_of(s.block_size, "block_size")?;
+        i32_of(s.kv_dim, "kv_dim")?;
+        let g = &self.gpu;
+        let cache = DevKvCache::new(
+            g,
+            s.layers,
+            s.num_blocks,
+            s.block_size,
+            s.kv_dim,
+            self.dtype,
+        )?;
+        Ok(cache)
+    }
+
+    fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<StateSlots> {
+        Ok(StateSlots::new(&self.gpu, shapes, slots)?)
+    }
+
+    fn capture_buffer(
+        &self,
+        layers: usize,
+        hidden: usize,
+        rows: usize,
+        dtype: OutputDtype,
+    ) -> DevResult<Capture> {
+        Ok(Capture::new(&self.gpu, layers, hidden, rows, dtype)?)
+    }
+
+    fn upload(&self, rows: &[f32], width: usize, out: &mut CudaBuf) -> DevResult<()> {
+        out.f32("upload")?;
+        let n = match rows.len().checked_div(width) {
+            Some(n) if n * width == rows.len() => n,
+            _ => return invalid(format!("{} values in rows of {width}", rows.len())),
+        };
+        out.set(n, width, "upload")?;
+        let bytes: &[u8] = bytemuck::cast_slice(rows);
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
+        let dst = out.ptr();
+        // SAFETY: `out` holds at least `rows.len()` f32 (checked by `set`); a copy from
+        // pageable memory returns once the host bytes are staged, so `rows` may go after.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, bytes, self.gpu.stream.cu_stream())
+                .map_err(CudaError::from)?;
+        }
+        Ok(())
+    }
+
+    fn download(&self, x: &CudaBuf) -> DevResult<Vec<f32>> {
+        x.f32("download")?;
+        let mut out = vec![0.0f32; x.len()];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        self.gpu.download_into(x.mem(), bytes)?;
+        Ok(out)
+    }
+
+    fn begin<'a>(
+        &self,
+        tokens: &'a [u32],
+        plan: &'a BatchPlan<'a>,
+        seqs: &'a [SeqState],
+        states: Option<&mut StateSlots>,
+    ) -> DevResult<CudaStep<'a>> {
+        let t = plan.num_tokens();
+        if tokens.len() != t {
+            return invalid(format!("{} token ids for a plan of {t}", tokens.len()));
+        }
+        let gpu = &self.gpu;
+        let dev_plan = DevPlan::new(gpu, tokens, plan)?;
+        let dev_seqs = match states {
+            Some(states) => {
+                let s = DevSeqs::new(gpu, seqs, t)?;
+                states.reset_fresh(gpu, &s)?;
+                Some(s)
+            }
+            None => None,
+        };
+        Ok(CudaStep::new(dev_plan, dev_seqs))
+    }
+
+    fn embed(&self, step: &CudaStep<'_>, table: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {
+        let t = step.plan.num_tokens;
+        out.f32("embed")?;
+        out.set(t, table.w.cols, "embed")?;
+        let tokens = step.plan.tokens.ptr();
+        Ok(ops::embed(&self.gpu, tokens, &table.w, out.ptr(), t)?)
+    }
+
+    fn matmul(&self, x: &CudaBuf, w: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {
+        self.matmul_rows_into(x, 0..x.rows(), w, out, true)
+    }
+
+    fn matmul_rows(
+        &self,
+        x: &CudaBuf,
+        rows: Range<usize>,
+        w: &CudaLinear,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.matmul_rows_into(x, rows, w, out, false)
+    }
+
+    fn resize(&self, out: &mut CudaBuf, n: usize, width: usize) -> DevResult<()> {
+        out.set(n, width, "resize")?;
+        Ok(self.gpu.memset_zero(out.ptr(), n * width * out.elem())?)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &DevBuf<f32>, eps: f64, out: &mut CudaBuf) -> DevResult<()> {
+        x.f32("rms_norm input")?;
+        check_len(w, x.width(), "rms_norm weight")?;
+        out.set(x.rows(), x.width(), "rms_norm")?;
+        let (g, n) = (&self.gpu, x.width());
+        Ok(ops::rms_norm(
+            g,
+            x.ptr(),
+            w.ptr(),
+            out.ptr(),
+            out.dtype(),
+            x.rows(),
+            n,
+            eps,
+        )?)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &DevBuf<f32>,
+        eps: f64,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        same_f32(x, y, "add_rms_norm")?;
+        check_len(w, x.width(), "add_rms_norm weight")?;
+        out.set(x.rows(), x.width(), "add_rms_norm")?;
+        let (g, rows, n) = (&self.gpu, x.rows(), x.width());
+        let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());
+        Ok(ops::add_rms_norm(
+            g,
+            xp,
+            yp,
+            w.ptr(),
+            op,
+            out.dtype(),
+            rows,
+            n,
+            eps,
+        )?)
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> DevResult<()> {
+        same_f32(x, y, "add")?;
+        Ok(ops::add(&self.gpu, x.ptr(), y.ptr(), x.len())?)
+    }
+
+    fn attention(
+        &self,
+        step: &CudaStep<'_>,
+        kv: &mut DevKvCache,
+        qkv: &mut CudaBuf,
+        call: &AttnCall<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.attention_op(step, kv, qkv, call, out)
+    }
+
+    fn sigmoid_gate(
+        &self,
+        x: &CudaBuf,
+        gate: Cols<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        x.f32("sigmoid_gate input")?;
+        cols(gate, "sigmoid_gate gate")?;
+        if gate.width != x.width() || gate.buf.rows() != x.rows() {
+            return invalid(format!(
+                "sigmoid_gate: gate [{}, {}] for input [{}, {}]",
+                gate.buf.rows(),
+                gate.width,
+                x.rows(),
+                x.width()
+            ));
+        }
+        out.set(x.rows(), x.width(), "sigmoid_gate")?;
+        // The kernel takes the gate as (rows' base, row stride, first column).
+        let g = (gate.buf.ptr(), gate.buf.width(), gate.col);
+        let gpu = &self.gpu;
+        Ok(ops::attn_gate(
+            gpu,
+            x.ptr(),
+            g,
+            out.ptr(),
+            out.dtype(),
+            x.rows(),
+            x.width(),
+        )?)
+    }
+
+    fn silu_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
+        gate_up.f32("silu_mul input")?;
+        if !gate_up.width().is_multiple_of(2) {
+            return invalid(format!("silu_mul over {}-wide rows", gate_up.width()));
+        }
+        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
+        out.set(rows, inter, "silu_mul")?;
+        let (g, dt) = (&self.gpu, out.dtype());
+        Ok(ops::silu_mul(g, gate_up.ptr(), out.ptr(), dt, rows, inter)?)
+    }
+
+    fn relu2(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
+        x.f32("relu2 input")?;
+        out.set(x.rows(), x.width(), "relu2")?;
+        Ok(recurrent::relu2(
+            &self.gpu,
+            x.ptr(),
+            out.ptr(),
+            out.dtype(),
+            x.len(),
+        )?)
+    }
+
+    fn conv1d_silu(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        x: Cols<'_, CudaBuf>,
+        call: &ConvCall<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.conv1d_op(step, states, x, call, out)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        state_layer: usize,
+        qkv: &mut CudaBuf,
+        beta_alpha: (Cols<'_, CudaBuf>, Cols<'_, CudaBuf>),
+        p: &GdnParams<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.gated_delta_op(step, states, state_layer, qkv, beta_alpha, p, out)
+    }
+
+    fn gdn_gated_norm(
+        &self,
+        x: &CudaBuf,
+        z: Cols<'_, CudaBuf>,
+        w: &DevBuf<f32>,
+        eps: f64,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.gated_norm_op(x, z, w, (None, eps), out)
+    }
+
+    fn mamba2_scan(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        state_layer: usize,
+        xbc: &CudaBuf,
+        dt: Cols<'_, CudaBuf>,
+        p: &MambaParams<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.mamba2_scan_op(step, states, state_layer, xbc, dt, p, out)
+    }
+
+    fn mamba2_gated_norm(
+        &self,
+        y: &CudaBuf,
+        z: Cols<'_, CudaBuf>,
+        w: &DevBuf<f32>,
+        (group_size, eps): (usize, f64),
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.gated_norm_op(y, z, w, (Some(group_size), eps), out)
+    }
+
+    fn moe_route(&self, logits: &CudaBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {
+        self.moe_route_op(logits, top_k, renorm)
+    }
+
+    fn moe_gather(&self, x: &CudaBuf, routing: &Routing, out: &mut CudaBuf) -> DevResult<()> {
+        self.moe_gather_op(x, routing, out)
+    }
+
+    fn moe_shared_gate(&self, x: &CudaBuf, w: &DevBuf<f32>, out: &mut CudaBuf) -> DevResult<()> {
+        self.moe_shared_gate_op(x, w, out)
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CudaBuf,
+        routing: &Routing,
+        shared: (&CudaBuf, &CudaBuf),
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.moe_combine_op(y, routing, shared, out)
+    }
+
+    fn gather_rows(&self, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) -> DevResult<()> {
+        x.f32("gather_rows input")?;
+        out.f32("gather_rows output")?;
+        let idx = rows
+            .iter()
+            .map(|&r| match r < x.rows() {
+                true => Ok(r as u32),
+                false => invalid(format!("gather of row {r} of {}", x.rows())),
+            })
+            .collect::<DevResult<Vec<u32>>>()?;
+        out.set(rows.len(), x.width(), "gather_rows")?;
+        let g = &self.gpu;
+        let dev_rows = g.upload(&idx)?;
+        Ok(ops::gather_rows(
+            g,
+            x.ptr(),
+            dev_rows.ptr(),
+            out.ptr(),
+            idx.len(),
+            x.width(),
+        )?)
+    }
+
+    fn argmax(&self, logits: &CudaBuf) -> DevResult<Vec<u32>> {
+        logits.f32("argmax")?;
+        let (g, n) = (&self.gpu, logits.rows());
+        let out: DevBuf<u32> = g.zeros(n)?;
+        ops::argmax(g, logits.ptr(), n, logits.width(), out.ptr())?;
+        Ok(g.download(&out, n)?)
+    }
+
+    fn capture_begin(&self, cap: &mut Capture) -> DevResult<()> {
+        Ok(cap.begin()?)
+    }
+
+    fn capture(&self, cap: &mut Capture, slot: usize, x: &CudaBuf) -> DevResult<()> {
+        x.f32("capture")?;
+        if x.width() != cap.hidden() {
+            return invalid(format!(
+                "capture of {}-wide rows (hidden {})",
+                x.width(),
+                cap.hidden()
+            ));
+        }
+        Ok(cap.capture(&self.gpu, slot, x.ptr(), x.rows())?)
+    }
+
+    fn capture_finish(&self, cap: &mut Capture, rows: usize) -> DevResult<Vec<u8>> {
+        Ok(cap.finish(rows)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a usable driver / device, making the device is an error naming why, never a
+    /// panic (the engine reports it at start).
+    #[test]
+    fn new_without_a_usable_device_is_an_error() {
+        if let Ok(info) = probe(0) {
+            eprintln!("skipping: device {} present", info.name);
+            return;
+        }
+        match CudaDevice::new(0, WeightDtype::Bf16) {
+            Ok(_) => panic!("a device without a probe"),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! The [`CudaDevice`] ops with the most geometry to check: GEMMs on whole buffers or row
+//! ranges, attention over the paged cache, the recurrent layers (conv1d, Gated DeltaNet,
+//! Mamba-2, their gated norms) and MoE. Each checks its operands on the host, then calls the
+//! launchers of [`super::gemm`], [`super::kv_cache`], [`super::recurrent`] and [`super::moe`]
+//! with the argument lists the per-architecture CUDA code used before the device-ops trait.
+
+use std::ops::Range;
+
+use super::context::DevBuf;
+use super::device::CudaDevice;
+use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_len, cols, invalid};
+use super::gemm;
+use super::kv_cache::{DevKvCache, QkvRows};
+use super::moe::{self, CombineIo};
+use super::ops;
+use super::recurrent::{self, ConvIo, GatedNormIo, GdnIo, MambaIo, StateSlots};
+use crate::kernels::device::{AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaParams};
+use crate::kernels::routing::Routing;
+
+/// Fails unless `rows` (of `what`) is the step's token count.
+fn check_rows(rows: usize, t: usize, what: &str) -> DevResult<()> {
+    if rows != t {
+        return invalid(format!("{what}: {rows} rows for a step of {t} tokens"));
+    }
+    Ok(())
+}
+
+/// Fails unless every index of `v` is in `0..limit` (the kernels read the rows they name).
+fn indices(v: &[i32], limit: usize, what: &str) -> DevResult<()> {
+    match v.iter().find(|&&r| r < 0 || r as usize >= limit) {
+        Some(r) => invalid(format!("{what}: row {r} of {limit}")),
+        None => Ok(()),
+    }
+}
+
+impl CudaDevice {
+    pub(super) fn attention_op(
+        &self,
+        step: &CudaStep<'_>,
+        kv: &mut DevKvCache,
+        qkv: &mut CudaBuf,
+        call: &AttnCall<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let plan = &step.plan;
+        let t = plan.num_tokens;
+        let l = call.layout;
+        let hd = l.head_dim;
+        qkv.f32("attention qkv")?;
+        check_rows(qkv.rows(), t, "attention qkv")?;
+        if l.k_col < l.heads * hd || l.v_col() + l.kv_heads * hd > qkv.width() {
+            return invalid(format!(
+                "attention layout {l:?} in {}-wide qkv rows",
+                qkv.width()
+            ));
+        }
+        if let Some((qn, kn, _)) = call.qk_norm {
+            check_len(qn, hd, "q_norm")?;
+            check_len(kn, hd, "k_norm")?;
+        }
+        if let Some((rope, rot)) = call.rope
+            && rot / 2 > rope.inv_freq.len()
+        {
+            return invalid(format!(
+                "{rot} rotary dims with {} frequencies",
+                rope.inv_freq.len()
+            ));
+        }
+        // The kernel writes f32 or the cache dtype: exactly the two buffer kinds.
+        out.set(t, l.heads * hd, "attention")?;
+        let rows = QkvRows {
+            base: qkv.ptr(),
+            width: qkv.width(),
+            k_col: l.k_col,
+            heads: l.heads,
+            kv_heads: l.kv_heads,
+            head_dim: hd,
+        };
+        let norms = call.qk_norm.map(|(q, k, eps)| (q.ptr(), k.ptr(), eps));
+        let rope = call.rope.map(|(r, rot)| (rot, r.inv_freq.ptr()));
+        let o = (out.ptr(), out.dtype());
+        Ok(kv.attend(&self.gpu, call.kv_layer, rows, norms, rope, o, plan)?)
+    }
+
+    pub(super) fn conv1d_op(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        x: Cols<'_, CudaBuf>,
+        call: &ConvCall<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let seqs = step.seqs()?;
+        let t = seqs.num_tokens;
+        let (xa, stride) = cols(x, "conv1d input")?;
+        check_rows(x.buf.rows(), t, "conv1d input")?;
+        let (ch, k) = (x.width, call.kernel);
+        if k == 0 {
+            return invalid("conv1d with kernel size 0".into());
+        }
+        check_len(call.weight, ch * k, "conv1d weight")?;
+        if let Some(b) = call.bias {
+            check_len(b, ch, "conv1d bias")?;
+        }
+        let (conv_per, _) = states.shape(call.state_layer)?;
+        if conv_per != (k - 1) * ch {
+            return invalid(format!(
+                "conv1d of {ch} channels, kernel {k}: state slots of {conv_per} floats"
+            ));
+        }
+        out.f32("conv1d output")?;
+        out.set(t, ch, "conv1d")?;
+        let io = ConvIo {
+            x: xa,
+            stride,
+            ch,
+            k,
+            w: call.weight.ptr(),
+            bias: call.bias.map_or(0, |b| b.ptr()),
+            state: states.conv(call.state_layer)?,
+            out: out.ptr(),
+        };
+        Ok(recurrent::conv_silu(&self.gpu, io, seqs)?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gated_delta_op(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        layer: usize,
+        qkv: &mut CudaBuf,
+        (beta, alpha): (Cols<'_, CudaBuf>, Cols<'_, CudaBuf>),
+        p: &GdnParams<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let seqs = step.seqs()?;
+        let t = seqs.num_tokens;
+        let d = p.dims;
+        qkv.f32("gated delta qkv")?;
+        check_rows(qkv.rows(), t, "gated delta qkv")?;
+        // The kernels take q | k | v as whole rows of the conv output.
+        if qkv.width() != 2 * d.nk * d.dk + d.nv * d.dv {
+            return invalid(format!("gated delta {d:?} over {}-wide rows", qkv.width()));
+        }
+        let (b, b_stride) = cols(beta, "gated delta beta")?;
+        let (a, a_stride) = cols(alpha, "gated delta alpha")?;
+        check_rows(beta.buf.rows(), t, "gated delta beta")?;
+        check_rows(alpha.buf.rows(), t, "gated delta alpha")?;
+        if beta.width != d.nv || alpha.width != d.nv || a_stride != b_stride {
+            return invalid(format!(
+                "gated delta beta / alpha of {} / {} columns, strides {b_stride} / {a_stride}",
+                beta.width, alpha.width
+            ));
+        }
+        check_len(p.neg_a, d.nv, "gated delta A")?;
+        check_len(p.dt_bias, d.nv, "gated delta dt bias")?;
+        let (_, ssm_per) = states.shape(layer)?;
+        if ssm_per != d.nv * d.dk * d.dv {
+            return invalid(format!(
+                "gated delta {d:?}: state slots of {ssm_per} floats"
+            ));
+        }
+        out.f32("gated delta output")?;
+        out.set(t, d.nv * d.dv, "gated delta")?;
+        let io = GdnIo {
+            nk: d.nk,
+            nv: d.nv,
+            dk: d.dk,
+            dv: d.dv,
+            qkv: qkv.ptr(),
+            b,
+            a,
+            ba_stride: b_stride,
+            neg_a: p.neg_a.ptr(),
+            dt_bias: p.dt_bias.ptr(),
+            state: states.ssm(layer)?,
+            out: out.ptr(),
+        };
+        Ok(recurrent::gated_delta(&self.gpu, io, seqs)?)
+    }
+
+    /// The two gated norms: per head of `w.len()` values (`group` None, Gated DeltaNet
+    /// `w · norm(x) · silu(z)`) or over groups of `group` values (Mamba-2
+    /// `norm(x · silu(z)) · w`).
+    pub(super) fn gated_norm_op(
+        &self,
+        x: &CudaBuf,
+        z: Cols<'_, CudaBuf>,
+        w: &DevBuf<f32>,
+        (group, eps): (Option<usize>, f64),
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        x.f32("gated norm input")?;
+        let (za, z_stride) = cols(z, "gated norm gate")?;
+        let (t, width) = (x.rows(), x.width());
+        if z.width != width || z.buf.rows() != t {
+            return invalid(format!(
+                "gated norm: gate [{}, {}] for input [{t}, {width}]",
+                z.buf.rows(),
+                z.width
+            ));
+        }
+        out.set(t, width, "gated norm")?;
+        let n = GatedNormIo {
+            x: x.ptr(),
+            z: za,
+            z_stride,
+            w: w.ptr(),
+            out: out.ptr(),
+            dtype: out.dtype(),
+            t,
+            eps,
+        };
+        let g = &self.gpu;
+        match group {
+            None => {
+                let dv = w.len();
+                if dv == 0 || !width.is_multiple_of(dv) {
+                    return invalid(format!("gated norm of {dv} over {width}-wide rows"));
+                }
+                Ok(recurrent::gdn_gated_norm(g, n, width / dv, dv)?)
+            }
+            Some(group_size) => {
+                check_len(w, width, "gated norm weight")?;
+                Ok(recurrent::mamba2_gated_norm(g, n, width, group_size)?)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mamba2_scan_op(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        layer: usize,
+        xbc: &CudaBuf,
+        dt: Cols<'_, CudaBuf>,
+        p: &MambaParams<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let seqs = step.seqs()?;
+        let t = seqs.num_tokens;
+        let d = p.dims;
+        let inner = d.heads * d.head_dim;
+        xbc.f32("mamba2 xBC")?;
+        check_rows(xbc.rows(), t, "mamba2 xBC")?;
+        // The kernel takes x | B | C as whole rows of the conv output.
+        if xbc.width() != inner + 2 * d.groups * d.d_state {
+            return invalid(format!("mamba2 {d:?} over {}-wide rows", xbc.width()));
+        }
+        let (dta, dt_stride) = cols(dt, "mamba2 dt")?;
+        check_rows(dt.buf.rows(), t, "mamba2 dt")?;
+        if dt.width != d.heads {
+            return invalid(format!("mamba2 dt of {} columns", dt.width));
+        }
+        check_len(p.neg_a, d.heads, "mamba2 A")?;
+        check_len(p.d, d.heads, "mamba2 D")?;
+        check_len(p.dt_bias, d.heads, "mamba2 dt bias")?;
+        let (_, ssm_per) = states.shape(layer)?;
+        if ssm_per != inner * d.d_state {
+            return invalid(format!("mamba2 {d:?}: state slots of {ssm_per} floats"));
+        }
+        out.f32("mamba2 output")?;
+        out.set(t, inner, "mamba2")?;
+        let io = MambaIo {
+            heads: d.heads,
+            head_dim: d.head_dim,
+            d_state: d.d_state,
+            groups: d.groups,
+            xbc: xbc.ptr(),
+            dt: dta,
+            dt_stride,
+            neg_a: p.neg_a.ptr(),
+            d: p.d.ptr(),
+            dt_bias: p.dt_bias.ptr(),
+            dt_min: d.dt_min,
+            state: states.ssm(layer)?,
+            y: out.ptr(),
+        };
+        Ok(recurrent::mamba2_scan(&self.gpu, io, seqs)?)
+    }
+
+    /// Softmax top-k on the device, the choice copied back (one wait for the compute stream
+    /// per MoE layer: the routing decides the expert GEMMs' sizes) and planned on the host.
+    pub(super) fn moe_route_op(
+        &self,
+        logits: &CudaBuf,
+        top_k: usize,
+        renorm: bool,
+    ) -> DevResult<Routing> {
+        logits.f32("moe router logits")?;
+        let (g, t, e) = (&self.gpu, logits.rows(), logits.width());
+        let n = t * top_k;
+        let ids: DevBuf<i32> = g.zeros(n)?;
+        let wts: DevBuf<f32> = g.zeros(n)?;
+        moe::route(
+            g,
+            logits.ptr(),
+            (ids.ptr(), wts.ptr()),
+            t,
+            (e, top_k),
+            renorm,
+        )?;
+        let (ids, wts) = (g.download(&ids, n)?, g.download(&wts, n)?);
+        Routing::build(&ids, &wts, t, top_k, e).map_err(crate::kernels::DeviceError::Invalid)
+    }
+
+    pub(super) fn moe_gather_op(
+        &self,
+        x: &CudaBuf,
+        routing: &Routing,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let n = routing.rows.len();
+        indices(&routing.rows, x.rows(), "moe gather")?;
+        if out.dtype() != x.dtype() {
+            return invalid(format!(
+                "moe gather of {:?} rows into a {:?} buffer",
+                x.dtype(),
+                out.dtype()
+            ));
+        }
+        out.set(n, x.width(), "moe gather")?;
+        let g = &self.gpu;
+        let rows = g.upload(&routing.rows)?;
+        let io = (x.ptr(), rows.ptr(), out.ptr());
+        Ok(moe::gather_rows(g, io, x.dtype(), n, x.width())?)
+    }
+
+    pub(super) fn moe_shared_gate_op(
+        &self,
+        x: &CudaBuf,
+        w: &DevBuf<f32>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        check_len(w, x.width(), "shared expert gate")?;
+        out.f32("shared expert gate output")?;
+        out.set(x.rows(), 1, "shared expert gate")?;
+        let io = (x.ptr(), w.ptr(), out.ptr());
+        Ok(moe::shared_gate(
+            &self.gpu,
+            io,
+            x.dtype(),
+            x.rows(),
+            x.width(),
+        )?)
+    }
+
+    pub(super) fn moe_combine_op(
+        &self,
+        y: &CudaBuf,
+        routing: &Routing,
+        (shared, gate): (&CudaBuf, &CudaBuf),
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        y.f32("moe expert outputs")?;
+        shared.f32("shared expert output")?;
+        gate.f32("shared expert gate")?;
+        let (t, h) = (shared.rows(), y.width());
+        let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
+        let ok = shared.width() == h
+            && (gate.rows(), gate.width()) == (t, 1)
+            && routing.tok_pos.len() == t * k
+            && routing.tok_w.len() == t * k;
+        if !ok {
+            return invalid(format!(
+                "moe combine: experts [{}, {h}], shared [{t}, {}], gate [{}, {}], {} routes",
+                y.rows(),
+                shared.width(),
+                gate.rows(),
+                gate.width(),
+                routing.tok_pos.len()
+            ));
+        }
+        indices(&routing.tok_pos, y.rows(), "moe combine")?;
+        out.f32("moe combine output")?;
+        out.set(t, h, "moe combine")?;
+        let g = &self.gpu;
+        let (tok_pos, tok_w) = (g.upload(&routing.tok_pos)?, g.upload(&routing.tok_w)?);
+        let io = CombineIo {
+            y: y.ptr(),
+            tok_pos: tok_pos.ptr(),
+            tok_w: tok_w.ptr(),
+            shared: shared.ptr(),
+            gate: gate.ptr(),
+            out: out.ptr(),
+        };
+        Ok(moe::combine(g, io, t, k, h)?)
+    }
+
+    /// `out[rows] = x[rows] · Wᵀ (+ b)`; `whole`: `out` becomes `[x.rows(), N]` (matmul), else
+    /// it must already hold those rows (matmul_rows, the MoE experts).
+    pub(super) fn matmul_rows_into(
+        &self,
+        x: &CudaBuf,
+        rows: Range<usize>,
+        w: &CudaLinear,
+        out: &mut CudaBuf,
+        whole: bool,
+    ) -> DevResult<()> {
+        let (n, k) = (w.w.rows, w.w.cols);
+        if x.dtype() != w.w.data.dtype() || x.width() != k || rows.end > x.rows() {
+            return invalid(format!(
+                "matmul of rows {rows:?} of [{}, {}] {:?} by a [{n}, {k}] {:?} weight",
+                x.rows(),
+                x.width(),
+                x.dtype(),
+                w.w.data.dtype()
+            ));
+        }
+        out.f32("matmul output")?;
+        if whole {
+            out.set(x.rows(), n, "matmul")?;
+        } else if out.width() != n || out.rows() < rows.end {
+            return invalid(format!(
+                "matmul_rows {rows:?}: output [{}, {}] (weight {n})",
+                out.rows(),
+                out.width()
+            ));
+        }
+        let m = rows.len();
+        let xa = x.ptr() + (rows.start * k * x.elem()) as u64;
+        let ya = out.ptr() + (rows.start * n * 4) as u64;
+        gemm::linear(&self.gpu, xa, &w.w, ya, m)?;
+        if let Some(b) = &w.bias {
+            ops::bias_add(&self.gpu, ya, b.ptr(), m, n)?;
+        }
+        Ok(())
+    }
+}
