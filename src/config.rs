@@ -7,6 +7,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::actors::messages::OutputDtype;
+use crate::chat::RenderLimits;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -40,6 +41,8 @@ pub struct Config {
     pub metrics: MetricsSection,
     #[serde(default)]
     pub logging: LoggingSection,
+    #[serde(default)]
+    pub chat: ChatSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -113,6 +116,9 @@ pub struct EngineSection {
     /// Host bytes of hidden states held for admitted requests (`T × K × H ×` dtype size each)
     /// until their files are written; admission waits at it, a larger request is rejected.
     pub max_pending_bytes: usize,
+    /// Fail a request whose captured rows hold NaN / Inf, or an all-zero row at a layer id
+    /// >= 1, instead of writing its file (`false`: write the raw states anyway).
+    pub reject_bad_states: bool,
 }
 
 impl Default for EngineSection {
@@ -127,6 +133,7 @@ impl Default for EngineSection {
             layer_ids: None,
             dtype: DtypeChoice::Auto,
             max_pending_bytes: 2 << 30,
+            reject_bad_states: true,
         }
     }
 }
@@ -258,6 +265,35 @@ impl Default for LoggingSection {
     }
 }
 
+/// Bounds on one render of the model's chat template (it runs at every `messages` request).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChatSection {
+    /// Template instructions one render may execute (minijinja fuel).
+    pub max_render_fuel: u64,
+    /// Bytes of rendered text one render may produce.
+    pub max_render_bytes: usize,
+}
+
+impl Default for ChatSection {
+    fn default() -> Self {
+        let d = RenderLimits::default();
+        Self {
+            max_render_fuel: d.max_fuel,
+            max_render_bytes: d.max_bytes,
+        }
+    }
+}
+
+impl ChatSection {
+    pub fn render_limits(&self) -> RenderLimits {
+        RenderLimits {
+            max_fuel: self.max_render_fuel,
+            max_bytes: self.max_render_bytes,
+        }
+    }
+}
+
 /// Where the model runs (`model.device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -385,7 +421,13 @@ impl Config {
             ("events.subscriber_buffer", self.events.subscriber_buffer),
             ("socket.max_line_bytes", self.socket.max_line_bytes),
             ("socket.max_connections", self.socket.max_connections),
+            ("chat.max_render_bytes", self.chat.max_render_bytes),
         ];
+        if self.chat.max_render_fuel == 0 {
+            return Err(ConfigError::Invalid(
+                "chat.max_render_fuel must be at least 1".into(),
+            ));
+        }
         for (name, v) in positive {
             if v == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));

@@ -369,6 +369,7 @@ async fn load_cuda(
         max_num_batched_tokens: cfg.engine.max_num_batched_tokens,
         device: ordinal,
         output_dtype: dtype,
+        reject_bad_states: cfg.engine.reject_bad_states,
     };
     tokio::task::spawn_blocking(move || load_on_cuda(Path::new(&dir), spec, opts))
         .await
@@ -390,6 +391,7 @@ async fn load_cpu(
         threads: cfg.model.threads,
         num_state_slots: cfg.engine.max_num_seqs,
         output_dtype: dtype,
+        reject_bad_states: cfg.engine.reject_bad_states,
     };
     let loaded = tokio::task::spawn_blocking(move || CpuBackend::load(Path::new(&dir), spec, opts))
         .await

@@ -15,6 +15,7 @@
 //! - Every op gives each token the same arithmetic whatever else shares the batch and however
 //!   its request was cut into chunks (DESIGN.md §7).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use half::{bf16, f16};
@@ -25,6 +26,7 @@ pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
 use super::rope::Rope;
 use super::routing::Routing;
+use super::RowFault;
 
 /// A device op failed or was given inconsistent sizes.
 #[derive(Debug, Error)]
@@ -73,24 +75,25 @@ impl<B> Clone for Cols<'_, B> {
 impl<B> Copy for Cols<'_, B> {}
 
 /// A checkpoint matrix `[rows, cols]` (torch Linear layout `[out, in]`) as stored: raw
-/// little-endian elements of `dtype`. Devices keep it in its dtype (or widen it, the CPU for
-/// now); re-ordering and stacking rows never converts.
+/// little-endian elements of `dtype`, borrowed from the mapped checkpoint where possible.
+/// Devices keep it in its dtype (or widen it, the CPU for now); re-ordering and stacking rows
+/// never converts.
 #[derive(Debug, Clone)]
-pub struct HostMatrix {
+pub struct HostMatrix<'a> {
     pub dtype: WeightDtype,
     pub rows: usize,
     pub cols: usize,
-    pub data: Vec<u8>,
+    pub data: Cow<'a, [u8]>,
 }
 
-impl HostMatrix {
+impl<'a> HostMatrix<'a> {
     /// f32 values `[rows, cols]` as a matrix.
-    pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> Self {
-        Self {
+    pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> HostMatrix<'static> {
+        HostMatrix {
             dtype: WeightDtype::F32,
             rows,
             cols,
-            data: bytemuck::cast_slice(values).to_vec(),
+            data: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
         }
     }
 
@@ -103,24 +106,26 @@ impl HostMatrix {
         widen(&self.data, self.dtype)
     }
 
-    /// The same values in `dtype` (round to nearest even when narrowing; exact when widening).
-    pub fn to_dtype(&self, dtype: WeightDtype) -> Self {
-        if dtype == self.dtype {
-            return self.clone();
-        }
-        let v = self.to_f32();
-        let data = match dtype {
-            WeightDtype::F32 => bytemuck::cast_slice(&v).to_vec(),
-            WeightDtype::Bf16 => {
-                let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-                bytemuck::cast_slice(&h).to_vec()
-            }
-            WeightDtype::F16 => {
-                let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
-                bytemuck::cast_slice(&h).to_vec()
-            }
+    /// The same values in `dtype` (round to nearest even when narrowing; exact when widening;
+    /// a view when `dtype` is already the stored one).
+    pub fn to_dtype(&self, dtype: WeightDtype) -> HostMatrix<'_> {
+        let data = if dtype == self.dtype {
+            Cow::Borrowed(&self.data[..])
+        } else {
+            let v = self.to_f32();
+            Cow::Owned(match dtype {
+                WeightDtype::F32 => bytemuck::cast_slice(&v).to_vec(),
+                WeightDtype::Bf16 => {
+                    let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+                    bytemuck::cast_slice(&h).to_vec()
+                }
+                WeightDtype::F16 => {
+                    let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                    bytemuck::cast_slice(&h).to_vec()
+                }
+            })
         };
-        Self {
+        HostMatrix {
             dtype,
             rows: self.rows,
             cols: self.cols,
@@ -128,15 +133,18 @@ impl HostMatrix {
         }
     }
 
-    /// Matrices of the same width stacked row-wise (`[sum rows, cols]`); parts stored in
-    /// different dtypes are all widened to f32.
-    pub fn stack(parts: Vec<HostMatrix>) -> Result<HostMatrix, String> {
+    /// Matrices of the same width stacked row-wise (`[sum rows, cols]`; one part is returned
+    /// as it is); parts stored in different dtypes are all widened to f32.
+    pub fn stack(parts: Vec<HostMatrix<'a>>) -> Result<HostMatrix<'a>, String> {
         let Some(first) = parts.first() else {
             return Err("stacking no matrices".into());
         };
         let (cols, dtype) = (first.cols, first.dtype);
         if let Some(p) = parts.iter().find(|p| p.cols != cols) {
             return Err(format!("stacking [_, {}] onto [_, {cols}]", p.cols));
+        }
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
         }
         let same = parts.iter().all(|p| p.dtype == dtype);
         let dtype = if same { dtype } else { WeightDtype::F32 };
@@ -150,12 +158,12 @@ impl HostMatrix {
             dtype,
             rows,
             cols,
-            data,
+            data: Cow::Owned(data),
         })
     }
 
     /// The rows of `ranges` (start, count), concatenated in the order given.
-    pub fn select_rows(&self, ranges: &[(usize, usize)]) -> HostMatrix {
+    pub fn select_rows(&self, ranges: &[(usize, usize)]) -> HostMatrix<'static> {
         let row_bytes = self.cols * self.elem();
         let mut data = Vec::with_capacity(self.data.len());
         let mut rows = 0;
@@ -167,7 +175,7 @@ impl HostMatrix {
             dtype: self.dtype,
             rows,
             cols: self.cols,
-            data,
+            data: Cow::Owned(data),
         }
     }
 }
@@ -185,6 +193,27 @@ pub struct QkvLayout {
 impl QkvLayout {
     pub fn v_col(&self) -> usize {
         self.k_col + self.kv_heads * self.head_dim
+    }
+}
+
+/// Head geometry of one attention layer, as every device's attention kernel takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Softmax scale, `head_dim^-0.5` (computed in f64, rounded to f32).
+    pub scale: f32,
+}
+
+impl AttnShape {
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: (head_dim as f64).powf(-0.5) as f32,
+        }
     }
 }
 
@@ -250,6 +279,59 @@ pub struct KvShape {
     pub kv_dim: usize,
 }
 
+/// How a forward's captured rows are staged: `layers` slots of `hidden` values, up to `rows`
+/// rows, in `dtype`. `guard`, when set, has one flag per slot: every row is checked for NaN /
+/// Inf, and for all zeros where the slot's flag is set (layer ids >= 1).
+#[derive(Debug, Clone)]
+pub struct CaptureSpec {
+    pub layers: usize,
+    pub hidden: usize,
+    pub rows: usize,
+    pub dtype: OutputDtype,
+    pub guard: Option<Vec<bool>>,
+}
+
+/// A forward's captured rows: `[rows, K, H]` file-dtype bytes and the refused (row, slot,
+/// fault) triples in row then slot order.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    pub refused: Vec<(usize, usize, RowFault)>,
+}
+
+/// What the guard finds in one captured row, from the row's two flags.
+pub fn row_fault(non_finite: bool, any_nonzero: bool, zero_check: bool) -> Option<RowFault> {
+    if non_finite {
+        Some(RowFault::NonFinite)
+    } else if zero_check && !any_nonzero {
+        Some(RowFault::AllZero)
+    } else {
+        None
+    }
+}
+
+impl KvShape {
+    /// Values of K (or of V) in one layer; `None` when the size overflows.
+    pub fn per_layer(&self) -> Option<usize> {
+        self.num_blocks
+            .checked_mul(self.block_size)?
+            .checked_mul(self.kv_dim)
+    }
+
+    /// The K and V buffers of every layer, each made by `alloc`.
+    pub fn alloc_layers<T, E>(
+        &self,
+        mut alloc: impl FnMut() -> Result<T, E>,
+    ) -> Result<(Vec<T>, Vec<T>), E> {
+        let (mut k, mut v) = (Vec::with_capacity(self.layers), Vec::with_capacity(self.layers));
+        for _ in 0..self.layers {
+            k.push(alloc()?);
+            v.push(alloc()?);
+        }
+        Ok((k, v))
+    }
+}
+
 /// A compute device: memory for weights, caches and activations, and the fused ops.
 pub trait Device: Send + Sync + Sized + 'static {
     /// Activations `[rows, width]`.
@@ -276,7 +358,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
 
     // ----- memory -----
-    fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<Self::Linear>;
+    fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Self::Linear>;
     fn vector(&self, values: &[f32]) -> DevResult<Self::Vector>;
     fn rope_table(&self, rope: &Rope) -> DevResult<Self::Rope>;
     /// A buffer for up to `rows` rows of `width`.
@@ -284,14 +366,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn kv_cache(&self, shape: KvShape) -> DevResult<Self::Kv>;
     /// `shapes[i]` = (conv floats, state floats) per slot of recurrent layer i.
     fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<Self::States>;
-    /// Staging for `layers` captured layers of `hidden` values, up to `rows` rows, in `dtype`.
-    fn capture_buffer(
-        &self,
-        layers: usize,
-        hidden: usize,
-        rows: usize,
-        dtype: OutputDtype,
-    ) -> DevResult<Self::Capture>;
+    /// Staging for the captured rows.
+    fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<Self::Capture>;
     /// Host rows (`width` wide) into `out` (f32).
     fn upload(&self, rows: &[f32], width: usize, out: &mut Self::Buf) -> DevResult<()>;
     /// An f32 buffer back to the host.
@@ -449,8 +525,10 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn argmax(&self, logits: &Self::Buf) -> DevResult<Vec<u32>>;
     /// Before a forward's captures (the previous forward's downloads are done).
     fn capture_begin(&self, cap: &mut Self::Capture) -> DevResult<()>;
-    /// Rows of `x` as capture slot `slot`, converted to the file dtype on the way out.
+    /// Rows of `x` as capture slot `slot`, converted to the file dtype on the way out and,
+    /// in the same pass, checked by the guard.
     fn capture(&self, cap: &mut Self::Capture, slot: usize, x: &Self::Buf) -> DevResult<()>;
-    /// The forward's `[rows, K, H]` captured values as file-dtype bytes.
-    fn capture_finish(&self, cap: &mut Self::Capture, rows: usize) -> DevResult<Vec<u8>>;
+    /// The forward's `[rows, K, H]` captured values as file-dtype bytes, and the rows the
+    /// guard refused.
+    fn capture_finish(&self, cap: &mut Self::Capture, rows: usize) -> DevResult<Captured>;
 }

@@ -8,9 +8,9 @@ use std::path::Path;
 use super::decoder::{CacheShape, Decoder, Scratch};
 use super::layers::{Ctx, Loader};
 use super::{ModelError, ModelSpec, Weights, registry};
-use crate::kernels::device::{DevResult, KvShape};
+use crate::kernels::device::{CaptureSpec, DevResult, KvShape};
 use crate::kernels::plan::{BatchPlan, PlanLimits, SeqState, seq_states};
-use crate::kernels::{Backend, BackendError, Batch, BatchOutput, Device, OutputDtype};
+use crate::kernels::{BadRow, Backend, BackendError, Batch, BatchOutput, Device, OutputDtype};
 
 /// How to lay a model out on a device, whatever the device.
 #[derive(Debug, Clone)]
@@ -28,6 +28,8 @@ pub struct Layout {
     pub max_tokens: Option<usize>,
     /// dtype of the captured rows handed to the connector.
     pub output_dtype: OutputDtype,
+    /// Refuse captured rows with NaN / Inf, or all zeros at a layer id >= 1.
+    pub reject_bad_states: bool,
 }
 
 /// A model, its caches and buffers on device `D` (field order = drop order: everything on
@@ -70,7 +72,15 @@ impl<D: Device> ModelBackend<D> {
         let t = layout.max_tokens.unwrap_or(0);
         let scratch = model.scratch(&dev, t)?;
         let (k, h) = (layout.capture_layers.len(), model.spec.hidden_size);
-        let capture = dev.capture_buffer(k, h, t, layout.output_dtype)?;
+        let guard = (layout.reject_bad_states)
+            .then(|| layout.capture_layers.iter().map(|&id| id >= 1).collect());
+        let capture = dev.capture_buffer(CaptureSpec {
+            layers: k,
+            hidden: h,
+            rows: t,
+            dtype: layout.output_dtype,
+            guard,
+        })?;
         let capture_slot = capture_slots(&layout.capture_layers, model.spec.num_layers);
         tracing::debug!(device = %dev.describe(), arch = model.spec.architecture.hf_name(), "model loaded");
         Ok(Self {
@@ -137,11 +147,18 @@ impl<D: Device> ModelBackend<D> {
             let rows: Vec<usize> = plan.sample_rows.iter().map(|&(_, r)| r).collect();
             let tokens = model.greedy(dev, &scratch.x, &rows)?;
             let captured = dev.capture_finish(capture, plan.num_tokens())?;
+            let bad_rows = (captured.refused.iter())
+                .map(|&(row, slot, fault)| BadRow {
+                    row,
+                    layer: layout.capture_layers[slot],
+                    fault,
+                })
+                .collect();
             Ok(BatchOutput {
-                captured,
+                captured: captured.bytes,
                 dtype: layout.output_dtype,
                 sampled: plan.sampled(tokens, batch.seqs.len()),
-                bad_rows: Vec::new(),
+                bad_rows,
             })
         })
     }

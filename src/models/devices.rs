@@ -27,6 +27,8 @@ pub struct CpuOptions {
     pub num_state_slots: usize,
     /// dtype of the captured rows.
     pub output_dtype: OutputDtype,
+    /// Refuse captured rows with NaN / Inf, or all zeros at a layer id >= 1.
+    pub reject_bad_states: bool,
 }
 
 impl ModelBackend<CpuDevice> {
@@ -40,6 +42,7 @@ impl ModelBackend<CpuDevice> {
             num_state_slots: opts.num_state_slots,
             max_tokens: None,
             output_dtype: opts.output_dtype,
+            reject_bad_states: opts.reject_bad_states,
         };
         ModelBackend::new(dev, dir, spec, layout)
     }
@@ -63,6 +66,7 @@ pub struct CudaOptions {
     /// CUDA device ordinal.
     pub device: usize,
     pub output_dtype: OutputDtype,
+    pub reject_bad_states: bool,
 }
 
 /// Why `spec` cannot run on the CUDA kernels (`None`: it can).
@@ -140,6 +144,7 @@ pub fn load_cuda(
         num_state_slots: opts.num_state_slots,
         max_tokens: Some(opts.max_num_batched_tokens),
         output_dtype: opts.output_dtype,
+        reject_bad_states: opts.reject_bad_states,
     };
     cuda_backend(dir, spec, opts.device, layout)
 }

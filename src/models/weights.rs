@@ -111,14 +111,19 @@ impl Weights {
         Ok(widen(bytes, dtype))
     }
 
-    /// The matrix `name` (`[rows, cols]`) as stored: raw elements in its dtype.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
+    /// The matrix `name` (`[rows, cols]`) as stored: its raw elements in the mapped file.
+    pub fn matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostMatrix<'_>, ModelError> {
         let (dtype, bytes) = self.raw(name, &[rows, cols])?;
         Ok(HostMatrix {
             dtype,
             rows,
             cols,
-            data: bytes.to_vec(),
+            data: std::borrow::Cow::Borrowed(bytes),
         })
     }
 

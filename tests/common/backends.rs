@@ -179,6 +179,7 @@ pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOp
         threads: 2,
         num_state_slots: slots,
         output_dtype: OutputDtype::F32,
+        reject_bad_states: true,
     }
 }
 
@@ -229,6 +230,7 @@ pub fn cuda_backend(
         max_num_batched_tokens: budget,
         device: 0,
         output_dtype: OutputDtype::F32,
+        reject_bad_states: true,
     };
     hsx::models::load_cuda(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
 }

@@ -222,3 +222,39 @@ pub fn random_prompt(seed: u64, len: usize, vocab: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A copy of the llama fixture under `dir` whose embedding row of `token` holds a NaN (as a
+/// corrupted checkpoint would): every prompt with that token gets a non-finite row.
+pub fn poisoned_llama(dir: &Path, token: u32) -> PathBuf {
+    let src = model_dir("llama");
+    let dst = dir.join("llama-nan");
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let path = dst.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let t = &header["model.embed_tokens.weight"];
+    assert_eq!(t["dtype"], "F32");
+    let hidden = t["shape"][1].as_u64().unwrap() as usize;
+    let start = t["data_offsets"][0].as_u64().unwrap() as usize;
+    let at = 8 + n + start + token as usize * hidden * 4;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    dst
+}
+
+/// The bundled prompts (id, token ids) of tests/fixtures/prompts.jsonl.
+pub fn bundled_prompts() -> Vec<(String, Vec<u32>)> {
+    let text = std::fs::read_to_string(fixture_dir().join("prompts.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ids = v["token_ids"].as_array().unwrap();
+            let ids = ids.iter().map(|x| x.as_u64().unwrap() as u32).collect();
+            (v["id"].as_str().unwrap().to_string(), ids)
+        })
+        .collect()
+}

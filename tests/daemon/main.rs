@@ -7,6 +7,7 @@ mod common;
 #[path = "../daemon_support/mod.rs"]
 mod daemon_support;
 
+mod bad_states;
 mod chat;
 mod cli;
 mod http;

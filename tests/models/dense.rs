@@ -277,6 +277,7 @@ fn capture_subset_and_no_sample() {
         threads: 1,
         num_state_slots: 0,
         output_dtype: hsx::kernels::OutputDtype::F32,
+        reject_bad_states: true,
     };
     let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
     assert_eq!(be.capture_layers(), &[1, 4]);
@@ -439,6 +440,7 @@ fn load_err(dir: &Path) -> ModelError {
         threads: 1,
         num_state_slots: 0,
         output_dtype: hsx::kernels::OutputDtype::F32,
+        reject_bad_states: true,
     };
     match CpuBackend::load(dir, spec, opts) {
         Ok(_) => panic!("{} loaded", dir.display()),

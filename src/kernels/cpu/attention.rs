@@ -15,9 +15,10 @@
 //!   `sum_r = ((e_r0 + e_r1) + e_r2) + …` in key order;
 //! - `o_r[d] = (fma-chain over j = 0..len of e_rj·v_j[d], from 0) · (1 / sum_r)`.
 //!
-//! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`,
-//! which adds exactly nothing (`acc + 0·v == acc` for finite v, and `acc` is never -0), so a
-//! row's bits do not depend on the tile it lands in. The AVX2+FMA kernels compute, per lane,
+//! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
+//! and are skipped in the weighted sum of values (with finite values skipping them changes
+//! nothing, `acc + 0·v == acc`; with a NaN value at a later position, multiplying by 0 would
+//! carry it into an earlier row), so a row's bits do not depend on the tile it lands in. The AVX2+FMA kernels compute, per lane,
 //! exactly the operations of the portable one ([`task_portable`]; f32::mul_add is a fused
 //! multiply-add everywhere), so the result does not depend on the CPU's vector width either
 //! (checked in the tests).
@@ -28,15 +29,7 @@ use rayon::prelude::*;
 
 use crate::kernels::plan::BatchPlan;
 
-/// Head geometry of one attention layer.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// Softmax scale, `head_dim^-0.5`.
-    pub scale: f32,
-}
+pub use crate::kernels::device::AttnShape;
 
 /// Query rows per task (tokens × query heads of one kv head), at most.
 const TILE_ROWS: usize = 16;
@@ -279,7 +272,10 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let o = out_row(ctx, task, r);
         for d in 0..hd {
             let mut acc = 0.0f32;
-            for (j, &off) in s.offsets.iter().enumerate() {
+            // Only the row's own keys: a masked key's `0 · v` would still carry a NaN of a
+            // later position's value into an earlier row.
+            let own = s.offsets.iter().enumerate().take(s.lens[r] as usize);
+            for (j, &off) in own {
                 acc = s.st[j * rp + r].mul_add(ctx.vc[off + d], acc);
             }
             // SAFETY: row r of this task, column d < hd: inside `out`, written by this task only.
@@ -387,22 +383,26 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let offs = s.offsets.as_ptr();
         let mut outs = [[std::ptr::null_mut(); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
         let mut invs = [[0.0f32; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
+        let mut lens = [[0usize; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
         debug_assert!(rows <= TILE_ROWS.max(ctx.group));
         let blocks = rows.div_ceil(BLOCK);
         let mut block_outs = Vec::new();
         let mut block_invs = Vec::new();
-        let (outs, invs) = if blocks <= outs.len() {
-            (&mut outs[..blocks], &mut invs[..blocks])
+        let mut block_lens = Vec::new();
+        let (outs, invs, lens) = if blocks <= outs.len() {
+            (&mut outs[..blocks], &mut invs[..blocks], &mut lens[..blocks])
         } else {
             block_outs.resize(blocks, [std::ptr::null_mut(); BLOCK]);
             block_invs.resize(blocks, [0.0f32; BLOCK]);
-            (&mut block_outs[..], &mut block_invs[..])
+            block_lens.resize(blocks, [0usize; BLOCK]);
+            (&mut block_outs[..], &mut block_invs[..], &mut block_lens[..])
         };
-        for (b, (o, v)) in outs.iter_mut().zip(invs.iter_mut()).enumerate() {
+        for (b, ((o, v), l)) in outs.iter_mut().zip(invs.iter_mut()).zip(lens.iter_mut()).enumerate() {
             let rb = b * BLOCK;
             for i in 0..(rows - rb).min(BLOCK) {
                 o[i] = out_row(ctx, task, rb + i);
                 v[i] = s.inv[rb + i];
+                l[i] = s.lens[rb + i] as usize;
             }
         }
         let mut kb = 0;
@@ -414,16 +414,21 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
                 end: ke,
                 last: ke == len,
             };
-            for (b, (o, v)) in outs.iter().zip(invs.iter()).enumerate() {
+            for (b, ((o, v), l)) in outs.iter().zip(invs.iter()).zip(lens.iter()).enumerate() {
                 let rb = b * BLOCK;
-                let nr = (rows - rb).min(BLOCK);
+                let rows_of = Rows {
+                    outs: *o,
+                    inv: *v,
+                    lens: *l,
+                    nr: (rows - rb).min(BLOCK),
+                };
                 let mut d = 0;
                 while d < hd {
                     if hd - d >= 2 * LANES {
-                        values_block::<2>(st.add(rb), rp, vc.add(d), &keys, *o, *v, nr, d);
+                        values_block::<2>(st.add(rb), rp, vc.add(d), &keys, &rows_of, d);
                         d += 2 * LANES;
                     } else {
-                        values_block::<1>(st.add(rb), rp, vc.add(d), &keys, *o, *v, nr, d);
+                        values_block::<1>(st.add(rb), rp, vc.add(d), &keys, &rows_of, d);
                         d += LANES;
                     }
                 }
@@ -444,6 +449,16 @@ struct Keys {
     end: usize,
     /// The run ends the chain: scale by `1 / sum` and store the result.
     last: bool,
+}
+
+/// The rows of one value block: output rows, `1 / sum`, keys each row sees (its length: a
+/// later key's `0 · v` would carry a NaN value into an earlier row), rows in use.
+#[cfg(target_arch = "x86_64")]
+struct Rows {
+    outs: [*mut f32; BLOCK],
+    inv: [f32; BLOCK],
+    lens: [usize; BLOCK],
+    nr: usize,
 }
 
 /// Scores of keys `kp[..nk]` (extra pointers repeat the last key and are not stored) against
@@ -488,17 +503,15 @@ unsafe fn scores_block<const C: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
 unsafe fn values_block<const C: usize>(
     p: *const f32,
     rp: usize,
     v: *const f32,
     keys: &Keys,
-    outs: [*mut f32; BLOCK],
-    inv: [f32; BLOCK],
-    nr: usize,
+    rows: &Rows,
     d0: usize,
 ) {
+    let (outs, inv, nr) = (rows.outs, rows.inv, rows.nr);
     // SAFETY: see `task_avx2`; rows i >= nr of the block read padding, the next key's row or
     // the slack after the last one (inside `st`), and are never loaded or stored in `out`.
     unsafe {
@@ -518,6 +531,9 @@ unsafe fn values_block<const C: usize>(
             }
             let pj = p.add(j * rp);
             for (i, a) in acc.iter_mut().enumerate() {
+                if j >= rows.lens[i] {
+                    continue;
+                }
                 let e = _mm256_broadcast_ss(&*pj.add(i));
                 for (x, y) in a.iter_mut().zip(&vv) {
                     *x = _mm256_fmadd_ps(e, *y, *x);

@@ -3,19 +3,17 @@
 
 use std::ops::Range;
 
-use half::{bf16, f16};
-
 use super::attention::{AttnShape, attention};
+use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, matmul_wt};
 use super::moe::route_top_k;
 use super::ops::{self, apply_rope};
 use super::recurrent::{self, StateCache, sigmoid};
 use crate::kernels::device::{
-    AttnCall, BufKind, Cols, ConvCall, DevResult, Device, DeviceError, GdnParams, HostMatrix,
-    KvShape, MambaParams,
+    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
+    GdnParams, HostMatrix, KvShape, MambaParams,
 };
-use crate::kernels::dtype::OutputDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
 use crate::kernels::routing::Routing;
@@ -74,14 +72,6 @@ pub struct CpuStates {
     second: Vec<f32>,
 }
 
-/// Captured rows in the file dtype, `[rows, layers, hidden]`.
-pub struct CpuCapture {
-    data: Vec<u8>,
-    layers: usize,
-    hidden: usize,
-    dtype: OutputDtype,
-}
-
 /// One forward's plan.
 pub struct CpuStep<'a> {
     tokens: &'a [u32],
@@ -120,7 +110,7 @@ impl Device for CpuDevice {
         self.pool.install(f)
     }
 
-    fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<Linear> {
+    fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Linear> {
         let (out, inp) = (weight.rows, weight.cols);
         let w = self.pool.install(|| weight.to_f32());
         Ok(Linear {
@@ -166,19 +156,8 @@ impl Device for CpuDevice {
         })
     }
 
-    fn capture_buffer(
-        &self,
-        layers: usize,
-        hidden: usize,
-        _rows: usize,
-        dtype: OutputDtype,
-    ) -> DevResult<CpuCapture> {
-        Ok(CpuCapture {
-            data: Vec::new(),
-            layers,
-            hidden,
-            dtype,
-        })
+    fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<CpuCapture> {
+        Ok(CpuCapture::new(spec))
     }
 
     fn upload(&self, rows: &[f32], width: usize, out: &mut CpuBuf) -> DevResult<()> {
@@ -319,12 +298,7 @@ impl Device for CpuDevice {
         }
         kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
         let (kc, vc) = kv.cache.layer(call.kv_layer);
-        let shape = AttnShape {
-            heads: l.heads,
-            kv_heads: l.kv_heads,
-            head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
-        };
+        let shape = AttnShape::new(l.heads, l.kv_heads, hd);
         attention(&kv.q, kc, vc, plan, shape, &mut out.data);
         set(out, qd);
         Ok(())
@@ -558,53 +532,15 @@ impl Device for CpuDevice {
     }
 
     fn capture_begin(&self, cap: &mut CpuCapture) -> DevResult<()> {
-        cap.data.clear();
+        cap.begin();
         Ok(())
     }
 
     fn capture(&self, cap: &mut CpuCapture, slot: usize, x: &CpuBuf) -> DevResult<()> {
-        let (k, h, es) = (cap.layers, cap.hidden, cap.dtype.size());
-        let rows = x.rows();
-        if slot >= k || x.width != h {
-            return Err(DeviceError::Invalid(format!(
-                "capture slot {slot} of {k}, rows {} wide (hidden {h})",
-                x.width
-            )));
-        }
-        if cap.data.len() < rows * k * h * es {
-            cap.data.resize(rows * k * h * es, 0);
-        }
-        let dtype = cap.dtype;
-        for (row, dst) in x
-            .data
-            .chunks_exact(h)
-            .zip(cap.data.chunks_exact_mut(k * h * es))
-        {
-            encode_into(row, dtype, &mut dst[slot * h * es..(slot + 1) * h * es]);
-        }
-        Ok(())
+        cap.capture(slot, &x.data, x.width)
     }
 
-    fn capture_finish(&self, cap: &mut CpuCapture, rows: usize) -> DevResult<Vec<u8>> {
-        let mut out = std::mem::take(&mut cap.data);
-        out.resize(rows * cap.layers * cap.hidden * cap.dtype.size(), 0);
-        Ok(out)
-    }
-}
-
-/// f32 values to little-endian bytes of `dtype` (round to nearest even, as torch).
-fn encode_into(vals: &[f32], dtype: OutputDtype, out: &mut [u8]) {
-    match dtype {
-        OutputDtype::F32 => out.copy_from_slice(bytemuck::cast_slice(vals)),
-        OutputDtype::Bf16 => {
-            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
-                o.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
-            }
-        }
-        OutputDtype::F16 => {
-            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
-                o.copy_from_slice(&f16::from_f32(*v).to_le_bytes());
-            }
-        }
+    fn capture_finish(&self, cap: &mut CpuCapture, rows: usize) -> DevResult<Captured> {
+        Ok(cap.finish(rows))
     }
 }

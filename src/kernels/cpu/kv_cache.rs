@@ -1,5 +1,7 @@
 //! Paged KV cache (per layer, `num_blocks × block_size` slots for K and for V), f32.
 
+use crate::kernels::device::KvShape;
+
 /// K and V of every layer: `[num_blocks * block_size, kv_dim]` each, f32.
 pub struct KvCache {
     k: Vec<Vec<f32>>,
@@ -17,11 +19,14 @@ impl KvCache {
         block_size: usize,
         kv_dim: usize,
     ) -> Result<Self, String> {
-        let per_layer = num_blocks
-            .checked_mul(block_size)
-            .and_then(|s| s.checked_mul(kv_dim))
-            .ok_or("KV cache size overflows")?;
-        let alloc = || -> Result<Vec<f32>, String> {
+        let shape = KvShape {
+            layers,
+            num_blocks,
+            block_size,
+            kv_dim,
+        };
+        let per_layer = shape.per_layer().ok_or("KV cache size overflows")?;
+        let (k, v) = shape.alloc_layers(|| -> Result<Vec<f32>, String> {
             let mut v = Vec::new();
             v.try_reserve_exact(per_layer).map_err(|e| {
                 format!(
@@ -31,13 +36,7 @@ impl KvCache {
             })?;
             v.resize(per_layer, 0.0);
             Ok(v)
-        };
-        let mut k = Vec::with_capacity(layers);
-        let mut v = Vec::with_capacity(layers);
-        for _ in 0..layers {
-            k.push(alloc()?);
-            v.push(alloc()?);
-        }
+        })?;
         Ok(Self {
             k,
             v,

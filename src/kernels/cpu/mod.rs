@@ -7,8 +7,10 @@
 //! - [`attention`]: causal GQA attention reading the cache only, in a fixed order.
 //! - [`recurrent`]: state slots, causal conv, gated delta rule, Mamba-2 scan (hybrid models).
 //! - [`moe`]: the router's softmax top-k.
+//! - [`capture`]: captured rows into the file dtype, the finite-and-non-empty guard.
 
 pub mod attention;
+pub mod capture;
 pub mod device;
 pub mod kv_cache;
 pub mod matmul;

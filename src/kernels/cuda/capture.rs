@@ -1,8 +1,8 @@
 //! Captured hidden states leave the device every forward, already in the file dtype, without
 //! stalling the compute stream.
 //!
-//! For each captured layer: its `[T, H]` f32 rows converted to the output dtype (bf16 / f16
-//! cast, or a plain copy for f32) into the layer's slot of a staging buffer `[K, max_tokens, H]`
+//! For each captured layer: its `[T, H]` f32 rows converted to the output dtype (capture.cu;
+//! the same pass sets the guard's per-row flags: NaN / Inf, any non-zero) into the layer's slot of a staging buffer `[K, max_tokens, H]`
 //! (on the compute stream, so later layers may overwrite the residual stream at once), an event
 //! recorded after it, and on the copy stream — which waits for that event only — a strided 2-D
 //! download into pinned host memory laid out `[max_tokens, K, H]`, i.e. already in
@@ -16,9 +16,10 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUDA_MEMCPY2D, CUmemorytype};
 use cudarc::driver::{CudaContext, CudaEvent};
 
-use super::context::{CudaError, CudaResult, DevBuf, Gpu};
-use super::ops;
-use crate::kernels::dtype::{OutputDtype, WeightDtype};
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch, rows_cfg};
+use super::ops::i32_of;
+use crate::kernels::device::{CaptureSpec, Captured, row_fault};
+use crate::kernels::dtype::OutputDtype;
 
 /// Page-locked host bytes (cached, not write-combined: the host reads them).
 struct PinnedBuf {
@@ -70,6 +71,10 @@ pub struct Capture {
     dtype: OutputDtype,
     /// `[K, max_tokens, H]` elements of `dtype`, as bytes.
     staging: DevBuf<u8>,
+    /// The guard's flags of each (row, slot), `[max_tokens, K]` (capture.cu).
+    flags: DevBuf<u32>,
+    /// Per slot: check for all-zero rows; `None`: no guard.
+    guard: Option<Vec<bool>>,
     pinned: PinnedBuf,
     ready: CudaEvent,
     copy_stream: Arc<cudarc::driver::CudaStream>,
@@ -78,13 +83,14 @@ pub struct Capture {
 impl Capture {
     /// Buffers for `layers` captured layers of `hidden` values and up to `max_tokens` rows
     /// of `dtype`.
-    pub fn new(
-        gpu: &Gpu,
-        layers: usize,
-        hidden: usize,
-        max_tokens: usize,
-        dtype: OutputDtype,
-    ) -> CudaResult<Self> {
+    pub fn new(gpu: &Gpu, spec: CaptureSpec) -> CudaResult<Self> {
+        let CaptureSpec {
+            layers,
+            hidden,
+            rows: max_tokens,
+            dtype,
+            guard,
+        } = spec;
         let total = layers
             .checked_mul(hidden)
             .and_then(|n| n.checked_mul(max_tokens))
@@ -99,6 +105,8 @@ impl Capture {
             max_tokens,
             dtype,
             staging: gpu.zeros(total)?,
+            flags: gpu.zeros(layers.saturating_mul(max_tokens))?,
+            guard,
             pinned,
             ready: gpu.ctx.new_event(None)?,
             copy_stream: gpu.copy_stream.clone(),
@@ -117,15 +125,21 @@ impl Capture {
     }
 
     /// Captures rows `x[0..t]` (`[t, hidden]` f32 on the device) as capture slot `k`,
-    /// converted to the output dtype on the compute stream.
+    /// converted to the output dtype and flagged for the guard on the compute stream.
     pub fn capture(&self, gpu: &Gpu, k: usize, x: u64, t: usize) -> CudaResult<()> {
         let dst = self.stage(k, t)?;
-        let dtype = match self.dtype {
-            OutputDtype::F32 => WeightDtype::F32,
-            OutputDtype::Bf16 => WeightDtype::Bf16,
-            OutputDtype::F16 => WeightDtype::F16,
+        if t == 0 {
+            return Ok(());
+        }
+        let name = match self.dtype {
+            OutputDtype::F32 => "capture_rows_f32",
+            OutputDtype::Bf16 => "capture_rows_bf16",
+            OutputDtype::F16 => "capture_rows_f16",
         };
-        ops::cast(gpu, x, dst, dtype, t * self.hidden)?;
+        let flags = self.flags.ptr_at(k, (t - 1) * self.layers + 1)?;
+        let hidden = i32_of(self.hidden, "hidden")?;
+        let stride = self.layers as i64;
+        launch!(gpu, name, rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
         self.download(gpu, k, t)
     }
 
@@ -183,15 +197,26 @@ impl Capture {
     }
 
     /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
-    /// bytes of the output dtype.
-    pub fn finish(&self, t: usize) -> CudaResult<Vec<u8>> {
+    /// bytes of the output dtype, with the rows the guard refused.
+    pub fn finish(&self, gpu: &Gpu, t: usize) -> CudaResult<Captured> {
         self.copy_stream.synchronize()?;
         if t > self.max_tokens {
             return Err(CudaError::Invalid(format!(
                 "{t} rows past the capture budget"
             )));
         }
-        Ok(self.pinned.read(t * self.layers * self.row_bytes()))
+        let bytes = self.pinned.read(t * self.layers * self.row_bytes());
+        let mut refused = Vec::new();
+        if let Some(zero_check) = &self.guard {
+            let flags = gpu.download(&self.flags, t * self.layers)?;
+            for (i, &f) in flags.iter().enumerate() {
+                let (row, slot) = (i / self.layers, i % self.layers);
+                if let Some(fault) = row_fault(f & 1 != 0, f & 2 != 0, zero_check[slot]) {
+                    refused.push((row, slot, fault));
+                }
+            }
+        }
+        Ok(Captured { bytes, refused })
     }
 }
 

@@ -22,10 +22,10 @@ use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::{self, i32_of};
 use super::recurrent::{self, DevSeqs, StateSlots};
 use crate::kernels::device::{
-    AttnCall, BufKind, Cols, ConvCall, DevResult, Device, GdnParams, HostMatrix, KvShape,
-    MambaParams,
+    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
+    HostMatrix, KvShape, MambaParams,
 };
-use crate::kernels::dtype::{OutputDtype, WeightDtype, dtype_size};
+use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
 use crate::kernels::routing::Routing;
@@ -120,7 +120,7 @@ impl Device for CudaDevice {
         f()
     }
 
-    fn linear(&self, weight: HostMatrix, bias: Option<Vec<f32>>) -> DevResult<CudaLinear> {
+    fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<CudaLinear> {
         // Only a matrix stored in another dtype is converted; the rest go up as they are.
         let weight = match weight.dtype == self.dtype {
             true => weight,
@@ -178,14 +178,8 @@ impl Device for CudaDevice {
         Ok(StateSlots::new(&self.gpu, shapes, slots)?)
     }
 
-    fn capture_buffer(
-        &self,
-        layers: usize,
-        hidden: usize,
-        rows: usize,
-        dtype: OutputDtype,
-    ) -> DevResult<Capture> {
-        Ok(Capture::new(&self.gpu, layers, hidden, rows, dtype)?)
+    fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<Capture> {
+        Ok(Capture::new(&self.gpu, spec)?)
     }
 
     fn upload(&self, rows: &[f32], width: usize, out: &mut CudaBuf) -> DevResult<()> {
@@ -511,8 +505,8 @@ impl Device for CudaDevice {
         Ok(cap.capture(&self.gpu, slot, x.ptr(), x.rows())?)
     }
 
-    fn capture_finish(&self, cap: &mut Capture, rows: usize) -> DevResult<Vec<u8>> {
-        Ok(cap.finish(rows)?)
+    fn capture_finish(&self, cap: &mut Capture, rows: usize) -> DevResult<Captured> {
+        Ok(cap.finish(&self.gpu, rows)?)
     }
 }
 

@@ -28,7 +28,7 @@ pub struct DevWeight {
 
 impl DevWeight {
     /// Uploads `m`'s bytes as they are (bf16 and f16 stay 16-bit; no host conversion).
-    pub fn upload(gpu: &Gpu, m: &HostMatrix) -> CudaResult<Self> {
+    pub fn upload(gpu: &Gpu, m: &HostMatrix<'_>) -> CudaResult<Self> {
         let len = m.rows.saturating_mul(m.cols);
         if len.checked_mul(dtype_size(m.dtype)) != Some(m.data.len()) {
             return Err(CudaError::Invalid(format!(

@@ -87,14 +87,8 @@ fn tiles(plan: &BatchPlan<'_>) -> Vec<i32> {
         .collect()
 }
 
-/// Head geometry of an attention layer.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-}
+pub use crate::kernels::device::AttnShape;
+use crate::kernels::device::KvShape;
 
 /// Fused projection rows `[q | … | k | v]` (f32, `width` apart, one per batch token): q heads
 /// at column 0, k heads at `k_col`, v right after k.
@@ -150,16 +144,15 @@ impl DevKvCache {
         kv_dim: usize,
         dtype: WeightDtype,
     ) -> CudaResult<Self> {
-        let per_layer = num_blocks
-            .checked_mul(block_size)
-            .and_then(|s| s.checked_mul(kv_dim))
+        let shape = KvShape {
+            layers,
+            num_blocks,
+            block_size,
+            kv_dim,
+        };
+        let per_layer = (shape.per_layer())
             .ok_or_else(|| CudaError::Invalid("KV cache size overflows".into()))?;
-        let alloc = || WeightData::zeros(gpu, dtype, per_layer);
-        let (mut k, mut v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
-        for _ in 0..layers {
-            k.push(alloc()?);
-            v.push(alloc()?);
-        }
+        let (k, v) = shape.alloc_layers(|| WeightData::zeros(gpu, dtype, per_layer))?;
         Ok(Self {
             k,
             v,
@@ -261,12 +254,7 @@ impl DevKvCache {
         }
         let v_col = rows.k_col + rows.kv_heads * hd;
         self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
-        let shape = AttnShape {
-            heads: rows.heads,
-            kv_heads: rows.kv_heads,
-            head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
-        };
+        let shape = AttnShape::new(rows.heads, rows.kv_heads, hd);
         self.attention(gpu, layer, q, shape, out, out_dtype, plan)
     }
 

@@ -20,6 +20,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("elementwise.cu")),
     ("embed", include_str!("embed.cu")),
     ("attention", include_str!("attention.cu")),
+    ("capture", include_str!("capture.cu")),
     // Recurrent layers, MoE and the attention output gate.
     ("conv1d", include_str!("conv1d.cu")),
     ("gated_delta", include_str!("gated_delta.cu")),

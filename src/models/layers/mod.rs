@@ -220,9 +220,14 @@ pub struct Loader<'a, D: Device> {
     pub w: &'a Weights,
 }
 
-impl<D: Device> Loader<'_, D> {
+impl<'a, D: Device> Loader<'a, D> {
     /// A `[rows, cols]` matrix as stored.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
+    pub fn matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostMatrix<'a>, ModelError> {
         self.w.matrix(name, rows, cols)
     }
 

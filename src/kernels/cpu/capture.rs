@@ -1,0 +1,154 @@
+//! The CPU's capture staging: captured rows encoded into the file dtype, `[rows, K, H]`, with
+//! the finite-and-non-empty guard checked in the same pass over each row.
+
+use half::{bf16, f16};
+
+use crate::kernels::RowFault;
+use crate::kernels::device::{CaptureSpec, Captured, DevResult, DeviceError, row_fault};
+use crate::kernels::dtype::OutputDtype;
+
+/// Captured rows in the file dtype and what the guard refused.
+pub struct CpuCapture {
+    data: Vec<u8>,
+    layers: usize,
+    hidden: usize,
+    dtype: OutputDtype,
+    /// Per slot: check for all-zero rows (see [`CaptureSpec`]); `None`: no guard.
+    guard: Option<Vec<bool>>,
+    refused: Vec<(usize, usize, RowFault)>,
+}
+
+impl CpuCapture {
+    pub fn new(spec: CaptureSpec) -> Self {
+        Self {
+            data: Vec::new(),
+            layers: spec.layers,
+            hidden: spec.hidden,
+            dtype: spec.dtype,
+            guard: spec.guard,
+            refused: Vec::new(),
+        }
+    }
+
+    pub fn begin(&mut self) {
+        self.data.clear();
+        self.refused.clear();
+    }
+
+    /// Rows `x` (`width` wide, f32) as slot `slot`.
+    pub fn capture(&mut self, slot: usize, x: &[f32], width: usize) -> DevResult<()> {
+        let (k, h, es) = (self.layers, self.hidden, self.dtype.size());
+        if slot >= k || width != h || h == 0 {
+            return Err(DeviceError::Invalid(format!(
+                "capture slot {slot} of {k}, rows {width} wide (hidden {h})"
+            )));
+        }
+        let rows = x.len() / h;
+        if self.data.len() < rows * k * h * es {
+            self.data.resize(rows * k * h * es, 0);
+        }
+        let zero_check = self.guard.as_ref().map(|g| g[slot]);
+        let dsts = self.data.chunks_exact_mut(k * h * es);
+        for (r, (row, dst)) in x.chunks_exact(h).zip(dsts).enumerate() {
+            let out = &mut dst[slot * h * es..(slot + 1) * h * es];
+            let (bad, nonzero) = encode_into(row, self.dtype, out);
+            if let Some(fault) = zero_check.and_then(|z| row_fault(bad, nonzero, z)) {
+                self.refused.push((r, slot, fault));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `[rows, K, H]` bytes and the refused rows in row then slot order.
+    pub fn finish(&mut self, rows: usize) -> Captured {
+        let mut bytes = std::mem::take(&mut self.data);
+        bytes.resize(rows * self.layers * self.hidden * self.dtype.size(), 0);
+        let mut refused = std::mem::take(&mut self.refused);
+        refused.sort_by_key(|&(r, k, _)| (r, k));
+        Captured { bytes, refused }
+    }
+}
+
+/// f32 values to little-endian bytes of `dtype` (round to nearest even, as torch), and in
+/// the same pass the guard's two flags of the values as written (an f16 overflow is an
+/// infinity in the file, an underflow a zero): (any NaN / Inf, any non-zero value).
+fn encode_into(vals: &[f32], dtype: OutputDtype, out: &mut [u8]) -> (bool, bool) {
+    let (mut bad, mut nonzero) = (false, false);
+    let mut see = |v: f32| {
+        bad |= !v.is_finite();
+        nonzero |= v != 0.0;
+    };
+    match dtype {
+        OutputDtype::F32 => {
+            for (v, o) in vals.iter().zip(out.chunks_exact_mut(4)) {
+                see(*v);
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        OutputDtype::Bf16 => {
+            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
+                let b = bf16::from_f32(*v);
+                see(b.to_f32());
+                o.copy_from_slice(&b.to_le_bytes());
+            }
+        }
+        OutputDtype::F16 => {
+            for (v, o) in vals.iter().zip(out.chunks_exact_mut(2)) {
+                let x = f16::from_f32(*v);
+                see(x.to_f32());
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+    (bad, nonzero)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture(dtype: OutputDtype, guard: Option<Vec<bool>>, rows: &[[f32; 2]]) -> Captured {
+        let spec = CaptureSpec {
+            layers: 2,
+            hidden: 2,
+            rows: 0,
+            dtype,
+            guard,
+        };
+        let mut c = CpuCapture::new(spec);
+        c.begin();
+        let x: Vec<f32> = rows.iter().flatten().copied().collect();
+        c.capture(0, &x, 2).unwrap();
+        c.capture(1, &x, 2).unwrap();
+        c.finish(rows.len())
+    }
+
+    #[test]
+    fn guard_refuses_non_finite_rows_and_zero_rows_where_checked() {
+        use RowFault::*;
+        let rows = [[1.0, f32::NAN], [0.0, -0.0], [1.0, 2.0], [f32::INFINITY, 0.0]];
+        let got = capture(OutputDtype::F32, Some(vec![false, true]), &rows);
+        let want = vec![
+            (0, 0, NonFinite),
+            (0, 1, NonFinite),
+            (1, 1, AllZero),
+            (3, 0, NonFinite),
+            (3, 1, NonFinite),
+        ];
+        assert_eq!(got.refused, want);
+        assert_eq!(got.bytes.len(), 4 * 2 * 2 * 4);
+        assert!(capture(OutputDtype::F32, None, &rows).refused.is_empty());
+    }
+
+    #[test]
+    fn guard_sees_the_values_as_written() {
+        // 70000 overflows f16 to infinity; 1e-9 underflows it to zero.
+        let got = capture(OutputDtype::F16, Some(vec![true, true]), &[[70000.0, 1.0]]);
+        assert_eq!(got.refused[0].2, RowFault::NonFinite);
+        let got = capture(OutputDtype::F16, Some(vec![true, true]), &[[1e-9, 0.0]]);
+        assert_eq!(got.refused[0].2, RowFault::AllZero);
+        let got = capture(OutputDtype::Bf16, Some(vec![true, true]), &[[1e-9, 0.0]]);
+        assert!(got.refused.is_empty());
+        assert_eq!(got.bytes.len(), 2 * 2 * 2);
+    }
+}
