@@ -21,12 +21,12 @@ use std::ops::Range;
 use half::{bf16, f16};
 use thiserror::Error;
 
+use super::RowFault;
 use super::dtype::{OutputDtype, WeightDtype};
 pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
 use super::rope::Rope;
 use super::routing::Routing;
-use super::RowFault;
 
 /// A device op failed or was given inconsistent sizes.
 #[derive(Debug, Error)]
@@ -323,7 +323,10 @@ impl KvShape {
         &self,
         mut alloc: impl FnMut() -> Result<T, E>,
     ) -> Result<(Vec<T>, Vec<T>), E> {
-        let (mut k, mut v) = (Vec::with_capacity(self.layers), Vec::with_capacity(self.layers));
+        let (mut k, mut v) = (
+            Vec::with_capacity(self.layers),
+            Vec::with_capacity(self.layers),
+        );
         for _ in 0..self.layers {
             k.push(alloc()?);
             v.push(alloc()?);

@@ -10,7 +10,7 @@ use super::layers::{Ctx, Loader};
 use super::{ModelError, ModelSpec, Weights, registry};
 use crate::kernels::device::{CaptureSpec, DevResult, KvShape};
 use crate::kernels::plan::{BatchPlan, PlanLimits, SeqState, seq_states};
-use crate::kernels::{BadRow, Backend, BackendError, Batch, BatchOutput, Device, OutputDtype};
+use crate::kernels::{Backend, BackendError, BadRow, Batch, BatchOutput, Device, OutputDtype};
 
 /// How to lay a model out on a device, whatever the device.
 #[derive(Debug, Clone)]

@@ -18,16 +18,29 @@ async fn refused_states_fail_the_request_and_the_daemon_keeps_serving() {
     let (status, resp) = d.post("/v1/completions", &bad).await;
     assert_eq!(status, 500, "{resp}");
     let msg = resp["error"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("layer 0 of token position 2 holds NaN"), "{resp}");
+    assert!(
+        msg.contains("layer 0 of token position 2 holds NaN"),
+        "{resp}"
+    );
     let good = json!({"model": "llama-nan", "prompt": [1, 2, 3], "max_tokens": 1});
     let (status, resp) = d.post("/v1/completions", &good).await;
     assert_eq!(status, 200, "{resp}");
-    let path = resp["kv_transfer_params"]["hidden_states_path"].as_str().unwrap();
-    assert!(HsFile::read(path.as_ref()).values().iter().all(|v| v.is_finite()));
+    let path = resp["kv_transfer_params"]["hidden_states_path"]
+        .as_str()
+        .unwrap();
+    assert!(
+        HsFile::read(path.as_ref())
+            .values()
+            .iter()
+            .all(|v| v.is_finite())
+    );
 
     let mut events = subscriber(&d, None).await;
     let mut conn = d.connect().await;
-    assert_eq!(submit(&mut conn, "sock-bad", &[7, 7]).await["event"], "accepted");
+    assert_eq!(
+        submit(&mut conn, "sock-bad", &[7, 7]).await["event"],
+        "accepted"
+    );
     loop {
         let e = recv_within(&mut events, 30).await.expect("an event");
         if e["id"] == "sock-bad" {

@@ -21,11 +21,18 @@ fn extract(model: &Path, out: &Path, reject: bool) -> (bool, String) {
     std::fs::write(&cfg, text).unwrap();
     let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prompts.jsonl");
     let o = Command::new(env!("CARGO_BIN_EXE_hsx"))
-        .args(["extract", "--config", cfg.to_str().unwrap(), "--quiet", "--input"])
+        .args([
+            "extract",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--quiet",
+            "--input",
+        ])
         .arg(&input)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     (o.status.success(), text)
 }
 
@@ -55,7 +62,11 @@ fn a_nan_weight_fails_the_requests_it_reaches_and_writes_the_rest() {
         }
     }
     let leftovers = std::fs::read_dir(dir.path().join("out")).unwrap().flatten();
-    assert!(leftovers.into_iter().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+    assert!(
+        leftovers
+            .into_iter()
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+    );
 }
 
 #[test]

@@ -390,14 +390,27 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let mut block_invs = Vec::new();
         let mut block_lens = Vec::new();
         let (outs, invs, lens) = if blocks <= outs.len() {
-            (&mut outs[..blocks], &mut invs[..blocks], &mut lens[..blocks])
+            (
+                &mut outs[..blocks],
+                &mut invs[..blocks],
+                &mut lens[..blocks],
+            )
         } else {
             block_outs.resize(blocks, [std::ptr::null_mut(); BLOCK]);
             block_invs.resize(blocks, [0.0f32; BLOCK]);
             block_lens.resize(blocks, [0usize; BLOCK]);
-            (&mut block_outs[..], &mut block_invs[..], &mut block_lens[..])
+            (
+                &mut block_outs[..],
+                &mut block_invs[..],
+                &mut block_lens[..],
+            )
         };
-        for (b, ((o, v), l)) in outs.iter_mut().zip(invs.iter_mut()).zip(lens.iter_mut()).enumerate() {
+        for (b, ((o, v), l)) in outs
+            .iter_mut()
+            .zip(invs.iter_mut())
+            .zip(lens.iter_mut())
+            .enumerate()
+        {
             let rb = b * BLOCK;
             for i in 0..(rows - rb).min(BLOCK) {
                 o[i] = out_row(ctx, task, rb + i);

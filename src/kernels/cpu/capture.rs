@@ -126,7 +126,12 @@ mod tests {
     #[test]
     fn guard_refuses_non_finite_rows_and_zero_rows_where_checked() {
         use RowFault::*;
-        let rows = [[1.0, f32::NAN], [0.0, -0.0], [1.0, 2.0], [f32::INFINITY, 0.0]];
+        let rows = [
+            [1.0, f32::NAN],
+            [0.0, -0.0],
+            [1.0, 2.0],
+            [f32::INFINITY, 0.0],
+        ];
         let got = capture(OutputDtype::F32, Some(vec![false, true]), &rows);
         let want = vec![
             (0, 0, NonFinite),
