@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::Value as Json;
 use thiserror::Error;
@@ -17,10 +18,41 @@ pub enum ChatError {
     NoTemplate,
     #[error("chat template error: {0}")]
     Render(String),
+    /// The render went past a [`RenderLimits`] bound and was stopped.
+    #[error("chat template stopped: {0}")]
+    Limit(String),
     #[error("text inputs need a tokenizer: the model directory has no tokenizer.json")]
     NoTokenizer,
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+}
+
+/// Bounds on one render of a chat template: the template comes with the model directory and
+/// runs at every request, so one that loops without end or builds a huge text is stopped with
+/// a [`ChatError::Limit`] for that request (config `[chat]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// minijinja fuel: template instructions one render may execute.
+    pub max_fuel: u64,
+    /// Bytes of rendered text (and of one `tojson` result).
+    pub max_bytes: usize,
+}
+
+impl RenderLimits {
+    /// About 1 s of a looping template; real templates use 25 (Llama 3) to 50 (Qwen3) per
+    /// message.
+    pub const DEFAULT_FUEL: u64 = 50_000_000;
+    /// A rendered chat longer than any model context by far.
+    pub const DEFAULT_BYTES: usize = 64 << 20;
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        Self {
+            max_fuel: Self::DEFAULT_FUEL,
+            max_bytes: Self::DEFAULT_BYTES,
+        }
+    }
 }
 
 /// Turns text and conversations into token ids, as vLLM does for `prompt` text (the
@@ -48,6 +80,14 @@ impl Prompter {
             tokenizer,
             template,
         })
+    }
+
+    /// The same, its chat template bounded by `limits` (default: [`RenderLimits::default`]).
+    pub fn with_limits(mut self, limits: RenderLimits) -> Self {
+        if let Some(t) = &mut self.template {
+            t.set_limits(limits);
+        }
+        self
     }
 
     pub fn has_tokenizer(&self) -> bool {
@@ -93,6 +133,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, ... as strings.
     special_tokens: serde_json::Map<String, Json>,
+    limits: RenderLimits,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -137,13 +178,28 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source)
             .map_err(|e| ChatError::Render(e.to_string()))?;
-        Ok(Self {
+        let mut template = Self {
             env,
             special_tokens,
-        })
+            limits: RenderLimits::default(),
+        };
+        template.set_limits(RenderLimits::default());
+        Ok(template)
+    }
+
+    /// Bounds every later render by `limits`.
+    pub fn set_limits(&mut self, limits: RenderLimits) {
+        self.limits = limits;
+        self.env.set_fuel(Some(limits.max_fuel));
+        let max = limits.max_bytes;
+        self.env
+            .add_filter("tojson", move |v: Value, kw: Kwargs| tojson(v, kw, max));
+    }
+
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// Renders a conversation (`messages`: a list of `{role, content, ...}` objects).
@@ -175,15 +231,75 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| ChatError::Render(e.to_string()))?;
-        let text = tmpl
-            .render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| ChatError::Render(describe(&e)))?;
+        let mut out = BoundedText {
+            buf: Vec::new(),
+            max: self.limits.max_bytes,
+            over: false,
+        };
+        let rendered =
+            tmpl.render_captured_to(Value::from(minijinja::value::Serde(&ctx)), &mut out);
+        if out.over {
+            return Err(ChatError::Limit(format!(
+                "the rendered chat is over {} bytes (chat.max_render_bytes)",
+                self.limits.max_bytes
+            )));
+        }
+        let _ = rendered.map_err(|e| self.classify(&e))?;
+        let text = String::from_utf8(out.buf).map_err(|e| ChatError::Render(e.to_string()))?;
         match opts.continue_final_message {
             true => continue_final_message(text, messages),
             false => Ok(text),
         }
     }
+
+    /// A failed render as a [`ChatError`]: a limit it went past, or the template's own error.
+    fn classify(&self, e: &Error) -> ChatError {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            if let Some(hit) = c.downcast_ref::<LimitHit>() {
+                return ChatError::Limit(hit.0.clone());
+            }
+            if c.downcast_ref::<Error>()
+                .is_some_and(|e| e.kind() == ErrorKind::OutOfFuel)
+            {
+                return ChatError::Limit(format!(
+                    "the template ran more than {} steps (chat.max_render_fuel): it loops \
+                     without end or does too much work",
+                    self.limits.max_fuel
+                ));
+            }
+            cause = c.source();
+        }
+        ChatError::Render(describe(e))
+    }
 }
+
+/// The rendered text, refused past `max` bytes (the render then stops with a write error).
+struct BoundedText {
+    buf: Vec<u8>,
+    max: usize,
+    over: bool,
+}
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(bytes.len()) > self.max {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered chat is too large"));
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The cause of an error a bounded filter raised (templates cannot raise it themselves).
+#[derive(Debug, Error)]
+#[error("{0}")]
+struct LimitHit(String);
 
 /// Options of a render, as `apply_chat_template` names them.
 #[derive(Debug, Clone, Default)]
@@ -259,22 +375,31 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// Python's `json.dumps(x, ensure_ascii=False)`: `", "` and `": "` separators, as transformers'
 /// own `tojson` writes them (minijinja's built-in one is compact). `indent` is honoured.
-fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
+fn tojson(value: Value, kwargs: Kwargs, max: usize) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
     let json: Json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
-    write_json(&json, indent, 0, &mut out);
+    if !write_json(&json, indent, 0, &mut out, max) {
+        let msg = format!("tojson wrote over {max} bytes (chat.max_render_bytes)");
+        return Err(Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(LimitHit(msg)));
+    }
     Ok(Value::from_safe_string(out))
 }
 
-fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
+/// Writes `v` into `out`; false (stopping early) once `out` would grow past `max` bytes.
+fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String, max: usize) -> bool {
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
+            let pad = n.saturating_mul(depth);
+            if out.len().saturating_add(pad) >= max {
+                return false;
+            }
             out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
+            out.push_str(&" ".repeat(pad));
         }
+        true
     };
     let sep = if indent.is_some() { "," } else { ", " };
     match v {
@@ -284,10 +409,13 @@ fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
                 if i > 0 {
                     out.push_str(sep);
                 }
-                newline(out, depth + 1);
-                write_json(item, indent, depth + 1, out);
+                if !newline(out, depth + 1) || !write_json(item, indent, depth + 1, out, max) {
+                    return false;
+                }
             }
-            newline(out, depth);
+            if !newline(out, depth) {
+                return false;
+            }
             out.push(']');
         }
         Json::Object(map) if !map.is_empty() => {
@@ -296,16 +424,24 @@ fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
                 if i > 0 {
                     out.push_str(sep);
                 }
-                newline(out, depth + 1);
+                if !newline(out, depth + 1) || out.len().saturating_add(k.len()) > max {
+                    return false;
+                }
                 out.push_str(&Json::String(k.clone()).to_string());
                 out.push_str(": ");
-                write_json(item, indent, depth + 1, out);
+                if !write_json(item, indent, depth + 1, out, max) {
+                    return false;
+                }
             }
-            newline(out, depth);
+            if !newline(out, depth) {
+                return false;
+            }
             out.push('}');
         }
+        Json::String(s) if out.len().saturating_add(s.len()) > max => return false,
         other => out.push_str(&other.to_string()),
     }
+    out.len() <= max
 }
 
 /// The error text with its cause chain (minijinja nests the template's own message).
@@ -324,10 +460,16 @@ mod tests {
     fn tojson_matches_python_separators() {
         let v: Json = serde_json::json!({"a": [1, 2], "b": {"c": "é"}, "d": []});
         let mut s = String::new();
-        write_json(&v, None, 0, &mut s);
+        assert!(write_json(&v, None, 0, &mut s, usize::MAX));
         assert_eq!(s, r#"{"a": [1, 2], "b": {"c": "é"}, "d": []}"#);
         let mut s = String::new();
-        write_json(&serde_json::json!({"a": [1]}), Some(2), 0, &mut s);
+        assert!(write_json(
+            &serde_json::json!({"a": [1]}),
+            Some(2),
+            0,
+            &mut s,
+            64
+        ));
         assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
     }
 

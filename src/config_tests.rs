@@ -132,3 +132,24 @@ fn device_choices_parse() {
         assert!(e.contains("cuda:N"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn chat_render_limits_parse_and_validate() {
+    let c = Config::parse(MINIMAL).unwrap();
+    assert_eq!(c.chat.render_limits(), crate::chat::RenderLimits::default());
+    let text = "[model]\npath = \"m\"\n[chat]\nmax_render_fuel = 1000\nmax_render_bytes = 4096\n";
+    let c = Config::parse(text).unwrap();
+    c.validate().unwrap();
+    let l = c.chat.render_limits();
+    assert_eq!((l.max_fuel, l.max_bytes), (1000, 4096));
+    let err = Config::parse("[model]\npath = \"m\"\n[chat]\nmax_fuel = 1\n").unwrap_err();
+    assert!(err.to_string().contains("max_fuel"), "{err}");
+    for key in ["max_render_fuel", "max_render_bytes"] {
+        let c = Config::parse(&format!("{MINIMAL}[chat]\n{key} = 0\n")).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(&format!("chat.{key}")), "{e}");
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+    let c = Config::load(&path, &Overrides::default()).unwrap();
+    assert_eq!(c.chat.render_limits(), crate::chat::RenderLimits::default());
+}

@@ -278,6 +278,7 @@ async fn extract(args: ExtractArgs) -> anyhow::Result<ExitCode> {
     let opts = hsx::extract::ExtractOptions {
         show_progress: !args.quiet,
         shard: args.shard,
+        render_limits: cfg.chat.render_limits(),
     };
     let summary = hsx::extract::run_with(&engine, &args.input, &opts).await;
     engine.shutdown().await;

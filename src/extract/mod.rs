@@ -157,14 +157,16 @@ struct Row {
 fn load_rows(
     engine: &Engine,
     path: &Path,
-    shard: Option<Shard>,
+    opts: &ExtractOptions,
     summary: &mut ExtractSummary,
 ) -> Result<Vec<Row>, ExtractError> {
+    let shard = opts.shard;
     let specs = if path.is_dir() {
         dataset_specs(path, shard)?
     } else {
-        let prompter =
-            Prompter::from_dir(&engine.info().model_dir).map_err(ExtractError::Prompter)?;
+        let prompter = Prompter::from_dir(&engine.info().model_dir)
+            .map_err(ExtractError::Prompter)?
+            .with_limits(opts.render_limits);
         jsonl_specs(path, shard, &prompter)?
     };
     let mut rows = Vec::new();
@@ -321,7 +323,7 @@ pub async fn run(
 ) -> Result<ExtractSummary, ExtractError> {
     let opts = ExtractOptions {
         show_progress,
-        shard: None,
+        ..Default::default()
     };
     run_with(engine, input, &opts).await
 }
@@ -332,6 +334,8 @@ pub struct ExtractOptions {
     pub show_progress: bool,
     /// Only this machine's slice of the input.
     pub shard: Option<Shard>,
+    /// Bounds on each chat template render (`[chat]`).
+    pub render_limits: crate::chat::RenderLimits,
 }
 
 /// Runs the rows of `input` (JSONL file or `datasets` directory) in `opts.shard` through the
@@ -344,7 +348,7 @@ pub async fn run_with(
     let show_progress = opts.show_progress;
     let started = Instant::now();
     let mut summary = ExtractSummary::default();
-    let rows = load_rows(engine, input, opts.shard, &mut summary)?;
+    let rows = load_rows(engine, input, opts, &mut summary)?;
     let (compute, sliced) = plan_fanout(engine, rows, &mut summary);
     let total: usize = compute
         .iter()

@@ -65,6 +65,8 @@ pub struct ServerOptions {
     pub metrics: bool,
     /// The model directory (for `tokenizer.json`).
     pub model_dir: PathBuf,
+    /// Bounds on each chat template render (`[chat]`).
+    pub render_limits: crate::chat::RenderLimits,
 }
 
 impl ServerOptions {
@@ -78,6 +80,7 @@ impl ServerOptions {
             http_read_timeout: HTTP_READ_TIMEOUT,
             metrics: cfg.metrics.enabled,
             model_dir: cfg.model.path.clone(),
+            render_limits: cfg.chat.render_limits(),
         }
     }
 }
@@ -174,7 +177,7 @@ pub async fn run(
     options: ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let prompter = load_prompter(&options.model_dir)?;
+    let prompter = load_prompter(&options.model_dir)?.with_limits(options.render_limits);
     let metrics = options.metrics.then(metrics::install);
     let cancel = CancellationToken::new();
     let shared = Shared::new(engine, options, prompter, metrics, cancel.clone()).await;

@@ -5,7 +5,8 @@
 use crate::common;
 use crate::daemon_support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use daemon_support::{TestDaemon, daemon_config, subscriber};
 use serde_json::{Value, json};
@@ -99,5 +100,80 @@ async fn socket_submit_accepts_messages() {
         .await
         .unwrap();
     assert_eq!(reply["event"], "rejected", "{reply}");
+    d.stop().await;
+}
+
+/// The llama fixture (linked) in `dir` with a chat template that runs away when the first
+/// message says so: "loop" (10^10 iterations), "recurse" (2^60 macro calls), "huge" (10 GB of
+/// output); any other conversation renders normally.
+fn runaway_model(dir: &Path) -> PathBuf {
+    const RUNAWAY: &str = "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}\
+        {% endmacro %}{% set c = messages[0].content %}\
+        {% if c == 'loop' %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}\
+        {% endfor %}{% elif c == 'recurse' %}{{ f(60) }}\
+        {% elif c == 'huge' %}{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}\
+        {% else %}{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}\
+        <|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% endif %}";
+    let model = dir.join("runaway");
+    std::fs::create_dir_all(&model).unwrap();
+    for entry in std::fs::read_dir(common::model_dir("llama")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "tokenizer_config.json" {
+            std::os::unix::fs::symlink(entry.path(), model.join(entry.file_name())).unwrap();
+        }
+    }
+    let cfg = json!({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                     "chat_template": RUNAWAY});
+    std::fs::write(model.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    model
+}
+
+/// A runaway chat template (issue 17) is stopped under the default `[chat]` limits: that
+/// request gets a 400 (HTTP) or a `rejected` reply (socket) naming the limit, and the daemon
+/// goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runaway_chat_templates_are_stopped_and_the_daemon_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = daemon_config(dir.path());
+    cfg.model.path = runaway_model(dir.path());
+    let d = TestDaemon::start(&cfg).await;
+    let user = |c: &str| json!([{"role": "user", "content": c}]);
+    let cases = [
+        ("/v1/chat/completions/render", "loop", "max_render_fuel"),
+        ("/v1/chat/completions", "recurse", "max_render_fuel"),
+        ("/v1/chat/completions", "huge", "max_render_bytes"),
+    ];
+    for (path, content, limit) in cases {
+        let start = Instant::now();
+        let (status, resp) = d
+            .post(path, &json!({"messages": user(content), "max_tokens": 1}))
+            .await;
+        let took = start.elapsed();
+        eprintln!("{path} {content}: {status} in {took:?}: {resp}");
+        assert_eq!(status, 400, "{content}: {resp}");
+        let msg = resp["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("chat template stopped") && msg.contains(limit),
+            "{msg}"
+        );
+        assert!(took < Duration::from_secs(30), "{content}: {took:?}");
+    }
+    let mut c = d.connect().await;
+    let reply = c
+        .request(&json!({"op": "submit", "id": "r", "messages": user("loop")}))
+        .await
+        .unwrap();
+    assert_eq!(reply["event"], "rejected", "{reply}");
+    assert_eq!(reply["reason"], "chat_template", "{reply}");
+
+    assert_eq!(d.get("/health").await.0, 200);
+    let (status, resp) = d
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": user("hello"), "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["choices"][0]["finish_reason"], "length", "{resp}");
     d.stop().await;
 }

@@ -30,6 +30,7 @@ async fn extract(out: &Path, shard: Option<Shard>) -> hsx::extract::ExtractSumma
     let opts = ExtractOptions {
         show_progress: false,
         shard,
+        ..Default::default()
     };
     let summary = hsx::extract::run_with(&engine, &dataset(), &opts)
         .await

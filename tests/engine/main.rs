@@ -5,10 +5,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bad_states;
 mod chat_limits;
 mod chat_templates;
 mod chunking;
-mod bad_states;
 mod cli;
 mod cuda_device;
 mod dataset;
