@@ -189,6 +189,7 @@ mod tests {
                 "embed",
                 "kv_write",
                 "attn_gate",
+                "capture_rows",
             ] {
                 wanted.push(format!("{k}_{d}"));
             }
