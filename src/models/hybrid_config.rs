@@ -246,19 +246,6 @@ fn parse_qwen(
         v_head_dim: cfg.usize_or("linear_value_head_dim", 128)?,
         conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
     };
-    if gdn.num_k_heads == 0
-        || gdn.conv_kernel == 0
-        || !gdn.num_v_heads.is_multiple_of(gdn.num_k_heads)
-        || gdn.num_v_heads == 0
-    {
-        return Err(cfg.err(
-            "linear_num_value_heads",
-            format!(
-                "{} value heads must be a positive multiple of {} key heads (conv kernel {})",
-                gdn.num_v_heads, gdn.num_k_heads, gdn.conv_kernel
-            ),
-        ));
-    }
     let moe = if architecture == Architecture::Qwen3Next {
         parse_qwen_moe(cfg, num_layers)?
     } else {
@@ -306,13 +293,8 @@ fn parse_qwen_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<Option<MoeSpec>, M
     if num_experts == 0 {
         return Ok(None);
     }
+    // Range checked with the rest of the geometry (spec_checks.rs).
     let top_k = cfg.usize_or("num_experts_per_tok", 10)?;
-    if top_k == 0 || top_k > num_experts {
-        return Err(cfg.err(
-            "num_experts_per_tok",
-            format!("{top_k} must be in 1..={num_experts}"),
-        ));
-    }
     let step = cfg.usize_or("decoder_sparse_step", 1)?.max(1);
     let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
         None => Vec::new(),
@@ -412,18 +394,6 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         },
         proj_bias: cfg.bool_or("use_bias", false)?,
     };
-    if mamba.n_groups == 0
-        || mamba.conv_kernel == 0
-        || !mamba.num_heads.is_multiple_of(mamba.n_groups)
-    {
-        return Err(cfg.err(
-            "n_groups",
-            format!(
-                "{} groups must divide {} Mamba heads (conv kernel {})",
-                mamba.n_groups, mamba.num_heads, mamba.conv_kernel
-            ),
-        ));
-    }
     Ok(ModelSpec {
         name,
         architecture: Architecture::NemotronH,

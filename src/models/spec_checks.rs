@@ -116,16 +116,20 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
             m.n_groups,
             m.conv_kernel,
         ];
-        let inner = m.num_heads.checked_mul(m.head_dim).unwrap_or(0);
-        if dims.contains(&0)
-            || !m.num_heads.is_multiple_of(m.n_groups)
-            || !inner.is_multiple_of(m.n_groups)
-        {
+        if dims.contains(&0) {
             let msg = format!(
-                "Mamba-2 heads {} of dim {} in {} groups (groups must divide heads and inner), state {}, conv kernel {}: all must be > 0",
+                "Mamba-2 heads {} of dim {} in {} groups, state {}, conv kernel {}: all must be > 0",
                 m.num_heads, m.head_dim, m.n_groups, m.state_size, m.conv_kernel
             );
             return Err(("mamba_num_heads", msg));
+        }
+        // Groups dividing the heads also divide the inner width (heads × head_dim).
+        if !m.num_heads.is_multiple_of(m.n_groups) {
+            let msg = format!(
+                "{} groups must divide {} Mamba heads",
+                m.n_groups, m.num_heads
+            );
+            return Err(("n_groups", msg));
         }
         if !(m.time_step_min.is_finite() && m.time_step_min >= 0.0) {
             return Err((
@@ -215,7 +219,7 @@ mod tests {
         let e = err(&with(next(), "linear_num_value_heads", json!(3)));
         assert!(e.contains("linear_num_value_heads"), "{e}");
         let e = err(&with(nemotron(), "n_groups", json!(3)));
-        assert!(e.contains("n_groups") || e.contains("groups"), "{e}");
+        assert!(e.contains("n_groups"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use kameo::actor::ActorRef;
 
-pub use state::{PlanError, PreparedStep, RowShape, RunnerState, encode};
+pub use state::{PlanError, PreparedStep, RowShape, RunnerState};
 
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::messages::StepPlan;

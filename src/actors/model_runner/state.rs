@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use half::{bf16, f16};
 use thiserror::Error;
 
 use crate::actors::messages::{CapturedChunk, OutputDtype, RequestId, StepOutput, StepPlan};
@@ -199,25 +198,14 @@ fn check_chunk(id: &RequestId, seq: &Seq, start: usize, len: usize) -> Result<()
     Ok(())
 }
 
-/// f32 values to little-endian bytes of the file dtype (round to nearest even, as torch).
-pub fn encode(vals: &[f32], dtype: OutputDtype) -> Vec<u8> {
-    match dtype {
-        OutputDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
-        OutputDtype::Bf16 => {
-            let v: Vec<bf16> = vals.iter().map(|&x| bf16::from_f32(x)).collect();
-            bytemuck::cast_slice(&v).to_vec()
-        }
-        OutputDtype::F16 => {
-            let v: Vec<f16> = vals.iter().map(|&x| f16::from_f32(x)).collect();
-            bytemuck::cast_slice(&v).to_vec()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::actors::messages::{NewRequestData, PlannedChunk};
+    /// f32 rows as a backend hands them over for f32 files.
+    fn f32_bytes(vals: &[f32]) -> Vec<u8> {
+        bytemuck::cast_slice(vals).to_vec()
+    }
 
     fn id(s: &str) -> RequestId {
         RequestId::new(s).unwrap()
@@ -261,7 +249,7 @@ mod tests {
         assert_eq!(step.token_ids, vec![1, 2, 9]);
         assert_eq!(step.seqs[1].block_table, vec![3, 4]);
         let out = BatchOutput {
-            captured: encode(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5], OutputDtype::F32),
+            captured: f32_bytes(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]),
             dtype: OutputDtype::F32,
             sampled: vec![None, Some(5)],
             bad_rows: vec![],
@@ -270,7 +258,7 @@ mod tests {
         assert_eq!(res.sampled, vec![(id("b"), 5)]);
         assert_eq!(caps.len(), 2);
         assert_eq!(caps[1].start, 0);
-        assert_eq!(caps[1].data, encode(&[2.0, 2.5], OutputDtype::F32));
+        assert_eq!(caps[1].data, f32_bytes(&[2.0, 2.5]));
         assert_eq!(caps[0].rows, 2);
         // The sampled token becomes b's next input.
         let plan2 = StepPlan {
@@ -332,7 +320,7 @@ mod tests {
         };
         s.prepare(&plan).unwrap();
         let short = BatchOutput {
-            captured: encode(&[0.0], OutputDtype::F32),
+            captured: f32_bytes(&[0.0]),
             dtype: OutputDtype::F32,
             sampled: vec![Some(1)],
             bad_rows: vec![],
@@ -342,7 +330,7 @@ mod tests {
             Err(PlanError::OutputSize { .. })
         ));
         let unsampled = BatchOutput {
-            captured: encode(&[0.0, 0.0], OutputDtype::F32),
+            captured: f32_bytes(&[0.0, 0.0]),
             dtype: OutputDtype::F32,
             sampled: vec![None],
             bad_rows: vec![],
@@ -362,13 +350,6 @@ mod tests {
     }
 
     #[test]
-    fn bf16_encoding_rounds_like_torch() {
-        // 1 + 2^-8 is halfway between two bf16 values: ties go to even (1.0).
-        let bytes = encode(&[1.0 + 1.0 / 256.0, -2.0], OutputDtype::Bf16);
-        assert_eq!(bytes, vec![0x80, 0x3f, 0x00, 0xc0]);
-    }
-
-    #[test]
     fn refused_rows_fail_their_request_only() {
         use crate::kernels::RowFault;
         let mut s = RunnerState::default();
@@ -380,7 +361,7 @@ mod tests {
         };
         s.prepare(&plan).unwrap();
         let out = BatchOutput {
-            captured: encode(&[0.0; 6], OutputDtype::F32),
+            captured: f32_bytes(&[0.0; 6]),
             dtype: OutputDtype::F32,
             sampled: vec![None, None],
             bad_rows: vec![BadRow {

@@ -146,6 +146,14 @@ mod tests {
     }
 
     #[test]
+    fn bf16_rounds_like_torch() {
+        // 1 + 2^-8 is halfway between two bf16 values: ties go to even (1.0).
+        let mut out = [0u8; 4];
+        encode_into(&[1.0 + 1.0 / 256.0, -2.0], OutputDtype::Bf16, &mut out);
+        assert_eq!(out, [0x80, 0x3f, 0x00, 0xc0]);
+    }
+
+    #[test]
     fn guard_sees_the_values_as_written() {
         // 70000 overflows f16 to infinity; 1e-9 underflows it to zero.
         let got = capture(OutputDtype::F16, Some(vec![true, true]), &[[70000.0, 1.0]]);
