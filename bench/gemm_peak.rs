@@ -2,11 +2,14 @@
 //!
 //! `cargo run --release --example gemm_peak -- [--threads 2] [--rows 2048] [--json]`
 //!
-//! - FMA peak: independent chains of fused multiply-adds on the widest vectors this build can
-//!   use at run time (AVX2+FMA: 8 f32 lanes; else scalar), on 1 and on `--threads` threads.
+//! - Peaks (`peaks.rs`): register-only probes of each unit the CPU has — AVX2 FMA, AVX-512
+//!   FMA, AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps` — on 1 and on `--threads` threads; the f32
+//!   FMA peak is the widest one's.
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
-//!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 3.
+//!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
+//!   shapes with bf16 weights on each bf16 path this CPU has (`Bf16Kernel`), each against the
+//!   peak of the unit it runs on.
 
 use std::time::Instant;
 
@@ -21,134 +24,160 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// FMA chains per thread; flops per call = 2 * lanes * CHAINS * iters.
-const CHAINS: usize = 12;
+#[path = "peaks.rs"]
+mod peaks;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn fma_avx2(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let a = _mm256_set1_ps(0.999_999);
-    let b = _mm256_set1_ps(1e-7);
-    let mut acc = [_mm256_set1_ps(1.0); CHAINS];
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, a, b);
-        }
-    }
-    let mut s = _mm256_setzero_ps();
-    for x in acc {
-        s = _mm256_add_ps(s, x);
-    }
-    let mut out = [0f32; 8];
-    // SAFETY: out holds 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
-    out.iter().sum()
+use hsx::kernels::Bf16Kernel;
+use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16};
+
+/// The dense benchmark model's projections: (name, k, n).
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("qkv", 1024, 1536),
+    ("o", 1024, 1024),
+    ("gate_up", 1024, 5632),
+    ("down", 2816, 1024),
+];
+
+/// Best of 4 seconds of `f`.
+fn best_secs(mut f: impl FnMut()) -> f64 {
+    (0..4)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
 }
 
-fn fma_scalar(iters: usize) -> f32 {
-    let mut acc = [1.0f32; CHAINS];
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = x.mul_add(0.999_999, 1e-7);
-        }
+/// GFLOP/s per shape and over the mix of `mul(rows, k, n)` (seconds of one product).
+fn rates(
+    rows: usize,
+    mut secs: impl FnMut(usize, usize) -> f64,
+) -> (f64, Vec<(&'static str, usize, usize, f64)>) {
+    let (mut flops, mut total) = (0.0, 0.0);
+    let mut per = Vec::new();
+    for (name, k, n) in SHAPES {
+        let s = secs(k, n);
+        let f = 2.0 * (rows * k * n) as f64;
+        flops += f;
+        total += s;
+        per.push((name, k, n, f / s / 1e9));
     }
-    acc.iter().sum()
+    (flops / total / 1e9, per)
 }
 
-/// (flops per call, the kernel) for this CPU.
-fn fma_kernel() -> (usize, fn(usize) -> f32, &'static str) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features were just checked.
-        return (
-            2 * 8 * CHAINS,
-            |n| unsafe { fma_avx2(n) },
-            "avx2+fma (8 lanes)",
-        );
-    }
-    (2 * CHAINS, fma_scalar, "scalar fma")
-}
-
-fn peak(threads: usize) -> f64 {
-    let (flops, kernel, _) = fma_kernel();
-    let iters = 20_000_000;
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let t = Instant::now();
-        let sink: f32 = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|_| s.spawn(move || kernel(iters)))
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).sum()
-        });
-        let dt = t.elapsed().as_secs_f64();
-        std::hint::black_box(sink);
-        best = best.max((flops * iters * threads) as f64 / dt / 1e9);
-    }
-    best
+fn operands(rows: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..rows * k)
+        .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
+        .collect();
+    let w = (0..n * k)
+        .map(|i| ((i % 89) as f32 - 44.0) * 0.01)
+        .collect();
+    (a, w)
 }
 
 fn main() {
     let threads = arg("--threads", 2);
     let rows = arg("--rows", 2048);
     let json = std::env::args().any(|a| a == "--json");
-    let (_, _, kind) = fma_kernel();
-    let p1 = peak(1);
-    let pn = peak(threads);
+    let iters = arg("--iters", 20_000_000);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let shapes = [
-        ("qkv", 1024usize, 1536usize),
-        ("o", 1024, 1024),
-        ("gate_up", 1024, 5632),
-        ("down", 2816, 1024),
-    ];
-    let mut total_flops = 0.0;
-    let mut total_secs = 0.0;
-    let mut per = Vec::new();
-    for (name, k, n) in shapes {
-        let a: Vec<f32> = (0..rows * k)
-            .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
-            .collect();
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i % 89) as f32 - 44.0) * 0.01)
-            .collect();
-        let mut c = Vec::new();
-        let mut best = f64::MAX;
-        for _ in 0..4 {
-            let t = Instant::now();
-            pool.install(|| matmul_wt(&a, rows, k, &w, n, &mut c, threads));
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        let flops = 2.0 * (rows * k * n) as f64;
-        total_flops += flops;
-        total_secs += best;
-        per.push((name, k, n, flops / best / 1e9));
+    // Peaks of every unit this CPU has; the f32 FMA peak is the widest one's.
+    let mut units = serde_json::Map::new();
+    let mut peak_of = std::collections::HashMap::new();
+    for unit in ["avx2", "avx512", "avx512bf16", "amx"] {
+        let Some(p) = peaks::probe(unit) else {
+            continue;
+        };
+        // AMX does ~250x the flops of one FMA chain step per iteration.
+        let it = if unit == "amx" { iters / 200 } else { iters };
+        let (p1, pn) = (peaks::measure(p, 1, it), peaks::measure(p, threads, it));
+        units.insert(
+            unit.into(),
+            serde_json::json!({"peak_1t_gflops": p1, "peak_gflops": pn}),
+        );
+        peak_of.insert(unit, (p1, pn));
     }
-    let gemm = total_flops / total_secs / 1e9;
+    let fma = if peak_of.contains_key("avx512") {
+        "avx512"
+    } else {
+        "avx2"
+    };
+    let (p1, pn) = peak_of.get(fma).copied().unwrap_or((0.0, 0.0));
+    let (gemm, per) = rates(rows, |k, n| {
+        let (a, w) = operands(rows, k, n);
+        let mut c = Vec::new();
+        best_secs(|| pool.install(|| matmul_wt(&a, rows, k, &w, n, &mut c, threads)))
+    });
+    // bf16 weights on each path this CPU has, against the peak of the unit it runs on.
+    let mut bf16 = Vec::new();
+    for path in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16, Bf16Kernel::F32] {
+        if !path.available() {
+            continue;
+        }
+        let unit = match path {
+            Bf16Kernel::Amx => "amx",
+            Bf16Kernel::Avx512bf16 => "avx512bf16",
+            _ => fma,
+        };
+        let (mix, per) = rates(rows, |k, n| {
+            let (a, w) = operands(rows, k, n);
+            let bits: Vec<u16> = w
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect();
+            let packed = PackedBf16::pack(&bits, n, k);
+            let (mut c, mut scratch) = (Vec::new(), Vec::new());
+            best_secs(|| {
+                pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, path, &mut scratch))
+            })
+        });
+        let peak = peak_of.get(unit).map_or(0.0, |p| p.1);
+        bf16.push((path, unit, mix, peak, per));
+    }
     if json {
+        let shapes = |per: &[(&str, usize, usize, f64)]| {
+            per.iter()
+                .map(|(n, k, m, g)| serde_json::json!({"name": n, "k": k, "n": m, "gflops": g}))
+                .collect::<Vec<_>>()
+        };
         println!(
             "{}",
             serde_json::json!({
-                "fma": kind, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
-                "rows": rows, "gemm_gflops": gemm,
-                "shapes": per.iter().map(|(n, k, m, g)| serde_json::json!({"name": n, "k": k, "n": m, "gflops": g})).collect::<Vec<_>>(),
+                "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
+                "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
+                "bf16": bf16.iter().map(|(path, unit, mix, peak, per)| serde_json::json!({
+                    "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
+                    "shapes": shapes(per)})).collect::<Vec<_>>(),
             })
         );
         return;
     }
-    println!("FMA peak ({kind}): {p1:.1} GFLOP/s on 1 thread, {pn:.1} on {threads}");
-    for (name, k, n, g) in &per {
+    for (unit, (p1, pn)) in &peak_of {
+        println!("{unit} peak: {p1:.1} GFLOP/s on 1 thread, {pn:.1} on {threads}");
+    }
+    let report = |what: &str, per: &[(&str, usize, usize, f64)], mix: f64, peak: f64| {
+        for (name, k, n, g) in per {
+            println!(
+                "{what} {rows}x{k} -> {n} ({name}): {g:.1} GFLOP/s ({:.0}% of peak)",
+                100.0 * g / peak
+            );
+        }
         println!(
-            "matmul_wt {rows}x{k} -> {n} ({name}): {g:.1} GFLOP/s ({:.0}% of peak)",
-            100.0 * g / pn
+            "{what}: dense layer mix {mix:.1} GFLOP/s on {threads} threads ({:.0}% of peak)",
+            100.0 * mix / peak
+        );
+    };
+    report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
+    for (path, unit, mix, peak, per) in &bf16 {
+        report(
+            &format!("bf16 weights, {path} [{unit} peak]"),
+            per,
+            *mix,
+            *peak,
         );
     }
-    println!(
-        "dense layer mix: {gemm:.1} GFLOP/s on {threads} threads ({:.0}% of peak)",
-        100.0 * gemm / pn
-    );
 }

@@ -339,7 +339,13 @@ def main() -> int:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
-    isa = ",".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags)
+    isa = ",".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f" {f}" in flags)
+    def row_peak(r: dict) -> float:
+        if r["dtype"] == "bf16" and bf16_path.get("unit_peak_gflops"):
+            return bf16_path["unit_peak_gflops"]
+        return peak["peak_gflops"]
+
+    bf16_path = (peak.get("bf16") or [{}])[0]
     out = []
     out.append(f"hsx bench, {now}; {cpu} ({os.cpu_count()} cpus; {isa}); {platform.platform()}")
     out.append(f"prompts: {len(lens)} ({sum(lens)} tokens, lengths {min(lens)}..{max(lens)}, log-uniform, seed 5); "
@@ -349,6 +355,18 @@ def main() -> int:
                f"{peak['peak_gflops']:.0f} on {peak['threads']}; hsx matmul_wt at the model's shapes "
                f"({peak['rows']} rows): {peak['gemm_gflops']:.0f} GFLOP/s "
                f"({100 * peak['gemm_gflops'] / peak['peak_gflops']:.0f}% of peak)")
+    units = peak.get("units", {})
+    if units:
+        out.append("unit peaks (register-only probes, 1 thread / " + str(peak["threads"]) + "): " + "; ".join(
+            f"{u} {v['peak_1t_gflops']:.0f} / {v['peak_gflops']:.0f} GFLOP/s" for u, v in units.items()))
+    for b in peak.get("bf16", []):
+        out.append(f"bf16 weights on the {b['path']} path ({peak['rows']} rows, the same shapes): {b['gflops']:.0f} GFLOP/s "
+                   f"({100 * b['gflops'] / b['unit_peak_gflops']:.0f}% of the {b['unit']} peak)"
+                   if b["unit_peak_gflops"] else f"bf16 weights on the {b['path']} path: {b['gflops']:.0f} GFLOP/s")
+    # bf16 rows run on the path `cpu_bf16_kernel = "auto"` picks: the first of these.
+    if bf16_path:
+        out.append(f"bf16 rows: hsx multiplies bf16 weights on the {bf16_path['path']} path "
+                   f"(GFLOP/s column: % of the {bf16_path['unit']} peak)")
     out.append("")
     out.append("| model | weights | hsx tok/s | hsx compute-only tok/s | write/compute | peer as usual tok/s | "
                "peer at best tok/s | hsx / usual | hsx / best | hsx peak RSS | hsx GFLOP/s (% of peak) | "
@@ -372,7 +390,7 @@ def main() -> int:
             f"| {r['model']} | {r['dtype']} | {wt:.0f} | {fmt(r['compute_tok_s'])} | {ratio} | "
             f"{fmt(ut)} | {fmt(bt)} | {fmt(wt / ut if ut else None, '.2f')}× | "
             f"{fmt(wt / bt if bt else None, '.2f')}× | {fmt(r['rss_mib'])} MiB | "
-            f"{r['gflops']:.0f} ({100 * r['gflops'] / peak['peak_gflops']:.0f}%) | {loads} |"
+            f"{r['gflops']:.0f} ({100 * r['gflops'] / row_peak(r):.0f}%) | {loads} |"
         )
     if mem:
         out.append("")

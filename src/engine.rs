@@ -65,6 +65,8 @@ pub struct EngineInfo {
     pub max_waiting: usize,
     /// The model directory (tokenizer.json and tokenizer_config.json live there).
     pub model_dir: PathBuf,
+    /// The device and its kernels, in words (e.g. `cpu (2 threads, bf16 GEMM: amx)`).
+    pub device: String,
 }
 
 /// A request as a client describes it.
@@ -109,6 +111,9 @@ impl Engine {
         })?;
         let has_recurrent = spec.has_recurrent_layers();
         let backend = load_backend(cfg, spec, &info.layer_ids, info.dtype).await?;
+        let mut info = info;
+        info.device = backend.device_name();
+        tracing::info!(device = %info.device, "model loaded");
 
         let e = &cfg.engine;
         // Hybrid models keep one recurrent-state slot per running request.
@@ -309,6 +314,7 @@ fn engine_info(
         output_dir: cfg.output.dir.clone(),
         max_waiting: cfg.engine.max_waiting,
         model_dir: cfg.model.path.clone(),
+        device: String::new(),
     })
 }
 
@@ -392,6 +398,7 @@ async fn load_cpu(
         num_state_slots: cfg.engine.max_num_seqs,
         output_dtype: dtype,
         reject_bad_states: cfg.engine.reject_bad_states,
+        bf16_kernel: cfg.model.cpu_bf16_kernel,
     };
     let loaded = tokio::task::spawn_blocking(move || CpuBackend::load(Path::new(&dir), spec, opts))
         .await

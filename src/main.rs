@@ -267,10 +267,11 @@ async fn extract(args: ExtractArgs) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(&cfg).await.context("starting the engine")?;
     let info = engine.info().clone();
     eprintln!(
-        "hsx: model {} ({} layers, hidden {}), capturing layers {:?} as {} into {}",
+        "hsx: model {} ({} layers, hidden {}) on {}, capturing layers {:?} as {} into {}",
         info.model_name,
         info.num_layers,
         info.hidden_size,
+        info.device,
         info.layer_ids,
         info.dtype.name(),
         info.output_dir.display()

@@ -17,6 +17,7 @@ pub mod rope;
 pub mod routing;
 
 pub use cpu::CpuDevice;
+pub use cpu::bf16::Bf16Kernel;
 pub use device::{Device, DeviceError};
 pub use dtype::{OutputDtype, RopeScaling, WeightDtype};
 
@@ -143,4 +144,8 @@ pub trait Backend: Send {
     /// dtype of the captured rows in [`BatchOutput::captured`].
     fn output_dtype(&self) -> OutputDtype;
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError>;
+    /// The device and its kernels, in words (logged at start).
+    fn device_name(&self) -> String {
+        String::from("unnamed device")
+    }
 }

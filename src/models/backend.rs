@@ -177,6 +177,10 @@ impl<D: Device> Backend for ModelBackend<D> {
         self.layout.output_dtype
     }
 
+    fn device_name(&self) -> String {
+        self.device().describe()
+    }
+
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
         let spec = &self.model.spec;
         let limits = PlanLimits::new(

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::backend::{Layout, ModelBackend};
 use super::{ModelError, ModelSpec};
 use crate::kernels::CpuDevice;
-use crate::kernels::{Backend, OutputDtype};
+use crate::kernels::{Backend, Bf16Kernel, OutputDtype};
 
 /// A model on the CPU.
 pub type CpuBackend = ModelBackend<CpuDevice>;
@@ -29,12 +29,15 @@ pub struct CpuOptions {
     pub output_dtype: OutputDtype,
     /// Refuse captured rows with NaN / Inf, or all zeros at a layer id >= 1.
     pub reject_bad_states: bool,
+    /// How bf16 weights are multiplied (`[model] cpu_bf16_kernel`).
+    pub bf16_kernel: Bf16Kernel,
 }
 
 impl ModelBackend<CpuDevice> {
     /// Loads the weights of `dir` for `spec` (from [`ModelSpec::from_dir`]) onto the CPU.
     pub fn load(dir: &Path, spec: ModelSpec, opts: CpuOptions) -> Result<Self, ModelError> {
-        let dev = CpuDevice::new(opts.threads).map_err(ModelError::InvalidOptions)?;
+        let dev =
+            CpuDevice::new(opts.threads, opts.bf16_kernel).map_err(ModelError::InvalidOptions)?;
         let layout = Layout {
             capture_layers: opts.capture_layers,
             num_blocks: opts.num_blocks,

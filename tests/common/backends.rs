@@ -2,7 +2,7 @@
 //! pieces), loading the CPU and CUDA backends on the fixtures, comparing captured rows.
 
 use hsx::kernels::cuda;
-use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, OutputDtype, SeqChunk};
+use hsx::kernels::{Backend, BackendError, Batch, BatchOutput, Bf16Kernel, OutputDtype, SeqChunk};
 use hsx::models::{CpuBackend, CpuOptions, CudaOptions, ModelSpec, WeightDtype};
 
 use super::{model_dir, random_prompt};
@@ -170,7 +170,8 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// CPU options capturing `layers` on `num_blocks` blocks of [`BLOCK`] and `slots` state slots,
-/// 2 threads.
+/// 2 threads, bf16 weights multiplied in f32 (the numerics of the transformers references; the
+/// native bf16 paths are checked by `Dev::CpuBf16`).
 pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOptions {
     CpuOptions {
         capture_layers: layers,
@@ -180,6 +181,7 @@ pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOp
         num_state_slots: slots,
         output_dtype: OutputDtype::F32,
         reject_bad_states: true,
+        bf16_kernel: Bf16Kernel::F32,
     }
 }
 
@@ -244,10 +246,20 @@ pub fn cuda_tol(dtype: WeightDtype) -> f32 {
     }
 }
 
+/// Max-rel of a native bf16 CPU path (activations rounded to bf16 before each GEMM) against
+/// the f32-compute references. transformers itself, run in bf16 on the same fixtures, is off
+/// those references by up to 1.5e-2 (llama_bf16) and 6.6e-2 (qwen3_5_bf16) over the prompts
+/// and layers < L (measured 2026-11-24, torch 2.15 / transformers 5.23); hsx's AMX path by
+/// 2.1e-2 on qwen3_5_bf16.
+pub const CPU_BF16_TOL: f32 = 5e-2;
+
 /// The devices a test can run a model on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dev {
+    /// The CPU, bf16 weights multiplied in f32.
     Cpu,
+    /// The CPU, bf16 weights on a native bf16 path (activations rounded to bf16).
+    CpuBf16(Bf16Kernel),
     Cuda,
 }
 
@@ -266,6 +278,17 @@ pub fn load_on(
             name,
             cpu_options(layers, num_blocks, slots),
         ))),
+        Dev::CpuBf16(k) if k.available() => Some(Box::new(cpu_backend(
+            name,
+            CpuOptions {
+                bf16_kernel: k,
+                ..cpu_options(layers, num_blocks, slots)
+            },
+        ))),
+        Dev::CpuBf16(k) => {
+            eprintln!("skip: {name} on the cpu's {k} path (this CPU does not have it)");
+            None
+        }
         Dev::Cuda if cuda_usable() => Some(cuda_backend(name, layers, num_blocks, slots, 4096)),
         Dev::Cuda => {
             eprintln!("skip: {name} on cuda (no usable CUDA device)");

@@ -26,6 +26,8 @@ pub fn config(model: &str, out: &Path, budget: usize, layers: Option<Vec<usize>>
     let mut c = Config::parse("[model]\npath = \"x\"\n").unwrap();
     c.model.path = model_dir(model);
     c.model.threads = 2;
+    // f32 numerics for bf16 weights, as the references (golden.rs also runs the native path).
+    c.model.cpu_bf16_kernel = hsx::kernels::Bf16Kernel::F32;
     c.output.dir = out.to_owned();
     c.engine.max_num_batched_tokens = budget;
     c.engine.layer_ids = layers;

@@ -278,6 +278,7 @@ fn capture_subset_and_no_sample() {
         num_state_slots: 0,
         output_dtype: hsx::kernels::OutputDtype::F32,
         reject_bad_states: true,
+        bf16_kernel: hsx::kernels::Bf16Kernel::Auto,
     };
     let mut be = CpuBackend::load(&dir, spec, opts).unwrap();
     assert_eq!(be.capture_layers(), &[1, 4]);
@@ -441,6 +442,7 @@ fn load_err(dir: &Path) -> ModelError {
         num_state_slots: 0,
         output_dtype: hsx::kernels::OutputDtype::F32,
         reject_bad_states: true,
+        bf16_kernel: hsx::kernels::Bf16Kernel::Auto,
     };
     match CpuBackend::load(dir, spec, opts) {
         Ok(_) => panic!("{} loaded", dir.display()),

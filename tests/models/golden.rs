@@ -82,6 +82,44 @@ async fn bf16_weights_match_transformers_f32_compute() {
     check_model("llama_bf16", 1e-4).await;
 }
 
+/// bf16 weights on the path `auto` picks on this CPU (the default: AMX, else AVX512-BF16,
+/// else f32): every layer within bf16 rounding of the f32-compute reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_weights_on_the_default_path() {
+    let path = hsx::kernels::Bf16Kernel::Auto.resolve().unwrap();
+    println!("bf16 GEMM path here: {path}");
+    for model in ["llama_bf16", "qwen3_5_bf16"] {
+        let reference = Reference::load(model);
+        let out = tempfile::tempdir().unwrap();
+        let layers = reference_layers(model);
+        let mut cfg = config(model, out.path(), 64, Some(layers.clone()));
+        cfg.model.cpu_bf16_kernel = hsx::kernels::Bf16Kernel::Auto;
+        let n = reference.num_prompts();
+        let reqs = (0..n)
+            .map(|p| spec(&format!("p{p}"), &reference.input_ids(p)))
+            .collect();
+        let events = run_requests(&cfg, reqs).await;
+        for p in 0..n {
+            let file = HsFile::read(&completed_path(&events[&format!("p{p}")]));
+            for (k, id) in layers.iter().enumerate() {
+                let want = reference.f32(&format!("p{p}.layer.{id}"));
+                let err = max_rel(&file.layer(k), &want);
+                let tol = common::backends::CPU_BF16_TOL;
+                assert!(
+                    err <= tol,
+                    "{model} on {path} p{p} layer {id}: max-rel {err:e}"
+                );
+            }
+        }
+    }
+}
+
+/// Every layer id of fixture `model` (0..=L).
+fn reference_layers(model: &str) -> Vec<usize> {
+    let spec = hsx::models::ModelSpec::from_dir(&model_dir(model)).unwrap();
+    (0..=spec.num_layers).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_and_bf16_file_dtype() {
     let out = tempfile::tempdir().unwrap();

@@ -1,10 +1,12 @@
 //! Every fixture architecture on every device, from one table: the same checks for each
 //! (model, device) pair — every layer id of every reference prompt against transformers, the
 //! greedy token, and the same rows whether a request runs alone or cut into pieces of 7 and 61
-//! tokens sharing steps with other requests (bit for bit on the CPU). A device that is not
-//! usable here prints a skip line.
+//! tokens sharing steps with other requests (bit for bit on the CPU). bf16 fixtures also run
+//! on each native bf16 path of the CPU (AMX, AVX512-BF16: activations rounded to bf16, so
+//! within the bf16 tolerance, and bit for bit across pieces on the path). A device or path
+//! that is not usable here prints a skip line.
 
-use crate::common::backends::{Dev, Paging, cuda_tol, layer_of, load_on, same_bits};
+use crate::common::backends::{CPU_BF16_TOL, Dev, Paging, cuda_tol, layer_of, load_on, same_bits};
 use crate::common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::models::{ModelSpec, WeightDtype};
 
@@ -21,6 +23,7 @@ fn check(name: &str, dev: Dev) {
     };
     let tol = match dev {
         Dev::Cpu => 1e-4,
+        Dev::CpuBf16(_) => CPU_BF16_TOL,
         Dev::Cuda => cuda_tol(spec.dtype).max(1e-4),
     };
     let reference = Reference::load(name);
@@ -49,7 +52,12 @@ fn check(name: &str, dev: Dev) {
         let split = Paging::Hybrid.run_pieces(be.as_mut(), &prompts, piece, reverse);
         for (r, (a, b)) in whole.iter().zip(&split).enumerate() {
             match dev {
-                Dev::Cpu => assert!(same_bits(&a.0, &b.0), "{name} p{r} pieces of {piece}"),
+                Dev::Cpu | Dev::CpuBf16(_) => {
+                    assert!(
+                        same_bits(&a.0, &b.0),
+                        "{name} on {dev:?} p{r} pieces of {piece}"
+                    )
+                }
                 Dev::Cuda => assert!(max_rel(&b.0, &a.0) <= 1e-5, "{name} p{r} pieces of {piece}"),
             }
             assert_eq!(a.1, b.1, "{name} on {dev:?} p{r} pieces of {piece}: token");
@@ -64,6 +72,15 @@ macro_rules! matrix {
             #[test]
             fn cpu() {
                 super::check($fixture, super::Dev::Cpu);
+            }
+            /// The native bf16 paths (bf16 fixtures only: f32 weights never take them).
+            #[test]
+            fn cpu_bf16_paths() {
+                for k in [hsx::kernels::Bf16Kernel::Amx, hsx::kernels::Bf16Kernel::Avx512bf16] {
+                    if $fixture.ends_with("_bf16") {
+                        super::check($fixture, super::Dev::CpuBf16(k));
+                    }
+                }
             }
             #[test]
             fn cuda() {

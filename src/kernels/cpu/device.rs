@@ -1,12 +1,14 @@
-//! [`CpuDevice`]: the [`Device`] ops on the CPU kernels of this module, f32 throughout (bf16
-//! weights widened at load), every op inside the device's rayon pool.
+//! [`CpuDevice`]: the [`Device`] ops on the CPU kernels of this module, every op inside the
+//! device's rayon pool. Activations are f32; bf16 weights stay bf16 and are multiplied by the
+//! [`Bf16Kernel`] chosen at start (f16 weights are widened to f32 at load).
 
 use std::ops::Range;
 
 use super::attention::{AttnShape, attention};
+use super::bf16::{Bf16Kernel, PackedBf16};
 use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
-use super::matmul::{Linear, matmul_wt};
+use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::ops::{self, apply_rope};
 use super::recurrent::{self, StateCache, sigmoid};
@@ -14,6 +16,7 @@ use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     GdnParams, HostMatrix, KvShape, MambaParams,
 };
+use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
 use crate::kernels::routing::Routing;
@@ -22,11 +25,14 @@ use crate::kernels::routing::Routing;
 pub struct CpuDevice {
     pool: rayon::ThreadPool,
     threads: usize,
+    bf16: Bf16Kernel,
 }
 
 impl CpuDevice {
-    /// A device with `threads` compute threads (0 = every core).
-    pub fn new(threads: usize) -> Result<Self, String> {
+    /// A device with `threads` compute threads (0 = every core), multiplying bf16 weights on
+    /// `bf16` (`Auto`: the fastest path this CPU has; a path it lacks is an error).
+    pub fn new(threads: usize, bf16: Bf16Kernel) -> Result<Self, String> {
+        let bf16 = bf16.resolve()?;
         let threads = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -36,11 +42,20 @@ impl CpuDevice {
             .thread_name(|i| format!("hsx-cpu-{i}"))
             .build()
             .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-        Ok(Self { pool, threads })
+        Ok(Self {
+            pool,
+            threads,
+            bf16,
+        })
     }
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The path bf16 weights are multiplied on.
+    pub fn bf16_kernel(&self) -> Bf16Kernel {
+        self.bf16
     }
 }
 
@@ -103,7 +118,7 @@ impl Device for CpuDevice {
     type Step<'a> = CpuStep<'a>;
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", self.threads)
+        format!("cpu ({} threads, bf16 GEMM: {})", self.threads, self.bf16)
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -112,7 +127,22 @@ impl Device for CpuDevice {
 
     fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Linear> {
         let (out, inp) = (weight.rows, weight.cols);
-        let w = self.pool.install(|| weight.to_f32());
+        let w = self.pool.install(|| match weight.dtype {
+            WeightDtype::Bf16 => {
+                let packed = match bytemuck::try_cast_slice::<u8, u16>(&weight.data) {
+                    Ok(bits) => PackedBf16::pack(bits, out, inp),
+                    // Unaligned in the mapped file: one copy first.
+                    Err(_) => {
+                        PackedBf16::pack(&bytemuck::pod_collect_to_vec(&weight.data), out, inp)
+                    }
+                };
+                Weight::Bf16 {
+                    w: packed,
+                    kernel: self.bf16,
+                }
+            }
+            _ => Weight::F32(weight.to_f32()),
+        });
         Ok(Linear {
             w,
             b: bias,
@@ -187,9 +217,9 @@ impl Device for CpuDevice {
     fn embed(&self, step: &CpuStep<'_>, table: &Linear, out: &mut CpuBuf) -> DevResult<()> {
         let h = table.inp;
         out.data.clear();
-        for &t in step.tokens {
-            let t = t as usize;
-            out.data.extend_from_slice(&table.w[t * h..(t + 1) * h]);
+        out.data.resize(step.tokens.len() * h, 0.0);
+        for (&t, row) in step.tokens.iter().zip(out.data.chunks_exact_mut(h)) {
+            table.row_into(t as usize, row);
         }
         set(out, h);
         Ok(())
@@ -218,22 +248,12 @@ impl Device for CpuDevice {
             )));
         }
         let mut y = Vec::new();
-        matmul_wt(
+        w.forward(
             &x.data[rows.start * k..rows.end * k],
             m,
-            k,
-            &w.w,
-            n,
             &mut y,
             self.threads,
         );
-        if let Some(b) = &w.b {
-            for row in y.chunks_exact_mut(n) {
-                for (v, bi) in row.iter_mut().zip(b) {
-                    *v += *bi;
-                }
-            }
-        }
         out.data[rows.start * n..rows.end * n].copy_from_slice(&y);
         Ok(())
     }

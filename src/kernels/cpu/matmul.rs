@@ -24,22 +24,37 @@
 
 use gemm::Parallelism;
 
+use super::bf16::{Bf16Kernel, PackedBf16, matmul_bf16};
+
 /// Smallest M handed to gemm (see the module docs).
 pub const MIN_ROWS: usize = 65;
 
-/// A linear layer: `w` is `[out, inp]` row-major (torch layout), optional bias `[out]`.
+/// A linear layer's weight `[out, inp]`: f32 (torch layout, row-major), or bf16 kept as bf16
+/// in tiles with the kernel that multiplies it.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    F32(Vec<f32>),
+    Bf16 { w: PackedBf16, kernel: Bf16Kernel },
+}
+
+/// A linear layer: weight `[out, inp]`, optional bias `[out]`.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub w: Vec<f32>,
+    pub w: Weight,
     pub b: Option<Vec<f32>>,
     pub out: usize,
     pub inp: usize,
 }
 
 impl Linear {
-    /// `y[m, out] = x[m, inp] · Wᵀ (+ b)`; `y` is resized to `m * out`.
+    /// `y[m, out] = x[m, inp] · Wᵀ (+ b)`; `y` is resized to `m * out`. `scratch` holds the
+    /// bf16 copy of `x` on the bf16 paths.
     pub fn forward(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) {
-        matmul_wt(x, m, self.inp, &self.w, self.out, y, threads);
+        match &self.w {
+            Weight::F32(w) => matmul_wt(x, m, self.inp, w, self.out, y, threads),
+            Weight::Bf16 { w, kernel } => BF16_SCRATCH
+                .with_borrow_mut(|scratch| matmul_bf16(x, m, w, y, threads, *kernel, scratch)),
+        }
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out) {
                 for (v, bi) in row.iter_mut().zip(b) {
@@ -49,25 +64,26 @@ impl Linear {
         }
     }
 
-    /// Stacks layers that read the same input into one (rows of `W` concatenated).
-    pub fn concat(parts: Vec<Linear>) -> Linear {
-        let inp = parts.first().map_or(0, |p| p.inp);
-        let out = parts.iter().map(|p| p.out).sum();
-        let has_bias = parts.iter().any(|p| p.b.is_some());
-        let mut w = Vec::with_capacity(out * inp);
-        let mut b = has_bias.then(|| Vec::with_capacity(out));
-        for p in parts {
-            debug_assert_eq!(p.inp, inp);
-            if let Some(b) = b.as_mut() {
-                match &p.b {
-                    Some(pb) => b.extend_from_slice(pb),
-                    None => b.extend(std::iter::repeat_n(0.0, p.out)),
-                }
-            }
-            w.extend_from_slice(&p.w);
+    /// Row `r` of the weight (an embedding row), widened into `out[..inp]`.
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        match &self.w {
+            Weight::F32(w) => out[..self.inp].copy_from_slice(&w[r * self.inp..(r + 1) * self.inp]),
+            Weight::Bf16 { w, .. } => w.row_into(r, out),
         }
-        Linear { w, b, out, inp }
     }
+
+    /// Bytes the weight holds.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.w {
+            Weight::F32(w) => w.len() * 4,
+            Weight::Bf16 { w, .. } => w.bytes(),
+        }
+    }
+}
+
+thread_local! {
+    /// The activations rounded to bf16, reused by every call on this thread.
+    static BF16_SCRATCH: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `c[m, n] = a[m, k] · w[n, k]ᵀ`, row-invariant (see the module docs). `threads` is the

@@ -1,7 +1,8 @@
-//! CPU device: f32 compute, gemm + rayon.
+//! CPU device: f32 activations, f32 or bf16 GEMMs (chosen at run time), gemm + rayon.
 //!
 //! - [`device`]: [`CpuDevice`], the [`Device`](crate::kernels::Device) implementation.
 //! - [`matmul`]: row-invariant `A · Wᵀ` on the `gemm` crate (see its docs for the gemm findings).
+//! - [`bf16`]: bf16 weights kept as bf16, multiplied on AMX, AVX512-BF16 or widened to f32.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, residual add, argmax.
 //! - [`kv_cache`]: the paged KV cache.
 //! - [`attention`]: causal GQA attention reading the cache only, in a fixed order.
@@ -10,6 +11,7 @@
 //! - [`capture`]: captured rows into the file dtype, the finite-and-non-empty guard.
 
 pub mod attention;
+pub mod bf16;
 pub mod capture;
 pub mod device;
 pub mod kv_cache;

@@ -1,0 +1,372 @@
+//! bf16 weights kept as bf16, and `C = A · Wᵀ` at the CPU's bf16 rate.
+//!
+//! # Layout
+//! A bf16 weight `W [n, k]` (torch Linear layout) is repacked once at load into tiles of 16
+//! output columns × 32 inputs ([`PackedBf16`]): tile row `kk` holds, for each of the 16 columns
+//! `j`, the pair `W[j][2kk], W[j][2kk + 1]` — the "VNNI" layout both `tdpbf16ps` (AMX, one tile
+//! = one B operand) and `vdpbf16ps` (AVX512-BF16, one tile row = one zmm) read. n is padded to
+//! 32 columns and k to 32 inputs with zeros, so every tile is whole.
+//!
+//! # Paths ([`Bf16Kernel`], chosen at run time)
+//! - `amx`: AMX-BF16 tiles (`amx.rs`); activations rounded to bf16, f32 accumulation.
+//! - `avx512bf16`: `vdpbf16ps` (`avx512.rs`); activations rounded to bf16, f32 accumulation.
+//! - `f32`: the weights widened panel by panel and multiplied in f32 by the `gemm` crate
+//!   (`widen.rs`): the numerics of f32 compute, bf16 in memory. Any x86-64 (AVX2 / AVX-512F).
+//!
+//! # Row invariance (DESIGN.md §7 a)
+//! On the bf16 paths every output element is accumulated over the same sequence of k pairs
+//! (tile after tile, row after row) whatever M, the row's position or the thread count: rows
+//! only pick which A tile row is loaded, threads split the columns, never k. The `f32` path
+//! inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
+
+mod amx;
+mod avx512;
+mod portable;
+mod widen;
+
+use std::fmt;
+
+use half::bf16;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Output columns per tile.
+pub const TILE_N: usize = 16;
+/// Inputs (bf16) per tile row... and rows of bf16 pairs per tile: 16 rows × 32 bf16.
+pub const TILE_K: usize = 32;
+/// u16 elements of one tile (1 KiB).
+const TILE_ELEMS: usize = TILE_N * TILE_K;
+/// Columns are padded to whole pairs of tiles (the AMX kernel computes 2 column tiles at once).
+const PAD_N: usize = 2 * TILE_N;
+/// Rows of A are padded to whole pairs of tiles.
+pub const PAD_M: usize = 32;
+
+/// Which kernel multiplies bf16 weights (`[model] cpu_bf16_kernel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bf16Kernel {
+    /// The fastest this CPU has: amx, else avx512bf16, else f32.
+    #[default]
+    Auto,
+    Amx,
+    Avx512bf16,
+    /// Widened to f32 panel by panel (f32 compute, bf16 in memory).
+    F32,
+}
+
+impl fmt::Display for Bf16Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Amx => "amx",
+            Self::Avx512bf16 => "avx512bf16",
+            Self::F32 => "f32",
+        })
+    }
+}
+
+impl Bf16Kernel {
+    /// Whether this CPU (and OS) can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            Self::Auto | Self::F32 => true,
+            Self::Amx => amx::ready(),
+            Self::Avx512bf16 => avx512::available(),
+        }
+    }
+
+    /// `Auto` resolved to a concrete path; an explicit path this CPU lacks is an error.
+    pub fn resolve(self) -> Result<Self, String> {
+        match self {
+            Self::Auto => Ok([Self::Amx, Self::Avx512bf16]
+                .into_iter()
+                .find(|k| k.available())
+                .unwrap_or(Self::F32)),
+            k if k.available() => Ok(k),
+            k => Err(format!(
+                "cpu_bf16_kernel = \"{k}\": this CPU does not have it (has: {})",
+                Self::all_available().join(", ")
+            )),
+        }
+    }
+
+    /// The concrete paths this CPU runs.
+    pub fn all_available() -> Vec<String> {
+        [Self::Amx, Self::Avx512bf16, Self::F32]
+            .into_iter()
+            .filter(|k| k.available())
+            .map(|k| k.to_string())
+            .collect()
+    }
+}
+
+/// `W [n, k]` in bf16 tiles (module docs): tile `(nb, kb)` at `(nb * kbs + kb) * TILE_ELEMS`.
+#[derive(Debug, Clone)]
+pub struct PackedBf16 {
+    pub n: usize,
+    pub k: usize,
+    /// Tiles along k (`k` padded to `kbs * 32`).
+    kbs: usize,
+    /// Tiles along n (`n` padded to `nbs * 16`, `nbs` even).
+    nbs: usize,
+    data: Vec<u16>,
+}
+
+impl PackedBf16 {
+    /// Packs `w` (`[n, k]` row-major bf16 bits).
+    pub fn pack(w: &[u16], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "PackedBf16::pack: weight is not [n, k]");
+        let kbs = k.div_ceil(TILE_K);
+        let nbs = n.div_ceil(PAD_N) * (PAD_N / TILE_N);
+        let mut data = vec![0u16; nbs * kbs * TILE_ELEMS];
+        data.par_chunks_mut(kbs * TILE_ELEMS)
+            .enumerate()
+            .for_each(|(nb, panel)| {
+                for j in 0..TILE_N {
+                    let col = nb * TILE_N + j;
+                    if col >= n {
+                        break;
+                    }
+                    for (i, &v) in w[col * k..(col + 1) * k].iter().enumerate() {
+                        panel[Self::offset_in_panel(i, j)] = v;
+                    }
+                }
+            });
+        Self {
+            n,
+            k,
+            kbs,
+            nbs,
+            data,
+        }
+    }
+
+    /// Offset of `W[nb * 16 + j][i]` inside column block `nb`'s panel.
+    fn offset_in_panel(i: usize, j: usize) -> usize {
+        let (kb, r) = (i / TILE_K, i % TILE_K);
+        kb * TILE_ELEMS + (r / 2) * TILE_K + j * 2 + (r % 2)
+    }
+
+    /// Tile `(nb, kb)`.
+    pub fn tile(&self, nb: usize, kb: usize) -> &[u16] {
+        let at = (nb * self.kbs + kb) * TILE_ELEMS;
+        &self.data[at..at + TILE_ELEMS]
+    }
+
+    /// Row `row` of `W` (one output column's weights), widened into `out[..k]`.
+    pub fn row_into(&self, row: usize, out: &mut [f32]) {
+        let (nb, j) = (row / TILE_N, row % TILE_N);
+        let panel = &self.data[nb * self.kbs * TILE_ELEMS..];
+        for (i, o) in out[..self.k].iter_mut().enumerate() {
+            *o = bf16::from_bits(panel[Self::offset_in_panel(i, j)]).to_f32();
+        }
+    }
+
+    pub fn k_padded(&self) -> usize {
+        self.kbs * TILE_K
+    }
+
+    pub fn column_tiles(&self) -> usize {
+        self.nbs
+    }
+
+    pub fn k_tiles(&self) -> usize {
+        self.kbs
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 2
+    }
+}
+
+/// `a [m, k]` (f32) rounded to bf16 (nearest even, as torch) into tiles of 16 rows × 32
+/// inputs, `[m padded to 32 / 16][kbs][16][32]`, zero padding: one A tile is 1 KiB contiguous
+/// (no cache-set conflicts from a power-of-two row stride).
+pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<u16>) {
+    let mp = m.div_ceil(PAD_M) * PAD_M;
+    out.clear();
+    out.resize(mp * kbs * TILE_K, 0);
+    out.par_chunks_mut(kbs * TILE_ELEMS)
+        .enumerate()
+        .for_each(|(mt, band)| {
+            for r in 0..16 {
+                let row = mt * 16 + r;
+                if row >= m {
+                    break;
+                }
+                let src = &a[row * k..(row + 1) * k];
+                for (kb, chunk) in src.chunks(TILE_K).enumerate() {
+                    let at = kb * TILE_ELEMS + r * TILE_K;
+                    round_into(chunk, &mut band[at..at + chunk.len()]);
+                }
+            }
+        });
+}
+
+/// `out[i] = bf16(src[i])`, round to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
+fn round_into(src: &[f32], out: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if src.len() == TILE_K && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present; both slices hold 32 elements.
+        unsafe { round32_avx512(src, out) };
+        return;
+    }
+    for (d, &v) in out.iter_mut().zip(src) {
+        *d = bf16::from_f32(v).to_bits();
+    }
+}
+
+/// 32 values, the integer form of round-to-nearest-even: `(x + 0x7fff + lsb) >> 16`; NaN
+/// keeps its sign and top mantissa bits with the quiet bit set (as `half`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn round32_avx512(src: &[f32], out: &mut [u16]) {
+    use std::arch::x86_64::*;
+    for h in 0..2 {
+        // SAFETY: 16 f32 in, 16 u16 out, at h * 16 inside the 32-element slices.
+        unsafe {
+            let x = _mm512_loadu_si512(src.as_ptr().add(h * 16).cast());
+            let lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+            let rounded = _mm512_srli_epi32(
+                _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb),
+                16,
+            );
+            let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
+            let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+            let quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+            let v = _mm512_mask_blend_epi32(nan, rounded, quiet);
+            _mm256_storeu_si256(
+                out.as_mut_ptr().add(h * 16).cast(),
+                _mm512_cvtepi32_epi16(v),
+            );
+        }
+    }
+}
+
+/// The output, written by workers at disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each worker writes only the columns of its own tile range (see `matmul_bf16`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// What a worker computes: C's columns of tile pairs `pairs` for rows `0..m`.
+pub(crate) struct Job<'a> {
+    /// A rounded to bf16 in tiles ([`round_tiles`]).
+    pub a: &'a [u16],
+    pub m: usize,
+    pub w: &'a PackedBf16,
+    pub pairs: std::ops::Range<usize>,
+    out: OutPtr,
+}
+
+impl Job<'_> {
+    /// Rows padded to [`PAD_M`].
+    pub fn mp(&self) -> usize {
+        self.a.len() / self.w.k_padded()
+    }
+
+    /// A tile of rows `16 mt..16 mt + 16`, inputs `32 kb..32 kb + 32` (row stride 32).
+    pub fn a_tile(&self, mt: usize, kb: usize) -> &[u16] {
+        let at = (mt * self.w.k_tiles() + kb) * TILE_ELEMS;
+        &self.a[at..at + TILE_ELEMS]
+    }
+
+    /// A's bf16 inputs `2 kk, 2 kk + 1` of tile `kb`, row `r`, as one u32 (low half first).
+    pub fn a_pair(&self, r: usize, kb: usize, kk: usize) -> u32 {
+        let t = self.a_tile(r / 16, kb);
+        let i = (r % 16) * TILE_K + 2 * kk;
+        u32::from(t[i]) | (u32::from(t[i + 1]) << 16)
+    }
+
+    /// Writes `vals` at row `r`, columns `c0..`, clipped to `[m, n]`.
+    pub fn store_row(&self, r: usize, c0: usize, vals: &[f32]) {
+        let n = self.w.n;
+        let cols = n.saturating_sub(c0).min(vals.len());
+        if r >= self.m || cols == 0 {
+            return;
+        }
+        // SAFETY: row r < m and columns c0..c0 + cols <= n lie inside C [m, n]; only this
+        // job writes the columns of its tile pairs.
+        unsafe {
+            let dst = self.out.0.add(r * n + c0);
+            std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, cols);
+        }
+    }
+
+    /// Writes the `16 × 16` tile `vals` (row stride 16) at rows `r0..`, columns `c0..`,
+    /// clipped to `[m, n]`.
+    pub fn store_tile(&self, r0: usize, c0: usize, vals: &[f32; 256]) {
+        for r in 0..16 {
+            self.store_row(r0 + r, c0, &vals[r * 16..(r + 1) * 16]);
+        }
+    }
+}
+
+/// `c [m, n] = a [m, k] · Wᵀ` on `kernel` (a resolved path), `threads` workers (call from
+/// inside the pool that should run it). `scratch` keeps A's bf16 copy between calls.
+pub fn matmul_bf16(
+    a: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut Vec<f32>,
+    threads: usize,
+    kernel: Bf16Kernel,
+    scratch: &mut Vec<u16>,
+) {
+    let (n, k) = (w.n, w.k);
+    assert_eq!(a.len(), m * k, "matmul_bf16: lhs is not [m, k]");
+    if c.len() != m * n {
+        c.clear();
+        c.resize(m * n, 0.0);
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    if kernel == Bf16Kernel::F32 || k == 0 {
+        widen::matmul(a, m, w, c, threads);
+        return;
+    }
+    round_tiles(a, m, k, w.k_tiles(), scratch);
+    let out = OutPtr(c.as_mut_ptr());
+    let pairs = w.column_tiles() / 2;
+    let workers = threads.clamp(1, pairs.max(1));
+    let run = |i: usize| {
+        let job = Job {
+            a: scratch,
+            m,
+            w,
+            pairs: pairs * i / workers..pairs * (i + 1) / workers,
+            out,
+        };
+        match kernel {
+            Bf16Kernel::Amx => amx::run(&job),
+            Bf16Kernel::Avx512bf16 => avx512::run(&job),
+            _ => portable::run(&job),
+        }
+    };
+    if workers == 1 {
+        run(0);
+    } else {
+        (0..workers).into_par_iter().for_each(run);
+    }
+}
+
+/// The reference of the bf16 paths (tests): same rounding, same pair order, scalar.
+pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
+    let mut scratch = Vec::new();
+    round_tiles(a, m, w.k, w.k_tiles(), &mut scratch);
+    c.clear();
+    c.resize(m * w.n, 0.0);
+    let job = Job {
+        a: &scratch,
+        m,
+        w,
+        pairs: 0..w.column_tiles() / 2,
+        out: OutPtr(c.as_mut_ptr()),
+    };
+    portable::run(&job);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+use half::bf16;
+
+use super::*;
+use crate::kernels::cpu::matmul::matmul_wt;
+
+fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn bits(w: &[f32]) -> Vec<u16> {
+    w.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+}
+
+fn widened(w: &[u16]) -> Vec<f32> {
+    w.iter().map(|&b| bf16::from_bits(b).to_f32()).collect()
+}
+
+/// The concrete paths, each with whether this CPU runs it (a skip line for the others).
+fn paths() -> Vec<Bf16Kernel> {
+    let mut run = Vec::new();
+    for k in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16, Bf16Kernel::F32] {
+        if k.available() {
+            run.push(k);
+        } else {
+            println!("skip: bf16 GEMM path {k} (this CPU does not have it)");
+        }
+    }
+    run
+}
+
+fn pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
+fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedBf16, threads: usize) -> Vec<f32> {
+    let mut c = vec![f32::NAN; 3];
+    let mut scratch = Vec::new();
+    pool().install(|| matmul_bf16(a, m, w, &mut c, threads, k, &mut scratch));
+    c
+}
+
+#[test]
+fn packing_keeps_every_weight() {
+    let mut s = 3;
+    let (n, k) = (37, 45);
+    let w = bits(&rnd(n * k, &mut s));
+    let p = PackedBf16::pack(&w, n, k);
+    assert_eq!((p.k_padded(), p.column_tiles()), (64, 4));
+    let mut row = vec![0f32; k];
+    for r in 0..n {
+        p.row_into(r, &mut row);
+        assert_eq!(row, widened(&w[r * k..(r + 1) * k]), "row {r}");
+    }
+}
+
+/// Each bf16 path against an f64 product of the same bf16-rounded operands, and against the
+/// scalar reference of the same pair order; the f32 path against `matmul_wt` on the widened
+/// weights, bit for bit.
+#[test]
+fn every_path_matches_its_reference() {
+    let mut s = 11;
+    for &(m, n, k) in &[(1, 16, 32), (5, 37, 45), (40, 96, 300), (70, 64, 1024)] {
+        let a = rnd(m * k, &mut s);
+        let wb = bits(&rnd(n * k, &mut s));
+        let p = PackedBf16::pack(&wb, n, k);
+        let wf = widened(&wb);
+        let mut portable = Vec::new();
+        matmul_portable(&a, m, &p, &mut portable);
+        for path in paths() {
+            let c = run(path, &a, m, &p, 2);
+            assert_eq!(c.len(), m * n);
+            if path == Bf16Kernel::F32 {
+                let mut want = Vec::new();
+                matmul_wt(&a, m, k, &wf, n, &mut want, 1);
+                assert!(
+                    c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{path} m={m} n={n} k={k}: not the f32 product's bits"
+                );
+                continue;
+            }
+            let ab = widened(&bits(&a));
+            for i in 0..m {
+                for j in 0..n {
+                    let exact: f64 = (0..k)
+                        .map(|t| ab[i * k + t] as f64 * wf[j * k + t] as f64)
+                        .sum();
+                    let scale: f64 = (0..k)
+                        .map(|t| (ab[i * k + t] as f64 * wf[j * k + t] as f64).abs())
+                        .sum();
+                    let (got, refp) = (c[i * n + j] as f64, portable[i * n + j] as f64);
+                    let tol = 1e-6 * scale.max(1e-30) + 1e-30;
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{path} m={m} n={n} k={k} ({i},{j}): {got} vs exact {exact}"
+                    );
+                    assert!(
+                        (got - refp).abs() <= tol,
+                        "{path} ({i},{j}): {got} vs portable {refp}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// On each path a row's bits do not depend on M, its position or the thread count.
+#[test]
+fn rows_are_invariant_on_each_path() {
+    let mut s = 5;
+    for path in paths() {
+        for &(n, k) in &[(48usize, 700usize), (64, 64), (200, 300)] {
+            let p = PackedBf16::pack(&bits(&rnd(n * k, &mut s)), n, k);
+            let row = rnd(k, &mut s);
+            let mut reference: Option<Vec<f32>> = None;
+            for &m in &[1usize, 2, 13, 33, 65, 300] {
+                for pos in [0, m / 2, m - 1] {
+                    for threads in [1, 2] {
+                        let mut a = rnd(m * k, &mut s);
+                        a[pos * k..(pos + 1) * k].copy_from_slice(&row);
+                        let c = run(path, &a, m, &p, threads);
+                        let got = c[pos * n..(pos + 1) * n].to_vec();
+                        match &reference {
+                            None => reference = Some(got),
+                            Some(r) => assert!(
+                                r.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+                                "{path} n={n} k={k} m={m} pos={pos} threads={threads}"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
+    let auto = Bf16Kernel::Auto.resolve().unwrap();
+    println!(
+        "bf16 GEMM paths here: {:?}; auto = {auto}",
+        Bf16Kernel::all_available()
+    );
+    assert!(auto.available() && auto != Bf16Kernel::Auto);
+    if Bf16Kernel::Amx.available() {
+        assert_eq!(auto, Bf16Kernel::Amx);
+    }
+    for k in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16] {
+        if !k.available() {
+            assert!(k.resolve().unwrap_err().contains("does not have it"));
+        }
+    }
+}

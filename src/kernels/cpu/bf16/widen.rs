@@ -1,0 +1,30 @@
+//! The `f32` path: bf16 weights widened panel by panel and multiplied by the `gemm` crate
+//! (f32 FMA on AVX2 / AVX-512F), so memory holds bf16 while the numerics are f32 compute.
+
+use rayon::prelude::*;
+
+use super::PackedBf16;
+use crate::kernels::cpu::matmul::matmul_wt;
+
+/// Weight rows widened per panel (256 rows × k f32 stays in L2 for k ≤ 2048).
+const PANEL: usize = 256;
+
+pub(super) fn matmul(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize) {
+    let (n, k) = (w.n, w.k);
+    let mut wide = vec![0f32; PANEL.min(n) * k];
+    let mut part = Vec::new();
+    for n0 in (0..n).step_by(PANEL) {
+        let nn = (n - n0).min(PANEL);
+        let panel = &mut wide[..nn * k];
+        if k > 0 {
+            panel
+                .par_chunks_mut(k)
+                .enumerate()
+                .for_each(|(j, row)| w.row_into(n0 + j, row));
+        }
+        matmul_wt(a, m, k, panel, nn, &mut part, threads);
+        for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(nn)) {
+            dst[n0..n0 + nn].copy_from_slice(src);
+        }
+    }
+}
