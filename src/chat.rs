@@ -69,10 +69,7 @@ impl Prompter {
     pub fn from_dir(dir: &Path) -> Result<Self, ChatError> {
         let path = dir.join("tokenizer.json");
         let tokenizer = match path.exists() {
-            true => Some(
-                tokenizers::Tokenizer::from_file(&path)
-                    .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", path.display())))?,
-            ),
+            true => Some(load_tokenizer(&path)?),
             false => None,
         };
         let template = ChatTemplate::from_dir(dir)?;
@@ -125,6 +122,19 @@ impl Prompter {
             Some(t) if !ids.is_empty() => t.decode(ids, true).unwrap_or_default(),
             _ => String::new(),
         }
+    }
+}
+
+/// `tokenizer.json`, checked as JSON first; a panic of the tokenizers crate on a malformed
+/// one (it has some, e.g. on a broken `decoder`) is an error like any other.
+fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer, ChatError> {
+    let bad = |e: String| ChatError::Tokenizer(format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|e| bad(e.to_string()))?;
+    let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
+    match parsed {
+        Ok(t) => t.map_err(|e| bad(e.to_string())),
+        Err(_) => Err(bad("malformed (the tokenizers crate refused it)".into())),
     }
 }
 

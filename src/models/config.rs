@@ -149,7 +149,7 @@ impl ModelSpec {
             architecture,
             vocab_size: cfg.usize_req("vocab_size")?,
             hidden_size,
-            num_layers: cfg.usize_req("num_hidden_layers")?,
+            num_layers: cfg.num_layers()?,
             num_heads,
             num_kv_heads,
             head_dim: cfg.usize_or("head_dim", default_head_dim)?,
@@ -223,6 +223,9 @@ fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
     weights.dtype_of(name)
 }
 
+/// Most decoder layers a config may claim (released models have at most a few hundred).
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// Typed access to the top-level object of `config.json`. `null` counts as absent.
 pub(super) struct Cfg<'a> {
     map: &'a Map<String, Value>,
@@ -263,6 +266,19 @@ impl<'a> Cfg<'a> {
     pub(super) fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
         self.usize_opt(field)?
             .ok_or_else(|| self.err(field, "missing"))
+    }
+
+    /// `num_hidden_layers`, bounded: per-layer lists (layer kinds, sparse flags) are made from
+    /// it before any weight can contradict it.
+    pub(super) fn num_layers(&self) -> Result<usize, ModelError> {
+        let n = self.usize_req("num_hidden_layers")?;
+        if n > MAX_LAYERS {
+            return Err(self.err(
+                "num_hidden_layers",
+                format!("{n} is more than hsx accepts ({MAX_LAYERS})"),
+            ));
+        }
+        Ok(n)
     }
 
     pub(super) fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {

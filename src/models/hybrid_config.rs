@@ -15,7 +15,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::ModelError;
-use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+use super::config::{
+    Architecture, Cfg, MAX_LAYERS, ModelSpec, RopeScaling, WeightDtype, default_max_pos,
+};
 
 /// What one decoder layer (block) of a hybrid model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +182,7 @@ fn parse_qwen(
 ) -> Result<ModelSpec, ModelError> {
     check_act(cfg, "hidden_act", "silu", &["silu", "swish"])?;
     no_sliding_window(cfg)?;
-    let num_layers = cfg.usize_req("num_hidden_layers")?;
+    let num_layers = cfg.num_layers()?;
     let layers = match string_list(cfg, "layer_types")? {
         Some(types) => types
             .iter()
@@ -370,8 +372,12 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
     // MTP layers (`num_nextn_predict_layers`) are not part of the base model's hidden states;
     // their weights are ignored.
     let layers = nemotron_layers(cfg)?;
-    if layers.is_empty() {
-        return Err(cfg.err("layers_block_type", "is empty"));
+    if layers.is_empty() || layers.len() > MAX_LAYERS {
+        let n = layers.len();
+        return Err(cfg.err(
+            "layers_block_type",
+            format!("{n} blocks (1..={MAX_LAYERS} accepted)"),
+        ));
     }
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
