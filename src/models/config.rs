@@ -109,7 +109,7 @@ impl ModelSpec {
             path: path.clone(),
             source,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        let value: Value = super::pyjson::from_str(&text).map_err(|e| ModelError::Json {
             path: path.clone(),
             message: e.to_string(),
         })?;
@@ -123,8 +123,8 @@ impl ModelSpec {
     /// Parses an already-loaded `config.json` (`path` is only used in errors). When the
     /// config names no dtype, `dtype` is F32 (`from_dir` then asks the weights).
     pub fn from_json(value: &Value, path: &Path, name: String) -> Result<ModelSpec, ModelError> {
-        let cfg = Cfg::new(value, path)?;
-        super::hybrid_config::reject_multimodal(value, path)?;
+        let value = super::export_config::text_model_config(value, path)?;
+        let cfg = Cfg::new(&value, path)?;
         let architecture = cfg.architecture()?;
         if architecture.is_hybrid() {
             let spec = super::hybrid_config::parse(&cfg, architecture, name)?;
@@ -426,7 +426,10 @@ fn value_usize(v: Option<&Value>) -> Result<Option<usize>, String> {
             Some(n) => usize::try_from(n)
                 .map(Some)
                 .map_err(|_| format!("{n} is too large")),
-            None => Err(format!("expected a non-negative integer, found {v}")),
+            None => Err(format!(
+                "expected a non-negative integer, found {}",
+                shown(v)
+            )),
         },
     }
 }
@@ -434,10 +437,18 @@ fn value_usize(v: Option<&Value>) -> Result<Option<usize>, String> {
 fn value_f64(v: Option<&Value>) -> Result<Option<f64>, String> {
     match v {
         None => Ok(None),
-        Some(v) => v
-            .as_f64()
+        Some(v) => super::pyjson::value_f64(v)
             .map(Some)
-            .ok_or_else(|| format!("expected a number, found {v}")),
+            .ok_or_else(|| format!("expected a number, found {}", shown(v))),
+    }
+}
+
+/// A value as quoted in an error: cut to 200 characters.
+pub(super) fn shown(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(200) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s,
     }
 }
 

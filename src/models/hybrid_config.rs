@@ -10,8 +10,6 @@
 //!   fields (also under their legacy `mamba_*` names). `{"__float__": "Infinity"}` values (in
 //!   `time_step_limit`) are never read as numbers.
 
-use std::path::Path;
-
 use serde_json::Value;
 
 use super::ModelError;
@@ -435,31 +433,10 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
     })
 }
 
-/// Multimodal checkpoints (a vision tower next to the language model) are not run: hsx
-/// extracts hidden states of text-only causal LMs.
-pub(super) fn reject_multimodal(value: &Value, path: &Path) -> Result<(), ModelError> {
-    let arch = value
-        .get("architectures")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let has_vision = value.get("vision_config").is_some_and(|v| !v.is_null());
-    if has_vision || arch.ends_with("ForConditionalGeneration") {
-        return Err(ModelError::Unsupported {
-            path: path.to_path_buf(),
-            what: format!(
-                "multimodal checkpoint `{arch}` with a vision tower (vision_config); hsx runs \
-                 text-only causal LMs: use the text model (e.g. Qwen3_5ForCausalLM with the \
-                 `text_config` fields at top level; `model.language_model.*` weights are accepted)"
-            ),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
     use serde_json::json;
 
@@ -512,12 +489,19 @@ mod tests {
     }
 
     #[test]
-    fn rejects_multimodal_and_unknown_layer() {
+    fn runs_the_text_config_of_a_multimodal_export_and_rejects_unknown_layers() {
+        let export = json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": qwen(),
+            "vision_config": {"depth": 2}
+        });
+        let s = parse_json(&export).unwrap();
+        assert_eq!(s.architecture, Architecture::Qwen3_5);
+        assert_eq!(s.hybrid, parse_json(&qwen()).unwrap().hybrid);
         let mut v = qwen();
-        v["architectures"] = json!(["Qwen3_5ForConditionalGeneration"]);
+        v["architectures"] = json!(["Qwen3_5MoeForConditionalGeneration"]);
         v["vision_config"] = json!({"depth": 2});
         let e = parse_json(&v).unwrap_err().to_string();
-        assert!(e.contains("vision tower"), "{e}");
+        assert!(e.contains("multimodal"), "{e}");
         let mut v = qwen();
         v["num_hidden_layers"] = json!(2);
         v["layer_types"] = json!(["linear_attention", "sliding_attention"]);
