@@ -488,6 +488,22 @@ mod tests {
         assert!(e.contains("block `E`"), "{e}");
     }
 
+    /// A released Nemotron-H config.json carries Python's bare `Infinity`: read from a file.
+    #[test]
+    fn bare_infinity_in_config_json_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 512, "hybrid_override_pattern": "M*-",
+            "num_hidden_layers": 3, "mamba_num_heads": 8, "mamba_head_dim": 16,
+            "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4, "dtype": "bfloat16",
+            "time_step_limit": [0.0, Infinity], "note": "Infinity stays a string"}"#;
+        std::fs::write(dir.path().join("config.json"), text).unwrap();
+        let s = ModelSpec::from_dir(dir.path()).unwrap();
+        assert_eq!(s.num_layers, 3);
+        assert_eq!(s.dtype, WeightDtype::Bf16);
+    }
+
     #[test]
     fn runs_the_text_config_of_a_multimodal_export_and_rejects_unknown_layers() {
         let export = json!({

@@ -85,8 +85,10 @@ pub struct Stats {
     pub chat_ok: u64,
     pub chat_refused: u64,
     pub longest_message: usize,
-    /// Largest single allocation of any case (bytes).
+    /// Largest single allocation of any case's model load and forward (bytes).
     pub largest_alloc: usize,
+    /// ... of its tokenizer and template load and a render + encode.
+    pub largest_chat_alloc: usize,
     /// The model load's last refusal.
     pub last_error: String,
 }
@@ -110,7 +112,14 @@ pub struct Bases {
     scratch: PathBuf,
 }
 
-const FIXTURES: &[&str] = &["llama", "qwen2", "qwen3_5", "nemotron_h", "qwen3_next"];
+const FIXTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3_5",
+    "nemotron_h",
+    "qwen3_next",
+    "qwen3_5_vl",
+];
 
 impl Bases {
     pub fn new() -> Bases {
@@ -220,7 +229,7 @@ fn edit_json(bytes: &mut Vec<u8>, f: impl FnOnce(&mut Json)) {
     }
 }
 
-fn apply(base: &Base, files: &mut [(String, Cow<'_, [u8]>)], m: &Mutation) {
+fn apply(base: &Base, files: &mut Vec<(String, Cow<'_, [u8]>)>, m: &Mutation) {
     match m {
         Mutation::Field(path, v) => {
             if let Some(b) = file_mut(base, files, File::Config) {
@@ -254,6 +263,13 @@ fn apply(base: &Base, files: &mut [(String, Cow<'_, [u8]>)], m: &Mutation) {
                         }
                     }
                 });
+            }
+        }
+        Mutation::TemplateFile(text) => {
+            let name = "chat_template.jinja".to_string();
+            match files.iter_mut().find(|f| f.0 == name) {
+                Some(f) => f.1 = Cow::Owned(text.clone().into_bytes()),
+                None => files.push((name, Cow::Owned(text.clone().into_bytes()))),
             }
         }
         Mutation::Template(t) => {
@@ -539,6 +555,7 @@ pub fn check(bases: &Bases, case: &Case, bound: usize, st: &RefCell<Stats>) -> T
     {
         let mut s = st.borrow_mut();
         s.largest_alloc = s.largest_alloc.max(largest);
+        s.largest_chat_alloc = s.largest_chat_alloc.max(chat_largest);
     }
     match model {
         Ok(()) => st.borrow_mut().ran += 1,

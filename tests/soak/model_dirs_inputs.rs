@@ -75,6 +75,8 @@ pub enum Mutation {
     Shard(Index, &'static str),
     /// tokenizer_config.json's `chat_template`.
     Template(Json),
+    /// A `chat_template.jinja` file (it takes precedence over tokenizer_config.json's).
+    TemplateFile(String),
 }
 
 #[derive(Debug, Clone)]
@@ -171,6 +173,8 @@ const WORDS: &[&str] = &[
     "*",
     "Infinity",
     "NaN",
+    "fp8",
+    "none",
     "LlamaForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen2ForCausalLM",
@@ -179,6 +183,7 @@ const WORDS: &[&str] = &[
     "Qwen3NextForCausalLM",
     "NemotronHForCausalLM",
     "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
     "GPT2LMHeadModel",
 ];
 
@@ -353,6 +358,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         5 => (0usize..2, header_edit()).prop_map(|(f, h)| Mutation::Header(f, h)),
         1 => (any::<Index>(), select(SHARD_NAMES)).prop_map(|(i, n)| Mutation::Shard(i, n)),
         2 => template().prop_map(Mutation::Template),
+        1 => vec(select(JINJA), 0..12).prop_map(|p| Mutation::TemplateFile(p.concat())),
     ]
 }
 

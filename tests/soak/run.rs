@@ -125,7 +125,8 @@ fn model_dirs_run(args: &[String]) {
             "model-dirs (proptest, seed {seed}): {} cases, 0 panics, 0 property failures, {:.1}s\n  \
              model: {} loaded and ran, refused {} at the config, {} at load, {} at the forward\n  \
              tokenizer + template: {} encoded a conversation, {} refused\n  \
-             longest refusal message {} bytes, largest single allocation {} bytes",
+             longest refusal message {} bytes, largest single allocation {} bytes (model), {} \
+             bytes (tokenizer + template)",
             s.cases,
             started.elapsed().as_secs_f64(),
             s.ran,
@@ -136,6 +137,7 @@ fn model_dirs_run(args: &[String]) {
             s.chat_refused,
             s.longest_message,
             s.largest_alloc,
+            s.largest_chat_alloc,
         ),
         Err(e) => {
             println!(
