@@ -128,6 +128,50 @@ mod tests {
         assert!(e.contains("text_config"), "{e}");
     }
 
+    /// The shape of the released Qwen3.5-27B export (sizes as public conversion code states
+    /// them, e.g. THUDM/slime scripts/models/qwen3.5-27B.sh; field layout as transformers 5
+    /// writes a `Qwen3_5Config`): parsed through `ModelSpec::from_json`.
+    #[test]
+    fn qwen3_5_27b_shaped_export_parses() {
+        let layer_types: Vec<&str> = (0..64)
+            .map(|i| match (i + 1) % 4 {
+                0 => "full_attention",
+                _ => "linear_attention",
+            })
+            .collect();
+        let v = json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "image_token_id": 248056, "tie_word_embeddings": false,
+            "text_config": {
+                "attention_bias": false, "attn_output_gate": true, "dtype": "bfloat16",
+                "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
+                "hidden_size": 5120, "intermediate_size": 17408, "layer_types": layer_types,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+                "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
+                "max_position_embeddings": 262144, "model_type": "qwen3_5_text",
+                "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false,
+                "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4,
+                "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+                "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
+                "tie_word_embeddings": false, "vocab_size": 248320
+            },
+            "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 5120}
+        });
+        let s =
+            super::super::ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap();
+        let h = s.hybrid.as_ref().unwrap();
+        assert_eq!(
+            (s.num_layers, s.hidden_size, s.vocab_size),
+            (64, 5120, 248320)
+        );
+        assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (24, 4, 256));
+        assert_eq!(h.rotary_dim, 64);
+        assert_eq!(h.gdn.as_ref().unwrap().num_v_heads, 48);
+        assert_eq!(s.rope_theta, 1e7);
+    }
+
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [

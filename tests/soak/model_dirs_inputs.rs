@@ -5,7 +5,7 @@
 //! offsets out of range / overlapping / reversed, shapes that overflow, other dtypes, tensors
 //! removed, renamed onto another tensor's name or written twice), a shard index naming absent
 //! or outside files, tokenizer files and chat templates made of Jinja fragments, and raw bytes
-//! cut, flipped or spliced into any file.
+//! cut, flipped or spliced into any file; and the functions that apply those edits.
 
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -367,4 +367,97 @@ pub fn case(bases: usize) -> impl Strategy<Value = Case> {
     (0..bases, prop_oneof![1 => Just(0usize), 15 => 1usize..5]).prop_flat_map(|(base, n)| {
         vec(mutation(), n).prop_map(move |mutations| Case { base, mutations })
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Applying edits.
+
+pub fn set_path(j: &mut Json, path: &str, v: Option<Json>) {
+    let (parent, key) = match path.rsplit_once('.') {
+        Some((p, k)) => (j.get_mut(p), k),
+        None => (Some(j), path),
+    };
+    let Some(Json::Object(obj)) = parent else {
+        return;
+    };
+    match v {
+        Some(v) => obj.insert(key.to_string(), v),
+        None => obj.remove(key),
+    };
+}
+
+pub fn count_nodes(j: &Json) -> usize {
+    1 + match j {
+        Json::Array(a) => a.iter().map(count_nodes).sum(),
+        Json::Object(o) => o.values().map(count_nodes).sum(),
+        _ => 0,
+    }
+}
+
+/// Replaces (or removes from its parent) the node `n` in pre-order; the root is replaced
+/// (by null when removed).
+pub fn replace_node(j: &mut Json, n: usize, v: Option<Json>) {
+    if n == 0 {
+        *j = v.unwrap_or(Json::Null);
+        return;
+    }
+    let mut n = n - 1;
+    let children: Vec<(Option<String>, usize)> = match &*j {
+        Json::Array(a) => (0..a.len()).map(|i| (None, i)).collect(),
+        Json::Object(o) => o.keys().map(|k| (Some(k.clone()), 0)).collect(),
+        _ => return,
+    };
+    for (key, idx) in children {
+        let child = match &key {
+            Some(k) => &j[k.as_str()],
+            None => &j[idx],
+        };
+        let size = count_nodes(child);
+        if n >= size {
+            n -= size;
+            continue;
+        }
+        if n == 0 && v.is_none() {
+            match (j, key) {
+                (Json::Object(o), Some(k)) => {
+                    o.remove(&k);
+                }
+                (Json::Array(a), None) => {
+                    a.remove(idx);
+                }
+                _ => {}
+            }
+            return;
+        }
+        let child = match &key {
+            Some(k) => &mut j[k.as_str()],
+            None => &mut j[idx],
+        };
+        return replace_node(child, n, v);
+    }
+}
+
+pub fn edit_bytes(b: &mut Vec<u8>, e: &Bytes) {
+    match e {
+        Bytes::Cut(i) => b.truncate(i.index(b.len() + 1)),
+        Bytes::Flip(i, x) if !b.is_empty() => {
+            let k = i.index(b.len());
+            b[k] ^= x;
+        }
+        Bytes::Flip(..) => {}
+        Bytes::Splice(i, s) => {
+            let k = i.index(b.len() + 1);
+            b.splice(k..k, s.iter().copied());
+        }
+    }
+}
+
+/// The header entries (name, JSON) in file order and the data section's start.
+pub fn parse_header(file: &[u8]) -> Option<(Vec<(String, Json)>, usize)> {
+    let n = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let text = file.get(8..8usize.checked_add(n)?)?;
+    let Json::Object(map) = serde_json::from_slice(text).ok()? else {
+        return None;
+    };
+    Some((map.into_iter().collect(), 8 + n))
 }
