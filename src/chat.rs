@@ -1,7 +1,8 @@
 //! Chat templates rendered the way transformers' `apply_chat_template` does: the Jinja
-//! template from `tokenizer_config.json` (`chat_template`), with `trim_blocks` and
-//! `lstrip_blocks`, Python string methods, `raise_exception`, `tojson` with Python's
-//! separators, and the special tokens (`bos_token`, `eos_token`, ...) in the context.
+//! templates wherever transformers keeps them ([`crate::chat_files`]), with `trim_blocks` and
+//! `lstrip_blocks`, Python string methods, the helpers transformers adds (`raise_exception`,
+//! `strftime_now`), `tojson` with Python's separators, and the special tokens (`bos_token`,
+//! `eos_token`, ...) of `tokenizer_config.json` in the context.
 
 use std::path::Path;
 
@@ -14,7 +15,10 @@ use thiserror::Error;
 pub enum ChatError {
     #[error("{path}: {message}")]
     Config { path: String, message: String },
-    #[error("the model has no chat template (tokenizer_config.json has no chat_template)")]
+    #[error(
+        "the model has no chat template (no chat_template.jinja, chat_template.json or \
+         chat_template in tokenizer_config.json)"
+    )]
     NoTemplate,
     #[error("chat template error: {0}")]
     Render(String),
@@ -69,10 +73,7 @@ impl Prompter {
     pub fn from_dir(dir: &Path) -> Result<Self, ChatError> {
         let path = dir.join("tokenizer.json");
         let tokenizer = match path.exists() {
-            true => Some(
-                tokenizers::Tokenizer::from_file(&path)
-                    .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", path.display())))?,
-            ),
+            true => Some(load_tokenizer(&path)?),
             false => None,
         };
         let template = ChatTemplate::from_dir(dir)?;
@@ -128,11 +129,26 @@ impl Prompter {
     }
 }
 
+/// `tokenizer.json`, checked as JSON first; a panic of the tokenizers crate on a malformed
+/// one (it has some, e.g. on a broken `decoder`) is an error like any other.
+fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer, ChatError> {
+    let bad = |e: String| ChatError::Tokenizer(format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|e| bad(e.to_string()))?;
+    let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
+    match parsed {
+        Ok(t) => t.map_err(|e| bad(e.to_string())),
+        Err(_) => Err(bad("malformed (the tokenizers crate refused it)".into())),
+    }
+}
+
 /// A model's chat template and the tokens its context names.
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, ... as strings.
     special_tokens: serde_json::Map<String, Json>,
+    /// The templates' names (`default`, `tool_use`, ...), each a template of `env`.
+    names: Vec<String>,
     limits: RenderLimits,
 }
 
@@ -143,30 +159,43 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template of a model directory; `Ok(None)` when it has no tokenizer_config.json or
-    /// no `chat_template` in it (text-only models).
+    /// The templates of a model directory ([`crate::chat_files`]); `Ok(None)` when it has
+    /// none (text-only models).
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, ChatError> {
         let path = dir.join("tokenizer_config.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            return Ok(None);
-        };
         let bad = |message: String| ChatError::Config {
             path: path.display().to_string(),
             message,
         };
-        let config: Json = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let Some(template) = pick_template(&config) else {
+        let config: Option<Json> = match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                Some(crate::models::pyjson::from_str(&text).map_err(|e| bad(e.to_string()))?)
+            }
+            Err(_) => None,
+        };
+        let Some(templates) = crate::chat_files::find(dir, config.as_ref())? else {
             return Ok(None);
         };
-        let special_tokens = special_tokens(&config);
-        Self::new(template, special_tokens)
+        let special_tokens = config.as_ref().map(special_tokens).unwrap_or_default();
+        Self::with_templates(templates, special_tokens)
             .map(Some)
-            .map_err(|e| bad(e.to_string()))
+            .map_err(|e| ChatError::Config {
+                path: dir.display().to_string(),
+                message: e.to_string(),
+            })
     }
 
     /// A template from its source and the special tokens of the context.
     pub fn new(
         source: String,
+        special_tokens: serde_json::Map<String, Json>,
+    ) -> Result<Self, ChatError> {
+        Self::with_templates(vec![("default".into(), source)], special_tokens)
+    }
+
+    /// Named templates (`default`, `tool_use`, ...) and the special tokens of the context.
+    pub fn with_templates(
+        templates: crate::chat_files::Templates,
         special_tokens: serde_json::Map<String, Json>,
     ) -> Result<Self, ChatError> {
         let mut env = Environment::new();
@@ -178,11 +207,17 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned("chat", source)
-            .map_err(|e| ChatError::Render(e.to_string()))?;
+        env.add_function("strftime_now", strftime_now);
+        let mut names = Vec::with_capacity(templates.len());
+        for (name, source) in templates {
+            env.add_template_owned(name.clone(), source)
+                .map_err(|e| ChatError::Render(format!("template `{name}`: {e}")))?;
+            names.push(name);
+        }
         let mut template = Self {
             env,
             special_tokens,
+            names,
             limits: RenderLimits::default(),
         };
         template.set_limits(RenderLimits::default());
@@ -227,9 +262,11 @@ impl ChatTemplate {
             opts.add_generation_prompt.into(),
         );
         ctx.insert("tools".into(), opts.tools.clone().unwrap_or(Json::Null));
+        let with_tools = opts.tools.as_ref().is_some_and(|t| !t.is_null());
+        let name = crate::chat_files::pick(&self.names, with_tools)?;
         let tmpl = self
             .env
-            .get_template("chat")
+            .get_template(name)
             .map_err(|e| ChatError::Render(e.to_string()))?;
         let mut out = BoundedText {
             buf: Vec::new(),
@@ -334,19 +371,6 @@ fn continue_final_message(text: String, messages: &Json) -> Result<String, ChatE
     }
 }
 
-/// `chat_template` is a string, or a list of `{name, template}` (the "default" one is used).
-fn pick_template(config: &Json) -> Option<String> {
-    match config.get("chat_template")? {
-        Json::String(s) => Some(s.clone()),
-        Json::Array(list) => list
-            .iter()
-            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
-            .or_else(|| list.first())
-            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
-        _ => None,
-    }
-}
-
 /// Every `*_token` entry, as a string (either a plain string or an AddedToken `{content}`).
 fn special_tokens(config: &Json) -> serde_json::Map<String, Json> {
     let mut out = serde_json::Map::new();
@@ -371,6 +395,19 @@ fn special_tokens(config: &Json) -> serde_json::Map<String, Json> {
 
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// transformers' `strftime_now(format)`: the local time formatted as Python's `strftime`.
+fn strftime_now(format: String) -> Result<Value, Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: invalid format {format:?}"),
+        )
+    })?;
+    Ok(Value::from(out))
 }
 
 /// Python's `json.dumps(x, ensure_ascii=False)`: `", "` and `": "` separators, as transformers'
@@ -505,10 +542,22 @@ mod tests {
     }
 
     #[test]
-    fn template_list_picks_default() {
-        let cfg = serde_json::json!({"chat_template": [
-            {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
-        assert_eq!(pick_template(&cfg).as_deref(), Some("D"));
+    fn special_tokens_and_helpers() {
+        let t = ChatTemplate::new(
+            "{{ strftime_now('%Y') }}|{{ strftime_now('%d %b %Y') | length }}".into(),
+            Default::default(),
+        )
+        .unwrap();
+        let year = chrono::Local::now().format("%Y").to_string();
+        let msgs = serde_json::json!([]);
+        assert_eq!(t.render(&msgs, false, None).unwrap(), format!("{year}|11"));
+        let bad = ChatTemplate::new("{{ strftime_now('%Q') }}".into(), Default::default());
+        let e = bad
+            .unwrap()
+            .render(&msgs, false, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("strftime_now"), "{e}");
         let cfg = serde_json::json!({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "x": 1});
         let t = special_tokens(&cfg);
         assert_eq!(t["bos_token"], "<s>");

@@ -3,6 +3,7 @@
 
 pub mod actors;
 pub mod chat;
+pub mod chat_files;
 pub mod config;
 pub mod engine;
 pub mod extract;

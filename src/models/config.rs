@@ -109,7 +109,7 @@ impl ModelSpec {
             path: path.clone(),
             source,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        let value: Value = super::pyjson::from_str(&text).map_err(|e| ModelError::Json {
             path: path.clone(),
             message: e.to_string(),
         })?;
@@ -123,8 +123,8 @@ impl ModelSpec {
     /// Parses an already-loaded `config.json` (`path` is only used in errors). When the
     /// config names no dtype, `dtype` is F32 (`from_dir` then asks the weights).
     pub fn from_json(value: &Value, path: &Path, name: String) -> Result<ModelSpec, ModelError> {
-        let cfg = Cfg::new(value, path)?;
-        super::hybrid_config::reject_multimodal(value, path)?;
+        let value = super::export_config::text_model_config(value, path)?;
+        let cfg = Cfg::new(&value, path)?;
         let architecture = cfg.architecture()?;
         if architecture.is_hybrid() {
             let spec = super::hybrid_config::parse(&cfg, architecture, name)?;
@@ -149,7 +149,7 @@ impl ModelSpec {
             architecture,
             vocab_size: cfg.usize_req("vocab_size")?,
             hidden_size,
-            num_layers: cfg.usize_req("num_hidden_layers")?,
+            num_layers: cfg.num_layers()?,
             num_heads,
             num_kv_heads,
             head_dim: cfg.usize_or("head_dim", default_head_dim)?,
@@ -223,6 +223,9 @@ fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
     weights.dtype_of(name)
 }
 
+/// Most decoder layers a config may claim (released models have at most a few hundred).
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// Typed access to the top-level object of `config.json`. `null` counts as absent.
 pub(super) struct Cfg<'a> {
     map: &'a Map<String, Value>,
@@ -263,6 +266,19 @@ impl<'a> Cfg<'a> {
     pub(super) fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
         self.usize_opt(field)?
             .ok_or_else(|| self.err(field, "missing"))
+    }
+
+    /// `num_hidden_layers`, bounded: per-layer lists (layer kinds, sparse flags) are made from
+    /// it before any weight can contradict it.
+    pub(super) fn num_layers(&self) -> Result<usize, ModelError> {
+        let n = self.usize_req("num_hidden_layers")?;
+        if n > MAX_LAYERS {
+            return Err(self.err(
+                "num_hidden_layers",
+                format!("{n} is more than hsx accepts ({MAX_LAYERS})"),
+            ));
+        }
+        Ok(n)
     }
 
     pub(super) fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
@@ -410,7 +426,10 @@ fn value_usize(v: Option<&Value>) -> Result<Option<usize>, String> {
             Some(n) => usize::try_from(n)
                 .map(Some)
                 .map_err(|_| format!("{n} is too large")),
-            None => Err(format!("expected a non-negative integer, found {v}")),
+            None => Err(format!(
+                "expected a non-negative integer, found {}",
+                shown(v)
+            )),
         },
     }
 }
@@ -418,10 +437,18 @@ fn value_usize(v: Option<&Value>) -> Result<Option<usize>, String> {
 fn value_f64(v: Option<&Value>) -> Result<Option<f64>, String> {
     match v {
         None => Ok(None),
-        Some(v) => v
-            .as_f64()
+        Some(v) => super::pyjson::value_f64(v)
             .map(Some)
-            .ok_or_else(|| format!("expected a number, found {v}")),
+            .ok_or_else(|| format!("expected a number, found {}", shown(v))),
+    }
+}
+
+/// A value as quoted in an error: cut to 200 characters.
+pub(super) fn shown(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(200) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s,
     }
 }
 

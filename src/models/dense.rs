@@ -48,17 +48,19 @@ fn load_layer<D: Device>(
         )),
         false => None,
     };
+    let qkv = ld.linear(
+        &[
+            (attn("q_proj"), qd),
+            (attn("k_proj"), kvd),
+            (attn("v_proj"), kvd),
+        ],
+        h,
+        spec.qkv_bias,
+    )?;
+    // Sized by head_dim: made once the projections' shapes have confirmed it.
     let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
     let attention = Attention {
-        qkv: ld.linear(
-            &[
-                (attn("q_proj"), qd),
-                (attn("k_proj"), kvd),
-                (attn("v_proj"), kvd),
-            ],
-            h,
-            spec.qkv_bias,
-        )?,
+        qkv,
         o: ld.linear1(&attn("o_proj"), h, qd, spec.o_bias)?,
         qk_norm,
         rope: Some((ld.dev.rope_table(&rope)?, hd)),

@@ -10,12 +10,12 @@
 //!   fields (also under their legacy `mamba_*` names). `{"__float__": "Infinity"}` values (in
 //!   `time_step_limit`) are never read as numbers.
 
-use std::path::Path;
-
 use serde_json::Value;
 
 use super::ModelError;
-use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+use super::config::{
+    Architecture, Cfg, MAX_LAYERS, ModelSpec, RopeScaling, WeightDtype, default_max_pos,
+};
 
 /// What one decoder layer (block) of a hybrid model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +180,7 @@ fn parse_qwen(
 ) -> Result<ModelSpec, ModelError> {
     check_act(cfg, "hidden_act", "silu", &["silu", "swish"])?;
     no_sliding_window(cfg)?;
-    let num_layers = cfg.usize_req("num_hidden_layers")?;
+    let num_layers = cfg.num_layers()?;
     let layers = match string_list(cfg, "layer_types")? {
         Some(types) => types
             .iter()
@@ -370,8 +370,12 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
     // MTP layers (`num_nextn_predict_layers`) are not part of the base model's hidden states;
     // their weights are ignored.
     let layers = nemotron_layers(cfg)?;
-    if layers.is_empty() {
-        return Err(cfg.err("layers_block_type", "is empty"));
+    if layers.is_empty() || layers.len() > MAX_LAYERS {
+        let n = layers.len();
+        return Err(cfg.err(
+            "layers_block_type",
+            format!("{n} blocks (1..={MAX_LAYERS} accepted)"),
+        ));
     }
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
@@ -429,31 +433,10 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
     })
 }
 
-/// Multimodal checkpoints (a vision tower next to the language model) are not run: hsx
-/// extracts hidden states of text-only causal LMs.
-pub(super) fn reject_multimodal(value: &Value, path: &Path) -> Result<(), ModelError> {
-    let arch = value
-        .get("architectures")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let has_vision = value.get("vision_config").is_some_and(|v| !v.is_null());
-    if has_vision || arch.ends_with("ForConditionalGeneration") {
-        return Err(ModelError::Unsupported {
-            path: path.to_path_buf(),
-            what: format!(
-                "multimodal checkpoint `{arch}` with a vision tower (vision_config); hsx runs \
-                 text-only causal LMs: use the text model (e.g. Qwen3_5ForCausalLM with the \
-                 `text_config` fields at top level; `model.language_model.*` weights are accepted)"
-            ),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
     use serde_json::json;
 
@@ -505,13 +488,36 @@ mod tests {
         assert!(e.contains("block `E`"), "{e}");
     }
 
+    /// A released Nemotron-H config.json carries Python's bare `Infinity`: read from a file.
     #[test]
-    fn rejects_multimodal_and_unknown_layer() {
+    fn bare_infinity_in_config_json_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 512, "hybrid_override_pattern": "M*-",
+            "num_hidden_layers": 3, "mamba_num_heads": 8, "mamba_head_dim": 16,
+            "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4, "dtype": "bfloat16",
+            "time_step_limit": [0.0, Infinity], "note": "Infinity stays a string"}"#;
+        std::fs::write(dir.path().join("config.json"), text).unwrap();
+        let s = ModelSpec::from_dir(dir.path()).unwrap();
+        assert_eq!(s.num_layers, 3);
+        assert_eq!(s.dtype, WeightDtype::Bf16);
+    }
+
+    #[test]
+    fn runs_the_text_config_of_a_multimodal_export_and_rejects_unknown_layers() {
+        let export = json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": qwen(),
+            "vision_config": {"depth": 2}
+        });
+        let s = parse_json(&export).unwrap();
+        assert_eq!(s.architecture, Architecture::Qwen3_5);
+        assert_eq!(s.hybrid, parse_json(&qwen()).unwrap().hybrid);
         let mut v = qwen();
-        v["architectures"] = json!(["Qwen3_5ForConditionalGeneration"]);
+        v["architectures"] = json!(["Qwen3_5MoeForConditionalGeneration"]);
         v["vision_config"] = json!({"depth": 2});
         let e = parse_json(&v).unwrap_err().to_string();
-        assert!(e.contains("vision tower"), "{e}");
+        assert!(e.contains("multimodal"), "{e}");
         let mut v = qwen();
         v["num_hidden_layers"] = json!(2);
         v["layer_types"] = json!(["linear_attention", "sliding_attention"]);

@@ -35,7 +35,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let (v, h) = (spec.vocab_size, spec.hidden_size);
     let embed = ld.linear1(&format!("{prefix}.embed_tokens"), v, h, false)?;
     let (mut attn, mut rec) = (0, 0);
-    let mut layers = Vec::with_capacity(spec.num_layers);
+    let mut layers = Vec::new();
     for i in 0..spec.num_layers {
         let index = match hybrid.layers[i] {
             LayerKind::Attention => &mut attn,

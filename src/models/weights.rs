@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
@@ -74,7 +74,12 @@ impl Weights {
         for (i, file) in files.iter().enumerate() {
             let shard = Shard::open(file)?;
             for name in shard.metadata.tensors().keys() {
-                index.insert(name.clone(), i);
+                if let Some(first) = index.insert(name.clone(), i) {
+                    return Err(ModelError::Safetensors {
+                        path: file.clone(),
+                        message: format!("tensor `{name}` is also in {}", files[first].display()),
+                    });
+                }
             }
             shards.push(shard);
         }
@@ -204,6 +209,19 @@ fn shard_files(index_path: &Path) -> Result<Vec<PathBuf>, ModelError> {
             field: format!("weight_map.{tensor}"),
             message: "expected a file name".into(),
         })?;
+        // A shard is a file of the model directory, never one elsewhere.
+        let plain = Path::new(file).components().count() == 1
+            && matches!(
+                Path::new(file).components().next(),
+                Some(Component::Normal(_))
+            );
+        if !plain {
+            return Err(ModelError::Field {
+                path: index_path.to_path_buf(),
+                field: format!("weight_map.{tensor}"),
+                message: format!("{file:?} is not a file name in the model directory"),
+            });
+        }
         let path = dir.join(file);
         if !files.contains(&path) {
             files.push(path);

@@ -83,6 +83,26 @@ fn model_dir_template_is_found() {
     );
 }
 
+/// A directory saved by transformers 5 keeps its template in `chat_template.jinja` only: found,
+/// and the conversation renders and encodes as `apply_chat_template` does.
+#[test]
+fn template_saved_by_transformers_5_is_found_in_its_jinja_file() {
+    let dir = fixture_dir().join("chat/saved_by_transformers");
+    let want: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let p = hsx::chat::Prompter::from_dir(&dir).unwrap();
+    let opts = hsx::chat::RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let (text, ids) = p.encode_messages(&want["messages"], &opts).unwrap();
+    assert_eq!(text, want["text"].as_str().unwrap());
+    let want_ids: Vec<u32> = (want["input_ids"].as_array().unwrap().iter())
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, want_ids);
+}
+
 /// `extract` takes `text` and `messages` lines: their files hold the token ids transformers
 /// would produce (text with special tokens, conversations through the chat template).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

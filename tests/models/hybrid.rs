@@ -193,13 +193,23 @@ fn load_err(dir: &Path) -> String {
 #[test]
 fn unsupported_variants_fail_with_clear_messages() {
     let cases: Vec<(&str, ConfigEdit, &str)> = vec![
+        // A multimodal export runs its text_config (tests/models/matrix.rs, qwen3_5_vl): one
+        // without it is refused, and exports of other families are refused as multimodal.
         (
             "qwen3_5",
             Box::new(|c| {
                 c["architectures"] = serde_json::json!(["Qwen3_5ForConditionalGeneration"]);
                 c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
             }),
-            "vision tower",
+            "text_config",
+        ),
+        (
+            "qwen3_5",
+            Box::new(|c| {
+                c["architectures"] = serde_json::json!(["Qwen3_5MoeForConditionalGeneration"]);
+                c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
+            }),
+            "multimodal checkpoint `Qwen3_5MoeForConditionalGeneration`",
         ),
         (
             "qwen3_5",

@@ -98,6 +98,7 @@ matrix! {
     qwen3 => "qwen3",
     qwen3_5 => "qwen3_5",
     qwen3_5_bf16 => "qwen3_5_bf16",
+    qwen3_5_vl => "qwen3_5_vl",
     qwen3_next => "qwen3_next",
     nemotron_h => "nemotron_h",
 }

@@ -10,8 +10,11 @@ mod crash;
 mod daemon_support;
 #[path = "../soak/fuzz.rs"]
 mod fuzz;
+#[path = "../soak/model_dirs.rs"]
+mod model_dirs;
 
 mod conns;
 mod crash_kill;
 mod faults;
 mod fuzz_inputs_run;
+mod hostile_models;

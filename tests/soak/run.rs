@@ -4,6 +4,7 @@
 //! ```text
 //! cargo build --release && cargo run --release --example soak -- crash 100
 //! cargo run --release --example soak -- fuzz --cases 1000000 [--seed S]
+//! cargo run --release --example soak -- model-dirs --cases 100000 [--seed S]
 //! cargo run --release --example soak -- subscribers 1000
 //! cargo run --release --example soak -- load 10000
 //! cargo run --release --example soak -- conns 10000
@@ -17,6 +18,8 @@ mod conns;
 mod crash;
 #[path = "fuzz.rs"]
 mod fuzz;
+#[path = "model_dirs.rs"]
+mod model_dirs;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,12 +53,13 @@ fn main() {
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1500),
         ),
         Some("fuzz") => fuzz_run(&args),
+        Some("model-dirs") => model_dirs_run(&args),
         Some("subscribers") => subscribers(n.max(1) as usize),
         Some("load") => load(n.max(1) as usize),
         Some("conns") => conns::run(n.max(1) as usize),
         _ => eprintln!(
-            "usage: soak crash N [max_kill_ms] | fuzz --cases N [--seed S] | subscribers N | load N \
-             | conns N"
+            "usage: soak crash N [max_kill_ms] | fuzz --cases N [--seed S] | model-dirs --cases N \
+             [--seed S] | subscribers N | load N | conns N"
         ),
     }
 }
@@ -92,7 +96,8 @@ fn crash_runs(trials: u64, max_kill_ms: u64) {
 }
 
 /// `fuzz N` or `fuzz --cases N [--seed S]`: N proptest cases (tests/soak/fuzz.rs).
-fn fuzz_run(args: &[String]) {
+/// `--cases N` (or N as the first argument; `default` without) and `--seed S` (or the clock).
+fn cases_and_seed(args: &[String], default: u64) -> (u32, u64) {
     let flag = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -101,12 +106,51 @@ fn fuzz_run(args: &[String]) {
     };
     let cases = flag("--cases")
         .or_else(|| args.get(1).and_then(|s| s.parse().ok()))
-        .unwrap_or(1_000_000);
+        .unwrap_or(default);
     let seed = flag("--seed").unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         t.map_or(0x6006, |d| d.as_nanos() as u64)
     });
     let cases = u32::try_from(cases).expect("at most u32::MAX cases");
+    (cases, seed)
+}
+
+/// Hostile model directories (issue 17.2): alone in this process, so the bound on one
+/// allocation is tight: 4 MiB beyond four times the directory's size.
+fn model_dirs_run(args: &[String]) {
+    let (cases, seed) = cases_and_seed(args, 100_000);
+    let started = Instant::now();
+    match model_dirs::run(cases, seed, 4 << 20) {
+        Ok(s) => println!(
+            "model-dirs (proptest, seed {seed}): {} cases, 0 panics, 0 property failures, {:.1}s\n  \
+             model: {} loaded and ran, refused {} at the config, {} at load, {} at the forward\n  \
+             tokenizer + template: {} encoded a conversation, {} refused\n  \
+             longest refusal message {} bytes, largest single allocation {} bytes (model), {} \
+             bytes (tokenizer + template)",
+            s.cases,
+            started.elapsed().as_secs_f64(),
+            s.ran,
+            s.refused_config,
+            s.refused_load,
+            s.refused_forward,
+            s.chat_ok,
+            s.chat_refused,
+            s.longest_message,
+            s.largest_alloc,
+            s.largest_chat_alloc,
+        ),
+        Err(e) => {
+            println!(
+                "model-dirs (proptest, seed {seed}): FAILED after {:.1}s\n{e}",
+                started.elapsed().as_secs_f64()
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+fn fuzz_run(args: &[String]) {
+    let (cases, seed) = cases_and_seed(args, 1_000_000);
     let started = Instant::now();
     match fuzz::run(cases, seed) {
         Ok(s) => println!(
