@@ -60,9 +60,12 @@ pub struct RowShape {
 }
 
 impl RowShape {
-    /// Bytes of one token's captured row.
+    /// Bytes of one token's captured row (fp8: with its scale). The connector's layout
+    /// validated that this does not overflow.
     fn bytes(&self) -> usize {
-        self.layers * self.hidden * self.dtype.size()
+        self.dtype
+            .row_bytes(self.layers, self.hidden)
+            .unwrap_or(usize::MAX)
     }
 }
 
