@@ -89,7 +89,7 @@ impl RunnerState {
                 tokens: new.prompt.to_vec(),
                 blocks: new.block_ids.clone(),
                 state_slot: new.state_slot,
-                computed: 0,
+                computed: new.cached_tokens,
             };
             self.seqs.insert(new.id.clone(), seq);
         }
@@ -230,6 +230,7 @@ mod tests {
             prompt: prompt.into(),
             block_ids: vec![3, 4],
             state_slot: None,
+            cached_tokens: 0,
         }
     }
 
