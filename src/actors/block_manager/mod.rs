@@ -45,12 +45,13 @@ pub struct Release(pub Vec<RequestId>);
 #[derive(Debug, Clone)]
 pub struct ReleaseFinished(pub Vec<RequestId>);
 
-/// A finished request's captured rows (`row_bytes` per token of `tokens`, full blocks only
-/// needed) for prefix reuse.
+/// A finished request's captured rows for prefix reuse: `row_bytes` per token of `tokens`, in
+/// the connector's chunks (shared, not copied: only the blocks kept are copied, within the
+/// cache's byte bound).
 #[derive(Debug, Clone)]
 pub struct CacheRows {
     pub tokens: Vec<u32>,
-    pub rows: Vec<u8>,
+    pub chunks: Arc<[Vec<u8>]>,
     pub row_bytes: usize,
 }
 
@@ -104,7 +105,8 @@ impl Message<ReleaseFinished> for BlockManager {
 impl Message<CacheRows> for BlockManager {
     type Reply = ();
     async fn handle(&mut self, msg: CacheRows, _: &mut Context<Self, Self::Reply>) {
-        self.pool.offer_rows(&msg.tokens, &msg.rows, msg.row_bytes);
+        self.pool
+            .offer_rows(&msg.tokens, &msg.chunks, msg.row_bytes);
         self.record_gauges();
     }
 }

@@ -184,7 +184,7 @@ impl BlockPool {
 
     /// Keeps the captured rows of a finished request's full blocks of `tokens` for reuse
     /// (`row_bytes` per token), within the cache's byte bound.
-    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[u8], row_bytes: usize) {
+    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) {
         if let Some(cache) = self.cache.as_mut() {
             let freed = cache.offer_rows(tokens, rows, row_bytes);
             self.free.extend(freed);

@@ -207,10 +207,11 @@ impl PrefixCache {
         rejected
     }
 
-    /// Offers the captured rows of `tokens` (`row_bytes` per token; only full blocks are kept).
+    /// Offers the captured rows of `tokens` (`row_bytes` per token, the concatenation of
+    /// `rows`; only full blocks are kept).
     /// Rows past `max_bytes` evict unused entries, least recently used first; the KV blocks of
     /// evicted entries are returned for the caller to free.
-    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[u8], row_bytes: usize) -> Vec<u32> {
+    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) -> Vec<u32> {
         let per_block = self.block_size * row_bytes;
         let mut freed = Vec::new();
         let links = chain(tokens, self.block_size);
@@ -221,9 +222,6 @@ impl PrefixCache {
             .zip(tokens.chunks_exact(self.block_size))
             .enumerate()
         {
-            let Some(block_rows) = rows.get(i * per_block..(i + 1) * per_block) else {
-                break;
-            };
             if self.entries.contains_key(&hash) && !self.entry_matches(parent, hash, block_tokens) {
                 continue;
             }
@@ -242,6 +240,9 @@ impl PrefixCache {
             if self.bytes + per_block > self.max_bytes {
                 break;
             }
+            let Some(block_rows) = gather(rows, i * per_block, per_block) else {
+                break;
+            };
             self.bytes += per_block;
             self.entry(parent, hash, block_tokens).rows = Some(block_rows.into());
         }
@@ -276,6 +277,24 @@ impl PrefixCache {
     pub fn evict_block(&mut self) -> Option<u32> {
         self.evict_lru(&HashSet::new(), true).flatten()
     }
+}
+
+/// Bytes `start..start + len` of the concatenation of `parts`; `None` past their end.
+fn gather(parts: &[Vec<u8>], mut start: usize, len: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(len);
+    for p in parts {
+        if start >= p.len() {
+            start -= p.len();
+            continue;
+        }
+        let take = (p.len() - start).min(len - out.len());
+        out.extend_from_slice(&p[start..start + take]);
+        start = 0;
+        if out.len() == len {
+            return Some(out);
+        }
+    }
+    (len == 0).then_some(out)
 }
 
 #[cfg(test)]

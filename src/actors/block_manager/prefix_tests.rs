@@ -27,7 +27,7 @@ fn rows(n: usize) -> Vec<u8> {
 fn finish(p: &mut BlockPool, name: &str, n: usize) -> Grant {
     let g = p.allocate(&id(name), n, &tokens(n)).expect("fits");
     p.free(&id(name), true);
-    p.offer_rows(&tokens(n), &rows(n), ROW);
+    p.offer_rows(&tokens(n), &[rows(n)], ROW);
     g
 }
 
@@ -75,7 +75,7 @@ fn rows_and_blocks_arrive_in_either_order_and_both_are_needed() {
     let n = 8;
     p.allocate(&id("a"), n, &tokens(n)).unwrap();
     // Rows first (the connector's message may overtake the scheduler's release).
-    p.offer_rows(&tokens(n), &rows(n), ROW);
+    p.offer_rows(&tokens(n), &[rows(n)], ROW);
     assert_eq!(
         p.allocate(&id("x"), 12, &tokens(12)).unwrap().cached_tokens,
         0
@@ -115,7 +115,7 @@ fn byte_bound_evicts_least_recently_used_unused_blocks() {
     let mut other: Vec<u32> = (500..508).collect();
     let b = p.allocate(&id("b"), 8, &other.clone().into()).unwrap();
     p.free(&id("b"), true);
-    p.offer_rows(&other, &rows(8), ROW); // 4 blocks' rows > 3: the oldest (a's tail) goes
+    p.offer_rows(&other, &[rows(8)], ROW); // 4 blocks' rows > 3: the oldest (a's tail) goes
     let s = p.stats().prefix;
     assert!(s.bytes <= 3 * BS * ROW, "{s:?}");
     assert_eq!(s.cached_blocks, 3);
@@ -147,7 +147,7 @@ fn allocation_evicts_cached_blocks_when_the_free_list_runs_out() {
     assert_eq!(p.stats().prefix.bytes, 0);
     // Blocks in use by a hit are never evicted.
     p.free(&id("b"), true);
-    p.offer_rows(&other, &rows(16), ROW);
+    p.offer_rows(&other, &[rows(16)], ROW);
     let mut longer = other.to_vec();
     longer.extend([1, 2, 3, 4]);
     assert!(p.allocate(&id("c"), 20, &longer.into()).is_none());
@@ -171,7 +171,7 @@ fn concurrent_requests_share_cached_blocks_and_release_them() {
     p.free(&id("c"), true);
     // b's third block was kept; c's duplicate of it was freed.
     assert_eq!(p.stats().free + 3, 16);
-    p.offer_rows(&tokens(12), &rows(12), ROW);
+    p.offer_rows(&tokens(12), &[rows(12)], ROW);
     assert_eq!(p.stats().prefix.cached_blocks, 3);
     assert_eq!(
         p.allocate(&id("d"), 13, &tokens(13)).unwrap().cached_tokens,
@@ -195,6 +195,25 @@ fn off_without_bytes_and_for_hybrid_pools() {
         h.allocate(&id("b"), 12, &tokens(12)).unwrap().cached_tokens,
         0
     );
+}
+
+#[test]
+fn rows_split_over_chunks_are_gathered_per_block() {
+    let mut p = pool(16, 1 << 20);
+    p.allocate(&id("a"), 12, &tokens(12)).unwrap();
+    p.free(&id("a"), true);
+    // Chunks of 5 and 7 rows: block 1 (rows 4..8) straddles them.
+    let all = rows(12);
+    p.offer_rows(
+        &tokens(12),
+        &[all[..5 * ROW].to_vec(), all[5 * ROW..].to_vec()],
+        ROW,
+    );
+    let g = p.allocate(&id("b"), 13, &tokens(13)).unwrap();
+    assert_eq!(g.cached_tokens, 12);
+    assert_eq!(g.prefix_rows.concat(), all);
+    assert_eq!(gather(&[vec![1, 2], vec![3]], 1, 3), None);
+    assert_eq!(gather(&[vec![1, 2], vec![3]], 1, 2), Some(vec![2, 3]));
 }
 
 #[test]

@@ -166,7 +166,7 @@ impl CompleteHiddenStates {
     pub fn cache_rows(&self) -> CacheRows {
         CacheRows {
             tokens: self.token_ids.clone(),
-            rows: self.hidden_parts().concat(),
+            chunks: Arc::clone(&self.chunks),
             row_bytes: self.layout.row_bytes(),
         }
     }
