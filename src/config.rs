@@ -73,6 +73,8 @@ pub enum DtypeChoice {
     F32,
     Bf16,
     F16,
+    /// float8_e4m3fn with per-token scales, as speculators' `hs_connectors` FP8 files.
+    Fp8,
 }
 
 impl DtypeChoice {
@@ -82,8 +84,9 @@ impl DtypeChoice {
             "f32" | "float32" => Ok(Self::F32),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
             "f16" | "float16" => Ok(Self::F16),
+            "fp8" | "float8_e4m3fn" => Ok(Self::Fp8),
             other => Err(ConfigError::Invalid(format!(
-                "dtype {other:?}: expected auto, f32, bf16 or f16"
+                "dtype {other:?}: expected auto, f32, bf16, f16 or fp8"
             ))),
         }
     }
@@ -95,6 +98,7 @@ impl DtypeChoice {
             Self::F32 => OutputDtype::F32,
             Self::Bf16 => OutputDtype::Bf16,
             Self::F16 => OutputDtype::F16,
+            Self::Fp8 => OutputDtype::Fp8,
         }
     }
 }
@@ -118,12 +122,17 @@ pub struct EngineSection {
     pub layer_ids: Option<Vec<usize>>,
     /// dtype of the saved hidden states.
     pub dtype: DtypeChoice,
-    /// Host bytes of hidden states held for admitted requests (`T × K × H ×` dtype size each)
-    /// until their files are written; admission waits at it, a larger request is rejected.
+    /// Host bytes of hidden states held for admitted requests (`T × K × H ×` dtype size each,
+    /// plus a 4-byte scale per token for fp8) until their files are written; admission waits
+    /// at it, a larger request is rejected.
     pub max_pending_bytes: usize,
     /// Fail a request whose captured rows hold NaN / Inf, or an all-zero row at a layer id
     /// >= 1, instead of writing its file (`false`: write the raw states anyway).
     pub reject_bad_states: bool,
+    /// Prefix reuse across requests (dense models): bytes of captured rows kept with the
+    /// cached KV blocks of finished requests, so a request that starts with the same full
+    /// blocks computes only the rest; least recently used blocks are evicted. 0 = off.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for EngineSection {
@@ -139,6 +148,7 @@ impl Default for EngineSection {
             dtype: DtypeChoice::Auto,
             max_pending_bytes: 2 << 30,
             reject_bad_states: true,
+            prefix_cache_bytes: 0,
         }
     }
 }

@@ -142,7 +142,11 @@ impl Engine {
         };
         let row_bytes = layout.row_bytes();
         let (release_tx, release_rx) = tokio::sync::mpsc::unbounded_channel();
-        let connector = ConnectorHandle::spawn_reporting(
+        let pool = BlockPool::new(e.num_blocks, e.block_size, state_slots)
+            .with_prefix_cache(e.prefix_cache_bytes);
+        let caching = pool.caches_prefixes();
+        let blocks = BlockManagerHandle::spawn(pool, MAILBOX);
+        let connector = ConnectorHandle::spawn_caching(
             layout,
             ConnectorOptions {
                 lock_files: cfg.output.lock_files,
@@ -151,11 +155,8 @@ impl Engine {
             },
             events.clone(),
             Some(release_tx),
+            caching.then(|| blocks.clone()),
         )?;
-        let blocks = BlockManagerHandle::spawn(
-            BlockPool::new(e.num_blocks, e.block_size, state_slots),
-            MAILBOX,
-        );
         let (plan_tx, plan_rx) = flume::bounded(1);
         let limits = SchedulerLimits {
             max_num_batched_tokens: e.max_num_batched_tokens,

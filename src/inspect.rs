@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 
+use crate::actors::connector::SCALES_TENSOR;
+use crate::kernels::fp8::e4m3fn_to_f32;
+
 /// Norm statistics of one layer slot over all rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerStats {
@@ -96,7 +99,9 @@ fn check_tensors(st: &SafeTensors<'_>, report: &mut FileReport) {
             return;
         }
     };
-    let extra = report.tensors.len().saturating_sub(2);
+    let fp8 = hs.dtype() == Dtype::F8_E4M3;
+    let expected = if fp8 { 3 } else { 2 };
+    let extra = report.tensors.len().saturating_sub(expected);
     if extra > 0 {
         report
             .problems
@@ -124,11 +129,18 @@ fn check_tensors(st: &SafeTensors<'_>, report: &mut FileReport) {
             tok.shape().first()
         ));
     }
-    let Some(values) = widen(hs.dtype(), hs.data()) else {
+    let values = if fp8 {
+        match fp8_scales(st, shape[0]) {
+            Ok(scales) => dequantize(hs.data(), &scales, shape[1] * shape[2]),
+            Err(p) => return report.problems.push(p),
+        }
+    } else if let Some(values) = widen(hs.dtype(), hs.data()) {
+        values
+    } else {
         let dtype = hs.dtype();
-        report
-            .problems
-            .push(format!("hidden_states dtype {dtype:?} is not f32/bf16/f16"));
+        report.problems.push(format!(
+            "hidden_states dtype {dtype:?} is not f32/bf16/f16/fp8"
+        ));
         return;
     };
     let ids = layer_ids(&report.metadata);
@@ -160,6 +172,30 @@ fn widen(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
             .collect(),
         _ => return None,
     })
+}
+
+/// An fp8 file's per-token scales: `hidden_states_scales` f32 `[T, 1, 1]`.
+fn fp8_scales(st: &SafeTensors<'_>, t: usize) -> Result<Vec<f32>, String> {
+    let Ok(sc) = st.tensor(SCALES_TENSOR) else {
+        return Err(format!("fp8 hidden_states without {SCALES_TENSOR}"));
+    };
+    if sc.dtype() != Dtype::F32 || sc.shape() != [t, 1, 1] {
+        return Err(format!(
+            "{SCALES_TENSOR} must be f32 [{t}, 1, 1], found {:?} {:?}",
+            sc.dtype(),
+            sc.shape()
+        ));
+    }
+    Ok(bytemuck::pod_collect_to_vec(sc.data()))
+}
+
+/// fp8 codes `[T, width]` times their token's scale.
+fn dequantize(codes: &[u8], scales: &[f32], width: usize) -> Vec<f32> {
+    codes
+        .chunks_exact(width.max(1))
+        .zip(scales)
+        .flat_map(|(row, &s)| row.iter().map(move |&c| e4m3fn_to_f32(c) * s))
+        .collect()
 }
 
 fn layer_ids(meta: &HashMap<String, String>) -> Option<Vec<usize>> {
@@ -272,6 +308,48 @@ mod tests {
         assert_eq!(s[1].zero_rows, 1);
         assert_eq!(s[1].layer_id, Some(4));
         assert_eq!(s[1].max_norm, 2.0);
+    }
+
+    fn fp8_file(dir: &Path, scales: Option<&[f32]>) -> PathBuf {
+        use safetensors::tensor::TensorView;
+        // T = 2, K = 1, H = 2: codes of 448 and 224, then 0 and -448 (sign bit set).
+        let codes = [0x7e, 0x76, 0x00, 0xfe];
+        let ids: Vec<u8> = [5i64, 6].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let sc: Vec<u8> = scales
+            .unwrap_or(&[])
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
+        let mut tensors = vec![
+            (
+                "hidden_states",
+                TensorView::new(Dtype::F8_E4M3, vec![2, 1, 2], &codes).unwrap(),
+            ),
+            (
+                "token_ids",
+                TensorView::new(Dtype::I64, vec![2], &ids).unwrap(),
+            ),
+        ];
+        if scales.is_some() {
+            let view = TensorView::new(Dtype::F32, vec![2, 1, 1], &sc).unwrap();
+            tensors.push((SCALES_TENSOR, view));
+        }
+        let p = dir.join(format!("fp8-{}.safetensors", scales.is_some()));
+        safetensors::serialize_to_file(tensors, None, &p).unwrap();
+        p
+    }
+
+    #[test]
+    fn fp8_files_are_dequantized_for_the_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = inspect_file(&fp8_file(dir.path(), Some(&[0.25, 1.0 / 448.0])));
+        assert!(r.is_ok(), "{:?}", r.problems);
+        // Row 0: (112, 56) -> norm 125.22; row 1: (0, -1) -> norm 1.
+        let want = (112f64 * 112.0 + 56.0 * 56.0).sqrt();
+        assert!((r.layers[0].max_norm - want).abs() < 1e-9);
+        assert!((r.layers[0].mean_norm - (want + 1.0) / 2.0).abs() < 1e-9);
+        let r = inspect_file(&fp8_file(dir.path(), None));
+        assert!(r.problems[0].contains(SCALES_TENSOR), "{:?}", r.problems);
     }
 
     #[test]

@@ -102,7 +102,7 @@ struct CommonArgs {
     /// Token budget per step (overrides engine.max_num_batched_tokens).
     #[arg(long)]
     max_num_batched_tokens: Option<usize>,
-    /// dtype of the saved hidden states: auto, f32, bf16 or f16 (overrides engine.dtype).
+    /// dtype of the saved hidden states: auto, f32, bf16, f16 or fp8 (overrides engine.dtype).
     #[arg(long, value_parser = |s: &str| DtypeChoice::parse(s).map_err(|e| e.to_string()))]
     dtype: Option<DtypeChoice>,
 }

@@ -135,6 +135,9 @@ pub struct NewRequestData {
     pub block_ids: Vec<u32>,
     /// Recurrent-state slot (hybrid models only).
     pub state_slot: Option<u32>,
+    /// Leading positions whose KV is already in `block_ids` (prefix reuse): the first chunk
+    /// starts there.
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -53,20 +53,36 @@ pub enum OutputDtype {
     F32,
     Bf16,
     F16,
+    /// float8_e4m3fn codes with one f32 scale per token (`hs_connectors`' layout, [`super::fp8`]).
+    Fp8,
 }
 
 impl OutputDtype {
+    /// Bytes of one value.
     pub fn size(self) -> usize {
         match self {
             Self::F32 => 4,
             Self::Bf16 | Self::F16 => 2,
+            Self::Fp8 => 1,
         }
     }
+
+    /// Bytes of one token's row of `layers × hidden` values as held in host memory: the
+    /// values, and for fp8 the token's scale after them. `None` on overflow.
+    pub fn row_bytes(self, layers: usize, hidden: usize) -> Option<usize> {
+        let values = layers.checked_mul(hidden)?.checked_mul(self.size())?;
+        match self {
+            Self::Fp8 => values.checked_add(super::fp8::SCALE_BYTES),
+            _ => Some(values),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
             Self::F16 => "f16",
+            Self::Fp8 => "fp8",
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
+pub mod fp8;
 pub mod plan;
 pub mod rope;
 pub mod routing;
@@ -114,12 +115,13 @@ impl BatchOutput {
         }
     }
 
-    /// The captured values widened to f32.
-    pub fn captured_f32(&self) -> Vec<f32> {
+    /// The captured values widened to f32 (fp8: dequantized), `width` = K × H per row.
+    pub fn captured_f32(&self, width: usize) -> Vec<f32> {
         let stored = match self.dtype {
             OutputDtype::F32 => WeightDtype::F32,
             OutputDtype::Bf16 => WeightDtype::Bf16,
             OutputDtype::F16 => WeightDtype::F16,
+            OutputDtype::Fp8 => return fp8::dequantize_rows(&self.captured, width),
         };
         dtype::widen(&self.captured, stored)
     }

@@ -8,7 +8,8 @@
 //! `files_saved_total`, `files_failed_total{kind}`, `connector_pending_bytes`,
 //! `pending_hidden_bytes`, `admission_memory_waits_total`,
 //! `kv_blocks_used`, `kv_blocks_total`, `events_published_total`, `subscribers_dropped_total`,
-//! `socket_connections`.
+//! `socket_connections`, `prefix_cache_hit_tokens_total`, `prefix_cache_blocks`,
+//! `prefix_cache_bytes`.
 
 use std::sync::OnceLock;
 
@@ -70,6 +71,19 @@ fn describe() {
         "Rows written to files (prefix fan-out writes rows it did not compute)"
     );
     describe_counter!("hsx_prompt_tokens_total", "Prompt tokens through the model");
+    describe_counter!(
+        "hsx_prefix_cache_hit_tokens_total",
+        "Prompt tokens reused from the prefix cache (KV and captured rows), not computed"
+    );
+    describe_gauge!(
+        "hsx_prefix_cache_blocks",
+        "Reusable blocks in the prefix cache (KV block and rows)"
+    );
+    describe_gauge!(
+        "hsx_prefix_cache_bytes",
+        Unit::Bytes,
+        "Captured rows held by the prefix cache (bound: engine.prefix_cache_bytes)"
+    );
     describe_counter!("hsx_steps_total", "Engine steps");
     describe_histogram!("hsx_step_duration_seconds", Unit::Seconds, "Step duration");
     describe_histogram!("hsx_step_tokens", "Tokens per step");

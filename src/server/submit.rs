@@ -289,6 +289,9 @@ impl Shared {
             "writes_in_flight": c.writes_in_flight,
             "kv_blocks_total": blocks.map_or(0, |b| b.total),
             "kv_blocks_used": blocks.map_or(0, |b| b.total - b.free),
+            "prefix_cache_hit_tokens": blocks.map_or(0, |b| b.prefix.hit_tokens),
+            "prefix_cache_blocks": blocks.map_or(0, |b| b.prefix.cached_blocks),
+            "prefix_cache_bytes": blocks.map_or(0, |b| b.prefix.bytes),
             "shutting_down": self.cancel.is_cancelled(),
         })
     }

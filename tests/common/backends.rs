@@ -95,7 +95,7 @@ impl Paging {
                     seqs: &seqs,
                 })
                 .unwrap();
-            let captured = out.captured_f32();
+            let captured = out.captured_f32(be.hidden_size() * be.capture_layers().len());
             let mut offset = 0;
             for (s, &(r, len)) in owners.iter().enumerate() {
                 let rows = &captured[offset * row..(offset + len) * row];

@@ -12,4 +12,5 @@ mod chat;
 mod cli;
 mod http;
 mod metrics;
+mod prefix;
 mod socket;

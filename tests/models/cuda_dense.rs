@@ -73,7 +73,7 @@ fn check_alone(name: &str) {
     for (j, ids) in prompts(&p.spec).iter().enumerate() {
         let c = PAGING.alone(&mut p.cpu, j, ids);
         let g = PAGING.alone(p.gpu.as_mut(), j, ids);
-        let e = rel_err(&g.captured_f32(), &c.captured_f32(), k, h);
+        let e = rel_err(&g.captured_f32(k * h), &c.captured_f32(k * h), k, h);
         eprintln!("{name} prompt {j} ({} tokens): rel err {e:.2e}", ids.len());
         assert!(e <= p.tol, "{name} prompt {j}: rel err {e} > {}", p.tol);
         if p.spec.dtype == WeightDtype::F32 {
@@ -105,7 +105,7 @@ fn check_chunked(name: &str) {
                 e <= p.tol,
                 "{name} chunk {c} prompt {j}: cuda vs cpu rel err {e}"
             );
-            let self_e = rel_err(gr, &whole[j].captured_f32(), k, h);
+            let self_e = rel_err(gr, &whole[j].captured_f32(k * h), k, h);
             eprintln!(
                 "{name} chunk {c} prompt {j}: vs cpu {e:.2e}, vs cuda unchunked {self_e:.2e}"
             );

@@ -117,7 +117,7 @@ fn check_against_hf(name: &str) {
         let ids = reference.ids(j);
         let t = ids.len();
         let out = run_alone(&mut be, j, &ids);
-        let captured = out.captured_f32();
+        let captured = out.captured_f32((LAYERS + 1) * HIDDEN);
         assert_eq!(captured.len(), t * (LAYERS + 1) * HIDDEN);
         for i in 0..=LAYERS {
             let ours: Vec<f32> = (0..t)
@@ -215,9 +215,10 @@ fn chunking_and_batching_are_bit_identical() {
         let row = (LAYERS + 1) * HIDDEN;
         let mut offset = 0;
         for (r, p) in prompts.iter().enumerate() {
-            let mine = &packed.captured_f32()[offset * row..(offset + p.len()) * row];
+            let mine =
+                &packed.captured_f32((LAYERS + 1) * HIDDEN)[offset * row..(offset + p.len()) * row];
             assert!(
-                same_bits(mine, &alone[r].captured_f32()),
+                same_bits(mine, &alone[r].captured_f32((LAYERS + 1) * HIDDEN)),
                 "{name} p{r}: packed batch differs"
             );
             assert_eq!(packed.sampled[r], alone[r].sampled[0]);
@@ -228,7 +229,7 @@ fn chunking_and_batching_are_bit_identical() {
         for (r, p) in prompts.iter().enumerate() {
             let got = run_chunked_mixed(&mut be, std::slice::from_ref(p), 7);
             assert!(
-                same_bits(&got[0].0, &alone[r].captured_f32()),
+                same_bits(&got[0].0, &alone[r].captured_f32((LAYERS + 1) * HIDDEN)),
                 "{name} p{r}: chunks of 7 differ"
             );
             assert_eq!(got[0].1, alone[r].sampled[0]);
@@ -237,7 +238,7 @@ fn chunking_and_batching_are_bit_identical() {
             let got = run_chunked_mixed(&mut be, &prompts, c);
             for (r, (rows, tok)) in got.iter().enumerate() {
                 assert!(
-                    same_bits(rows, &alone[r].captured_f32()),
+                    same_bits(rows, &alone[r].captured_f32((LAYERS + 1) * HIDDEN)),
                     "{name} p{r}: mixed chunks of {c} differ"
                 );
                 assert_eq!(*tok, alone[r].sampled[0]);
@@ -302,7 +303,7 @@ fn capture_subset_and_no_sample() {
     assert_eq!(out.captured.len(), ids.len() * 2 * HIDDEN * 4);
     for (k, id) in [1, 4].into_iter().enumerate() {
         let ours: Vec<f32> = out
-            .captured_f32()
+            .captured_f32((LAYERS + 1) * HIDDEN)
             .chunks_exact(HIDDEN)
             .skip(k)
             .step_by(2)

@@ -1,7 +1,13 @@
 //! Block manager actor: owns the KV-block bookkeeping (ids only; the model runner owns the
-//! memory). One `Reserve` per step, `Release` on every exit path (finish, abort, error).
+//! memory). One `Reserve` per step, `Release` on every exit path (abort, error),
+//! `ReleaseFinished` for finished requests; with prefix reuse ([`prefix`]) finished requests'
+//! full blocks and their captured rows (`CacheRows`, from the connector) are kept for later
+//! requests that start with the same tokens.
 
 mod pool;
+pub mod prefix;
+
+use std::sync::Arc;
 
 use kameo::prelude::*;
 
@@ -9,12 +15,20 @@ pub use pool::{BlockPool, Grant, PoolStats};
 
 use crate::actors::messages::RequestId;
 
+/// A waiting request that could start: its id, the tokens it will ever hold in the cache, and
+/// its prompt (for prefix reuse).
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub id: RequestId,
+    pub tokens: usize,
+    pub prompt: Arc<[u32]>,
+}
+
 /// Reserve blocks for each candidate, in order, stopping at the first that does not fit (so
 /// a large request is not starved by smaller ones behind it).
 #[derive(Debug, Clone)]
 pub struct Reserve {
-    /// (request, tokens it will ever hold in the cache).
-    pub candidates: Vec<(RequestId, usize)>,
+    pub candidates: Vec<Candidate>,
 }
 
 /// Blocks granted to a prefix of the candidates.
@@ -26,6 +40,20 @@ pub struct Reservation {
 /// Give back every block of these requests.
 #[derive(Debug, Clone)]
 pub struct Release(pub Vec<RequestId>);
+
+/// These requests computed every token: their prompts' full blocks may be kept for reuse.
+#[derive(Debug, Clone)]
+pub struct ReleaseFinished(pub Vec<RequestId>);
+
+/// A finished request's captured rows for prefix reuse: `row_bytes` per token of `tokens`, in
+/// the connector's chunks (shared, not copied: only the blocks kept are copied, within the
+/// cache's byte bound).
+#[derive(Debug, Clone)]
+pub struct CacheRows {
+    pub tokens: Vec<u32>,
+    pub chunks: Arc<[Vec<u8>]>,
+    pub row_bytes: usize,
+}
 
 /// Current pool occupancy.
 #[derive(Debug, Clone, Copy)]
@@ -40,12 +68,16 @@ impl Message<Reserve> for BlockManager {
     type Reply = Reservation;
     async fn handle(&mut self, msg: Reserve, _: &mut Context<Self, Self::Reply>) -> Reservation {
         let mut granted = Vec::new();
-        for (id, tokens) in msg.candidates {
-            match self.pool.allocate(&id, tokens) {
-                Some(grant) => granted.push((id, grant)),
+        let hits_before = self.pool.stats().prefix.hit_tokens;
+        for c in msg.candidates {
+            match self.pool.allocate(&c.id, c.tokens, &c.prompt) {
+                Some(grant) => granted.push((c.id, grant)),
                 None => break,
             }
         }
+        let hits = self.pool.stats().prefix.hit_tokens - hits_before;
+        metrics::counter!("hsx_prefix_cache_hit_tokens_total").increment(hits);
+        self.record_gauges();
         Reservation { granted }
     }
 }
@@ -54,8 +86,36 @@ impl Message<Release> for BlockManager {
     type Reply = ();
     async fn handle(&mut self, msg: Release, _: &mut Context<Self, Self::Reply>) {
         for id in &msg.0 {
-            self.pool.free(id);
+            self.pool.free(id, false);
         }
+        self.record_gauges();
+    }
+}
+
+impl Message<ReleaseFinished> for BlockManager {
+    type Reply = ();
+    async fn handle(&mut self, msg: ReleaseFinished, _: &mut Context<Self, Self::Reply>) {
+        for id in &msg.0 {
+            self.pool.free(id, true);
+        }
+        self.record_gauges();
+    }
+}
+
+impl Message<CacheRows> for BlockManager {
+    type Reply = ();
+    async fn handle(&mut self, msg: CacheRows, _: &mut Context<Self, Self::Reply>) {
+        self.pool
+            .offer_rows(&msg.tokens, &msg.chunks, msg.row_bytes);
+        self.record_gauges();
+    }
+}
+
+impl BlockManager {
+    fn record_gauges(&self) {
+        let p = self.pool.stats().prefix;
+        metrics::gauge!("hsx_prefix_cache_blocks").set(p.cached_blocks as f64);
+        metrics::gauge!("hsx_prefix_cache_bytes").set(p.bytes as f64);
     }
 }
 
@@ -79,7 +139,7 @@ impl BlockManagerHandle {
         Self { actor }
     }
 
-    pub async fn reserve(&self, candidates: Vec<(RequestId, usize)>) -> Reservation {
+    pub async fn reserve(&self, candidates: Vec<Candidate>) -> Reservation {
         if candidates.is_empty() {
             return Reservation::default();
         }
@@ -93,6 +153,17 @@ impl BlockManagerHandle {
         if !ids.is_empty() {
             let _ = self.actor.tell(Release(ids)).await;
         }
+    }
+
+    pub async fn release_finished(&self, ids: Vec<RequestId>) {
+        if !ids.is_empty() {
+            let _ = self.actor.tell(ReleaseFinished(ids)).await;
+        }
+    }
+
+    /// Offers a finished request's rows for prefix reuse.
+    pub async fn cache_rows(&self, rows: CacheRows) {
+        let _ = self.actor.tell(rows).await;
     }
 
     pub async fn stats(&self) -> Option<PoolStats> {

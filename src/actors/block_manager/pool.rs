@@ -1,7 +1,9 @@
 //! The plain block pool: a free list of block ids and each request's blocks.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use super::prefix::{BlockHash, PrefixCache, PrefixStats};
 use crate::actors::messages::RequestId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, kameo::Reply)]
@@ -11,14 +13,30 @@ pub struct PoolStats {
     pub requests: usize,
     pub total_slots: usize,
     pub free_slots: usize,
+    /// Prefix reuse (zeros when off).
+    pub prefix: PrefixStats,
 }
 
 /// What a request holds: KV blocks for its full-attention layers and, for hybrid models, one
 /// recurrent-state slot for its linear-attention / Mamba layers.
+///
+/// With prefix reuse, `blocks` starts with the cached blocks of the request's first
+/// `cached_tokens` positions, and `prefix_rows` holds their captured rows (one entry per
+/// block): the request starts at `cached_tokens`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Grant {
     pub blocks: Vec<u32>,
     pub state_slot: Option<u32>,
+    pub cached_tokens: usize,
+    pub prefix_rows: Vec<Arc<[u8]>>,
+}
+
+/// A request's grant, its prompt (to hash its blocks at release) and the cache entries it uses.
+#[derive(Debug)]
+struct Owned {
+    grant: Grant,
+    prompt: Arc<[u32]>,
+    shared: Vec<BlockHash>,
 }
 
 #[derive(Debug)]
@@ -30,7 +48,10 @@ pub struct BlockPool {
     /// Free state slots (empty and unused for dense models).
     free_slots: Vec<u32>,
     total_slots: usize,
-    owned: HashMap<RequestId, Grant>,
+    owned: HashMap<RequestId, Owned>,
+    /// Prefix reuse; `None` when off (and for hybrid models, whose recurrent state at a block
+    /// boundary is not kept).
+    cache: Option<PrefixCache>,
 }
 
 impl BlockPool {
@@ -45,7 +66,17 @@ impl BlockPool {
             free_slots: (0..state_slots as u32).rev().collect(),
             total_slots: state_slots,
             owned: HashMap::new(),
+            cache: None,
         }
+    }
+
+    /// Turns prefix reuse on, keeping at most `max_bytes` of captured rows (dense models only:
+    /// a no-op with state slots).
+    pub fn with_prefix_cache(mut self, max_bytes: usize) -> Self {
+        if max_bytes > 0 && self.total_slots == 0 {
+            self.cache = Some(PrefixCache::new(self.block_size, max_bytes));
+        }
+        self
     }
 
     pub fn blocks_for(&self, tokens: usize) -> usize {
@@ -57,33 +88,107 @@ impl BlockPool {
         self.blocks_for(tokens) <= self.total
     }
 
+    /// Whether prefix reuse is on.
+    pub fn caches_prefixes(&self) -> bool {
+        self.cache.is_some()
+    }
+
     /// Blocks covering `tokens` positions (and a state slot, for hybrid pools) for a new
-    /// request, or `None` if not enough are free (nothing is taken then). A request already
-    /// holding a grant gets none.
-    pub fn allocate(&mut self, id: &RequestId, tokens: usize) -> Option<Grant> {
-        let need = self.blocks_for(tokens);
+    /// request of `prompt`, reusing cached leading blocks, or `None` if not enough are free
+    /// or evictable (nothing is taken then). A request already holding a grant gets none.
+    pub fn allocate(
+        &mut self,
+        id: &RequestId,
+        tokens: usize,
+        prompt: &Arc<[u32]>,
+    ) -> Option<Grant> {
         let slot_missing = self.total_slots > 0 && self.free_slots.is_empty();
-        if need > self.free.len() || slot_missing || self.owned.contains_key(id) {
+        if slot_missing || self.owned.contains_key(id) {
             return None;
         }
-        let blocks = self.free.split_off(self.free.len() - need);
+        let hit = self
+            .cache
+            .as_mut()
+            .map(|c| c.lookup(prompt))
+            .unwrap_or_default();
+        let need = self.blocks_for(tokens).saturating_sub(hit.blocks.len());
+        if !self.make_free(need) {
+            if let Some(c) = self.cache.as_mut() {
+                c.forget_hit(&hit);
+            }
+            return None;
+        }
+        let fresh = self.free.split_off(self.free.len() - need);
         let grant = Grant {
-            blocks: blocks.into_iter().rev().collect(),
+            blocks: hit
+                .blocks
+                .iter()
+                .copied()
+                .chain(fresh.into_iter().rev())
+                .collect(),
             state_slot: self.free_slots.pop(),
+            cached_tokens: hit.blocks.len() * self.block_size,
+            prefix_rows: hit.rows,
         };
-        self.owned.insert(id.clone(), grant.clone());
+        let owned = Owned {
+            grant: grant.clone(),
+            prompt: prompt.clone(),
+            shared: hit.hashes,
+        };
+        self.owned.insert(id.clone(), owned);
         Some(grant)
     }
 
-    /// Returns the request's blocks and slot; freeing twice is a no-op. Returns the blocks freed.
-    pub fn free(&mut self, id: &RequestId) -> usize {
-        let Some(grant) = self.owned.remove(id) else {
+    /// Evicts unused cached blocks until `need` are free; false if they cannot be.
+    fn make_free(&mut self, need: usize) -> bool {
+        let evictable = self.cache.as_ref().map_or(0, |c| c.evictable_blocks());
+        if need > self.free.len() + evictable {
+            return false;
+        }
+        while self.free.len() < need {
+            match self.cache.as_mut().and_then(|c| c.evict_block()) {
+                Some(b) => self.free.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Returns the request's blocks and slot; freeing twice is a no-op. Returns the blocks
+    /// given back (to the free list, or kept for reuse when `finished`: its prompt's full
+    /// blocks hold valid KV then).
+    pub fn free(&mut self, id: &RequestId, finished: bool) -> usize {
+        let Some(Owned {
+            grant,
+            prompt,
+            shared,
+        }) = self.owned.remove(id)
+        else {
             return 0;
         };
         let n = grant.blocks.len();
-        self.free.extend(grant.blocks.into_iter().rev());
         self.free_slots.extend(grant.state_slot);
+        let Some(cache) = self.cache.as_mut() else {
+            self.free.extend(grant.blocks.into_iter().rev());
+            return n;
+        };
+        cache.unref(&shared);
+        let unused = if finished {
+            cache.offer_blocks(&prompt, &grant.blocks, shared.len())
+        } else {
+            grant.blocks[shared.len()..].to_vec()
+        };
+        self.free.extend(unused.into_iter().rev());
         n
+    }
+
+    /// Keeps the captured rows of a finished request's full blocks of `tokens` for reuse
+    /// (`row_bytes` per token), within the cache's byte bound.
+    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) {
+        if let Some(cache) = self.cache.as_mut() {
+            let freed = cache.offer_rows(tokens, rows, row_bytes);
+            self.free.extend(freed);
+        }
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -93,6 +198,7 @@ impl BlockPool {
             requests: self.owned.len(),
             total_slots: self.total_slots,
             free_slots: self.free_slots.len(),
+            prefix: self.cache.as_ref().map(|c| c.stats()).unwrap_or_default(),
         }
     }
 }
@@ -105,44 +211,49 @@ mod tests {
         RequestId::new(s).unwrap()
     }
 
+    /// A prompt of `n` distinct tokens.
+    fn prompt(n: usize) -> Arc<[u32]> {
+        (0..n as u32).collect()
+    }
+
     #[test]
     fn allocates_ceil_blocks_and_frees_them() {
         let mut p = BlockPool::new(10, 4, 0);
-        let b = p.allocate(&id("a"), 9).unwrap();
+        let b = p.allocate(&id("a"), 9, &prompt(9)).unwrap();
         assert_eq!(b.blocks, vec![0, 1, 2]);
         assert_eq!(b.state_slot, None);
         assert_eq!(p.stats().free, 7);
-        assert_eq!(p.free(&id("a")), 3);
+        assert_eq!(p.free(&id("a"), false), 3);
         assert_eq!(p.stats().free, 10);
     }
 
     #[test]
     fn exhaustion_takes_nothing() {
         let mut p = BlockPool::new(4, 4, 0);
-        assert!(p.allocate(&id("a"), 12).is_some());
-        assert!(p.allocate(&id("b"), 8).is_none());
+        assert!(p.allocate(&id("a"), 12, &prompt(12)).is_some());
+        assert!(p.allocate(&id("b"), 8, &prompt(8)).is_none());
         assert_eq!(p.stats().free, 1);
-        assert!(p.allocate(&id("c"), 4).is_some());
+        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_some());
         assert_eq!(p.stats().free, 0);
     }
 
     #[test]
     fn double_free_and_double_allocate_are_harmless() {
         let mut p = BlockPool::new(4, 4, 0);
-        p.allocate(&id("a"), 4).unwrap();
-        assert!(p.allocate(&id("a"), 4).is_none());
-        assert_eq!(p.free(&id("a")), 1);
-        assert_eq!(p.free(&id("a")), 0);
+        p.allocate(&id("a"), 4, &prompt(4)).unwrap();
+        assert!(p.allocate(&id("a"), 4, &prompt(4)).is_none());
+        assert_eq!(p.free(&id("a"), false), 1);
+        assert_eq!(p.free(&id("a"), false), 0);
         assert_eq!(p.stats().free, 4);
     }
 
     #[test]
     fn freed_blocks_are_reused_without_duplicates() {
         let mut p = BlockPool::new(6, 2, 0);
-        let a = p.allocate(&id("a"), 4).unwrap();
-        let b = p.allocate(&id("b"), 4).unwrap();
-        p.free(&id("a"));
-        let c = p.allocate(&id("c"), 8).unwrap();
+        let a = p.allocate(&id("a"), 4, &prompt(4)).unwrap();
+        let b = p.allocate(&id("b"), 4, &prompt(4)).unwrap();
+        p.free(&id("a"), false);
+        let c = p.allocate(&id("c"), 8, &prompt(8)).unwrap();
         let mut all: Vec<u32> = b.blocks.iter().chain(&c.blocks).copied().collect();
         all.sort_unstable();
         all.dedup();
@@ -153,14 +264,17 @@ mod tests {
     #[test]
     fn hybrid_pool_grants_one_state_slot_per_request() {
         let mut p = BlockPool::new(100, 4, 2);
-        let a = p.allocate(&id("a"), 4).unwrap();
-        let b = p.allocate(&id("b"), 4).unwrap();
+        let a = p.allocate(&id("a"), 4, &prompt(4)).unwrap();
+        let b = p.allocate(&id("b"), 4, &prompt(4)).unwrap();
         assert_eq!((a.state_slot, b.state_slot), (Some(0), Some(1)));
         // Blocks are plentiful but slots are not: admission waits for a slot.
-        assert!(p.allocate(&id("c"), 4).is_none());
+        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_none());
         assert_eq!(p.stats().free, 98);
-        p.free(&id("a"));
-        assert_eq!(p.allocate(&id("c"), 4).unwrap().state_slot, Some(0));
+        p.free(&id("a"), false);
+        assert_eq!(
+            p.allocate(&id("c"), 4, &prompt(4)).unwrap().state_slot,
+            Some(0)
+        );
         assert_eq!(p.stats().free_slots, 0);
     }
 

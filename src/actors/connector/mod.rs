@@ -17,7 +17,7 @@ pub use actor::{
     Capture, Connector, ConnectorHandle, ConnectorStats, Discard, Finish, Flush, Stats,
 };
 pub use state::ConnectorState;
-pub use writer::{CompleteHiddenStates, TensorSource, WriteError};
+pub use writer::{CompleteHiddenStates, SCALES_TENSOR, TensorSource, WriteError};
 
 use crate::actors::messages::{OutputDtype, RequestId};
 
@@ -49,11 +49,7 @@ impl FileLayout {
         if self.hidden_size == 0 {
             return bad("hidden size 0".into());
         }
-        let row = self
-            .hidden_size
-            .checked_mul(self.layer_ids.len())
-            .and_then(|n| n.checked_mul(self.dtype.size()));
-        match row {
+        match self.dtype.row_bytes(self.layer_ids.len(), self.hidden_size) {
             Some(r) if r <= isize::MAX as usize => Ok(()),
             _ => bad("one row would not fit in memory".into()),
         }
@@ -64,12 +60,11 @@ impl FileLayout {
         self.layer_ids.len()
     }
 
-    /// Bytes of one token's row: `K * H * dtype size`.
+    /// Bytes of one token's row: `K * H * dtype size` (fp8: + its 4-byte scale).
     pub fn row_bytes(&self) -> usize {
-        self.layer_ids
-            .len()
-            .saturating_mul(self.hidden_size)
-            .saturating_mul(self.dtype.size())
+        self.dtype
+            .row_bytes(self.layer_ids.len(), self.hidden_size)
+            .unwrap_or(usize::MAX)
     }
 }
 

@@ -12,7 +12,12 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, View};
 
 use super::FileLayout;
+use crate::actors::block_manager::CacheRows;
 use crate::actors::messages::{EventKind, FinishedRequest, OutputDtype, PrefixOutput, RequestId};
+use crate::kernels::fp8::SCALE_BYTES;
+
+/// The fp8 files' per-token scales, `[T, 1, 1]` f32 (`hs_connectors.fp8_utils.SCALES_KEY`).
+pub const SCALES_TENSOR: &str = "hidden_states_scales";
 
 /// All `T` rows of one request, one per token: the only thing the writer accepts.
 ///
@@ -157,6 +162,30 @@ impl CompleteHiddenStates {
         parts
     }
 
+    /// This file's tokens and rows (concatenated) for the block manager's prefix cache.
+    pub fn cache_rows(&self) -> CacheRows {
+        CacheRows {
+            tokens: self.token_ids.clone(),
+            chunks: Arc::clone(&self.chunks),
+            row_bytes: self.layout.row_bytes(),
+        }
+    }
+
+    /// fp8 rows (`width` codes then a 4-byte scale each) split into the `hidden_states` codes
+    /// and the `hidden_states_scales` bytes.
+    fn split_fp8_rows(&self, width: usize) -> (Vec<u8>, Vec<u8>) {
+        let t = self.num_tokens();
+        let mut codes = Vec::with_capacity(t * width);
+        let mut scales = Vec::with_capacity(t * SCALE_BYTES);
+        for part in self.hidden_parts() {
+            for row in part.chunks_exact(width + SCALE_BYTES) {
+                codes.extend_from_slice(&row[..width]);
+                scales.extend_from_slice(&row[width..]);
+            }
+        }
+        (codes, scales)
+    }
+
     /// The event announcing this file once written (`bytes`: its size).
     pub fn completed_event(&self, bytes: u64) -> EventKind {
         EventKind::Completed {
@@ -178,17 +207,28 @@ impl CompleteHiddenStates {
             .iter()
             .flat_map(|&id| i64::from(id).to_le_bytes())
             .collect();
-        let hidden = self.hidden_parts();
-        let mut tensors = vec![
-            (
+        let mut tensors = vec![(
+            "token_ids",
+            TensorSource::new(Dtype::I64, vec![t], vec![Cow::Owned(ids)]),
+        )];
+        let dtype = dtype_of(self.layout.dtype);
+        if self.layout.dtype == OutputDtype::Fp8 {
+            let (codes, scales) = self.split_fp8_rows(k * h);
+            tensors.push((
                 "hidden_states",
-                TensorSource::new(dtype_of(self.layout.dtype), vec![t, k, h], hidden),
-            ),
-            (
-                "token_ids",
-                TensorSource::new(Dtype::I64, vec![t], vec![Cow::Owned(ids)]),
-            ),
-        ];
+                TensorSource::new(dtype, vec![t, k, h], vec![Cow::Owned(codes)]),
+            ));
+            tensors.push((
+                SCALES_TENSOR,
+                TensorSource::new(Dtype::F32, vec![t, 1, 1], vec![Cow::Owned(scales)]),
+            ));
+        } else {
+            let hidden = self.hidden_parts();
+            tensors.push((
+                "hidden_states",
+                TensorSource::new(dtype, vec![t, k, h], hidden),
+            ));
+        }
         tensors.sort_by(|(ln, l), (rn, r)| r.dtype.cmp(&l.dtype).then(ln.cmp(rn)));
         tensors
     }
@@ -301,6 +341,7 @@ fn dtype_of(dtype: OutputDtype) -> Dtype {
         OutputDtype::F32 => Dtype::F32,
         OutputDtype::Bf16 => Dtype::BF16,
         OutputDtype::F16 => Dtype::F16,
+        OutputDtype::Fp8 => Dtype::F8_E4M3,
     }
 }
 

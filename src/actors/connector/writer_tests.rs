@@ -30,14 +30,28 @@ fn encode(dtype: OutputDtype, values: impl Iterator<Item = f32>) -> Vec<u8> {
             OutputDtype::F32 => v.to_le_bytes().to_vec(),
             OutputDtype::Bf16 => bf16::from_f32(v).to_le_bytes().to_vec(),
             OutputDtype::F16 => f16::from_f32(v).to_le_bytes().to_vec(),
+            OutputDtype::Fp8 => unimplemented!("fp8 rows are quantized per row (rows())"),
         })
         .collect()
 }
 
+fn row_values(t: usize) -> Vec<f32> {
+    (0..3)
+        .flat_map(move |k| (0..5).map(move |h| (t * 100 + k * 10 + h) as f32))
+        .collect()
+}
+
 fn rows(dtype: OutputDtype, start: usize, n: usize) -> Vec<u8> {
-    let vals = (start..start + n)
-        .flat_map(|t| (0..3).flat_map(move |k| (0..5).map(move |h| (t * 100 + k * 10 + h) as f32)));
-    encode(dtype, vals)
+    if dtype == OutputDtype::Fp8 {
+        return (start..start + n)
+            .flat_map(|t| {
+                let mut out = vec![0u8; 15 + 4];
+                crate::kernels::fp8::quantize_row(&row_values(t), &mut out);
+                out
+            })
+            .collect();
+    }
+    encode(dtype, (start..start + n).flat_map(row_values))
 }
 
 /// Captures T rows in chunks of the given sizes and finishes the request.
@@ -116,6 +130,36 @@ fn check_file(dtype: OutputDtype, st_dtype: Dtype) {
     // int64 data first: 8-byte aligned for zero-copy readers.
     assert_eq!(meta.info("token_ids").unwrap().data_offsets.0, 0);
     assert_eq!(names_in(path.parent().unwrap()), ["req-1.safetensors"]);
+}
+
+#[test]
+fn writes_fp8_file_in_hs_connectors_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("req-1.safetensors");
+    let done = complete(OutputDtype::Fp8, &path, &[2, 1, 4], false);
+    let written = done.write().unwrap();
+    let raw = fs::read(&path).unwrap();
+    assert_eq!(written, raw.len() as u64);
+    let st = SafeTensors::deserialize(&raw).unwrap();
+    let mut names = st.names();
+    names.sort();
+    assert_eq!(names, ["hidden_states", SCALES_TENSOR, "token_ids"]);
+    let held = rows(OutputDtype::Fp8, 0, 7);
+    let (codes, scales): (Vec<&[u8]>, Vec<&[u8]>) =
+        held.chunks_exact(19).map(|r| r.split_at(15)).unzip();
+    let hs = st.tensor("hidden_states").unwrap();
+    assert_eq!(hs.dtype(), Dtype::F8_E4M3);
+    assert_eq!(hs.shape(), [7, 3, 5]);
+    assert_eq!(hs.data(), codes.concat().as_slice());
+    let sc = st.tensor(SCALES_TENSOR).unwrap();
+    assert_eq!(sc.dtype(), Dtype::F32);
+    assert_eq!(sc.shape(), [7, 1, 1]);
+    assert_eq!(sc.data(), scales.concat().as_slice());
+    // Row 6's amax is 624 (6·100 + 2·10 + 4): scale 624 / 448.
+    assert_eq!(sc.data()[24..28], (624.0f32 / 448.0).to_le_bytes());
+    let (_, meta) = SafeTensors::read_metadata(&raw).unwrap();
+    assert_eq!(meta.metadata().as_ref().unwrap()["dtype"], "fp8");
+    assert_eq!(meta.info("token_ids").unwrap().data_offsets.0, 0);
 }
 
 #[test]

@@ -60,9 +60,12 @@ pub struct RowShape {
 }
 
 impl RowShape {
-    /// Bytes of one token's captured row.
+    /// Bytes of one token's captured row (fp8: with its scale). The connector's layout
+    /// validated that this does not overflow.
     fn bytes(&self) -> usize {
-        self.layers * self.hidden * self.dtype.size()
+        self.dtype
+            .row_bytes(self.layers, self.hidden)
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -86,7 +89,7 @@ impl RunnerState {
                 tokens: new.prompt.to_vec(),
                 blocks: new.block_ids.clone(),
                 state_slot: new.state_slot,
-                computed: 0,
+                computed: new.cached_tokens,
             };
             self.seqs.insert(new.id.clone(), seq);
         }
@@ -227,6 +230,7 @@ mod tests {
             prompt: prompt.into(),
             block_ids: vec![3, 4],
             state_slot: None,
+            cached_tokens: 0,
         }
     }
 

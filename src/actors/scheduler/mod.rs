@@ -13,7 +13,8 @@ use crate::actors::block_manager::BlockManagerHandle;
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::events::EventHubHandle;
 use crate::actors::messages::{
-    EventKind, HiddenStatesReleased, ReleaseReceiver, Request, RequestId, StepOutput, StepPlan,
+    CapturedChunk, EventKind, HiddenStatesReleased, ReleaseReceiver, Request, RequestId,
+    StepOutput, StepPlan,
 };
 
 /// The scheduler's peers.
@@ -173,6 +174,7 @@ impl Scheduler {
             .blocks
             .release(self.state.take_unused_grants())
             .await;
+        self.send_prefix_rows().await;
         let Some(plan) = plan else { return };
         let step = plan.step;
         let tokens = plan.chunks.iter().map(|c| c.len).sum();
@@ -183,16 +185,40 @@ impl Scheduler {
         }
     }
 
+    /// Hands the cached rows of requests admitted with a prefix hit to the connector as their
+    /// first chunk (rows `0..cached`); sent before the plan, so before the runner's chunks.
+    async fn send_prefix_rows(&mut self) {
+        for state::PrefixRows { id, rows, blocks } in self.state.take_prefix_rows() {
+            let data = blocks.concat();
+            let chunk = CapturedChunk {
+                id,
+                start: 0,
+                rows,
+                data,
+            };
+            // A stopped connector only happens at shutdown.
+            let _ = self.links.connector.capture(chunk).await;
+        }
+    }
+
     /// Sends the effects of a state change to the other actors.
     async fn execute(&mut self, fx: Effects) {
         // A stopped connector or hub only happens at shutdown; nothing is left to tell then.
+        let finished: std::collections::HashSet<RequestId> =
+            fx.finished.iter().map(|f| f.id.clone()).collect();
         for f in fx.finished {
             let _ = self.links.connector.finish(f).await;
         }
         for id in fx.discard {
             let _ = self.links.connector.discard(id).await;
         }
-        self.links.blocks.release(fx.release_blocks).await;
+        // Finished requests computed all their tokens: their blocks may be kept for reuse.
+        let (done, other) = fx
+            .release_blocks
+            .into_iter()
+            .partition(|id| finished.contains(id));
+        self.links.blocks.release_finished(done).await;
+        self.links.blocks.release(other).await;
         for (id, error) in fx.failed {
             let _ = self
                 .links

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use thiserror::Error;
 
-use crate::actors::block_manager::Grant;
+use crate::actors::block_manager::{Candidate, Grant};
 use crate::actors::messages::{
     FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, StepOutput, StepPlan,
 };
@@ -117,6 +117,15 @@ pub struct Effects {
     pub failed: Vec<(RequestId, String)>,
 }
 
+/// The cached rows `0..rows` of a request admitted with a prefix hit, one entry per block
+/// (opaque bytes the scheduler only forwards to the connector).
+#[derive(Debug)]
+pub struct PrefixRows {
+    pub id: RequestId,
+    pub rows: usize,
+    pub blocks: Vec<std::sync::Arc<[u8]>>,
+}
+
 #[derive(Debug)]
 struct Running {
     req: Request,
@@ -203,6 +212,8 @@ pub struct SchedulerState {
     memory_waits: u64,
     /// The waiting request last counted in `memory_waits`.
     held_back: Option<RequestId>,
+    /// Cached prefix rows of just-admitted requests (see [`Self::take_prefix_rows`]).
+    prefix_rows: Vec<PrefixRows>,
 }
 
 impl SchedulerState {
@@ -223,6 +234,7 @@ impl SchedulerState {
             peak_held_bytes: 0,
             memory_waits: 0,
             held_back: None,
+            prefix_rows: Vec::new(),
         }
     }
 
@@ -306,7 +318,7 @@ impl SchedulerState {
 
     /// Waiting requests that could start in the next step, with the tokens each will keep in
     /// the KV cache; the actor reserves their blocks, then calls [`Self::plan_step`].
-    pub fn admission_candidates(&self) -> Vec<(RequestId, usize)> {
+    pub fn admission_candidates(&self) -> Vec<Candidate> {
         if self.in_flight.is_some() {
             return Vec::new();
         }
@@ -320,7 +332,11 @@ impl SchedulerState {
             }
             held += self.limits.hidden_bytes(req);
             budget -= req.prompt.len().min(budget);
-            out.push((req.id.clone(), req.total_forward_tokens()));
+            out.push(Candidate {
+                id: req.id.clone(),
+                tokens: req.total_forward_tokens(),
+                prompt: req.prompt.clone(),
+            });
         }
         out
     }
@@ -352,6 +368,7 @@ impl SchedulerState {
                     prompt: r.req.prompt.clone(),
                     block_ids: r.grant.blocks.clone(),
                     state_slot: r.grant.state_slot,
+                    cached_tokens: r.grant.cached_tokens,
                 });
             }
             let capture_len = r.req.expected_rows().saturating_sub(start).min(len);
@@ -383,11 +400,21 @@ impl SchedulerState {
                 self.held_back = None;
             }
             self.hold(&req);
+            let mut grant = b;
+            if grant.cached_tokens > 0 {
+                let rows = std::mem::take(&mut grant.prefix_rows);
+                let tokens = grant.cached_tokens;
+                self.prefix_rows.push(PrefixRows {
+                    id: req.id.clone(),
+                    rows: tokens,
+                    blocks: rows,
+                });
+            }
             self.running.push(Running {
+                computed: grant.cached_tokens,
                 req,
-                computed: 0,
                 generated: Vec::new(),
-                grant: b,
+                grant,
                 announced: false,
             });
         }
@@ -440,6 +467,12 @@ impl SchedulerState {
         }
         self.held_bytes -= bytes;
         bytes
+    }
+
+    /// The cached rows of requests admitted with a prefix hit: the actor hands them to the connector as the request's first chunk, before the
+    /// plan goes to the runner. Opaque bytes: the scheduler only forwards them.
+    pub fn take_prefix_rows(&mut self) -> Vec<PrefixRows> {
+        std::mem::take(&mut self.prefix_rows)
     }
 
     /// Grants that [`Self::plan_step`] could not use; their blocks must be released.

@@ -30,7 +30,7 @@ fn req(id: &str, len: usize, max_tokens: u32) -> Request {
 fn grant(block: u32) -> Grant {
     Grant {
         blocks: vec![block],
-        state_slot: None,
+        ..Grant::default()
     }
 }
 
@@ -43,7 +43,7 @@ fn step(s: &mut SchedulerState) -> Option<StepPlan> {
     let granted = s
         .admission_candidates()
         .into_iter()
-        .map(|(id, _)| (id, grant(0)))
+        .map(|c| (c.id, grant(0)))
         .collect();
     s.plan_step(granted)
 }
@@ -503,4 +503,29 @@ fn id_reused_before_its_release_is_counted_per_admission() {
     assert_eq!(s.release_hidden(&id("a")), 30);
     assert_eq!(s.release_hidden(&id("a")), 50);
     assert_eq!(s.stats().pending_hidden_bytes, 0);
+}
+
+#[test]
+fn prefix_hit_starts_after_the_cached_tokens_and_hands_over_their_rows() {
+    let mut s = SchedulerState::new(limits(100, 4));
+    s.submit(req("a", 40, 1)).unwrap();
+    assert_eq!(s.admission_candidates()[0].prompt.len(), 40);
+    let rows: Vec<Arc<[u8]>> = vec![vec![1u8; 4].into(), vec![2u8; 4].into()];
+    let hit = Grant {
+        blocks: vec![5, 6, 7],
+        cached_tokens: 32,
+        prefix_rows: rows.clone(),
+        ..Grant::default()
+    };
+    let plan = s.plan_step(vec![(id("a"), hit)]).unwrap();
+    assert_eq!(plan.new_requests[0].cached_tokens, 32);
+    assert_eq!(chunk_shape(&plan), vec![("a".into(), 32, 8, true)]);
+    assert_eq!(plan.chunks[0].capture_len, 8);
+    let handed = s.take_prefix_rows();
+    assert_eq!((handed[0].id.clone(), handed[0].rows), (id("a"), 32));
+    assert_eq!(handed[0].blocks, rows);
+    assert!(s.take_prefix_rows().is_empty());
+    let fx = s.apply(&output_for(&plan));
+    assert_eq!(s.stats().tokens_computed, 8);
+    assert_eq!(fx.finished[0].token_ids.len(), 40);
 }

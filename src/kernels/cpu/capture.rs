@@ -6,6 +6,7 @@ use half::{bf16, f16};
 use crate::kernels::RowFault;
 use crate::kernels::device::{CaptureSpec, Captured, DevResult, DeviceError, row_fault};
 use crate::kernels::dtype::OutputDtype;
+use crate::kernels::fp8::{SCALE_BYTES, quantize_row};
 
 /// Captured rows in the file dtype and what the guard refused.
 pub struct CpuCapture {
@@ -35,14 +36,17 @@ impl CpuCapture {
         self.refused.clear();
     }
 
-    /// Rows `x` (`width` wide, f32) as slot `slot`.
+    /// Rows `x` (`width` wide, f32) as slot `slot`. fp8 rows are staged in f32 (a token's
+    /// scale needs all K slots) and quantized in [`Self::finish`]; the guard sees the f32
+    /// values, before quantization.
     pub fn capture(&mut self, slot: usize, x: &[f32], width: usize) -> DevResult<()> {
-        let (k, h, es) = (self.layers, self.hidden, self.dtype.size());
+        let (k, h) = (self.layers, self.hidden);
         if slot >= k || width != h || h == 0 {
             return Err(DeviceError::Invalid(format!(
                 "capture slot {slot} of {k}, rows {width} wide (hidden {h})"
             )));
         }
+        let es = staged_size(self.dtype);
         let rows = x.len() / h;
         if self.data.len() < rows * k * h * es {
             self.data.resize(rows * k * h * es, 0);
@@ -59,14 +63,48 @@ impl CpuCapture {
         Ok(())
     }
 
-    /// The `[rows, K, H]` bytes and the refused rows in row then slot order.
+    /// The `[rows, K, H]` bytes (fp8: each row's codes then its scale) and the refused rows
+    /// in row then slot order.
     pub fn finish(&mut self, rows: usize) -> Captured {
-        let mut bytes = std::mem::take(&mut self.data);
-        bytes.resize(rows * self.layers * self.hidden * self.dtype.size(), 0);
+        let width = self.layers * self.hidden;
+        let bytes = if self.dtype == OutputDtype::Fp8 {
+            let mut staged = std::mem::take(&mut self.data);
+            staged.resize(rows * width * 4, 0);
+            quantize_rows(&staged, width)
+        } else {
+            let mut bytes = std::mem::take(&mut self.data);
+            bytes.resize(rows * width * self.dtype.size(), 0);
+            bytes
+        };
         let mut refused = std::mem::take(&mut self.refused);
         refused.sort_by_key(|&(r, k, _)| (r, k));
         Captured { bytes, refused }
     }
+}
+
+/// Bytes per staged value: fp8 is staged as f32.
+fn staged_size(dtype: OutputDtype) -> usize {
+    match dtype {
+        OutputDtype::Fp8 => 4,
+        d => d.size(),
+    }
+}
+
+/// Little-endian f32 rows of `width` values -> fp8 rows (codes, then the token's scale).
+fn quantize_rows(staged: &[u8], width: usize) -> Vec<u8> {
+    let row_out = width + SCALE_BYTES;
+    let mut out = vec![0u8; staged.len() / 4 / width.max(1) * row_out];
+    let mut values = vec![0f32; width];
+    for (src, dst) in staged
+        .chunks_exact(width * 4)
+        .zip(out.chunks_exact_mut(row_out))
+    {
+        for (v, b) in values.iter_mut().zip(src.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        quantize_row(&values, dst);
+    }
+    out
 }
 
 /// f32 values to little-endian bytes of `dtype` (round to nearest even, as torch), and in
@@ -79,7 +117,8 @@ fn encode_into(vals: &[f32], dtype: OutputDtype, out: &mut [u8]) -> (bool, bool)
         nonzero |= v != 0.0;
     };
     match dtype {
-        OutputDtype::F32 => {
+        // fp8 rows are staged in f32 and quantized per token once all K slots are there.
+        OutputDtype::F32 | OutputDtype::Fp8 => {
             for (v, o) in vals.iter().zip(out.chunks_exact_mut(4)) {
                 see(*v);
                 o.copy_from_slice(&v.to_le_bytes());

@@ -10,6 +10,11 @@
 //! no host conversion. The compute stream never waits for a download. [`Capture::finish`]
 //! synchronises the copy stream once, at the end of the forward, and copies the bytes out.
 //! Device and pinned memory are O(token budget × K × H), allocated once.
+//!
+//! fp8 (a token's scale spans its K rows): slots are staged in f32 (the guard sees the values
+//! before quantization), and [`Capture::finish`] quantizes every row on the device
+//! (`capture_quantize_fp8`) into the host row layout (codes then scale, `kernels::fp8`) and
+//! downloads it in one copy.
 
 use std::sync::Arc;
 
@@ -69,8 +74,10 @@ pub struct Capture {
     hidden: usize,
     max_tokens: usize,
     dtype: OutputDtype,
-    /// `[K, max_tokens, H]` elements of `dtype`, as bytes.
+    /// `[K, max_tokens, H]` elements of `dtype` (f32 for fp8), as bytes.
     staging: DevBuf<u8>,
+    /// fp8 only: `[max_tokens]` rows of K × H codes and a 4-byte scale.
+    quantized: DevBuf<u8>,
     /// The guard's flags of each (row, slot), `[max_tokens, K]` (capture.cu).
     flags: DevBuf<u32>,
     /// Per slot: check for all-zero rows; `None`: no guard.
@@ -91,20 +98,27 @@ impl Capture {
             dtype,
             guard,
         } = spec;
+        let overflow = || CudaError::Invalid("capture staging size overflows".into());
         let total = layers
             .checked_mul(hidden)
             .and_then(|n| n.checked_mul(max_tokens))
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| CudaError::Invalid("capture staging size overflows".into()))?;
-        let pinned = PinnedBuf::new(&gpu.ctx, total)?;
-        // SAFETY: `pinned` holds `total` bytes; zero them so that a read never sees garbage.
-        unsafe { std::ptr::write_bytes(pinned.ptr, 0, total) };
+            .and_then(|n| n.checked_mul(staged_size(dtype)))
+            .ok_or_else(overflow)?;
+        let host = dtype
+            .row_bytes(layers, hidden)
+            .and_then(|n| n.checked_mul(max_tokens))
+            .ok_or_else(overflow)?;
+        let quantized = if dtype == OutputDtype::Fp8 { host } else { 0 };
+        let pinned = PinnedBuf::new(&gpu.ctx, host)?;
+        // SAFETY: `pinned` holds `host` bytes; zero them so that a read never sees garbage.
+        unsafe { std::ptr::write_bytes(pinned.ptr, 0, host) };
         Ok(Self {
             layers,
             hidden,
             max_tokens,
             dtype,
             staging: gpu.zeros(total)?,
+            quantized: gpu.zeros(quantized)?,
             flags: gpu.zeros(layers.saturating_mul(max_tokens))?,
             guard,
             pinned,
@@ -132,7 +146,7 @@ impl Capture {
             return Ok(());
         }
         let name = match self.dtype {
-            OutputDtype::F32 => "capture_rows_f32",
+            OutputDtype::F32 | OutputDtype::Fp8 => "capture_rows_f32",
             OutputDtype::Bf16 => "capture_rows_bf16",
             OutputDtype::F16 => "capture_rows_f16",
         };
@@ -140,12 +154,66 @@ impl Capture {
         let hidden = i32_of(self.hidden, "hidden")?;
         let stride = self.layers as i64;
         launch!(gpu, name, rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
+        if self.dtype == OutputDtype::Fp8 {
+            // Quantized and downloaded in `finish`, once all K slots are staged.
+            return Ok(());
+        }
         self.download(gpu, k, t)
     }
 
-    /// Bytes of one captured row of one layer.
+    /// Bytes of one staged row of one layer.
     fn row_bytes(&self) -> usize {
-        self.hidden * self.dtype.size()
+        self.hidden * staged_size(self.dtype)
+    }
+
+    /// Bytes of one token's row in host memory (fp8: codes and scale).
+    fn host_row_bytes(&self) -> usize {
+        self.dtype
+            .row_bytes(self.layers, self.hidden)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// fp8: quantizes rows `0..t` of the staged slots on the compute stream and queues their
+    /// download (one contiguous copy) on the copy stream.
+    fn quantize_and_download(&self, gpu: &Gpu, t: usize) -> CudaResult<()> {
+        if t == 0 {
+            return Ok(());
+        }
+        let bytes = t * self.host_row_bytes();
+        let staged = self.layers * self.max_tokens * self.row_bytes();
+        let (src, dst) = (
+            self.staging.ptr_at(0, staged)?,
+            self.quantized.ptr_at(0, bytes)?,
+        );
+        let layers = i32_of(self.layers, "layers")?;
+        let hidden = i32_of(self.hidden, "hidden")?;
+        let max_tokens = self.max_tokens as i64;
+        let cfg = rows_cfg(t, 256)?;
+        launch!(
+            gpu,
+            "capture_quantize_fp8",
+            cfg,
+            src,
+            dst,
+            layers,
+            hidden,
+            max_tokens
+        )?;
+        self.ready.record(&gpu.stream)?;
+        self.copy_stream.wait(&self.ready)?;
+        gpu.ctx.bind_to_thread()?;
+        // SAFETY: `bytes` <= max_tokens rows of both `quantized` (checked by ptr_at) and
+        // `pinned` (allocated with the same row size).
+        unsafe {
+            cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
+                self.pinned.ptr as *mut std::ffi::c_void,
+                dst,
+                bytes,
+                self.copy_stream.cu_stream(),
+            )
+            .result()?;
+        }
+        Ok(())
     }
 
     /// Device address of slot `k`'s first row, checking that `t` rows fit.
@@ -199,13 +267,17 @@ impl Capture {
     /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
     /// bytes of the output dtype, with the rows the guard refused.
     pub fn finish(&self, gpu: &Gpu, t: usize) -> CudaResult<Captured> {
-        self.copy_stream.synchronize()?;
         if t > self.max_tokens {
+            self.copy_stream.synchronize()?;
             return Err(CudaError::Invalid(format!(
                 "{t} rows past the capture budget"
             )));
         }
-        let bytes = self.pinned.read(t * self.layers * self.row_bytes());
+        if self.dtype == OutputDtype::Fp8 {
+            self.quantize_and_download(gpu, t)?;
+        }
+        self.copy_stream.synchronize()?;
+        let bytes = self.pinned.read(t * self.host_row_bytes());
         let mut refused = Vec::new();
         if let Some(zero_check) = &self.guard {
             let flags = gpu.download(&self.flags, t * self.layers)?;
@@ -217,6 +289,14 @@ impl Capture {
             }
         }
         Ok(Captured { bytes, refused })
+    }
+}
+
+/// Bytes per staged value: fp8 is staged as f32 (quantized per token in `finish`).
+fn staged_size(dtype: OutputDtype) -> usize {
+    match dtype {
+        OutputDtype::Fp8 => 4,
+        d => d.size(),
     }
 }
 

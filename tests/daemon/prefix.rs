@@ -1,0 +1,167 @@
+//! Prefix reuse across requests (`engine.prefix_cache_bytes`): a 5-turn conversation sent over
+//! HTTP as 5 requests, each a prefix of the next, in growing and in shrinking order, computes
+//! at most 1.25× its longest row, and every file equals a cold run of the same prompt (tensor
+//! bytes; the header's metadata order is per process). Also the byte bound, and hybrid models
+//! (no reuse yet: their recurrent state at block boundaries is not kept).
+
+use crate::common;
+use crate::daemon_support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use common::HsFile;
+use daemon_support::{TestDaemon, daemon_config};
+use serde_json::{Value, json};
+
+const TURNS: [usize; 5] = [60, 120, 180, 240, 301];
+
+fn conversation() -> Vec<u32> {
+    common::random_prompt(16, 301, 512)
+}
+
+/// Files of a cold run (prefix reuse off, fresh engine) of each turn's prompt, by length.
+async fn cold_files(model: &str, layers: &[usize]) -> HashMap<usize, HsFile> {
+    let conv = conversation();
+    let reqs: Vec<_> = TURNS
+        .iter()
+        .map(|&n| common::spec(&format!("cold{n}"), &conv[..n]))
+        .collect();
+    let files = common::run_files(model, layers, 64, 1, &reqs).await;
+    TURNS
+        .iter()
+        .map(|&n| (n, files[&format!("cold{n}")].clone()))
+        .collect()
+}
+
+async fn status(d: &TestDaemon) -> Value {
+    let mut conn = d.connect().await;
+    conn.request(&json!({"op": "status"})).await.unwrap()
+}
+
+/// Sends the turns in `order` one after another (each after the previous response) and
+/// returns the tokens computed and each turn's file.
+async fn run_turns(d: &TestDaemon, order: &[usize]) -> (u64, HashMap<usize, HsFile>) {
+    let conv = conversation();
+    let before = status(d).await["tokens_computed"].as_u64().unwrap();
+    let mut files = HashMap::new();
+    for &n in order {
+        let body = json!({"prompt": &conv[..n], "max_tokens": 1, "return_token_ids": true});
+        let (code, resp) = d.post("/v1/completions", &body).await;
+        assert_eq!(code, 200, "{resp}");
+        let path = resp["kv_transfer_params"]["hidden_states_path"]
+            .as_str()
+            .unwrap();
+        files.insert(n, HsFile::read(&PathBuf::from(path)));
+    }
+    let after = status(d).await["tokens_computed"].as_u64().unwrap();
+    (after - before, files)
+}
+
+fn assert_same(got: &HashMap<usize, HsFile>, cold: &HashMap<usize, HsFile>, what: &str) {
+    for n in TURNS {
+        let (g, c) = (&got[&n], &cold[&n]);
+        assert_eq!(g.shape, c.shape, "{what}: turn {n}");
+        assert_eq!(g.token_ids, c.token_ids, "{what}: turn {n}");
+        assert!(
+            g.raw == c.raw,
+            "{what}: turn {n}: hidden states differ from a cold run"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_turns_computed_once_in_either_order() {
+    let cold = cold_files("llama", &[0, 2, 4]).await;
+    let mut shrinking = TURNS;
+    shrinking.reverse();
+    for (what, order) in [("growing", TURNS), ("shrinking", shrinking)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = daemon_config(dir.path());
+        cfg.engine.prefix_cache_bytes = 4 << 20;
+        let d = TestDaemon::start(&cfg).await;
+        let (computed, files) = run_turns(&d, &order).await;
+        // Growing: 60 + 72 + 68 + 64 + 61; shrinking: 301 + 16 + 4 + 8 + 12 (full blocks of
+        // 16 reused, the last token of a prompt always computed).
+        assert!(
+            computed * 4 <= 301 * 5,
+            "{what}: {computed} tokens computed"
+        );
+        assert_same(&files, &cold, what);
+        let s = status(&d).await;
+        assert!(s["prefix_cache_hit_tokens"].as_u64().unwrap() > 0, "{s}");
+        assert_eq!(s["prefix_cache_blocks"], 18, "{s}");
+        assert_eq!(s["prefix_cache_bytes"], 18 * 16 * 3 * 64 * 4, "{s}");
+        eprintln!("{what}: {computed} tokens computed for 5 turns (longest 301)");
+        d.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
+    let cold = cold_files("llama", &[0, 2, 4]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = daemon_config(dir.path());
+    // Rows of 5 blocks of 16 tokens (K 3 × H 64 × f32 per row).
+    let bound = 5 * 16 * 3 * 64 * 4;
+    cfg.engine.prefix_cache_bytes = bound;
+    let d = TestDaemon::start(&cfg).await;
+    let (computed, files) = run_turns(&d, &TURNS).await;
+    assert_same(&files, &cold, "bounded");
+    let s = status(&d).await;
+    assert!(
+        s["prefix_cache_bytes"].as_u64().unwrap() as usize <= bound,
+        "{s}"
+    );
+    assert_eq!(s["prefix_cache_blocks"], 5, "{s}");
+    // Some reuse (the first 5 blocks stay), less than unbounded.
+    assert!(computed < 901 && computed > 325, "{computed}");
+    eprintln!("bounded to 5 blocks: {computed} tokens computed for 5 turns");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_model_computes_everything_and_stays_exact() {
+    let cold = cold_files("qwen3_5", &[0, 2, 4]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = daemon_config(dir.path());
+    cfg.model.path = common::model_dir("qwen3_5");
+    cfg.engine.prefix_cache_bytes = 4 << 20;
+    let d = TestDaemon::start(&cfg).await;
+    let (computed, files) = run_turns(&d, &TURNS).await;
+    assert_same(&files, &cold, "hybrid");
+    assert_eq!(computed, 901);
+    assert_eq!(status(&d).await["prefix_cache_blocks"], 0);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_with_reuse_on_stay_exact() {
+    let cold = cold_files("llama", &[0, 2, 4]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = daemon_config(dir.path());
+    cfg.engine.prefix_cache_bytes = 4 << 20;
+    let d = TestDaemon::start(&cfg).await;
+    let conv = conversation();
+    // Twice: the second round runs while the first round's blocks are cached.
+    for round in 0..2 {
+        let mut posts = tokio::task::JoinSet::new();
+        for n in TURNS {
+            let body = json!({"prompt": &conv[..n], "max_tokens": 1}).to_string();
+            let addr = d.http;
+            posts.spawn(async move {
+                let (code, text) =
+                    daemon_support::http(addr, "POST", "/v1/completions", Some(&body)).await;
+                assert_eq!(code, 200, "{text}");
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let path = v["kv_transfer_params"]["hidden_states_path"]
+                    .as_str()
+                    .unwrap();
+                (n, HsFile::read(&PathBuf::from(path)))
+            });
+        }
+        let files: HashMap<usize, HsFile> = posts.join_all().await.into_iter().collect();
+        assert_same(&files, &cold, &format!("concurrent round {round}"));
+    }
+    d.stop().await;
+}
