@@ -5,7 +5,7 @@
 //! tiles, block tables) is built from the device-neutral checked [`BatchPlan`] and uploaded once
 //! per forward; every layer reuses it.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig};
+use super::context::LaunchConfig;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
 use super::gemm::WeightData;
@@ -105,7 +105,7 @@ pub struct QkvRows {
 /// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct AttnArgs {
+pub struct AttnArgs {
     q: u64,
     q_stride: i64,
     q_col: i32,
@@ -120,9 +120,6 @@ struct AttnArgs {
     kb: i32,
     scale: f32,
 }
-
-// SAFETY: plain C-layout data (addresses and numbers), as the kernel declares it.
-unsafe impl DeviceRepr for AttnArgs {}
 
 /// K and V of every attention layer.
 pub struct DevKvCache {

@@ -135,7 +135,7 @@ pub fn combine(gpu: &Gpu, io: CombineIo, t: usize, k: usize, h: usize) -> CudaRe
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::super::context::kernel_names_for_test;
     use super::super::nvrtc::SOURCES;

@@ -94,7 +94,7 @@ pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
     }
-    let cfg = cudarc::driver::LaunchConfig {
+    let cfg = super::context::LaunchConfig {
         grid_dim: (
             u32::try_from(x.rows).map_err(|_| CudaError::Invalid("rows".into()))?,
             u32::try_from(x.heads).map_err(|_| CudaError::Invalid("heads".into()))?,
@@ -202,12 +202,8 @@ pub fn copy_f32(gpu: &Gpu, src: u64, dst: u64, total: usize) -> CudaResult<()> {
     if total == 0 {
         return Ok(());
     }
-    gpu.ctx.bind_to_thread()?;
-    // SAFETY: both ranges are live device memory of `total` f32 (caller's contract).
-    unsafe {
-        cudarc::driver::result::memcpy_dtod_async(dst, src, total * 4, gpu.stream.cu_stream())?;
-    }
-    Ok(())
+    // Both ranges are live device memory of `total` f32 (caller's contract).
+    gpu.copy(dst, src, total * 4)
 }
 
 /// `x[t] = table[tokens[t]]` (f32) for `t < rows`; token ids (device, u32) must have been
