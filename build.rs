@@ -1,4 +1,6 @@
-//! With the `cuda-emu` feature: compiles the CUDA kernels (src/kernels/cuda/*.cu, with
+//! With the `cuda` or `cuda-emu` feature: every kernel's parameter kinds from its `extern "C"`
+//! signature (`$OUT_DIR/kernel_sigs.rs`, what `launch!` checks its arguments against at
+//! compile time). With `cuda-emu` also: compiles the CUDA kernels (src/kernels/cuda/*.cu, with
 //! common.cuh prepended as NVRTC does) for the host with g++ and the emulation header
 //! src/kernels/cuda/emu/cuda_emu.h, one C++ trampoline per `__global__` entry point (it unpacks
 //! the cuLaunchKernel argument array by the kernel's own signature), and a Rust table of them by
@@ -13,20 +15,41 @@ const KERNEL_DIR: &str = "src/kernels/cuda";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    if env::var_os("CARGO_FEATURE_CUDA_EMU").is_none() {
+    let emu = env::var_os("CARGO_FEATURE_CUDA_EMU").is_some();
+    if !emu && env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
     println!("cargo:rerun-if-changed={KERNEL_DIR}");
-    println!("cargo:rerun-if-changed={KERNEL_DIR}/emu");
-    println!("cargo:rerun-if-env-changed=HSX_EMU_ASAN");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let common = read(&Path::new(KERNEL_DIR).join("common.cuh"));
+    let mut modules = Vec::new();
+    for (module, src) in kernel_sources() {
+        let entries = entry_points(&out, &module, &format!("{common}\n{src}"));
+        modules.push((module, src, entries));
+    }
+    let all: Vec<&Entry> = modules.iter().flat_map(|m| &m.2).collect();
+    fs::write(out.join("kernel_sigs.rs"), sig_table(&all)).expect("write signatures");
+    if emu {
+        build_emulator(&out, &common, &modules);
+    }
+}
+
+/// One `__global__` entry point: its name and its parameters' kinds.
+struct Entry {
+    name: String,
+    kinds: Vec<&'static str>,
+}
+
+/// Compiles the emulated kernels and writes their Rust table.
+fn build_emulator(out: &Path, common: &str, modules: &[(String, String, Vec<Entry>)]) {
+    println!("cargo:rerun-if-changed={KERNEL_DIR}/emu");
+    println!("cargo:rerun-if-env-changed=HSX_EMU_ASAN");
     let mut units = Vec::new();
     let mut kernels = Vec::new();
-    for (module, src) in kernel_sources() {
-        let names = entry_points(&out, &module, &format!("{common}\n{src}"));
+    for (module, src, entries) in modules {
+        let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
         let unit = out.join(format!("emu_{module}.cpp"));
-        fs::write(&unit, emulated_unit(&module, &common, &src, &names)).expect("write unit");
+        fs::write(&unit, emulated_unit(module, common, src, &names)).expect("write unit");
         units.push(unit);
         kernels.extend(names);
     }
@@ -75,7 +98,7 @@ fn kernel_sources() -> Vec<(String, String)> {
 
 /// The `__global__` entry points of `text` after the C preprocessor (so macro-made kernels
 /// such as `HSX_ATTN(...)` count), in order.
-fn entry_points(out: &Path, module: &str, text: &str) -> Vec<String> {
+fn entry_points(out: &Path, module: &str, text: &str) -> Vec<Entry> {
     let path = out.join(format!("sig_{module}.cpp"));
     fs::write(&path, text).expect("write");
     let expanded = cc::Build::new()
@@ -95,11 +118,63 @@ fn entry_points(out: &Path, module: &str, text: &str) -> Vec<String> {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
-        if !name.is_empty() {
-            names.push(name);
+        if name.is_empty() {
+            continue;
         }
+        let params = rest[name.len()..]
+            .trim_start()
+            .strip_prefix('(')
+            .and_then(|p| p.split_once(')'))
+            .map(|(p, _)| p)
+            .unwrap_or_else(|| panic!("{module}.cu: kernel {name}: no parameter list"));
+        let kinds = params
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty() && *p != "void")
+            .map(|p| {
+                param_kind(p).unwrap_or_else(|| panic!("{module}.cu: {name}: parameter `{p}`"))
+            })
+            .collect();
+        names.push(Entry { name, kinds });
     }
     names
+}
+
+/// The Rust `ArgKind` of one C parameter declaration (`const float* __restrict__ x`, `int n`).
+fn param_kind(decl: &str) -> Option<&'static str> {
+    if decl.contains('*') {
+        return Some("Ptr");
+    }
+    // The declaration without its name and qualifiers.
+    let words: Vec<&str> = decl
+        .split_whitespace()
+        .filter(|w| *w != "const" && *w != "__restrict__")
+        .collect();
+    let ty = words[..words.len().checked_sub(1)?].join(" ");
+    Some(match ty.as_str() {
+        "int" => "I32",
+        "unsigned" | "unsigned int" => "U32",
+        "long long" => "I64",
+        "unsigned long long" => "U64",
+        "float" => "F32",
+        "double" => "F64",
+        "AttnArgs" => "Attn",
+        _ => return None,
+    })
+}
+
+/// `KERNEL_SIGS`: every entry point's name and parameter kinds, in source order.
+fn sig_table(entries: &[&Entry]) -> String {
+    let mut s = String::from(
+        "/// Every kernel's name and parameter kinds, from its `extern \"C\"` signature (build.rs).\n\
+         pub const KERNEL_SIGS: &[(&str, &[ArgKind])] = &[\n",
+    );
+    for e in entries {
+        let kinds: Vec<String> = e.kinds.iter().map(|k| format!("ArgKind::{k}")).collect();
+        let _ = writeln!(s, "    (\"{}\", &[{}]),", e.name, kinds.join(", "));
+    }
+    s.push_str("];\n");
+    s
 }
 
 /// The host translation unit of one module: common.cuh and the source inside a namespace of

@@ -132,7 +132,7 @@ impl Capture {
         let flags = self.flags.ptr_at(k, (t - 1) * self.layers + 1)?;
         let hidden = i32_of(self.hidden, "hidden")?;
         let stride = self.layers as i64;
-        launch!(gpu, name, rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
+        launch!(gpu, name => "capture_rows_f32", rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
         self.download(gpu, k, t)
     }
 

@@ -9,7 +9,6 @@
 //! the compute stream wait for every download of a staging buffer): whoever adds a stream
 //! orders it explicitly with events ([`DeviceApi::record`] / [`DeviceApi::wait`]).
 
-use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -18,6 +17,7 @@ use thiserror::Error;
 use super::api::{CudaUnavailable, DeviceInfo};
 pub use super::driver::LaunchConfig;
 use super::driver::{DevPtr, DeviceApi, Event, Stream};
+pub(crate) use super::launch_args::launch;
 use crate::kernels::{BackendError, DeviceError};
 
 /// A failure of the CUDA runtime stack.
@@ -276,75 +276,6 @@ impl<T> DevBuf<T> {
         Ok(())
     }
 }
-
-/// One kernel argument by value, as the kernel declares it (device pointers are `u64`).
-#[derive(Clone, Copy)]
-pub enum KernelArg {
-    U64(u64),
-    I64(i64),
-    I32(i32),
-    U32(u32),
-    F32(f32),
-    F64(f64),
-    Attn(super::kv_cache::AttnArgs),
-}
-
-impl KernelArg {
-    /// A pointer to the value (cuLaunchKernel's `kernelParams` entry) and its size.
-    fn param(&mut self) -> (*mut c_void, u32) {
-        fn p<T>(v: &mut T) -> (*mut c_void, u32) {
-            (v as *mut T as *mut c_void, std::mem::size_of::<T>() as u32)
-        }
-        match self {
-            Self::U64(v) => p(v),
-            Self::I64(v) => p(v),
-            Self::I32(v) => p(v),
-            Self::U32(v) => p(v),
-            Self::F32(v) => p(v),
-            Self::F64(v) => p(v),
-            Self::Attn(v) => p(v),
-        }
-    }
-}
-
-macro_rules! kernel_arg_from {
-    ($($t:ty => $v:ident),*) => {$(
-        impl From<$t> for KernelArg {
-            fn from(x: $t) -> Self {
-                Self::$v(x)
-            }
-        }
-    )*};
-}
-kernel_arg_from!(u64 => U64, i64 => I64, i32 => I32, u32 => U32, f32 => F32, f64 => F64,
-    super::kv_cache::AttnArgs => Attn);
-
-impl Gpu {
-    /// Launches kernel `name` on the compute stream with `args` in the kernel's order.
-    pub fn launch(&self, name: &str, cfg: LaunchConfig, args: &mut [KernelArg]) -> CudaResult<()> {
-        let (mut params, sizes): (Vec<*mut c_void>, Vec<u32>) =
-            args.iter_mut().map(KernelArg::param).unzip();
-        // SAFETY: `params` point into `args`, alive for the call; the caller passes the
-        // kernel's exact parameter list and pointers into live buffers of the sizes the kernel
-        // reads, checked with `DevBuf::ptr_at` / `check`.
-        unsafe {
-            self.dev
-                .launch(name, cfg, Stream::Compute, &mut params, &sizes)
-        }
-    }
-}
-
-/// Launches kernel `$name` of `$gpu` on its compute stream with config `$cfg`; every argument
-/// converts into a [`KernelArg`] (device pointers as `u64`, sizes as `i32` / `i64`, ...).
-/// Evaluates to `CudaResult<()>`.
-macro_rules! launch {
-    ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
-        let gpu: &$crate::kernels::cuda::context::Gpu = $gpu;
-        let mut args = [$($crate::kernels::cuda::context::KernelArg::from($arg)),*];
-        gpu.launch($name, $cfg, &mut args)
-    }};
-}
-pub(crate) use launch;
 
 /// One block per row, `threads` threads.
 pub fn rows_cfg(rows: usize, threads: u32) -> CudaResult<LaunchConfig> {

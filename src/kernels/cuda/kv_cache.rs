@@ -202,7 +202,7 @@ impl DevKvCache {
         let slots = plan.slots.ptr();
         launch!(
             gpu,
-            &name,
+            &name => "kv_write_f32",
             cfg,
             src.base,
             stride,
@@ -299,7 +299,7 @@ impl DevKvCache {
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: (smem_floats(hd, kb) * 4) as u32,
         };
-        launch!(gpu, &name, cfg, args, k.ptr(), v.ptr(), out)
+        launch!(gpu, &name => "attention_f32_f32", cfg, args, k.ptr(), v.ptr(), out)
     }
 }
 

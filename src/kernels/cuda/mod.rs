@@ -61,6 +61,8 @@ pub mod gemm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod kv_cache;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod launch_args;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

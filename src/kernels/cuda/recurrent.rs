@@ -405,7 +405,7 @@ fn gated_norm(
     let name = format!("{kernel}_{}", suffix(n.dtype));
     launch!(
         gpu,
-        &name,
+        &name => "gdn_gated_norm_f32",
         warps_cfg(n.t * groups)?,
         n.x,
         n.z,
@@ -513,7 +513,7 @@ pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> C
         return Ok(());
     }
     let name = format!("relu2_{}", suffix(dtype));
-    launch!(gpu, &name, elems_cfg(total)?, x, out, total as i64)
+    launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, total as i64)
 }
 
 #[cfg(all(test, feature = "cuda"))]

@@ -36,11 +36,74 @@ constexpr size_t STACK_BYTES = 256u << 10;
 #endif
 constexpr size_t GUARD_BYTES = 4096;
 
+// Context switches. On x86-64 a hand-written switch of the callee-saved registers (ucontext's
+// swapcontext makes a sigprocmask system call per switch, which dominated the run time);
+// elsewhere ucontext.
+#if defined(__x86_64__)
+extern "C" void hsx_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .globl hsx_emu_switch
+    .hidden hsx_emu_switch
+    .type hsx_emu_switch, @function
+hsx_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size hsx_emu_switch, .-hsx_emu_switch
+)");
+struct Context {
+    void* sp = nullptr;
+};
+void lane_entry();
+[[noreturn]] void lane_start() {
+    lane_entry();
+    std::abort();
+}
+// A fresh context on `stack`: the first switch to it "returns" into lane_start with the
+// stack aligned as after a call.
+void make_context(Context* c, char* stack, size_t bytes) {
+    uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr;                  // lane_start's (never used) return address
+    *--sp = (void*)&lane_start;       // where hsx_emu_switch returns to
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12-r15
+    c->sp = sp;
+}
+inline void raw_switch(Context* from, Context* to) { hsx_emu_switch(&from->sp, to->sp); }
+#else
+struct Context {
+    ucontext_t uc;
+};
+void lane_entry();
+void make_context(Context* c, char* stack, size_t bytes) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, lane_entry, 0);
+}
+inline void raw_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
 enum class State { Fresh, Running, WaitBlock, WaitWarp, Done };
 
 struct Fiber {
     Lane lane;
-    ucontext_t ctx;
+    Context ctx;
     State state;
     unsigned wait_gen;
     char* stack;  // usable part (above the guard page)
@@ -66,7 +129,7 @@ struct Block {
     int vote[2] = {0, 0};
     Warp warps[32];
     std::vector<unsigned char> dyn;
-    ucontext_t sched;
+    Context sched;
     void (*body)(void*) = nullptr;
     void* arg = nullptr;
     bool failed = false;
@@ -81,18 +144,18 @@ thread_local std::vector<char*> tl_stacks;  // mapped stacks (with a guard page)
 thread_local void* tl_fake_stack = nullptr;
 void switch_to_lane(Fiber* f, Block* b) {
     __sanitizer_start_switch_fiber(&tl_fake_stack, f->stack, STACK_BYTES);
-    swapcontext(&b->sched, &f->ctx);
+    raw_switch(&b->sched, &f->ctx);
     __sanitizer_finish_switch_fiber(tl_fake_stack, nullptr, nullptr);
 }
 void switch_to_sched(Fiber* f, Block* b, bool exiting) {
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, nullptr, 0);
-    swapcontext(&f->ctx, &b->sched);
+    raw_switch(&f->ctx, &b->sched);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 }
 #else
-void switch_to_lane(Fiber* f, Block* b) { swapcontext(&b->sched, &f->ctx); }
-void switch_to_sched(Fiber* f, Block* b, bool) { swapcontext(&f->ctx, &b->sched); }
+void switch_to_lane(Fiber* f, Block* b) { raw_switch(&b->sched, &f->ctx); }
+void switch_to_sched(Fiber* f, Block* b, bool) { raw_switch(&f->ctx, &b->sched); }
 #endif
 
 char* stack_at(size_t i) {
@@ -178,14 +241,10 @@ bool run_block(Block& b, std::vector<Fiber>& lanes) {
         f.lane.tid = uint3{i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
         f.state = State::Fresh;
         b.warps[i >> 5].present |= 1u << (i & 31);
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = STACK_BYTES;
-        f.ctx.uc_link = nullptr;
 #if defined(HSX_EMU_ASAN)
         ASAN_UNPOISON_MEMORY_REGION(f.stack, STACK_BYTES);
 #endif
-        makecontext(&f.ctx, lane_entry, 0);
+        make_context(&f.ctx, f.stack, STACK_BYTES);
     }
     int done = 0;
     while (done < b.n) {
