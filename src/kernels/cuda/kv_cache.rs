@@ -18,7 +18,7 @@ pub const ATTN_TILE: usize = 16;
 /// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
 pub const ATTN_MAX_HD: usize = super::limits::ATTN_MAX_HEAD_DIM;
 const ATTN_THREADS: u32 = 128;
-const SMEM_LIMIT: usize = 48 * 1024;
+pub(super) const SMEM_LIMIT: usize = 48 * 1024;
 
 /// The batch plan on the device.
 pub struct DevPlan {
