@@ -71,6 +71,9 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
 pub struct Gpu {
     pub dev: Arc<dyn DeviceApi>,
     pub info: DeviceInfo,
+    /// `HSX_CUDA_SYNC=1`: synchronise after every launch, so that an asynchronous fault
+    /// (illegal address, ...) names the kernel that caused it.
+    pub sync_each_launch: bool,
 }
 
 impl Gpu {
@@ -81,7 +84,15 @@ impl Gpu {
         #[cfg(not(feature = "cuda-emu"))]
         let dev: Arc<dyn DeviceApi> = Arc::new(super::driver_cudarc::CudarcDevice::new(ordinal)?);
         let info = dev.info().clone();
-        Ok(Self { dev, info })
+        let sync_each_launch = std::env::var("HSX_CUDA_SYNC").is_ok_and(|v| v == "1");
+        if sync_each_launch {
+            tracing::warn!("HSX_CUDA_SYNC=1: synchronising after every kernel launch (slow)");
+        }
+        Ok(Self {
+            dev,
+            info,
+            sync_each_launch,
+        })
     }
 
     /// An event recorded after everything issued so far on the compute stream.

@@ -218,7 +218,14 @@ impl Gpu {
         unsafe {
             self.dev
                 .launch(name, cfg, Stream::Compute, &mut params, &sizes)
+        }?;
+        if self.sync_each_launch {
+            self.synchronize().map_err(|e| CudaError::Launch {
+                kernel: name.to_string(),
+                message: format!("failed (HSX_CUDA_SYNC=1): {e}"),
+            })?;
         }
+        Ok(())
     }
 }
 
