@@ -125,7 +125,7 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
 
 /// Whether `spec` runs on a CUDA device (in a build with the `cuda` feature).
 pub fn cuda_supports(spec: &ModelSpec) -> bool {
-    cfg!(feature = "cuda") && cuda_unsupported(spec).is_none()
+    cfg!(any(feature = "cuda", feature = "cuda-emu")) && cuda_unsupported(spec).is_none()
 }
 
 /// Loads the model of `dir` onto CUDA device `opts.device`.
@@ -152,7 +152,7 @@ pub fn load_cuda(
     cuda_backend(dir, spec, opts.device, layout)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 fn cuda_backend(
     dir: &Path,
     spec: ModelSpec,
@@ -164,7 +164,7 @@ fn cuda_backend(
     Ok(Box::new(ModelBackend::new(dev, dir, spec, layout)?))
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 fn cuda_backend(
     _dir: &Path,
     _spec: ModelSpec,

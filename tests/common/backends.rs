@@ -237,21 +237,27 @@ pub fn cuda_backend(
     hsx::models::load_cuda(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
 }
 
-/// Tolerance of CUDA vs CPU captured rows (max-rel per layer) for weights in `dtype`.
-pub fn cuda_tol(dtype: WeightDtype) -> f32 {
-    if dtype == WeightDtype::F32 {
-        1e-4
+/// Tolerance of CUDA vs CPU captured rows (max-rel per layer) on fixture `name`.
+pub fn cuda_tol(name: &str) -> f32 {
+    match ModelSpec::from_dir(&model_dir(name)).unwrap().dtype {
+        WeightDtype::F32 => 1e-4,
+        _ => bf16_tol(name),
+    }
+}
+
+/// Max-rel against f32 compute of a path that rounds GEMM inputs to bf16 (the CPU's amx /
+/// avx512bf16 paths, CUDA's bf16 GEMMs) on bf16 fixture `name`. transformers' own bf16 run is
+/// off the f32-compute states by up to 1.6e-2 on llama_bf16 and 7.4e-2 on qwen3_5_bf16 (the
+/// reference prompts and 150-token random prompts, 10 seeds; torch 2.15 / transformers 5.23,
+/// measured 2026-11-24: the gated delta rule carries rounding along the sequence); the bound
+/// is that, rounded up. hsx's AMX path: 2.1e-2 on qwen3_5_bf16's reference prompts.
+pub fn bf16_tol(name: &str) -> f32 {
+    if name.starts_with("qwen3_5") {
+        8e-2
     } else {
         2e-2
     }
 }
-
-/// Max-rel of a native bf16 CPU path (activations rounded to bf16 before each GEMM) against
-/// the f32-compute references. transformers itself, run in bf16 on the same fixtures, is off
-/// those references by up to 1.5e-2 (llama_bf16) and 6.6e-2 (qwen3_5_bf16) over the prompts
-/// and layers < L (measured 2026-11-24, torch 2.15 / transformers 5.23); hsx's AMX path by
-/// 2.1e-2 on qwen3_5_bf16.
-pub const CPU_BF16_TOL: f32 = 5e-2;
 
 /// The devices a test can run a model on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

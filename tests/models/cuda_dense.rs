@@ -2,7 +2,7 @@
 //! chunked prefill across calls, several requests' chunks packed in one batch; captured rows
 //! within f32 1e-4 / bf16 2e-2 (relative to the largest value of the layer), greedy tokens
 //! equal (f32). Skipped, saying why, where no CUDA device is usable.
-#![cfg(feature = "cuda")]
+#![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 use crate::common;
 
@@ -32,7 +32,7 @@ fn pair(name: &str) -> Pair {
     let layers: Vec<usize> = (0..=spec.num_layers).collect();
     let cpu = cpu_backend(name, cpu_options(layers.clone(), NUM_BLOCKS, 0));
     let gpu = cuda_backend(name, layers, NUM_BLOCKS, 0, BUDGET);
-    let tol = cuda_tol(spec.dtype);
+    let tol = cuda_tol(name);
     Pair {
         cpu,
         gpu,

@@ -104,7 +104,7 @@ async fn bf16_weights_on_the_default_path() {
             for (k, id) in layers.iter().enumerate() {
                 let want = reference.f32(&format!("p{p}.layer.{id}"));
                 let err = max_rel(&file.layer(k), &want);
-                let tol = common::backends::CPU_BF16_TOL;
+                let tol = common::backends::bf16_tol(model);
                 assert!(
                     err <= tol,
                     "{model} on {path} p{p} layer {id}: max-rel {err:e}"

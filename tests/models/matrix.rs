@@ -6,7 +6,7 @@
 //! within the bf16 tolerance, and bit for bit across pieces on the path). A device or path
 //! that is not usable here prints a skip line.
 
-use crate::common::backends::{CPU_BF16_TOL, Dev, Paging, cuda_tol, layer_of, load_on, same_bits};
+use crate::common::backends::{Dev, Paging, bf16_tol, cuda_tol, layer_of, load_on, same_bits};
 use crate::common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::models::{ModelSpec, WeightDtype};
 
@@ -23,8 +23,8 @@ fn check(name: &str, dev: Dev) {
     };
     let tol = match dev {
         Dev::Cpu => 1e-4,
-        Dev::CpuBf16(_) => CPU_BF16_TOL,
-        Dev::Cuda => cuda_tol(spec.dtype).max(1e-4),
+        Dev::CpuBf16(_) => bf16_tol(name),
+        Dev::Cuda => cuda_tol(name),
     };
     let reference = Reference::load(name);
     for j in 0..reference.num_prompts() {

@@ -18,10 +18,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUDA_MEMCPY2D, CUmemorytype};
-use cudarc::driver::{CudaContext, CudaEvent};
-
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch, rows_cfg};
+use super::driver::{DeviceApi, Event, Stream};
 use super::ops::i32_of;
 use crate::kernels::device::{CaptureSpec, Captured, row_fault};
 use crate::kernels::dtype::OutputDtype;
@@ -30,24 +28,20 @@ use crate::kernels::dtype::OutputDtype;
 struct PinnedBuf {
     ptr: *mut u8,
     len: usize,
-    ctx: Arc<CudaContext>,
+    dev: Arc<dyn DeviceApi>,
 }
 
 // SAFETY: the allocation is owned exclusively by this value and freed once, in Drop.
 unsafe impl Send for PinnedBuf {}
 
 impl PinnedBuf {
-    fn new(ctx: &Arc<CudaContext>, len: usize) -> CudaResult<Self> {
-        ctx.bind_to_thread()?;
-        // SAFETY: plain cuMemHostAlloc; flags 0 = cached, page-locked.
-        let ptr = unsafe { cudarc::driver::result::malloc_host(len.max(1), 0) }? as *mut u8;
-        if ptr.is_null() {
-            return Err(CudaError::Invalid("cuMemHostAlloc returned null".into()));
-        }
+    fn new(dev: &Arc<dyn DeviceApi>, len: usize) -> CudaResult<Self> {
+        let len = len.max(1);
+        let ptr = dev.alloc_pinned(len)?;
         Ok(Self {
             ptr,
             len,
-            ctx: ctx.clone(),
+            dev: dev.clone(),
         })
     }
 
@@ -61,10 +55,9 @@ impl PinnedBuf {
 
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once; downloads into it were
-        // synchronised by `Capture`'s Drop.
-        let _ = unsafe { cudarc::driver::result::free_host(self.ptr as _) };
+        // SAFETY: allocated by `alloc_pinned(len)` in `new`, freed once; downloads into it
+        // were synchronised by `Capture`'s Drop.
+        unsafe { self.dev.free_pinned(self.ptr, self.len) };
     }
 }
 
@@ -83,8 +76,8 @@ pub struct Capture {
     /// Per slot: check for all-zero rows; `None`: no guard.
     guard: Option<Vec<bool>>,
     pinned: PinnedBuf,
-    ready: CudaEvent,
-    copy_stream: Arc<cudarc::driver::CudaStream>,
+    ready: Event,
+    dev: Arc<dyn DeviceApi>,
 }
 
 impl Capture {
@@ -109,7 +102,7 @@ impl Capture {
             .and_then(|n| n.checked_mul(max_tokens))
             .ok_or_else(overflow)?;
         let quantized = if dtype == OutputDtype::Fp8 { host } else { 0 };
-        let pinned = PinnedBuf::new(&gpu.ctx, host)?;
+        let pinned = PinnedBuf::new(&gpu.dev, host)?;
         // SAFETY: `pinned` holds `host` bytes; zero them so that a read never sees garbage.
         unsafe { std::ptr::write_bytes(pinned.ptr, 0, host) };
         Ok(Self {
@@ -122,8 +115,8 @@ impl Capture {
             flags: gpu.zeros(layers.saturating_mul(max_tokens))?,
             guard,
             pinned,
-            ready: gpu.ctx.new_event(None)?,
-            copy_stream: gpu.copy_stream.clone(),
+            ready: gpu.dev.new_event()?,
+            dev: gpu.dev.clone(),
         })
     }
 
@@ -135,7 +128,7 @@ impl Capture {
     /// Call before a forward: the previous forward's downloads (even of a failed one) are
     /// done before staging is written again.
     pub fn begin(&self) -> CudaResult<()> {
-        Ok(self.copy_stream.synchronize()?)
+        self.dev.synchronize(Stream::Copy)
     }
 
     /// Captures rows `x[0..t]` (`[t, hidden]` f32 on the device) as capture slot `k`,
@@ -153,7 +146,7 @@ impl Capture {
         let flags = self.flags.ptr_at(k, (t - 1) * self.layers + 1)?;
         let hidden = i32_of(self.hidden, "hidden")?;
         let stride = self.layers as i64;
-        launch!(gpu, name, rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
+        launch!(gpu, name => "capture_rows_f32", rows_cfg(t, 256)?, x, dst, hidden, flags, stride)?;
         if self.dtype == OutputDtype::Fp8 {
             // Quantized and downloaded in `finish`, once all K slots are staged.
             return Ok(());
@@ -199,21 +192,14 @@ impl Capture {
             hidden,
             max_tokens
         )?;
-        self.ready.record(&gpu.stream)?;
-        self.copy_stream.wait(&self.ready)?;
-        gpu.ctx.bind_to_thread()?;
+        self.dev.record(&self.ready, Stream::Compute)?;
+        self.dev.wait(Stream::Copy, &self.ready)?;
         // SAFETY: `bytes` <= max_tokens rows of both `quantized` (checked by ptr_at) and
-        // `pinned` (allocated with the same row size).
+        // `pinned` (allocated with the same row size), as one row of `bytes`.
         unsafe {
-            cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
-                self.pinned.ptr as *mut std::ffi::c_void,
-                dst,
-                bytes,
-                self.copy_stream.cu_stream(),
-            )
-            .result()?;
+            gpu.dev
+                .copy_dtoh_2d(Stream::Copy, self.pinned.ptr, bytes, dst, bytes, bytes, 1)
         }
-        Ok(())
     }
 
     /// Device address of slot `k`'s first row, checking that `t` rows fit.
@@ -233,42 +219,31 @@ impl Capture {
         if t == 0 {
             return Ok(());
         }
-        self.ready.record(&gpu.stream)?;
-        self.copy_stream.wait(&self.ready)?;
+        self.dev.record(&self.ready, Stream::Compute)?;
+        self.dev.wait(Stream::Copy, &self.ready)?;
         let row = self.row_bytes();
-        let copy = CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            srcHost: std::ptr::null(),
-            srcDevice: self.stage(k, t)?,
-            srcArray: std::ptr::null_mut(),
-            srcPitch: row,
-            dstXInBytes: k * row,
-            dstY: 0,
-            dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
-            dstHost: self.pinned.ptr as *mut std::ffi::c_void,
-            dstDevice: 0,
-            dstArray: std::ptr::null_mut(),
-            dstPitch: self.layers * row,
-            WidthInBytes: row,
-            Height: t,
-        };
-        gpu.ctx.bind_to_thread()?;
+        let src = self.stage(k, t)?;
         // SAFETY: source rows k·max_tokens.. + t of staging (checked in `stage`), destination
-        // rows 0..t of pinned `[max_tokens, K, H]` at column block k: inside both buffers.
+        // rows 0..t of pinned `[max_tokens, K, H]` at column block k: inside both buffers
+        // (pinned holds max_tokens · K · row bytes).
         unsafe {
-            cudarc::driver::sys::cuMemcpy2DAsync_v2(&copy, self.copy_stream.cu_stream())
-                .result()?;
+            gpu.dev.copy_dtoh_2d(
+                Stream::Copy,
+                self.pinned.ptr.add(k * row),
+                self.layers * row,
+                src,
+                row,
+                row,
+                t,
+            )
         }
-        Ok(())
     }
 
     /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
     /// bytes of the output dtype, with the rows the guard refused.
     pub fn finish(&self, gpu: &Gpu, t: usize) -> CudaResult<Captured> {
         if t > self.max_tokens {
-            self.copy_stream.synchronize()?;
+            self.dev.synchronize(Stream::Copy)?;
             return Err(CudaError::Invalid(format!(
                 "{t} rows past the capture budget"
             )));
@@ -276,7 +251,7 @@ impl Capture {
         if self.dtype == OutputDtype::Fp8 {
             self.quantize_and_download(gpu, t)?;
         }
-        self.copy_stream.synchronize()?;
+        self.dev.synchronize(Stream::Copy)?;
         let bytes = self.pinned.read(t * self.host_row_bytes());
         let mut refused = Vec::new();
         if let Some(zero_check) = &self.guard {
@@ -292,17 +267,17 @@ impl Capture {
     }
 }
 
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // Downloads still in flight write into `pinned`: finish them before it is freed.
+        let _ = self.dev.synchronize(Stream::Copy);
+    }
+}
+
 /// Bytes per staged value: fp8 is staged as f32 (quantized per token in `finish`).
 fn staged_size(dtype: OutputDtype) -> usize {
     match dtype {
         OutputDtype::Fp8 => 4,
         d => d.size(),
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        // Downloads still in flight write into `pinned`: finish them before it is freed.
-        let _ = self.copy_stream.synchronize();
     }
 }

@@ -14,9 +14,13 @@ __device__ __forceinline__ float to_f32(bf16_t x) {
     return __uint_as_float(((unsigned int)x.bits) << 16);
 }
 __device__ __forceinline__ float to_f32(f16_t x) {
+#ifdef HSX_EMU  // the host emulator (emu/cuda_emu.h): the same conversion in C++
+    return hsx_emu::f16_to_f32(x.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
     return f;
+#endif
 }
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
@@ -34,8 +38,12 @@ template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
     return r;
 }
 template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
+#ifdef HSX_EMU
+    const unsigned short h = hsx_emu::f32_to_f16(x);
+#else
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#endif
     f16_t r;
     r.bits = h;
     return r;

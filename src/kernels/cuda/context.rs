@@ -1,41 +1,40 @@
-//! The device context under [`super::CudaDevice`]: context, streams, cuBLAS, kernels by name,
-//! typed device buffers and the launch helper.
+//! The device under [`super::CudaDevice`]: [`Gpu`] (a [`DeviceApi`] — a GPU through cudarc or
+//! the host emulator — and what it is), typed device buffers and the launch helper.
 //!
 //! # Streams and ordering
-//! All compute is issued on [`Gpu::stream`], so kernels, GEMMs and copies on it run in issue
-//! order and need no synchronisation between them. [`Gpu::copy_stream`] only downloads
+//! All compute is issued on the compute stream, so kernels, GEMMs and copies on it run in issue
+//! order and need no synchronisation between them. The copy stream only downloads
 //! captured rows; it is ordered after the compute that produced them by an event (see
 //! [`super::capture`]). cudarc's automatic per-buffer event tracking is disabled (it would make
 //! the compute stream wait for every download of a staging buffer): whoever adds a stream
-//! orders it explicitly with [`Gpu::event_after_compute`] / `CudaStream::wait`.
+//! orders it explicitly with events ([`DeviceApi::record`] / [`DeviceApi::wait`]).
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    DriverError, ValidAsZeroBits,
-};
 use thiserror::Error;
 
 use super::api::{CudaUnavailable, DeviceInfo};
-use super::nvrtc;
+pub use super::driver::LaunchConfig;
+use super::driver::{DevPtr, DeviceApi, Event, Stream};
+pub(crate) use super::launch_args::launch;
 use crate::kernels::{BackendError, DeviceError};
 
 /// A failure of the CUDA runtime stack.
 #[derive(Debug, Error)]
 pub enum CudaError {
+    #[cfg(feature = "cuda")]
     #[error("CUDA driver: {0}")]
-    Driver(#[from] DriverError),
+    Driver(#[from] cudarc::driver::DriverError),
+    #[cfg(feature = "cuda")]
     #[error("cuBLAS: {0}")]
     Blas(#[from] cudarc::cublas::result::CublasError),
     #[error("{0}")]
     Compile(String),
     #[error("kernel `{0}` is not in any loaded module")]
     NoKernel(String),
+    #[error("kernel `{kernel}`: {message}")]
+    Launch { kernel: String, message: String },
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -59,122 +58,82 @@ impl From<CudaError> for DeviceError {
 
 pub type CudaResult<T> = Result<T, CudaError>;
 
-/// Checks the libraries and the device without touching anything that could panic.
+/// Checks the device `ordinal` (the emulated one with `cuda-emu`) without touching anything
+/// that could panic.
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
-    // SAFETY (the three checks): they only try to dlopen the libraries.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CudaUnavailable::NoDriver);
-    }
-    if !nvrtc::nvrtc_present() {
-        return Err(CudaUnavailable::NoNvrtc);
-    }
-    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(CudaUnavailable::NoCublas);
-    }
-    let count = CudaContext::device_count().map_err(|e| CudaUnavailable::Init(e.to_string()))?;
-    let count = usize::try_from(count).unwrap_or(0);
-    if count == 0 {
-        return Err(CudaUnavailable::NoDevice);
-    }
-    if ordinal >= count {
-        return Err(CudaUnavailable::BadOrdinal { ordinal, count });
-    }
-    let dev = |e: DriverError| CudaUnavailable::Device {
-        ordinal,
-        message: e.to_string(),
-    };
-    let ctx = CudaContext::new(ordinal).map_err(dev)?;
-    Ok(DeviceInfo {
-        ordinal,
-        name: ctx.name().map_err(dev)?,
-        compute_capability: ctx.compute_capability().map_err(dev)?,
-        total_memory: ctx.total_mem().map_err(dev)?,
-        device_count: count,
-    })
+    #[cfg(feature = "cuda-emu")]
+    return super::driver_emu::info(ordinal);
+    #[cfg(not(feature = "cuda-emu"))]
+    return super::driver_cudarc::probe(ordinal);
 }
 
-/// One device: context, compute and copy streams, cuBLAS handle, every kernel by name.
+/// One device behind the [`DeviceApi`], and what it is.
 pub struct Gpu {
-    pub ctx: Arc<CudaContext>,
-    /// Where all compute runs, in issue order.
-    pub stream: Arc<CudaStream>,
-    /// Device-to-host downloads of captured rows only.
-    pub copy_stream: Arc<CudaStream>,
-    pub blas: CudaBlas,
+    pub dev: Arc<dyn DeviceApi>,
     pub info: DeviceInfo,
-    kernels: HashMap<String, CudaFunction>,
+    /// `HSX_CUDA_SYNC=1`: synchronise after every launch, so that an asynchronous fault
+    /// (illegal address, ...) names the kernel that caused it.
+    pub sync_each_launch: bool,
 }
 
 impl Gpu {
-    /// Probes the device, creates the context and streams, compiles (once per process) and
-    /// loads every module of [`nvrtc::SOURCES`].
+    /// Opens device `ordinal`: the GPU through cudarc, or the host emulator with `cuda-emu`.
     pub fn new(ordinal: usize) -> CudaResult<Self> {
-        let info = probe(ordinal)?;
-        let ctx = CudaContext::new(ordinal)?;
-        // SAFETY: called before any buffer exists on this context; ordering across streams is
-        // explicit from here on (module docs).
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream()?;
-        let copy_stream = ctx.new_stream()?;
-        let blas = CudaBlas::new(stream.clone())?;
-        let mut kernels = HashMap::new();
-        for &(name, src) in nvrtc::SOURCES {
-            let image =
-                nvrtc::image(name, src, info.compute_capability).map_err(CudaError::Compile)?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image))?;
-            for f in kernel_names(src) {
-                let func = module.load_function(&f)?;
-                kernels.insert(f, func);
-            }
+        #[cfg(feature = "cuda-emu")]
+        let dev: Arc<dyn DeviceApi> = Arc::new(super::driver_emu::EmuDevice::new(ordinal)?);
+        #[cfg(not(feature = "cuda-emu"))]
+        let dev: Arc<dyn DeviceApi> = Arc::new(super::driver_cudarc::CudarcDevice::new(ordinal)?);
+        let info = dev.info().clone();
+        let sync_each_launch = std::env::var("HSX_CUDA_SYNC").is_ok_and(|v| v == "1");
+        if sync_each_launch {
+            tracing::warn!("HSX_CUDA_SYNC=1: synchronising after every kernel launch (slow)");
         }
         Ok(Self {
-            ctx,
-            stream,
-            copy_stream,
-            blas,
+            dev,
             info,
-            kernels,
+            sync_each_launch,
         })
     }
 
-    /// A kernel function by its `extern "C"` name.
-    pub fn func(&self, name: &str) -> CudaResult<&CudaFunction> {
-        self.kernels
-            .get(name)
-            .ok_or_else(|| CudaError::NoKernel(name.to_string()))
-    }
-
-    /// A device attribute (e.g. the SM count).
-    pub fn attribute(&self, attr: CUdevice_attribute) -> CudaResult<i32> {
-        Ok(self.ctx.attribute(attr)?)
-    }
-
     /// An event recorded after everything issued so far on the compute stream.
-    pub fn event_after_compute(&self) -> CudaResult<CudaEvent> {
-        Ok(self.stream.record_event(None)?)
+    pub fn event_after_compute(&self) -> CudaResult<Event> {
+        let e = self.dev.new_event()?;
+        self.dev.record(&e, Stream::Compute)?;
+        Ok(e)
     }
 
-    /// Allocates `len` zeroed elements on the compute stream.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> CudaResult<DevBuf<T>> {
+    /// Blocks until the compute stream's work is done.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.dev.synchronize(Stream::Compute)
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn zeros<T: bytemuck::Pod>(&self, len: usize) -> CudaResult<DevBuf<T>> {
         // cuMemAlloc of 0 bytes fails; an empty buffer is still a valid (unused) one.
-        let slice = self.stream.alloc_zeros::<T>(len.max(1))?;
-        Ok(DevBuf::new(slice, &self.stream, len))
+        let bytes = len
+            .max(1)
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| CudaError::Invalid(format!("{len} elements overflow")))?;
+        let ptr = self.dev.alloc_zeroed(bytes)?;
+        Ok(DevBuf {
+            dev: self.dev.clone(),
+            ptr,
+            bytes,
+            len,
+            _t: PhantomData,
+        })
     }
 
     /// Copies `host` into a new device buffer.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> CudaResult<DevBuf<T>> {
-        if host.is_empty() {
-            // SAFETY: a 1-element allocation that is never read (len 0).
-            let slice = unsafe { self.stream.alloc::<T>(1) }?;
-            return Ok(DevBuf::new(slice, &self.stream, 0));
-        }
-        let slice = self.stream.clone_htod(host)?;
-        Ok(DevBuf::new(slice, &self.stream, host.len()))
+    pub fn upload<T: bytemuck::Pod>(&self, host: &[T]) -> CudaResult<DevBuf<T>> {
+        let mut buf = self.zeros(host.len())?;
+        self.write(&mut buf, host)?;
+        Ok(buf)
     }
 
-    /// Copies `host` into the start of `dst` (on the compute stream; `host` must stay alive
-    /// until the stream reaches the copy: cudarc copies pageable memory synchronously).
-    pub fn write<T: DeviceRepr>(&self, dst: &mut DevBuf<T>, host: &[T]) -> CudaResult<()> {
+    /// Copies `host` into the start of `dst` on the compute stream (returns once `host` may
+    /// be reused).
+    pub fn write<T: bytemuck::Pod>(&self, dst: &mut DevBuf<T>, host: &[T]) -> CudaResult<()> {
         if host.len() > dst.len {
             return Err(CudaError::Invalid(format!(
                 "upload of {} elements into a buffer of {}",
@@ -182,28 +141,32 @@ impl Gpu {
                 dst.len
             )));
         }
-        if host.is_empty() {
+        self.write_bytes(dst.ptr, bytemuck::cast_slice(host))
+    }
+
+    /// Copies `bytes` to device address `dst` on the compute stream.
+    pub fn write_bytes(&self, dst: DevPtr, bytes: &[u8]) -> CudaResult<()> {
+        if bytes.is_empty() {
             return Ok(());
         }
-        let mut view = dst.slice.slice_mut(..host.len());
-        self.stream.memcpy_htod(host, &mut view)?;
-        Ok(())
+        // SAFETY: the callers pass a destination of at least `bytes.len()` bytes (checked).
+        unsafe { self.dev.copy_htod(Stream::Compute, dst, bytes) }
     }
 
     /// Copies the first `len` elements of `src` to the host, waiting for the compute stream.
-    pub fn download<T: DeviceRepr + Default + Clone>(
-        &self,
-        src: &DevBuf<T>,
-        len: usize,
-    ) -> CudaResult<Vec<T>> {
-        let mut out = vec![T::default(); len];
+    pub fn download<T: bytemuck::Pod>(&self, src: &DevBuf<T>, len: usize) -> CudaResult<Vec<T>> {
+        let mut out = vec![T::zeroed(); len];
         self.download_into(src, &mut out)?;
         Ok(out)
     }
 
     /// Fills `dst` with the first `dst.len()` elements of `src`, waiting for the compute
     /// stream.
-    pub fn download_into<T: DeviceRepr>(&self, src: &DevBuf<T>, dst: &mut [T]) -> CudaResult<()> {
+    pub fn download_into<T: bytemuck::Pod>(
+        &self,
+        src: &DevBuf<T>,
+        dst: &mut [T],
+    ) -> CudaResult<()> {
         let len = dst.len();
         if len > src.len {
             return Err(CudaError::Invalid(format!(
@@ -212,10 +175,13 @@ impl Gpu {
             )));
         }
         if len > 0 {
-            self.stream.memcpy_dtoh(&src.slice.slice(..len), dst)?;
+            // SAFETY: `src` holds at least `len` elements (checked).
+            unsafe {
+                self.dev
+                    .copy_dtoh(Stream::Compute, src.ptr, bytemuck::cast_slice_mut(dst))?
+            };
         }
-        self.stream.synchronize()?;
-        Ok(())
+        self.synchronize()
     }
 
     /// Zeroes `bytes` bytes from device address `ptr` on the compute stream.
@@ -223,17 +189,25 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the caller passes a range inside one live allocation of this context.
-        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream())? };
-        Ok(())
+        // SAFETY: the caller passes a range inside one live allocation of this device.
+        unsafe { self.dev.memset_zero(Stream::Compute, ptr, bytes) }
+    }
+
+    /// Device-to-device copy of `bytes` on the compute stream.
+    pub fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> CudaResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller passes two ranges inside live allocations of this device.
+        unsafe { self.dev.copy_dtod(Stream::Compute, dst, src, bytes) }
     }
 }
 
 /// The `extern "C" __global__ void NAME(` entry points of a source, plus `HSX_ATTN(NAME, ..)`
 /// instantiations; macro definitions (lines starting with `#` or continued with `\\`) are
 /// templates, not entry points.
-fn kernel_names(src: &str) -> Vec<String> {
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(super) fn kernel_names(src: &str) -> Vec<String> {
     const DECL: &str = "__global__ void ";
     let mut names = Vec::new();
     for line in src.lines() {
@@ -257,29 +231,25 @@ fn kernel_names(src: &str) -> Vec<String> {
     names
 }
 
-/// A device buffer of `len` elements of `T` with bounds-checked raw pointers.
+/// A device buffer of `len` elements of `T` with bounds-checked raw pointers; freed on drop
+/// (after the compute stream's work so far).
 pub struct DevBuf<T> {
-    slice: CudaSlice<T>,
-    ptr: u64,
+    dev: Arc<dyn DeviceApi>,
+    ptr: DevPtr,
+    /// Allocated bytes (at least one element, even when `len` is 0).
+    bytes: usize,
     len: usize,
     _t: PhantomData<T>,
 }
 
-impl<T> DevBuf<T> {
-    fn new(slice: CudaSlice<T>, stream: &CudaStream, len: usize) -> Self {
-        // With event tracking off, `device_ptr` only returns the address.
-        let ptr = {
-            let (ptr, _sync) = slice.device_ptr(stream);
-            ptr
-        };
-        Self {
-            slice,
-            ptr,
-            len,
-            _t: PhantomData,
-        }
+impl<T> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `Gpu::zeros` with `bytes`, freed once.
+        unsafe { self.dev.free(self.ptr, self.bytes) };
     }
+}
 
+impl<T> DevBuf<T> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -316,38 +286,13 @@ impl<T> DevBuf<T> {
         }
         Ok(())
     }
-
-    pub fn slice(&self) -> &CudaSlice<T> {
-        &self.slice
-    }
 }
-
-/// Launches kernel `$name` of `$gpu` on its compute stream with config `$cfg`; every argument
-/// must be a `DeviceRepr` value (device pointers as `u64`, sizes as `i32` / `i64`, ...).
-/// Evaluates to `CudaResult<()>`.
-macro_rules! launch {
-    ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
-        use cudarc::driver::PushKernelArg as _;
-        let gpu: &$crate::kernels::cuda::context::Gpu = $gpu;
-        (|| -> $crate::kernels::cuda::context::CudaResult<()> {
-            let func = gpu.func($name)?;
-            let mut builder = gpu.stream.launch_builder(func);
-            $( let arg = $arg; builder.arg(&arg); )*
-            // SAFETY: the caller passes the kernel's exact parameter list (checked by review
-            // against the .cu signature) and pointers into live buffers of the sizes the kernel
-            // reads, checked with `DevBuf::ptr_at` / `check`.
-            unsafe { builder.launch($cfg) }?;
-            Ok(())
-        })()
-    }};
-}
-pub(crate) use launch;
 
 /// One block per row, `threads` threads.
-pub fn rows_cfg(rows: usize, threads: u32) -> CudaResult<cudarc::driver::LaunchConfig> {
+pub fn rows_cfg(rows: usize, threads: u32) -> CudaResult<LaunchConfig> {
     let rows = u32::try_from(rows)
         .map_err(|_| CudaError::Invalid(format!("{rows} rows exceed a launch grid")))?;
-    Ok(cudarc::driver::LaunchConfig {
+    Ok(LaunchConfig {
         grid_dim: (rows, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
@@ -355,11 +300,11 @@ pub fn rows_cfg(rows: usize, threads: u32) -> CudaResult<cudarc::driver::LaunchC
 }
 
 /// One thread per element, 256 per block.
-pub fn elems_cfg(total: usize) -> CudaResult<cudarc::driver::LaunchConfig> {
+pub fn elems_cfg(total: usize) -> CudaResult<LaunchConfig> {
     rows_cfg(total.div_ceil(256), 256)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 pub(crate) fn kernel_names_for_test(src: &str) -> Vec<String> {
     kernel_names(src)
 }

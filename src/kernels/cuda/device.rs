@@ -49,8 +49,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// One CUDA device and the compute dtype of the model on it (the dtype of GEMM inputs,
-/// weights and the KV cache). `Gpu` is `Send + Sync` (cudarc's context, streams, cuBLAS
-/// handle and functions are); the ops take `&self` and share no mutable host state, and the
+/// weights and the KV cache). `Gpu` is `Send + Sync` (its `DeviceApi` is); the ops take `&self` and share no mutable host state, and the
 /// caller (`ModelBackend`) drives one forward at a time.
 pub struct CudaDevice {
     pub(super) gpu: Gpu,
@@ -87,15 +86,6 @@ impl CudaDevice {
             BufKind::F32 => WeightDtype::F32,
             BufKind::GemmIn => self.dtype,
         }
-    }
-}
-
-impl Drop for CudaDevice {
-    fn drop(&mut self) {
-        // Dropped last (ModelBackend's field order): nothing issued may still run or copy
-        // when the context goes.
-        let _ = self.gpu.stream.synchronize();
-        let _ = self.gpu.copy_stream.synchronize();
     }
 }
 
@@ -193,15 +183,9 @@ impl Device for CudaDevice {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
-        let dst = out.ptr();
-        // SAFETY: `out` holds at least `rows.len()` f32 (checked by `set`); a copy from
-        // pageable memory returns once the host bytes are staged, so `rows` may go after.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_async(dst, bytes, self.gpu.stream.cu_stream())
-                .map_err(CudaError::from)?;
-        }
-        Ok(())
+        // `out` holds at least `rows.len()` f32 (checked by `set`); the copy returns once the
+        // host bytes are staged, so `rows` may go after.
+        Ok(self.gpu.write_bytes(out.ptr(), bytes)?)
     }
 
     fn download(&self, x: &CudaBuf) -> DevResult<Vec<f32>> {

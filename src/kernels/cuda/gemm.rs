@@ -10,12 +10,8 @@
 //! Not checked without a GPU: whether cuBLAS picks kernels whose per-row result depends on M
 //! (DESIGN.md §7a); the parity tests compare with a tolerance.
 
-use std::ffi::c_void;
-
-use cudarc::cublas::result::gemm_ex;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-
 use super::context::{CudaError, CudaResult, DevBuf, Gpu};
+use super::driver::{GemmEx, Op, Stream};
 use crate::kernels::device::HostMatrix;
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 
@@ -54,10 +50,7 @@ impl DevWeight {
 
 /// Little-endian bytes as elements of `T` on the device: in place when the host bytes are
 /// aligned for `T` (a Vec's large allocations are), else through one aligned copy.
-fn upload_pod<T: bytemuck::Pod + cudarc::driver::DeviceRepr>(
-    gpu: &Gpu,
-    bytes: &[u8],
-) -> CudaResult<DevBuf<T>> {
+fn upload_pod<T: bytemuck::Pod>(gpu: &Gpu, bytes: &[u8]) -> CudaResult<DevBuf<T>> {
     match bytemuck::try_cast_slice::<u8, T>(bytes) {
         Ok(v) => gpu.upload(v),
         Err(_) => gpu.upload(&bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
@@ -109,14 +102,6 @@ impl WeightData {
     }
 }
 
-fn data_type(d: WeightDtype) -> cudaDataType {
-    match d {
-        WeightDtype::F32 => cudaDataType::CUDA_R_32F,
-        WeightDtype::Bf16 => cudaDataType::CUDA_R_16BF,
-        WeightDtype::F16 => cudaDataType::CUDA_R_16F,
-    }
-}
-
 fn c_int(v: usize, what: &str) -> CudaResult<i32> {
     i32::try_from(v).map_err(|_| CudaError::Invalid(format!("gemm {what} = {v} exceeds i32")))
 }
@@ -129,34 +114,24 @@ pub fn linear(gpu: &Gpu, x: u64, w: &DevWeight, y: u64, m: usize) -> CudaResult<
     }
     let (n, k) = (c_int(w.rows, "N")?, c_int(w.cols, "K")?);
     let mi = c_int(m, "M")?;
-    let dt = data_type(w.data.dtype());
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    gpu.ctx.bind_to_thread()?;
+    let g = GemmEx {
+        transa: Op::T,
+        transb: Op::N,
+        m: n,
+        n: mi,
+        k,
+        alpha: 1.0,
+        a: w.data.ptr(),
+        lda: k,
+        b: x,
+        ldb: k,
+        ab_type: w.data.dtype(),
+        beta: 0.0,
+        c: y,
+        ldc: n,
+    };
     // SAFETY: `w` holds n × k elements; the caller passes `x` with m × k elements of the same
-    // dtype and `y` with m × n f32 elements, all live device memory on this context. The handle
-    // is bound to the compute stream, so the GEMM is ordered with the kernels around it.
-    unsafe {
-        gemm_ex(
-            *gpu.blas.handle(),
-            cublasOperation_t::CUBLAS_OP_T,
-            cublasOperation_t::CUBLAS_OP_N,
-            n,
-            mi,
-            k,
-            &alpha as *const f32 as *const c_void,
-            w.data.ptr() as *const c_void,
-            dt,
-            k,
-            x as *const c_void,
-            dt,
-            k,
-            &beta as *const f32 as *const c_void,
-            y as *mut c_void,
-            cudaDataType::CUDA_R_32F,
-            n,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )?;
-    }
-    Ok(())
+    // dtype and `y` with m × n f32 elements, all live device memory of this device. On the
+    // compute stream, so the GEMM is ordered with the kernels around it.
+    unsafe { gpu.dev.gemm_ex(Stream::Compute, &g) }
 }

@@ -5,7 +5,7 @@
 //! tiles, block tables) is built from the device-neutral checked [`BatchPlan`] and uploaded once
 //! per forward; every layer reuses it.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig};
+use super::context::LaunchConfig;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
 use super::gemm::WeightData;
@@ -18,7 +18,7 @@ pub const ATTN_TILE: usize = 16;
 /// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
 pub const ATTN_MAX_HD: usize = super::limits::ATTN_MAX_HEAD_DIM;
 const ATTN_THREADS: u32 = 128;
-const SMEM_LIMIT: usize = 48 * 1024;
+pub(super) const SMEM_LIMIT: usize = 48 * 1024;
 
 /// The batch plan on the device.
 pub struct DevPlan {
@@ -105,7 +105,7 @@ pub struct QkvRows {
 /// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct AttnArgs {
+pub struct AttnArgs {
     q: u64,
     q_stride: i64,
     q_col: i32,
@@ -120,9 +120,6 @@ struct AttnArgs {
     kb: i32,
     scale: f32,
 }
-
-// SAFETY: plain C-layout data (addresses and numbers), as the kernel declares it.
-unsafe impl DeviceRepr for AttnArgs {}
 
 /// K and V of every attention layer.
 pub struct DevKvCache {
@@ -205,7 +202,7 @@ impl DevKvCache {
         let slots = plan.slots.ptr();
         launch!(
             gpu,
-            &name,
+            &name => "kv_write_f32",
             cfg,
             src.base,
             stride,
@@ -302,7 +299,7 @@ impl DevKvCache {
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: (smem_floats(hd, kb) * 4) as u32,
         };
-        launch!(gpu, &name, cfg, args, k.ptr(), v.ptr(), out)
+        launch!(gpu, &name => "attention_f32_f32", cfg, args, k.ptr(), v.ptr(), out)
     }
 }
 

@@ -40,37 +40,45 @@
 mod api;
 pub use api::{CudaUnavailable, DeviceInfo, limits};
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod capture;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod context;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 mod device;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 mod device_ops;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 mod device_types;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod driver;
 #[cfg(feature = "cuda")]
+mod driver_cudarc;
+#[cfg(feature = "cuda-emu")]
+mod driver_emu;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gemm;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod kv_cache;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod launch_args;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod ops;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod recurrent;
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 mod stub;
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::{CudaDevice, probe};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device_types::{CudaBuf, CudaLinear, CudaRope, CudaStep};
 #[cfg(feature = "cuda")]
 pub use nvrtc::compile_all_for_test;
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 pub use stub::probe;

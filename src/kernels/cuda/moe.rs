@@ -63,7 +63,7 @@ pub fn gather_rows(
     };
     launch!(
         gpu,
-        name,
+        name => "moe_gather_rows_f32",
         elems_cfg(n * h)?,
         x,
         rows,
@@ -88,7 +88,7 @@ pub fn shared_gate(
     let name = format!("moe_shared_gate_{}", suffix(dtype));
     launch!(
         gpu,
-        &name,
+        &name => "moe_shared_gate_f32",
         warps_cfg(t)?,
         x,
         w,
@@ -135,7 +135,7 @@ pub fn combine(gpu: &Gpu, io: CombineIo, t: usize, k: usize, h: usize) -> CudaRe
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::super::context::kernel_names_for_test;
     use super::super::nvrtc::SOURCES;

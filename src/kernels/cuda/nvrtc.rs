@@ -60,6 +60,16 @@ pub fn image(name: &'static str, src: &str, cc: (i32, i32)) -> Result<Image, Str
 
 /// Compiles one source (with [`COMMON`] prepended) to a CUBIN for `sm_{major}{minor}`.
 pub fn compile(name: &str, src: &str, cc: (i32, i32)) -> Result<Image, String> {
+    compile_with(name, src, cc, &[]).map(|(img, _)| img)
+}
+
+/// [`compile`] with extra NVRTC options; also returns the program log.
+fn compile_with(
+    name: &str,
+    src: &str,
+    cc: (i32, i32),
+    extra: &[&str],
+) -> Result<(Image, String), String> {
     if !nvrtc_present() {
         return Err("libnvrtc.so not found".into());
     }
@@ -68,7 +78,7 @@ pub fn compile(name: &str, src: &str, cc: (i32, i32)) -> Result<Image, String> {
     let cname = CString::new(format!("{name}.cu")).map_err(|e| e.to_string())?;
     let prog = result::create_program(&csrc, Some(&cname))
         .map_err(|e| format!("nvrtcCreateProgram({name}): {e:?}"))?;
-    let out = build(prog, name, cc);
+    let out = build(prog, name, cc, extra);
     // SAFETY: `prog` was created above and is destroyed exactly once.
     if let Err(e) = unsafe { result::destroy_program(prog) } {
         tracing::warn!("nvrtcDestroyProgram({name}): {e:?}");
@@ -76,8 +86,13 @@ pub fn compile(name: &str, src: &str, cc: (i32, i32)) -> Result<Image, String> {
     out
 }
 
-fn build(prog: sys::nvrtcProgram, name: &str, cc: (i32, i32)) -> Result<Image, String> {
-    let options = [
+fn build(
+    prog: sys::nvrtcProgram,
+    name: &str,
+    cc: (i32, i32),
+    extra: &[&str],
+) -> Result<(Image, String), String> {
+    let mut options = vec![
         format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
         "--std=c++17".to_string(),
         // IEEE division and square root (the defaults, stated): results are compared with
@@ -86,6 +101,7 @@ fn build(prog: sys::nvrtcProgram, name: &str, cc: (i32, i32)) -> Result<Image, S
         "--prec-sqrt=true".to_string(),
         "--ftz=false".to_string(),
     ];
+    options.extend(extra.iter().map(|o| o.to_string()));
     // SAFETY: `prog` is a live program; the options outlive the call.
     if let Err(e) = unsafe { result::compile_program(prog, &options) } {
         let log = program_log(prog).unwrap_or_default();
@@ -94,7 +110,8 @@ fn build(prog: sys::nvrtcProgram, name: &str, cc: (i32, i32)) -> Result<Image, S
             cc.0, cc.1
         ));
     }
-    cubin(prog).map_err(|e| format!("nvrtcGetCUBIN({name}): {e}"))
+    let img = cubin(prog).map_err(|e| format!("nvrtcGetCUBIN({name}): {e}"))?;
+    Ok((img, program_log(prog).unwrap_or_default()))
 }
 
 fn program_log(prog: sys::nvrtcProgram) -> Option<String> {
@@ -121,11 +138,53 @@ fn cubin(prog: sys::nvrtcProgram) -> Result<Image, String> {
     Ok(buf)
 }
 
-/// Each module's compile result: CUBIN size, or the NVRTC log.
-pub type CompileReport = Vec<(&'static str, Result<usize, String>)>;
+/// Each module's compile result: the ptxas resource lines (`-v`) of its kernels, or the NVRTC
+/// log.
+pub type CompileReport = Vec<(&'static str, Result<Vec<KernelUsage>, String>)>;
 
-/// Compiles every source for `cc` without a GPU (the NVRTC test): `Err` says why it could not
-/// run (no libnvrtc), `Ok` holds each module's compile result.
+/// What ptxas reports for one kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelUsage {
+    pub kernel: String,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Static shared memory.
+    pub smem_bytes: u32,
+}
+
+/// The kernels' usage from a ptxas `-v` log: a `Compiling entry function 'NAME'` line, then
+/// `N bytes stack frame, N bytes spill stores, N bytes spill loads` and
+/// `Used N registers, ... N bytes smem ...`.
+pub fn parse_ptxas_log(log: &str) -> Vec<KernelUsage> {
+    let mut out: Vec<KernelUsage> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let kernel = rest.split('\'').next().unwrap_or("").to_string();
+            out.push(KernelUsage {
+                kernel,
+                ..KernelUsage::default()
+            });
+            continue;
+        }
+        let Some(k) = out.last_mut() else { continue };
+        for part in line.split([',', ':']) {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let num = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+            match words.as_slice() {
+                ["Used", _, "registers", ..] => k.registers = num(1).unwrap_or(0),
+                [_, "bytes", "spill", "stores"] => k.spill_stores = num(0).unwrap_or(0),
+                [_, "bytes", "spill", "loads"] => k.spill_loads = num(0).unwrap_or(0),
+                [_, "bytes", "smem"] => k.smem_bytes = num(0).unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Compiles every source for `cc` without a GPU (the NVRTC test), with ptxas's resource report:
+/// `Err` says why it could not run (no libnvrtc), `Ok` holds each module's result.
 pub fn compile_all_for_test(cc: (i32, i32)) -> Result<CompileReport, String> {
     if !nvrtc_present() {
         return Err(
@@ -134,7 +193,10 @@ pub fn compile_all_for_test(cc: (i32, i32)) -> Result<CompileReport, String> {
     }
     Ok(SOURCES
         .iter()
-        .map(|&(name, src)| (name, compile(name, src, cc).map(|img| img.len())))
+        .map(|&(name, src)| {
+            let r = compile_with(name, src, cc, &["--ptxas-options=-v"]);
+            (name, r.map(|(_, log)| parse_ptxas_log(&log)))
+        })
         .collect())
 }
 
@@ -149,15 +211,51 @@ mod tests {
         for cc in [(9, 0), (8, 0)] {
             let results = match compile_all_for_test(cc) {
                 Ok(r) => r,
+                // CI installs the NVRTC wheel and sets HSX_REQUIRE_NVRTC: no skip there.
+                Err(reason) if std::env::var_os("HSX_REQUIRE_NVRTC").is_some() => {
+                    panic!("HSX_REQUIRE_NVRTC is set: {reason}")
+                }
                 Err(reason) => {
                     eprintln!("skipping: {reason}");
                     return;
                 }
             };
             for (name, r) in &results {
-                match r {
-                    Ok(bytes) => eprintln!("{name}.cu: sm_{}{} cubin, {bytes} bytes", cc.0, cc.1),
+                let usage = match r {
+                    Ok(u) => u,
                     Err(e) => panic!("{name}.cu does not compile:\n{e}"),
+                };
+                assert!(!usage.is_empty(), "{name}.cu: no ptxas report");
+                for k in usage {
+                    eprintln!(
+                        "sm_{}{} {name}.cu {}: {} registers, {} B spill stores, {} B spill loads, {} B static smem",
+                        cc.0,
+                        cc.1,
+                        k.kernel,
+                        k.registers,
+                        k.spill_stores,
+                        k.spill_loads,
+                        k.smem_bytes
+                    );
+                    assert!(
+                        k.spill_stores == 0 && k.spill_loads == 0,
+                        "{}: register spills on sm_{}{}",
+                        k.kernel,
+                        cc.0,
+                        cc.1
+                    );
+                    // Only attention takes dynamic shared memory, at most SMEM_LIMIT: static +
+                    // dynamic must stay within 48 KiB, no kernel sets the opt-in attribute.
+                    let dynamic = match k.kernel.starts_with("attention_") {
+                        true => super::super::kv_cache::SMEM_LIMIT,
+                        false => 0,
+                    };
+                    assert!(
+                        k.smem_bytes as usize + dynamic <= 48 * 1024,
+                        "{}: {} B static + {dynamic} B dynamic shared memory over 48 KiB",
+                        k.kernel,
+                        k.smem_bytes
+                    );
                 }
             }
             assert_eq!(results.len(), SOURCES.len());
@@ -210,6 +308,31 @@ mod tests {
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), all.len(), "duplicate kernel names: {all:?}");
+    }
+
+    #[test]
+    fn ptxas_reports_are_read() {
+        let log = "ptxas info    : Compiling entry function 'rms_norm_f32' for 'sm_90'\n\
+                   ptxas info    : Function properties for rms_norm_f32\n\
+                   ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 30 registers, 256 bytes smem, 400 bytes cmem[0]\n\
+                   ptxas info    : Compiling entry function 'rope' for 'sm_90'\n\
+                   ptxas info    : Used 12 registers, 392 bytes cmem[0]\n";
+        let u = parse_ptxas_log(log);
+        assert_eq!(u.len(), 2, "{u:?}");
+        assert_eq!(
+            (
+                u[0].registers,
+                u[0].spill_stores,
+                u[0].spill_loads,
+                u[0].smem_bytes
+            ),
+            (30, 4, 12, 256)
+        );
+        assert_eq!(
+            (u[1].kernel.as_str(), u[1].registers, u[1].smem_bytes),
+            ("rope", 12, 0)
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub fn rms_norm(
 ) -> CudaResult<()> {
     let name = format!("rms_norm_{}", suffix(dtype));
     let n = i32_of(n, "hidden")?;
-    launch!(gpu, &name, rows_cfg(rows, ROW_THREADS)?, x, w, out, n, eps)
+    launch!(gpu, &name => "rms_norm_f32", rows_cfg(rows, ROW_THREADS)?, x, w, out, n, eps)
 }
 
 /// `x += y`, then `out = rms_norm(x) * w` (the residual add fused with the next norm).
@@ -64,7 +64,7 @@ pub fn add_rms_norm(
     let n = i32_of(n, "hidden")?;
     launch!(
         gpu,
-        &name,
+        &name => "add_rms_norm_f32",
         rows_cfg(rows, ROW_THREADS)?,
         x,
         y,
@@ -94,7 +94,7 @@ pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
     }
-    let cfg = cudarc::driver::LaunchConfig {
+    let cfg = super::context::LaunchConfig {
         grid_dim: (
             u32::try_from(x.rows).map_err(|_| CudaError::Invalid("rows".into()))?,
             u32::try_from(x.heads).map_err(|_| CudaError::Invalid("heads".into()))?,
@@ -150,7 +150,7 @@ pub fn silu_mul(
     }
     let name = format!("silu_mul_{}", suffix(dtype));
     let inter = i32_of(inter, "intermediate")?;
-    launch!(gpu, &name, elems_cfg(total)?, gu, out, inter, i64_of(total))
+    launch!(gpu, &name => "silu_mul_f32", elems_cfg(total)?, gu, out, inter, i64_of(total))
 }
 
 /// `y[r, i] += b[i]` over `rows` rows of `n`.
@@ -202,12 +202,8 @@ pub fn copy_f32(gpu: &Gpu, src: u64, dst: u64, total: usize) -> CudaResult<()> {
     if total == 0 {
         return Ok(());
     }
-    gpu.ctx.bind_to_thread()?;
-    // SAFETY: both ranges are live device memory of `total` f32 (caller's contract).
-    unsafe {
-        cudarc::driver::result::memcpy_dtod_async(dst, src, total * 4, gpu.stream.cu_stream())?;
-    }
-    Ok(())
+    // Both ranges are live device memory of `total` f32 (caller's contract).
+    gpu.copy(dst, src, total * 4)
 }
 
 /// `x[t] = table[tokens[t]]` (f32) for `t < rows`; token ids (device, u32) must have been
@@ -220,7 +216,7 @@ pub fn embed(gpu: &Gpu, tokens: u64, table: &DevWeight, x: u64, rows: usize) -> 
     let hidden = i32_of(table.cols, "hidden")?;
     launch!(
         gpu,
-        &name,
+        &name => "embed_f32",
         rows_cfg(rows, ROW_THREADS)?,
         tokens,
         table.data.ptr(),
@@ -250,7 +246,7 @@ pub fn attn_gate(
     let (col, qd) = (i32_of(gate_col, "gate column")?, i32_of(qd, "q dim")?);
     launch!(
         gpu,
-        &name,
+        &name => "attn_gate_f32",
         elems_cfg(total)?,
         attn,
         gate,

@@ -7,7 +7,7 @@
 //! zeroed in every layer before the forward ([`StateSlots::reset_fresh`], one launch per
 //! buffer when the layers share a shape), so a reused slot never leaks.
 
-use cudarc::driver::LaunchConfig;
+use super::context::LaunchConfig;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
 use super::ops::{i32_of, suffix};
@@ -405,7 +405,7 @@ fn gated_norm(
     let name = format!("{kernel}_{}", suffix(n.dtype));
     launch!(
         gpu,
-        &name,
+        &name => "gdn_gated_norm_f32",
         warps_cfg(n.t * groups)?,
         n.x,
         n.z,
@@ -513,10 +513,10 @@ pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> C
         return Ok(());
     }
     let name = format!("relu2_{}", suffix(dtype));
-    launch!(gpu, &name, elems_cfg(total)?, x, out, total as i64)
+    launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, total as i64)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::super::context::kernel_names_for_test;
     use super::super::nvrtc::SOURCES;
