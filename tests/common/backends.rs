@@ -218,6 +218,18 @@ pub fn cuda_backend(
     slots: usize,
     budget: usize,
 ) -> Box<dyn Backend> {
+    cuda_backend_as(name, layers, num_blocks, slots, budget, OutputDtype::F32)
+}
+
+/// [`cuda_backend`] capturing rows as `dtype`.
+pub fn cuda_backend_as(
+    name: &str,
+    layers: Vec<usize>,
+    num_blocks: usize,
+    slots: usize,
+    budget: usize,
+    dtype: OutputDtype,
+) -> Box<dyn Backend> {
     let dir = model_dir(name);
     let spec = ModelSpec::from_dir(&dir).unwrap();
     assert!(
@@ -231,7 +243,7 @@ pub fn cuda_backend(
         num_state_slots: slots,
         max_num_batched_tokens: budget,
         device: 0,
-        output_dtype: OutputDtype::F32,
+        output_dtype: dtype,
         reject_bad_states: true,
     };
     hsx::models::load_cuda(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))

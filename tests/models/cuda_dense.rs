@@ -7,7 +7,8 @@
 use crate::common;
 
 use common::backends::{
-    Paging, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
+    Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_tol, cuda_usable,
+    layer_of,
 };
 use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
 use hsx::models::CpuBackend;
@@ -175,4 +176,63 @@ fn bad_batches_are_errors_not_crashes() {
     // The backend still works after refusing batches.
     let out = PAGING.alone(p.gpu.as_mut(), 1, &[3, 4, 5]);
     assert_eq!(out.sampled.len(), 1);
+}
+
+/// fp8 rows quantized on the device (`capture_quantize_fp8`) against the CPU's: per-token
+/// scales within f32 rounding of the states, codes equal but where the states sit at a
+/// rounding boundary (then neighbours in value order), at most 0.1% of them.
+#[test]
+fn fp8_capture_matches_the_cpu() {
+    use hsx::kernels::OutputDtype;
+    if !cuda_usable() {
+        return;
+    }
+    let name = "llama";
+    let spec = ModelSpec::from_dir(&common::model_dir(name)).unwrap();
+    let layers: Vec<usize> = (0..=spec.num_layers).collect();
+    let opts = hsx::models::CpuOptions {
+        output_dtype: OutputDtype::Fp8,
+        ..cpu_options(layers.clone(), NUM_BLOCKS, 0)
+    };
+    let mut cpu = cpu_backend(name, opts);
+    let mut gpu = cuda_backend_as(name, layers, NUM_BLOCKS, 0, BUDGET, OutputDtype::Fp8);
+    let codes = (spec.num_layers + 1) * spec.hidden_size;
+    let (mut differ, mut total) = (0usize, 0usize);
+    for (j, ids) in prompts(&spec).iter().enumerate() {
+        let c = PAGING.alone(&mut cpu, j, ids);
+        let g = PAGING.alone(gpu.as_mut(), j, ids);
+        assert_eq!(
+            g.captured.len(),
+            ids.len() * (codes + 4),
+            "prompt {j}: row bytes"
+        );
+        assert_eq!(g.captured.len(), c.captured.len());
+        for (t, (gr, cr)) in g
+            .captured
+            .chunks(codes + 4)
+            .zip(c.captured.chunks(codes + 4))
+            .enumerate()
+        {
+            let scale = |r: &[u8]| f32::from_le_bytes(r[codes..].try_into().unwrap());
+            let (gs, cs) = (scale(gr), scale(cr));
+            assert!(
+                (gs - cs).abs() <= 1e-4 * cs.abs(),
+                "prompt {j} token {t}: scale {gs} vs {cs}"
+            );
+            for (a, b) in gr[..codes].iter().zip(&cr[..codes]) {
+                total += 1;
+                if a != b {
+                    differ += 1;
+                    // Codes in value order (sign-magnitude: -0 and +0 are neighbours).
+                    let ord = |c: u8| i16::from(c & 0x7f) * if c & 0x80 != 0 { -1 } else { 1 };
+                    assert!(
+                        (ord(*a) - ord(*b)).abs() <= 1,
+                        "prompt {j} token {t}: code {a:#x} vs {b:#x}"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("fp8 codes differing from the cpu: {differ} of {total}");
+    assert!(differ * 1000 <= total, "{differ} of {total} codes differ");
 }

@@ -15,12 +15,11 @@ use common::backends::{
     check_bad_state_slots, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
     reused_slot_runs, run_split, same_bits,
 };
-use common::{Reference, max_rel, model_dir, random_prompt};
+use common::{Reference, max_rel, random_prompt};
 use hsx::kernels::Backend;
 #[cfg(feature = "cuda")]
 use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
-use hsx::models::ModelSpec;
 
 /// (fixture, L)
 const MODELS: [(&str, usize); 4] = [
