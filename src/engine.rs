@@ -325,12 +325,26 @@ async fn load_backend(
     layer_ids: &[usize],
     dtype: OutputDtype,
 ) -> Result<Box<dyn crate::kernels::Backend>, EngineError> {
-    let device = match DeviceChoice::parse(&cfg.model.device)? {
+    let choice = DeviceChoice::parse(&cfg.model.device)?;
+    let device = match choice {
         DeviceChoice::Cpu => None,
         DeviceChoice::Cuda(n) => Some(n),
         DeviceChoice::Auto => auto_device(&spec),
     };
     match device {
+        // `auto` falls back to the CPU on any CUDA start-up failure (kernel compile, memory,
+        // driver), not only a missing library.
+        Some(ordinal) if choice == DeviceChoice::Auto => {
+            match load_cuda(cfg, spec.clone(), layer_ids, ordinal, dtype).await {
+                Ok(backend) => Ok(backend),
+                Err(e) => {
+                    tracing::warn!(
+                        "model.device = auto: CUDA failed to start ({e}), using the CPU"
+                    );
+                    load_cpu(cfg, spec, layer_ids, dtype).await
+                }
+            }
+        }
         Some(ordinal) => load_cuda(cfg, spec, layer_ids, ordinal, dtype).await,
         None => load_cpu(cfg, spec, layer_ids, dtype).await,
     }

@@ -6,6 +6,7 @@ pub mod chat;
 pub mod chat_files;
 pub mod config;
 pub mod engine;
+pub mod env_report;
 pub mod extract;
 pub mod faults;
 pub mod inspect;

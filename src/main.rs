@@ -31,6 +31,8 @@ enum Command {
     Subscribe(SubscribeArgs),
     /// Send a JSON-lines file of requests through the daemon's socket.
     Submit(SubmitArgs),
+    /// Print what hsx sees: CPU features and threads, bf16 GEMM paths, CUDA device or why not.
+    Env,
 }
 
 #[derive(Args)]
@@ -181,6 +183,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Extract(args) => extract(args).await,
         Command::Inspect(args) => inspect(args),
+        Command::Env => {
+            print!("{}", hsx::env_report::report());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve(args) => serve(args).await,
         Command::Subscribe(args) => {
             let mut out = std::io::stdout();
