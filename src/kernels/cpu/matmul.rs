@@ -156,10 +156,11 @@ fn gemm_raw(a: &[f32], m: usize, k: usize, w: &[f32], n: usize, c: &mut [f32], t
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+    /// `n` values in [-0.5, 0.5) from an LCG (the kernels' tests share it).
+    pub(crate) fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
         (0..n)
             .map(|_| {
                 *seed = seed

@@ -2,17 +2,7 @@ use half::bf16;
 
 use super::*;
 use crate::kernels::cpu::matmul::matmul_wt;
-
-fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+use crate::kernels::cpu::matmul::tests::rnd;
 
 fn bits(w: &[f32]) -> Vec<u16> {
     w.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
