@@ -61,6 +61,7 @@ pub fn report() -> String {
         .resolve()
         .map_or_else(|e| e, |k| k.to_string());
     let _ = writeln!(out, "bf16 GEMM paths: {} (auto: {auto})", paths.join(", "));
+    let _ = writeln!(out, "cuda libraries: {}", cuda::versions().describe());
     match cuda::probe(0) {
         Ok(d) => {
             let _ = writeln!(
@@ -99,7 +100,13 @@ mod tests {
     #[test]
     fn names_the_cpu_paths_and_cuda() {
         let r = super::report();
-        for key in ["hsx: ", "cpu threads", "bf16 GEMM paths: ", "cuda: "] {
+        for key in [
+            "hsx: ",
+            "cpu threads",
+            "bf16 GEMM paths: ",
+            "cuda libraries: ",
+            "cuda: ",
+        ] {
             assert!(r.contains(key), "{key} missing from:\n{r}");
         }
         // The f32 path runs everywhere.

@@ -49,4 +49,88 @@ pub enum CudaUnavailable {
     BadOrdinal { ordinal: usize, count: usize },
     #[error("CUDA device {ordinal}: {message}")]
     Device { ordinal: usize, message: String },
+    #[error(
+        "the NVIDIA driver supports CUDA {driver}, older than the {libs} found: install the NVRTC and cuBLAS of CUDA {driver} (e.g. `pip install nvidia-cuda-nvrtc-cu{major} nvidia-cublas-cu{major}`) or a newer driver"
+    )]
+    VersionMismatch {
+        driver: String,
+        major: i32,
+        libs: String,
+    },
+}
+
+/// Versions (major, minor) of the CUDA pieces hsx loads; `None` where a library is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaVersions {
+    /// The newest CUDA the driver supports (`cuDriverGetVersion`).
+    pub driver: Option<(i32, i32)>,
+    pub nvrtc: Option<(i32, i32)>,
+    pub cublas: Option<(i32, i32)>,
+}
+
+impl CudaVersions {
+    /// The driver must support the CUDA major of NVRTC and cuBLAS: a CUDA 13 NVRTC emits code
+    /// and a CUDA 13 cuBLAS needs a runtime that a CUDA 12 driver cannot load.
+    pub fn check(&self) -> Result<(), CudaUnavailable> {
+        let Some((major, minor)) = self.driver else {
+            return Ok(());
+        };
+        let newer: Vec<String> = [("NVRTC", self.nvrtc), ("cuBLAS", self.cublas)]
+            .into_iter()
+            .filter_map(|(lib, v)| {
+                v.filter(|&(m, _)| m > major)
+                    .map(|(m, n)| format!("{lib} {m}.{n}"))
+            })
+            .collect();
+        if newer.is_empty() {
+            return Ok(());
+        }
+        Err(CudaUnavailable::VersionMismatch {
+            driver: format!("{major}.{minor}"),
+            major,
+            libs: newer.join(" and "),
+        })
+    }
+
+    /// One line: each piece's version or "absent".
+    pub fn describe(&self) -> String {
+        let v = |x: Option<(i32, i32)>| x.map_or("absent".to_string(), |(a, b)| format!("{a}.{b}"));
+        format!(
+            "driver CUDA {}, NVRTC {}, cuBLAS {}",
+            v(self.driver),
+            v(self.nvrtc),
+            v(self.cublas)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_older_than_the_libraries_is_refused_with_what_to_install() {
+        let v = CudaVersions {
+            driver: Some((12, 4)),
+            nvrtc: Some((13, 0)),
+            cublas: Some((13, 1)),
+        };
+        let e = v.check().unwrap_err().to_string();
+        assert!(
+            e.contains("CUDA 12.4") && e.contains("NVRTC 13.0 and cuBLAS 13.1"),
+            "{e}"
+        );
+        assert!(e.contains("nvidia-cuda-nvrtc-cu12"), "{e}");
+        let ok = CudaVersions {
+            driver: Some((13, 2)),
+            ..v
+        };
+        assert!(ok.check().is_ok());
+        // Without a driver there is nothing to compare (the probe reports the driver).
+        assert!(CudaVersions::default().check().is_ok());
+        assert_eq!(
+            CudaVersions::default().describe(),
+            "driver CUDA absent, NVRTC absent, cuBLAS absent"
+        );
+    }
 }

@@ -67,6 +67,14 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
     return super::driver_cudarc::probe(ordinal);
 }
 
+/// The CUDA driver, NVRTC and cuBLAS versions found (none on the emulator).
+pub fn versions() -> super::api::CudaVersions {
+    #[cfg(feature = "cuda-emu")]
+    return super::api::CudaVersions::default();
+    #[cfg(not(feature = "cuda-emu"))]
+    return super::driver_cudarc::versions();
+}
+
 /// One device behind the [`DeviceApi`], and what it is.
 pub struct Gpu {
     pub dev: Arc<dyn DeviceApi>,

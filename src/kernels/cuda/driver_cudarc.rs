@@ -13,11 +13,52 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys::{CUDA_MEMCPY2D, CUmemorytype};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError};
 
-use super::api::{CudaUnavailable, DeviceInfo};
+use super::api::{CudaUnavailable, CudaVersions, DeviceInfo};
 use super::context::{CudaError, CudaResult, kernel_names};
 use super::driver::{DevPtr, DeviceApi, Event, GemmEx, LaunchConfig, Op, Stream};
 use super::nvrtc;
 use crate::kernels::dtype::WeightDtype;
+
+/// The versions of the driver, NVRTC and cuBLAS present (each only after its library is
+/// found, so nothing here can panic on a missing one).
+pub fn versions() -> CudaVersions {
+    use std::ffi::c_int;
+    let mut v = CudaVersions::default();
+    // SAFETY (each block): the library was just found; the calls only write the ints given.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        let mut n: c_int = 0;
+        let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut n) };
+        if ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+            v.driver = Some((n / 1000, (n % 1000) / 10));
+        }
+    }
+    if nvrtc::nvrtc_present() {
+        let (mut a, mut b): (c_int, c_int) = (0, 0);
+        let ok = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+        if ok == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+            v.nvrtc = Some((a, b));
+        }
+    }
+    if unsafe { cudarc::cublas::sys::is_culib_present() } {
+        use cudarc::cublas::sys::{cublasGetProperty, cublasStatus_t, libraryPropertyType};
+        let (mut a, mut b): (c_int, c_int) = (0, 0);
+        let ok = unsafe {
+            (
+                cublasGetProperty(libraryPropertyType::MAJOR_VERSION, &mut a),
+                cublasGetProperty(libraryPropertyType::MINOR_VERSION, &mut b),
+            )
+        };
+        if ok
+            == (
+                cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+                cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            )
+        {
+            v.cublas = Some((a, b));
+        }
+    }
+    v
+}
 
 /// Checks the libraries and the device without touching anything that could panic.
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
@@ -31,6 +72,7 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoCublas);
     }
+    versions().check()?;
     let count = CudaContext::device_count().map_err(|e| CudaUnavailable::Init(e.to_string()))?;
     let count = usize::try_from(count).unwrap_or(0);
     if count == 0 {

@@ -38,7 +38,7 @@
 //! and call it with `launch!`. The NVRTC test compiles every source (no GPU needed).
 
 mod api;
-pub use api::{CudaUnavailable, DeviceInfo, limits};
+pub use api::{CudaUnavailable, CudaVersions, DeviceInfo, limits};
 
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod capture;
@@ -75,10 +75,12 @@ pub mod recurrent;
 mod stub;
 
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub use context::versions;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::{CudaDevice, probe};
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device_types::{CudaBuf, CudaLinear, CudaRope, CudaStep};
 #[cfg(feature = "cuda")]
 pub use nvrtc::compile_all_for_test;
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-pub use stub::probe;
+pub use stub::{probe, versions};
