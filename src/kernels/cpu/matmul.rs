@@ -71,14 +71,6 @@ impl Linear {
             Weight::Bf16 { w, .. } => w.row_into(r, out),
         }
     }
-
-    /// Bytes the weight holds.
-    pub fn weight_bytes(&self) -> usize {
-        match &self.w {
-            Weight::F32(w) => w.len() * 4,
-            Weight::Bf16 { w, .. } => w.bytes(),
-        }
-    }
 }
 
 thread_local! {

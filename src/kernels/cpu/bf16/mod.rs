@@ -173,10 +173,6 @@ impl PackedBf16 {
     pub fn k_tiles(&self) -> usize {
         self.kbs
     }
-
-    pub fn bytes(&self) -> usize {
-        self.data.len() * 2
-    }
 }
 
 /// `a [m, k]` (f32) rounded to bf16 (nearest even, as torch) into tiles of 16 rows × 32

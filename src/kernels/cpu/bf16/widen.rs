@@ -9,10 +9,28 @@ use crate::kernels::cpu::matmul::matmul_wt;
 /// Weight rows widened per panel (256 rows × k f32 stays in L2 for k ≤ 2048).
 const PANEL: usize = 256;
 
+thread_local! {
+    /// The widened panel and its product, reused by every call on this thread (a fresh
+    /// allocation of this size is a page-faulting mmap per call).
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 pub(super) fn matmul(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize) {
+    SCRATCH.with_borrow_mut(|(wide, part)| panels(a, m, w, c, threads, wide, part));
+}
+
+fn panels(
+    a: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut [f32],
+    threads: usize,
+    wide: &mut Vec<f32>,
+    part: &mut Vec<f32>,
+) {
     let (n, k) = (w.n, w.k);
-    let mut wide = vec![0f32; PANEL.min(n) * k];
-    let mut part = Vec::new();
+    wide.resize(PANEL.min(n) * k, 0.0);
     for n0 in (0..n).step_by(PANEL) {
         let nn = (n - n0).min(PANEL);
         let panel = &mut wide[..nn * k];
@@ -22,7 +40,7 @@ pub(super) fn matmul(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads
                 .enumerate()
                 .for_each(|(j, row)| w.row_into(n0 + j, row));
         }
-        matmul_wt(a, m, k, panel, nn, &mut part, threads);
+        matmul_wt(a, m, k, panel, nn, part, threads);
         for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(nn)) {
             dst[n0..n0 + nn].copy_from_slice(src);
         }
