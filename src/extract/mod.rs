@@ -97,6 +97,8 @@ pub enum ExtractError {
     Prompter(crate::chat::ChatError),
     #[error("the engine stopped before every request finished")]
     EngineStopped,
+    #[error("stopped: {0}")]
+    DeviceLost(String),
 }
 
 /// Parses one line into a request spec; `row` is the 0-based line index (the default id).
@@ -398,6 +400,7 @@ async fn submit(
                 waiter.wait_one(out).await?;
             }
             Err(SubmitError::ShuttingDown) => return Err(ExtractError::EngineStopped),
+            Err(SubmitError::DeviceLost(why)) => return Err(ExtractError::DeviceLost(why)),
             Err(e) => {
                 waiter.fail(out, row.line_no, &id, e.to_string());
                 return Ok(());

@@ -35,13 +35,19 @@ pub enum DeviceError {
     Invalid(String),
     #[error("{0}")]
     Failed(String),
+    /// The device can run nothing more ([`super::BackendError::DeviceLost`]).
+    #[error("{0}")]
+    Lost(String),
 }
 
 pub type DevResult<T> = Result<T, DeviceError>;
 
 impl From<DeviceError> for super::BackendError {
     fn from(e: DeviceError) -> Self {
-        super::BackendError::Compute(e.to_string())
+        match e {
+            DeviceError::Lost(m) => super::BackendError::DeviceLost(m),
+            other => super::BackendError::Compute(other.to_string()),
+        }
     }
 }
 

@@ -135,6 +135,10 @@ pub enum BackendError {
     TokenOutOfRange { token: u32, vocab: usize },
     #[error("backend failure: {0}")]
     Compute(String),
+    /// The device can run nothing more (a sticky CUDA error such as an illegal address: every
+    /// later call on its context fails too). The engine fails its requests and stops admitting.
+    #[error("the device is lost ({0}); restart hsx")]
+    DeviceLost(String),
 }
 
 /// A compute backend. Implementations must give each token's result independently of which

@@ -139,7 +139,9 @@ impl ApiError {
 impl From<Rejection> for ApiError {
     fn from(r: Rejection) -> Self {
         let status = match r {
-            Rejection::Overloaded(_) | Rejection::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::Overloaded(_) | Rejection::ShuttingDown | Rejection::DeviceLost(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Rejection::TooLong(_) => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::BAD_REQUEST,
         };
@@ -170,11 +172,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// 503 while shutting down, and for good once the device is lost (the daemon then only
+/// answers status and finished files: a supervisor should restart it).
 async fn health(State(shared): State<Arc<Shared>>) -> StatusCode {
     if shared.cancel().is_cancelled() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    match shared.engine().status().await {
+        Some(stats) if !stats.device_lost => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

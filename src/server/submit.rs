@@ -43,6 +43,8 @@ pub enum Rejection {
     Invalid(String),
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    DeviceLost(String),
 }
 
 impl Rejection {
@@ -59,6 +61,7 @@ impl Rejection {
             Self::InvalidPath(_) => "invalid_path",
             Self::Invalid(_) => "invalid_request",
             Self::ShuttingDown => "shutting_down",
+            Self::DeviceLost(_) => "device_lost",
         }
     }
 }
@@ -75,6 +78,7 @@ impl From<SubmitError> for Rejection {
             SubmitError::EmptyPrompt => Self::EmptyPrompt(msg),
             SubmitError::DuplicateId(_) => Self::DuplicateId(msg),
             SubmitError::ShuttingDown => Self::ShuttingDown,
+            SubmitError::DeviceLost(_) => Self::DeviceLost(msg),
         }
     }
 }

@@ -14,7 +14,7 @@ pub use state::{PlanError, PreparedStep, RowShape, RunnerState};
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::messages::StepPlan;
 use crate::actors::scheduler::{Scheduler, StepResult};
-use crate::kernels::{Backend, Batch};
+use crate::kernels::{Backend, BackendError, Batch};
 
 /// Where a runner sends its results.
 pub struct RunnerLinks {
@@ -74,6 +74,12 @@ fn run_step(
     };
     let out = match catch_unwind(AssertUnwindSafe(|| backend.forward(&batch))) {
         Ok(Ok(out)) => out,
+        Ok(Err(e @ BackendError::DeviceLost(_))) => {
+            return StepResult::DeviceLost {
+                step: plan.step,
+                error: e.to_string(),
+            };
+        }
         Ok(Err(e)) => return failed(e.to_string()),
         Err(_) => return failed("the backend panicked".into()),
     };

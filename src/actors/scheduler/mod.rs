@@ -63,7 +63,15 @@ pub struct Abort(pub RequestId);
 /// The model runner's answer for a step.
 pub enum StepResult {
     Done(StepOutput),
-    Failed { step: u64, error: String },
+    Failed {
+        step: u64,
+        error: String,
+    },
+    /// The device can run nothing more: every request fails and admission stops.
+    DeviceLost {
+        step: u64,
+        error: String,
+    },
 }
 /// Queue depths and counters.
 pub struct Status;
@@ -122,6 +130,11 @@ impl Message<StepResult> for Scheduler {
             StepResult::Failed { step, error } => {
                 tracing::error!(step, %error, "step failed");
                 self.state.fail_step(step, &error)
+            }
+            StepResult::DeviceLost { step, error } => {
+                tracing::error!(step, %error, "device lost: failing every request, admitting none");
+                metrics::gauge!("hsx_device_lost").set(1.0);
+                self.state.device_lost(step, &error)
             }
         };
         let after = self.state.stats();

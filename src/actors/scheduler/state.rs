@@ -102,6 +102,8 @@ pub enum SubmitError {
     },
     #[error("the engine is shutting down")]
     ShuttingDown,
+    #[error("the engine admits nothing more: {0}")]
+    DeviceLost(String),
 }
 
 /// What the actor must do after a state change: messages to the other actors.
@@ -187,6 +189,8 @@ pub struct SchedulerStats {
     pub peak_pending_hidden_bytes: usize,
     /// Requests that waited at the head of the queue for hidden-state bytes to be released.
     pub memory_waits: u64,
+    /// The device failed for good ([`SchedulerState::device_lost`]).
+    pub device_lost: bool,
 }
 
 #[derive(Debug)]
@@ -214,6 +218,8 @@ pub struct SchedulerState {
     held_back: Option<RequestId>,
     /// Cached prefix rows of just-admitted requests (see [`Self::take_prefix_rows`]).
     prefix_rows: Vec<PrefixRows>,
+    /// Why the device can run nothing more, once it cannot.
+    lost: Option<String>,
 }
 
 impl SchedulerState {
@@ -235,6 +241,7 @@ impl SchedulerState {
             memory_waits: 0,
             held_back: None,
             prefix_rows: Vec::new(),
+            lost: None,
         }
     }
 
@@ -248,6 +255,7 @@ impl SchedulerState {
             pending_hidden_bytes: self.held_bytes,
             peak_pending_hidden_bytes: self.peak_held_bytes,
             memory_waits: self.memory_waits,
+            device_lost: self.lost.is_some(),
         }
     }
 
@@ -261,6 +269,9 @@ impl SchedulerState {
 
     /// Validates and queues a request.
     pub fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        if let Some(why) = &self.lost {
+            return Err(SubmitError::DeviceLost(why.clone()));
+        }
         self.limits.validate(&req)?;
         if self.contains(&req.id) {
             return Err(SubmitError::DuplicateId(req.id));
@@ -344,7 +355,7 @@ impl SchedulerState {
     /// Admits the granted requests (a prefix of the candidates) and plans the next step.
     /// Returns `None` when there is nothing to run (or a step is already in flight).
     pub fn plan_step(&mut self, granted: Vec<(RequestId, Grant)>) -> Option<StepPlan> {
-        if self.in_flight.is_some() {
+        if self.in_flight.is_some() || self.lost.is_some() {
             self.unused_grants
                 .extend(granted.into_iter().map(|(id, _)| id));
             return None;
@@ -553,6 +564,21 @@ impl SchedulerState {
             }
         }
         self.running = keep;
+    }
+
+    /// The device can run nothing more (a sticky CUDA error): the step in flight, every
+    /// running and every waiting request fail with `error`, and nothing is admitted again —
+    /// instead of failing each later step the same way.
+    pub fn device_lost(&mut self, step: u64, error: &str) -> Effects {
+        let why = format!("the device is lost: {error}");
+        self.in_flight.take_if(|p| p.step == step);
+        let mut fx = self.drain_waiting(&why);
+        for r in std::mem::take(&mut self.running) {
+            self.doomed.remove(&r.req.id);
+            self.drop_running(&r.req.id, why.clone(), &mut fx);
+        }
+        self.lost = Some(why);
+        fx
     }
 
     /// Fails everything waiting (shutdown without drain).

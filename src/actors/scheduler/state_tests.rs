@@ -298,6 +298,32 @@ fn failed_step_fails_its_requests_and_frees_blocks() {
 }
 
 #[test]
+fn lost_device_fails_everything_and_admits_nothing_more() {
+    // Budget 4: "a" (3) and one token of "b" run, "c" waits.
+    let mut s = SchedulerState::new(limits(4, 8));
+    for r in [req("a", 3, 0), req("b", 3, 0), req("c", 3, 0)] {
+        s.submit(r).unwrap();
+    }
+    let p = step(&mut s).unwrap();
+    assert_eq!(p.chunks.len(), 2);
+    let fx = s.device_lost(p.step, "illegal address");
+    let mut failed: Vec<_> = fx.failed.iter().map(|(i, _)| i.to_string()).collect();
+    failed.sort();
+    assert_eq!(failed, ["a", "b", "c"]);
+    assert!(
+        fx.failed
+            .iter()
+            .all(|(_, e)| e.contains("device is lost: illegal address"))
+    );
+    assert_eq!(fx.release_blocks.len(), 2);
+    assert_eq!(fx.discard.len(), 2);
+    assert!(s.is_idle() && s.stats().device_lost);
+    let e = s.submit(req("d", 3, 0)).unwrap_err();
+    assert!(matches!(e, SubmitError::DeviceLost(ref m) if m.contains("illegal address")));
+    assert!(s.admission_candidates().is_empty() && step(&mut s).is_none());
+}
+
+#[test]
 fn missing_sampled_token_fails_the_request() {
     let mut s = SchedulerState::new(limits(8, 8));
     s.submit(req("a", 3, 1)).unwrap();

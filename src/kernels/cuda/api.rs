@@ -57,6 +57,16 @@ pub enum CudaUnavailable {
         major: i32,
         libs: String,
     },
+    #[error(
+        "a test kernel could not be {stage} for sm_{sm} ({versions}): {message}. Install the NVRTC of the CUDA version your driver supports (e.g. `pip install nvidia-cuda-nvrtc-cu12` for a CUDA 12 driver) or a newer driver"
+    )]
+    ProbeKernel {
+        /// "compiled" (NVRTC) or "loaded" (the driver).
+        stage: &'static str,
+        sm: String,
+        versions: String,
+        message: String,
+    },
 }
 
 /// Versions (major, minor) of the CUDA pieces hsx loads; `None` where a library is absent.
@@ -132,5 +142,18 @@ mod tests {
             CudaVersions::default().describe(),
             "driver CUDA absent, NVRTC absent, cuBLAS absent"
         );
+    }
+
+    #[test]
+    fn a_probe_kernel_failure_says_what_to_install() {
+        let e = CudaUnavailable::ProbeKernel {
+            stage: "compiled",
+            sm: "120".into(),
+            versions: "driver CUDA 12.8, NVRTC 12.4, cuBLAS 12.4".into(),
+            message: "invalid value for --gpu-architecture".into(),
+        }
+        .to_string();
+        assert!(e.contains("compiled for sm_120"), "{e}");
+        assert!(e.contains("NVRTC 12.4") && e.contains("pip install"), "{e}");
     }
 }

@@ -39,11 +39,51 @@ pub enum CudaError {
     Invalid(String),
     #[error(transparent)]
     Unavailable(#[from] CudaUnavailable),
+    /// A sticky error the emulator raises (the driver's come as [`CudaError::Driver`]).
+    #[error("{0}")]
+    Lost(String),
+}
+
+impl CudaError {
+    /// Whether the context is unusable from now on: CUDA reports these once and then fails
+    /// every later call on the context, so retrying the step cannot help.
+    pub fn is_sticky(&self) -> bool {
+        match self {
+            #[cfg(feature = "cuda")]
+            CudaError::Driver(e) => sticky_driver_error(e),
+            CudaError::Lost(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The driver's sticky (context-corrupting) results, as the CUDA driver API documents them.
+#[cfg(feature = "cuda")]
+fn sticky_driver_error(e: &cudarc::driver::DriverError) -> bool {
+    use cudarc::driver::sys::CUresult as R;
+    matches!(
+        e.0,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
 }
 
 impl From<CudaError> for BackendError {
     fn from(e: CudaError) -> Self {
-        BackendError::Compute(format!("cuda: {e}"))
+        if e.is_sticky() {
+            BackendError::DeviceLost(format!("cuda: {e}"))
+        } else {
+            BackendError::Compute(format!("cuda: {e}"))
+        }
     }
 }
 
@@ -51,6 +91,7 @@ impl From<CudaError> for DeviceError {
     fn from(e: CudaError) -> Self {
         match e {
             CudaError::Invalid(m) => DeviceError::Invalid(m),
+            e if e.is_sticky() => DeviceError::Lost(format!("cuda: {e}")),
             other => DeviceError::Failed(format!("cuda: {other}")),
         }
     }
@@ -315,4 +356,34 @@ pub fn elems_cfg(total: usize) -> CudaResult<LaunchConfig> {
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) fn kernel_names_for_test(src: &str) -> Vec<String> {
     kernel_names(src)
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+    use cudarc::driver::DriverError;
+    use cudarc::driver::sys::CUresult;
+
+    /// Sticky results mark the device lost; others fail only their step. (Formatting a
+    /// DriverError needs libcuda, so only the classification is checked here.)
+    #[test]
+    fn sticky_cuda_errors_mark_the_device_lost() {
+        let err = |r| CudaError::Driver(DriverError(r));
+        for r in [
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            CUresult::CUDA_ERROR_ASSERT,
+        ] {
+            assert!(err(r).is_sticky(), "{r:?}");
+        }
+        for r in [
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        ] {
+            assert!(!err(r).is_sticky(), "{r:?}");
+        }
+        assert!(CudaError::Lost("x".into()).is_sticky());
+        assert!(!CudaError::Invalid("x".into()).is_sticky());
+    }
 }

@@ -86,13 +86,35 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
         message: e.to_string(),
     };
     let ctx = CudaContext::new(ordinal).map_err(dev)?;
+    let compute_capability = ctx.compute_capability().map_err(dev)?;
+    probe_kernel(&ctx, compute_capability)?;
     Ok(DeviceInfo {
         ordinal,
         name: ctx.name().map_err(dev)?,
-        compute_capability: ctx.compute_capability().map_err(dev)?,
+        compute_capability,
         total_memory: ctx.total_mem().map_err(dev)?,
         device_count: count,
     })
+}
+
+/// Compiles [`nvrtc::PROBE_SOURCE`] for the device and loads it, so that an NVRTC or driver
+/// that cannot serve this GPU is named at start (with the versions found), before any model.
+fn probe_kernel(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(), CudaUnavailable> {
+    let fail = |stage, message: String| CudaUnavailable::ProbeKernel {
+        stage,
+        sm: format!("{}{}", cc.0, cc.1),
+        versions: versions().describe(),
+        message,
+    };
+    let image =
+        nvrtc::compile("probe", nvrtc::PROBE_SOURCE, cc).map_err(|e| fail("compiled", e))?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_binary(image))
+        .map_err(|e| fail("loaded", e.to_string()))?;
+    module
+        .load_function("hsx_probe")
+        .map_err(|e| fail("loaded", e.to_string()))?;
+    Ok(())
 }
 
 /// One GPU through cudarc.

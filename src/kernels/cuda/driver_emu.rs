@@ -10,6 +10,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
+use std::sync::{Mutex, OnceLock};
 
 use super::api::DeviceInfo;
 use super::context::{CudaError, CudaResult};
@@ -40,10 +41,16 @@ unsafe extern "C" {
 const DEVICE_ALIGN: usize = 256;
 const PINNED_ALIGN: usize = 4096;
 
+/// Emulated devices (two, so a test can use device 1 alone: see [`fault_next_launch`]).
+const DEVICES: usize = 2;
+
 /// The emulated device.
 pub struct EmuDevice {
     info: DeviceInfo,
     kernels: HashMap<&'static str, EmuKernel>,
+    /// Set by a fault inside a kernel: from then on every call fails with it, as a CUDA
+    /// context does after a sticky error.
+    lost: OnceLock<String>,
 }
 
 impl EmuDevice {
@@ -51,21 +58,56 @@ impl EmuDevice {
         Ok(Self {
             info: info(ordinal)?,
             kernels: table::KERNELS.iter().copied().collect(),
+            lost: OnceLock::new(),
         })
+    }
+
+    /// The sticky error, once there is one.
+    fn alive(&self) -> CudaResult<()> {
+        match self.lost.get() {
+            Some(why) => Err(CudaError::Lost(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the device unusable, as a fault in a kernel does on a GPU.
+    fn lose(&self, why: String) -> CudaError {
+        CudaError::Lost(self.lost.get_or_init(|| why).clone())
     }
 }
 
-/// What the probe reports: one device, ordinal 0.
+/// Kernel launches to fail as if the kernel had faulted: (ordinal, kernel name).
+static FAULTS: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
+
+/// Test hook: the next launch of `kernel` on emulated device `ordinal` faults like an illegal
+/// memory access on a GPU (a sticky error: the device is unusable afterwards). Only the
+/// engine's error handling is under test, so the kernel does not run.
+pub fn fault_next_launch(ordinal: usize, kernel: &str) {
+    let mut f = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    f.push((ordinal, kernel.to_string()));
+}
+
+/// Takes the fault planted for this launch, if any.
+fn planted_fault(ordinal: usize, kernel: &str) -> bool {
+    let mut f = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    let hit = f.iter().position(|(o, k)| *o == ordinal && k == kernel);
+    hit.map(|i| f.remove(i)).is_some()
+}
+
+/// What the probe reports: [`DEVICES`] identical devices.
 pub fn info(ordinal: usize) -> Result<DeviceInfo, super::api::CudaUnavailable> {
-    if ordinal != 0 {
-        return Err(super::api::CudaUnavailable::BadOrdinal { ordinal, count: 1 });
+    if ordinal >= DEVICES {
+        return Err(super::api::CudaUnavailable::BadOrdinal {
+            ordinal,
+            count: DEVICES,
+        });
     }
     Ok(DeviceInfo {
         ordinal,
         name: "hsx CUDA emulator (host)".into(),
         compute_capability: (9, 0),
         total_memory: 16 << 30,
-        device_count: 1,
+        device_count: DEVICES,
     })
 }
 
@@ -88,6 +130,7 @@ impl DeviceApi for EmuDevice {
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> CudaResult<DevPtr> {
+        self.alive()?;
         // SAFETY: a non-zero size (`layout` rounds 0 up to 1).
         let p = unsafe { alloc_zeroed(layout(bytes, DEVICE_ALIGN)?) };
         if p.is_null() {
@@ -104,12 +147,14 @@ impl DeviceApi for EmuDevice {
     }
 
     unsafe fn copy_htod(&self, _: Stream, dst: DevPtr, src: &[u8]) -> CudaResult<()> {
+        self.alive()?;
         // SAFETY: caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
 
     unsafe fn copy_dtoh(&self, _: Stream, src: DevPtr, dst: &mut [u8]) -> CudaResult<()> {
+        self.alive()?;
         // SAFETY: caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -122,12 +167,14 @@ impl DeviceApi for EmuDevice {
         src: DevPtr,
         bytes: usize,
     ) -> CudaResult<()> {
+        self.alive()?;
         // SAFETY: caller's contract (cuMemcpy ranges may not overlap either).
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
         Ok(())
     }
 
     unsafe fn memset_zero(&self, _: Stream, ptr: DevPtr, bytes: usize) -> CudaResult<()> {
+        self.alive()?;
         // SAFETY: caller's contract.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         Ok(())
@@ -143,6 +190,7 @@ impl DeviceApi for EmuDevice {
         width: usize,
         height: usize,
     ) -> CudaResult<()> {
+        self.alive()?;
         if width > dst_pitch || width > src_pitch {
             return Err(CudaError::Invalid(format!(
                 "2-D copy of {width}-byte rows with pitches {src_pitch} / {dst_pitch}"
@@ -162,6 +210,7 @@ impl DeviceApi for EmuDevice {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> CudaResult<*mut u8> {
+        self.alive()?;
         // SAFETY: non-zero size.
         let p = unsafe { alloc_zeroed(layout(bytes, PINNED_ALIGN)?) };
         if p.is_null() {
@@ -187,6 +236,7 @@ impl DeviceApi for EmuDevice {
         params: &mut [*mut c_void],
         sizes: &[u32],
     ) -> CudaResult<()> {
+        self.alive()?;
         let f = self
             .kernels
             .get(name)
@@ -202,33 +252,42 @@ impl DeviceApi for EmuDevice {
         }
         // SAFETY: the trampoline reads `np` parameters of the kernel's own types after checking
         // their count and sizes; the addresses in them are the caller's contract.
+        if planted_fault(self.info.ordinal, name) {
+            return Err(self.lose(format!(
+                "kernel `{name}`: an illegal memory access was encountered (planted by a test)"
+            )));
+        }
         let rc = unsafe { f(&l, params.as_mut_ptr(), np, sizes.as_ptr()) };
-        if rc != 0 {
-            return Err(CudaError::Launch {
+        match rc {
+            0 => Ok(()),
+            // A fault while it ran: on a GPU the context is unusable from here on.
+            2 => Err(self.lose(format!("kernel `{name}`: {}", last_error()))),
+            _ => Err(CudaError::Launch {
                 kernel: name.to_string(),
                 message: last_error(),
-            });
+            }),
         }
-        Ok(())
     }
 
     fn new_event(&self) -> CudaResult<Event> {
+        self.alive()?;
         Ok(Event(Box::new(())))
     }
 
     fn record(&self, _: &Event, _: Stream) -> CudaResult<()> {
-        Ok(())
+        self.alive()
     }
 
     fn wait(&self, _: Stream, _: &Event) -> CudaResult<()> {
-        Ok(())
+        self.alive()
     }
 
     fn synchronize(&self, _: Stream) -> CudaResult<()> {
-        Ok(())
+        self.alive()
     }
 
     unsafe fn gemm_ex(&self, _: Stream, g: &GemmEx) -> CudaResult<()> {
+        self.alive()?;
         gemm_check(g)?;
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
         if m == 0 || n == 0 {

@@ -80,6 +80,8 @@ pub use context::versions;
 pub use device::{CudaDevice, probe};
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device_types::{CudaBuf, CudaLinear, CudaRope, CudaStep};
+#[cfg(feature = "cuda-emu")]
+pub use driver_emu::fault_next_launch;
 #[cfg(feature = "cuda")]
 pub use nvrtc::compile_all_for_test;
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]

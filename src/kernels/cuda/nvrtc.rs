@@ -29,6 +29,12 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gated_attn", include_str!("gated_attn.cu")),
 ];
 
+/// The one tiny kernel the probe compiles and loads before anything else: an NVRTC that
+/// cannot build for the device, or a driver that cannot load what it built, is then reported
+/// at start with what to install, not as a failure of the first real module.
+pub const PROBE_SOURCE: &str =
+    "extern \"C\" __global__ void hsx_probe(float* x) { x[threadIdx.x] += 1.0f; }\n";
+
 /// A compiled module image (CUBIN bytes).
 pub type Image = Vec<u8>;
 
@@ -259,6 +265,7 @@ mod tests {
                 }
             }
             assert_eq!(results.len(), SOURCES.len());
+            compile("probe", PROBE_SOURCE, cc).expect("the probe's kernel compiles");
         }
     }
 

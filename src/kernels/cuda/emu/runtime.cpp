@@ -406,7 +406,9 @@ int launch(const Launch* l, void (*body)(void*), void* arg) {
     tl_block = prev_block;
     tl_ids = prev_ids;
     delete b;
-    return ok ? 0 : 1;
+    // 2: a fault while the kernel ran (a trap, a deadlock, a divergent barrier), which on a
+    // GPU leaves the context unusable; 1 (above): a launch refused before it ran.
+    return ok ? 0 : 2;
 }
 
 }  // namespace hsx_emu
