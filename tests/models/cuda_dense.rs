@@ -7,8 +7,8 @@
 use crate::common;
 
 use common::backends::{
-    Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_tol, cuda_usable,
-    layer_of,
+    Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_peer_options,
+    cuda_usable, cuda_vs_cpu_tol, layer_of,
 };
 use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
 use hsx::models::CpuBackend;
@@ -31,9 +31,9 @@ struct Pair {
 fn pair(name: &str) -> Pair {
     let spec = ModelSpec::from_dir(&common::model_dir(name)).unwrap();
     let layers: Vec<usize> = (0..=spec.num_layers).collect();
-    let cpu = cpu_backend(name, cpu_options(layers.clone(), NUM_BLOCKS, 0));
+    let cpu = cpu_backend(name, cuda_peer_options(layers.clone(), NUM_BLOCKS, 0));
     let gpu = cuda_backend(name, layers, NUM_BLOCKS, 0, BUDGET);
-    let tol = cuda_tol(name);
+    let tol = cuda_vs_cpu_tol(name);
     Pair {
         cpu,
         gpu,

@@ -12,8 +12,8 @@
 use crate::common;
 
 use common::backends::{
-    check_bad_state_slots, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
-    reused_slot_runs, run_split, same_bits,
+    check_bad_state_slots, cpu_backend, cuda_backend, cuda_peer_options, cuda_usable,
+    cuda_vs_cpu_tol, layer_of, reused_slot_runs, run_split, same_bits,
 };
 use common::{Reference, max_rel, random_prompt};
 use hsx::kernels::Backend;
@@ -52,7 +52,7 @@ fn hybrid_kernels_compile_with_nvrtc() {
 }
 
 fn load_cpu(name: &str, layers: Vec<usize>) -> CpuBackend {
-    cpu_backend(name, cpu_options(layers, NUM_BLOCKS, SLOTS))
+    cpu_backend(name, cuda_peer_options(layers, NUM_BLOCKS, SLOTS))
 }
 
 fn load_gpu(name: &str, layers: Vec<usize>) -> Box<dyn Backend> {
@@ -60,7 +60,7 @@ fn load_gpu(name: &str, layers: Vec<usize>) -> Box<dyn Backend> {
 }
 
 fn tol(name: &str) -> f32 {
-    cuda_tol(name)
+    cuda_vs_cpu_tol(name)
 }
 
 /// Every layer id of every reference prompt: CUDA vs CPU within tolerance, greedy tokens equal

@@ -2,8 +2,8 @@
 //! (model, device) pair — every layer id of every reference prompt against transformers, the
 //! greedy token, and the same rows whether a request runs alone or cut into pieces of 7 and 61
 //! tokens sharing steps with other requests (bit for bit on the CPU). bf16 fixtures also run
-//! on each native bf16 path of the CPU (AMX, AVX512-BF16: activations rounded to bf16, so
-//! within the bf16 tolerance, and bit for bit across pieces on the path). A device or path
+//! on each bf16-rounding path of the CPU (AMX, AVX512-BF16, portable: activations rounded to
+//! bf16, so within the bf16 tolerance, and bit for bit across pieces on the path). A device or path
 //! that is not usable here prints a skip line.
 
 use crate::common::backends::{Dev, Paging, bf16_tol, cuda_tol, layer_of, load_on, same_bits};
@@ -76,7 +76,8 @@ macro_rules! matrix {
             /// The native bf16 paths (bf16 fixtures only: f32 weights never take them).
             #[test]
             fn cpu_bf16_paths() {
-                for k in [hsx::kernels::Bf16Kernel::Amx, hsx::kernels::Bf16Kernel::Avx512bf16] {
+                use hsx::kernels::Bf16Kernel::{Amx, Avx512bf16, Portable};
+                for k in [Amx, Avx512bf16, Portable] {
                     if $fixture.ends_with("_bf16") {
                         super::check($fixture, super::Dev::CpuBf16(k));
                     }

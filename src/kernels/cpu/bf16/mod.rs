@@ -50,6 +50,9 @@ pub enum Bf16Kernel {
     Auto,
     Amx,
     Avx512bf16,
+    /// The rounding of `amx` / `avx512bf16` in scalar code, on any CPU: slow, never chosen by
+    /// `auto`; the numerics of a GPU's bf16 GEMMs where neither unit exists (checks, tests).
+    Portable,
     /// Widened to f32 panel by panel (f32 compute, bf16 in memory).
     F32,
 }
@@ -60,6 +63,7 @@ impl fmt::Display for Bf16Kernel {
             Self::Auto => "auto",
             Self::Amx => "amx",
             Self::Avx512bf16 => "avx512bf16",
+            Self::Portable => "portable",
             Self::F32 => "f32",
         })
     }
@@ -69,7 +73,7 @@ impl Bf16Kernel {
     /// Whether this CPU (and OS) can run the path.
     pub fn available(self) -> bool {
         match self {
-            Self::Auto | Self::F32 => true,
+            Self::Auto | Self::F32 | Self::Portable => true,
             Self::Amx => amx::ready(),
             Self::Avx512bf16 => avx512::available(),
         }
@@ -92,7 +96,7 @@ impl Bf16Kernel {
 
     /// The concrete paths this CPU runs.
     pub fn all_available() -> Vec<String> {
-        [Self::Amx, Self::Avx512bf16, Self::F32]
+        [Self::Amx, Self::Avx512bf16, Self::F32, Self::Portable]
             .into_iter()
             .filter(|k| k.available())
             .map(|k| k.to_string())

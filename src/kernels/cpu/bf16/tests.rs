@@ -15,7 +15,12 @@ fn widened(w: &[u16]) -> Vec<f32> {
 /// The concrete paths, each with whether this CPU runs it (a skip line for the others).
 fn paths() -> Vec<Bf16Kernel> {
     let mut run = Vec::new();
-    for k in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16, Bf16Kernel::F32] {
+    for k in [
+        Bf16Kernel::Amx,
+        Bf16Kernel::Avx512bf16,
+        Bf16Kernel::Portable,
+        Bf16Kernel::F32,
+    ] {
         if k.available() {
             run.push(k);
         } else {
