@@ -10,6 +10,8 @@ fn index(v: usize) -> Result<i32, String> {
 /// The routing of one MoE layer in expert order.
 #[derive(Debug, PartialEq)]
 pub struct Routing {
+    /// Tokens routed (T).
+    pub tokens: usize,
     /// Token of each expert-ordered row.
     pub rows: Vec<i32>,
     /// Expert e's rows are `offsets[e]..offsets[e + 1]`.
@@ -62,6 +64,7 @@ impl Routing {
             }
         }
         Ok(Self {
+            tokens: t,
             rows,
             offsets,
             tok_pos,
