@@ -1,7 +1,8 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`
-//!   and `Qwen3_5MoeForConditionalGeneration` (the text fields under `text_config`, the weights under `model.language_model.*`, the
-//!   vision tower `model.visual.*` left unread); other multimodal exports are refused;
+//!   and `Qwen3_5MoeForConditionalGeneration` (the text fields under `text_config`, the weights
+//!   under `model.language_model.*`, the vision tower `model.visual.*` left unread); other
+//!   multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused: hsx loads bf16 / f16 / f32.
 
 use std::borrow::Cow;

@@ -207,15 +207,21 @@ fn unsupported_variants_fail_with_clear_messages() {
         (
             "qwen3_5",
             Box::new(|c| {
-                c["architectures"] = serde_json::json!(["Qwen3_5MoeForConditionalGeneration"]);
+                c["architectures"] = serde_json::json!(["Llama4ForConditionalGeneration"]);
                 c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
             }),
-            "multimodal checkpoint `Qwen3_5MoeForConditionalGeneration`",
+            "multimodal checkpoint `Llama4ForConditionalGeneration`",
         ),
         (
             "qwen3_5",
+            Box::new(|c| c["architectures"] = serde_json::json!(["Llama4ForCausalLM"])),
+            "unsupported architecture `Llama4ForCausalLM`",
+        ),
+        // A MoE class on dense weights: names the first expert tensor it lacks.
+        (
+            "qwen3_5",
             Box::new(|c| c["architectures"] = serde_json::json!(["Qwen3_5MoeForCausalLM"])),
-            "unsupported architecture `Qwen3_5MoeForCausalLM`",
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
         ),
         (
             "qwen3_next",

@@ -105,4 +105,5 @@ matrix! {
     qwen3_moe_bf16 => "qwen3_moe_bf16",
     mixtral => "mixtral",
     qwen3_5_moe => "qwen3_5_moe",
+    qwen3_5_moe_vl => "qwen3_5_moe_vl",
 }
