@@ -12,6 +12,9 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
     qwen3_5_f32, qwen3_5_bf16 Qwen3.5-like dense hybrid: 6 Gated DeltaNet + 2 gated attention
                               layers (3:1), 8 heads x 128, 2 KV heads, linear k-heads 8,
                               v-heads 16, head dim 64 (§5b)
+    qwen3_moe_f32, _bf16      Qwen3-MoE-like (Qwen3-30B-A3B scaled down): 8 layers, 16 heads /
+                              4 KV heads x 64 with q/k norm, 16 experts x 512, top-4
+                              renormalised, every layer sparse (288M parameters, 50M active)
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -69,11 +72,27 @@ QWEN3_5 = dict(
 )
 
 
+QWEN3_MOE = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+    num_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=512,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+
+
 def specs() -> list[mf.ModelSpec]:
     out = []
     for name, model_type, cfg, seed in [
         ("llama", "llama", LLAMA, 501),
         ("qwen3_5", "qwen3_5_text", QWEN3_5, 502),
+        ("qwen3_moe", "qwen3_moe", QWEN3_MOE, 503),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """hsx vs transformers on the same models, prompts and machine; prints one table.
 
-    bench/run.sh [--tokens 100000] [--work /tmp/hsx-bench] [--threads 2] [--models llama,qwen3_5]
+    bench/run.sh [--tokens 100000] [--work /tmp/hsx-bench] [--threads 2] [--models llama,qwen3_5,qwen3_moe]
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
@@ -28,6 +28,7 @@ skipped (the error hsx gave).
 from __future__ import annotations
 
 import argparse
+import math
 import datetime
 import json
 import os
@@ -103,11 +104,19 @@ def st_header(model_dir: Path) -> dict:
 
 
 def linear_flops_per_token(model_dir: Path) -> float:
-    """2 x the parameters of every 2-D weight but the embedding and the LM head."""
-    n = 0
+    """2 x the parameters of every projection weight but the embedding and the LM head; routed
+    experts (one 2-D tensor per expert, or fused 3-D ones) count top_k / experts of theirs: the
+    weights a token runs through."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    active = cfg["num_experts_per_tok"] / experts if experts else 1.0
+    n = 0.0
     for name, t in st_header(model_dir).items():
-        if len(t["shape"]) == 2 and "embed_tokens" not in name and not name.startswith("lm_head"):
-            n += t["shape"][0] * t["shape"][1]
+        if len(t["shape"]) not in (2, 3) or "embed_tokens" in name or name.startswith("lm_head"):
+            continue
+        size = math.prod(t["shape"])
+        n += size * active if ".experts." in name else size
     return 2.0 * n
 
 
@@ -235,7 +244,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--budget", type=int, default=2048, help="hsx max_num_batched_tokens")
-    ap.add_argument("--models", default="llama,qwen3_5")
+    ap.add_argument("--models", default="llama,qwen3_5,qwen3_moe")
     ap.add_argument("--dtypes", default="f32,bf16")
     ap.add_argument("--python", default="/work/venv/bin/python")
     ap.add_argument("--peer-batch", type=int, default=4)
@@ -268,7 +277,8 @@ def main() -> int:
     if args.smoke:
         args.no_peer = True
         fixtures = REPO / "tests" / "fixtures" / "models"
-        models = {("llama", "f32"): fixtures / "llama", ("llama", "bf16"): fixtures / "llama_bf16"}
+        models = {("llama", "f32"): fixtures / "llama", ("llama", "bf16"): fixtures / "llama_bf16",
+                  ("qwen3_moe", "f32"): fixtures / "qwen3_moe"}
         vocab, prompt_args = 512, ["--count", "6", "--min-len", "8", "--max-len", "200"]
     else:
         mdir = work / "models"

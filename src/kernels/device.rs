@@ -519,13 +519,13 @@ pub trait Device: Send + Sync + Sized + 'static {
         w: &Self::Vector,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// `out[t] = Σ_e w_te · y[row_te]` in ascending expert order from zero, then
-    /// `+ gate[t] · shared[t]`.
+    /// `out[t] = Σ_e w_te · y[row_te]` in ascending expert order from zero, then, with a
+    /// shared expert `(shared, gate)`, `+ gate[t] · shared[t]`.
     fn moe_combine(
         &self,
         y: &Self::Buf,
         routing: &Routing,
-        shared: (&Self::Buf, &Self::Buf),
+        shared: Option<(&Self::Buf, &Self::Buf)>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// `out[i] = x[rows[i]]` (f32).

@@ -10,6 +10,8 @@ fn index(v: usize) -> Result<i32, String> {
 /// The routing of one MoE layer in expert order.
 #[derive(Debug, PartialEq)]
 pub struct Routing {
+    /// Tokens routed (T).
+    pub tokens: usize,
     /// Token of each expert-ordered row.
     pub rows: Vec<i32>,
     /// Expert e's rows are `offsets[e]..offsets[e + 1]`.
@@ -62,6 +64,7 @@ impl Routing {
             }
         }
         Ok(Self {
+            tokens: t,
             rows,
             offsets,
             tok_pos,
@@ -89,5 +92,18 @@ mod tests {
         assert_eq!(&r.tok_pos[2..4], &[1, 5]);
         assert_eq!(&r.tok_pos[4..], &[2, 4]);
         assert!(Routing::build(&[4, 0], &[0.5, 0.5], 1, 2, 4).is_err());
+    }
+
+    /// A step where most experts receive no token: their row ranges are empty (the MoE block
+    /// skips their GEMMs), the chosen ones hold the token.
+    #[test]
+    fn experts_without_tokens_get_empty_ranges() {
+        let r = Routing::build(&[5, 1], &[0.7, 0.3], 1, 2, 8).unwrap();
+        assert_eq!(r.offsets, vec![0, 0, 1, 1, 1, 1, 2, 2, 2]);
+        assert_eq!(
+            (r.rows, r.tok_pos, r.tok_w),
+            (vec![0, 0], vec![0, 1], vec![0.3, 0.7])
+        );
+        assert_eq!(r.tokens, 1);
     }
 }

@@ -26,6 +26,12 @@ pub enum Architecture {
     Qwen3Next,
     /// `NemotronHForCausalLM`: Mamba-2 / attention / MLP blocks.
     NemotronH,
+    /// `Qwen3MoeForCausalLM`: Qwen3 attention, routed experts (dense MLPs between them).
+    Qwen3Moe,
+    /// `MixtralForCausalLM`: Mistral attention, routed experts (`block_sparse_moe`).
+    Mixtral,
+    /// `Qwen3_5MoeForCausalLM`: Qwen3.5 layers with routed experts + a gated shared expert.
+    Qwen3_5Moe,
 }
 
 impl Architecture {
@@ -38,6 +44,9 @@ impl Architecture {
             "Qwen3_5ForCausalLM" => Some(Self::Qwen3_5),
             "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
             "NemotronHForCausalLM" => Some(Self::NemotronH),
+            "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
+            "MixtralForCausalLM" => Some(Self::Mixtral),
+            "Qwen3_5MoeForCausalLM" => Some(Self::Qwen3_5Moe),
             _ => None,
         }
     }
@@ -52,12 +61,18 @@ impl Architecture {
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
+            Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
         }
     }
 
     /// Hybrid families (recurrent layers next to attention).
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Self::Qwen3_5 | Self::Qwen3Next | Self::NemotronH)
+        matches!(
+            self,
+            Self::Qwen3_5 | Self::Qwen3Next | Self::Qwen3_5Moe | Self::NemotronH
+        )
     }
 }
 
@@ -89,8 +104,9 @@ pub struct ModelSpec {
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub dtype: WeightDtype,
-    /// Layer pattern and recurrent-layer geometry of hybrid models; `None` for dense ones.
-    /// For hybrids the attention fields above describe the full-attention layers.
+    /// Layer pattern, recurrent-layer and MoE geometry of hybrid and MoE models; `None` for
+    /// dense ones (an attention-only MoE model has every layer `Attention`). For hybrids the
+    /// attention fields above describe the full-attention layers.
     pub hybrid: Option<HybridSpec>,
 }
 
@@ -144,6 +160,7 @@ impl ModelSpec {
             cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
         let (rope_theta, rope_scaling) = cfg.rope()?;
         let attention_bias = cfg.bool_or("attention_bias", false)?;
+        let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
         let spec = ModelSpec {
             name,
             architecture,
@@ -152,19 +169,19 @@ impl ModelSpec {
             num_layers: cfg.num_layers()?,
             num_heads,
             num_kv_heads,
-            head_dim: cfg.usize_or("head_dim", default_head_dim)?,
+            head_dim,
             intermediate_size: cfg.usize_req("intermediate_size")?,
-            rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
+            rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
             rope_theta,
             rope_scaling,
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             o_bias: architecture != Architecture::Qwen2 && attention_bias,
             mlp_bias: cfg.bool_or("mlp_bias", false)?,
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
             max_position_embeddings,
             dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-            hybrid: None,
+            hybrid: super::moe_config::attention_moe(&cfg, architecture, head_dim)?,
         };
         cfg.check_sliding_window(architecture, max_position_embeddings)?;
         spec.validate(path)?;
@@ -202,9 +219,18 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 => 32768,
-        Architecture::Mistral => 4096 * 32,
-        Architecture::Qwen3_5 | Architecture::Qwen3Next => 32768,
+        Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
+        Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
+        Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH => 4096,
+    }
+}
+
+/// `rms_norm_eps` when the config names none (MixtralConfig's is 1e-5).
+fn default_eps(arch: Architecture) -> f64 {
+    match arch {
+        Architecture::Mixtral => 1e-5,
+        _ => 1e-6,
     }
 }
 
@@ -349,8 +375,8 @@ impl<'a> Cfg<'a> {
         let window = self.usize_opt("sliding_window")?;
         let window_is_full = window.is_none_or(|w| w >= max_pos);
         let uses_window = match arch {
-            Architecture::Mistral => true,
-            Architecture::Qwen2 | Architecture::Qwen3 => {
+            Architecture::Mistral | Architecture::Mixtral => true,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
                 self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
             }
             Architecture::Llama => false,

@@ -1,12 +1,17 @@
-//! Dense decoders: Llama, Qwen2, Qwen3, Mistral (`model.*` checkpoint names).
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE and Mixtral
+//! (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's per-head q/k norm,
-//! RoPE incl. llama3 scaling) -> `post_attention_layernorm` -> SwiGLU MLP.
+//! RoPE incl. llama3 scaling) -> `post_attention_layernorm` -> SwiGLU MLP, or the sparse MoE
+//! block where the spec's MoE geometry makes the layer sparse (Qwen3-MoE `mlp.*`, Mixtral
+//! `block_sparse_moe.*` with experts `w1` / `w3` / `w2`).
 
 use super::decoder::Decoder;
+use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mlp, Part, Sublayer};
-use super::{ModelError, ModelSpec};
+use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::moe_weights::{self, MIXTRAL_EXPERTS, QWEN_EXPERTS};
+use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -71,15 +76,19 @@ fn load_layer<D: Device>(
         eps: spec.rms_norm_eps,
         kv_layer: i,
     };
-    let mlp = Mlp {
-        up: ld.linear(
-            &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
-            h,
-            spec.mlp_bias,
-        )?,
-        down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
-        act: Activation::SwiGlu,
-        inter,
+    let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
+    let ffn = match moe {
+        Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, &p, m)?),
+        _ => Sublayer::Mlp(Mlp {
+            up: ld.linear(
+                &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
+                h,
+                spec.mlp_bias,
+            )?,
+            down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
+            act: Activation::SwiGlu,
+            inter,
+        }),
     };
     Ok(Layer {
         parts: vec![
@@ -89,8 +98,27 @@ fn load_layer<D: Device>(
             },
             Part {
                 norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                sublayer: Sublayer::Mlp(mlp),
+                sublayer: ffn,
             },
         ],
     })
+}
+
+/// The MoE block of layer `p` (`model.layers.{i}`): Mixtral's under `block_sparse_moe` with
+/// `w1` / `w3` / `w2` experts as released (or, saved from transformers' in-memory names,
+/// under `mlp`), Qwen3-MoE's under `mlp`.
+fn load_moe<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+    m: &MoeSpec,
+) -> Result<Moe<D>, ModelError> {
+    let h = spec.hidden_size;
+    let mixtral = format!("{p}.block_sparse_moe");
+    if spec.architecture == Architecture::Mixtral
+        && ld.w.contains(&format!("{mixtral}.gate.weight"))
+    {
+        return moe_weights::load(ld, &mixtral, h, m, MIXTRAL_EXPERTS);
+    }
+    moe_weights::load(ld, &format!("{p}.mlp"), h, m, QWEN_EXPERTS)
 }

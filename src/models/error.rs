@@ -27,7 +27,9 @@ pub enum ModelError {
     #[error(
         "{path}: unsupported architecture `{name}` (supported: LlamaForCausalLM, \
          Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen3_5ForCausalLM, \
-         Qwen3NextForCausalLM, NemotronHForCausalLM)"
+         Qwen3NextForCausalLM, NemotronHForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
+         Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, \
+         Qwen3_5MoeForConditionalGeneration)"
     )]
     UnsupportedArchitecture { path: PathBuf, name: String },
     #[error("{path}: unsupported model feature: {what}")]

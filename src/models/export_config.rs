@@ -1,7 +1,8 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`
-//!   (the text fields under `text_config`, the weights under `model.language_model.*`, the
-//!   vision tower `model.visual.*` left unread); other multimodal exports are refused;
+//!   and `Qwen3_5MoeForConditionalGeneration` (the text fields under `text_config`, the weights
+//!   under `model.language_model.*`, the vision tower `model.visual.*` left unread); other
+//!   multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused: hsx loads bf16 / f16 / f32.
 
 use std::borrow::Cow;
@@ -12,8 +13,13 @@ use serde_json::Value;
 use super::ModelError;
 
 /// Multimodal exports run text-only: (export class, the text model's class).
-const TEXT_OF_MULTIMODAL: &[(&str, &str)] =
-    &[("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")];
+const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
+    ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
+    (
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+    ),
+];
 
 /// Top-level fields of a multimodal config that describe its language model too (taken when
 /// `text_config` does not set them).
@@ -175,8 +181,8 @@ mod tests {
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
-            "Qwen3_5MoeForConditionalGeneration",
             "Llama4ForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});
             let e = text_of(&v).unwrap_err().to_string();

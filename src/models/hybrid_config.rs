@@ -3,8 +3,8 @@
 //! - Qwen3.5 text (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`) and Qwen3-Next
 //!   (`Qwen3NextForCausalLM`): `layer_types` (or `full_attention_interval`, default 4: layer i
 //!   is full attention iff (i+1) % interval == 0), the `linear_*` Gated DeltaNet fields,
-//!   `partial_rotary_factor` (in `rope_parameters` or top level, default 0.25); Qwen3-Next adds
-//!   MoE (`num_experts`, `num_experts_per_tok`, `decoder_sparse_step`, `mlp_only_layers`, ...).
+//!   `partial_rotary_factor` (in `rope_parameters` or top level, default 0.25); Qwen3-Next and
+//!   Qwen3.5-MoE (`Qwen3_5MoeForCausalLM`) add MoE (`moe_config`).
 //! - Nemotron-H (`NemotronHForCausalLM`): `layers_block_type` (alias `layer_types`) or the
 //!   legacy `hybrid_override_pattern` (`M` Mamba-2, `*` attention, `-` MLP, `E` MoE), Mamba-2
 //!   fields (also under their legacy `mamba_*` names). `{"__float__": "Infinity"}` values (in
@@ -60,13 +60,15 @@ impl GdnSpec {
     }
 }
 
-/// Qwen3-Next sparse MoE block (top-k routed experts + a sigmoid-gated shared expert).
+/// Sparse MoE block: top-k routed experts, and for Qwen3-Next / Qwen3.5-MoE a sigmoid-gated
+/// shared expert.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeSpec {
     pub num_experts: usize,
     pub top_k: usize,
     pub expert_intermediate: usize,
-    pub shared_intermediate: usize,
+    /// The shared expert's intermediate size; `None`: no shared expert.
+    pub shared_intermediate: Option<usize>,
     pub norm_topk_prob: bool,
     /// Per layer: the MLP is the MoE block (else a dense MLP of `intermediate_size`).
     pub sparse_layers: Vec<bool>,
@@ -116,7 +118,9 @@ pub(super) fn parse(
     name: String,
 ) -> Result<ModelSpec, ModelError> {
     match architecture {
-        Architecture::Qwen3_5 | Architecture::Qwen3Next => parse_qwen(cfg, architecture, name),
+        Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => {
+            parse_qwen(cfg, architecture, name)
+        }
         Architecture::NemotronH => parse_nemotron(cfg, name),
         _ => unreachable!("not a hybrid architecture"),
     }
@@ -246,8 +250,8 @@ fn parse_qwen(
         v_head_dim: cfg.usize_or("linear_value_head_dim", 128)?,
         conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
     };
-    let moe = if architecture == Architecture::Qwen3Next {
-        parse_qwen_moe(cfg, num_layers)?
+    let moe = if architecture != Architecture::Qwen3_5 {
+        super::moe_config::qwen_moe(cfg, architecture, num_layers)?
     } else {
         if cfg.usize_or("num_experts", 0)? > 0 {
             return Err(unsupported(
@@ -256,6 +260,13 @@ fn parse_qwen(
             ));
         }
         None
+    };
+    // Qwen3.5-MoE configs have no dense MLP size (every layer is sparse).
+    let intermediate_size = match (&moe, architecture) {
+        (Some(m), Architecture::Qwen3_5Moe) => {
+            cfg.usize_or("intermediate_size", m.expert_intermediate)?
+        }
+        _ => cfg.usize_req("intermediate_size")?,
     };
     Ok(ModelSpec {
         name,
@@ -266,7 +277,7 @@ fn parse_qwen(
         num_heads,
         num_kv_heads: cfg.usize_or("num_key_value_heads", num_heads)?,
         head_dim,
-        intermediate_size: cfg.usize_req("intermediate_size")?,
+        intermediate_size,
         rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
         rope_theta,
         rope_scaling,
@@ -286,34 +297,6 @@ fn parse_qwen(
             mamba: None,
         }),
     })
-}
-
-fn parse_qwen_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<Option<MoeSpec>, ModelError> {
-    let num_experts = cfg.usize_or("num_experts", 512)?;
-    if num_experts == 0 {
-        return Ok(None);
-    }
-    // Range checked with the rest of the geometry (spec_checks.rs).
-    let top_k = cfg.usize_or("num_experts_per_tok", 10)?;
-    let step = cfg.usize_or("decoder_sparse_step", 1)?.max(1);
-    let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
-        None => Vec::new(),
-        Some(v) => v
-            .as_array()
-            .and_then(|a| a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect())
-            .ok_or_else(|| cfg.err("mlp_only_layers", "expected a list of layer indices"))?,
-    };
-    let sparse_layers = (0..num_layers)
-        .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
-        .collect();
-    Ok(Some(MoeSpec {
-        num_experts,
-        top_k,
-        expert_intermediate: cfg.usize_or("moe_intermediate_size", 512)?,
-        shared_intermediate: cfg.usize_or("shared_expert_intermediate_size", 512)?,
-        norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
-        sparse_layers,
-    }))
 }
 
 fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
@@ -354,7 +337,11 @@ fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
 }
 
 /// First present of several spellings of one field.
-fn first_usize(cfg: &Cfg<'_>, names: &[&str], default: usize) -> Result<usize, ModelError> {
+pub(super) fn first_usize(
+    cfg: &Cfg<'_>,
+    names: &[&str],
+    default: usize,
+) -> Result<usize, ModelError> {
     for n in names {
         if let Some(v) = cfg.usize_opt(n)? {
             return Ok(v);
@@ -514,7 +501,7 @@ mod tests {
         assert_eq!(s.architecture, Architecture::Qwen3_5);
         assert_eq!(s.hybrid, parse_json(&qwen()).unwrap().hybrid);
         let mut v = qwen();
-        v["architectures"] = json!(["Qwen3_5MoeForConditionalGeneration"]);
+        v["architectures"] = json!(["Llama4ForConditionalGeneration"]);
         v["vision_config"] = json!({"depth": 2});
         let e = parse_json(&v).unwrap_err().to_string();
         assert!(e.contains("multimodal"), "{e}");

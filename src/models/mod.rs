@@ -1,7 +1,8 @@
 //! Model configs, weight loading, the shared layers and one file per architecture, all
 //! generic over the device ops ([`crate::kernels::Device`]).
 //!
-//! - [`config`], [`hybrid_config`]: `config.json` -> [`ModelSpec`], checked at load.
+//! - [`config`], [`hybrid_config`], `moe_config`: `config.json` -> [`ModelSpec`], checked at
+//!   load.
 //! - [`weights`]: `model.safetensors` or an index + shards, tensors as stored.
 //! - [`layers`]: attention, MLPs, MoE, Gated DeltaNet, Mamba-2, the loader helper.
 //! - [`decoder`]: embedding -> layers (residual stream + capture) -> final norm -> LM head.
@@ -19,6 +20,8 @@ mod error;
 mod export_config;
 pub mod hybrid_config;
 pub mod layers;
+mod moe_config;
+pub mod moe_weights;
 pub mod nemotron_h;
 pub mod pyjson;
 pub mod qwen3_5;

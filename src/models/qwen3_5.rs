@@ -1,8 +1,8 @@
-//! Qwen3.5 (text) and Qwen3-Next: Gated DeltaNet layers and gated full attention (zero-centred
-//! `(1 + w)` q/k norms, partial rotary), zero-centred RMSNorms, a dense SwiGLU MLP (Qwen3.5) or
-//! a sparse MoE with a gated shared expert (Qwen3-Next, per `decoder_sparse_step` /
-//! `mlp_only_layers`). Weights sit under `model.` or (multimodal exports)
-//! `model.language_model.`.
+//! Qwen3.5 (text), Qwen3.5-MoE (text) and Qwen3-Next: Gated DeltaNet layers and gated full
+//! attention (zero-centred `(1 + w)` q/k norms, partial rotary), zero-centred RMSNorms, a
+//! dense SwiGLU MLP (Qwen3.5) or a sparse MoE with a gated shared expert (Qwen3.5-MoE every
+//! layer; Qwen3-Next per `decoder_sparse_step` / `mlp_only_layers`). Weights sit under
+//! `model.` or (multimodal exports) `model.language_model.`.
 //!
 //! Re-orderings at load (rows only, any dtype): the gated `q_proj` rows, per head
 //! `[q(hd) | gate(hd)]` on disk, become `[q (all heads) | gate (all heads)]`, so the fused
@@ -10,13 +10,11 @@
 //! key head, become Qwen3.5's `[q | k | v | z | b | a]`.
 
 use super::decoder::Decoder;
-use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, MoeSpec};
-use super::layers::mlp::Activation;
-use super::layers::moe::Expert;
+use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::layers::{
-    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp,
-    one_plus,
+    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp, one_plus,
 };
+use super::moe_weights::{self, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::{GdnDims, HostMatrix};
@@ -107,8 +105,10 @@ fn load_layer<D: Device>(
     };
     let mlp = format!("{p}.mlp");
     let ffn = match &hybrid.moe {
-        Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, &mlp, h, m)?),
-        _ => Sublayer::Mlp(swiglu(ld, &mlp, h, spec.intermediate_size)?),
+        Some(m) if m.sparse_layers[i] => {
+            Sublayer::Moe(moe_weights::load(ld, &mlp, h, m, QWEN_EXPERTS)?)
+        }
+        _ => Sublayer::Mlp(swiglu(ld, &mlp, h, spec.intermediate_size, QWEN_EXPERTS)?),
     };
     let norm = |n: &str| -> Result<D::Vector, ModelError> {
         let w = one_plus(ld.f32s(&format!("{p}.{n}.weight"), &[h])?);
@@ -259,62 +259,4 @@ fn next_to_fused(g: &GdnSpec) -> (RowRanges, RowRanges) {
         .flat_map(|&off| (0..nk).map(move |kh| (kh * 2 * r + off, r)))
         .collect();
     (qkvz, ba)
-}
-
-fn swiglu<D: Device>(
-    ld: &Loader<'_, D>,
-    prefix: &str,
-    hidden: usize,
-    inter: usize,
-) -> Result<Mlp<D>, ModelError> {
-    let n = |s: &str| format!("{prefix}.{s}");
-    Ok(Mlp {
-        up: ld.linear(
-            &[(n("gate_proj"), inter), (n("up_proj"), inter)],
-            hidden,
-            false,
-        )?,
-        down: ld.linear1(&n("down_proj"), hidden, inter, false)?,
-        act: Activation::SwiGlu,
-        inter,
-    })
-}
-
-/// `prefix` = `...layers.{i}.mlp`; experts stored one tensor each (on-disk layout).
-fn load_moe<D: Device>(
-    ld: &Loader<'_, D>,
-    prefix: &str,
-    hidden: usize,
-    m: &MoeSpec,
-) -> Result<Moe<D>, ModelError> {
-    let experts = (0..m.num_experts)
-        .map(|e| {
-            let mlp = swiglu(
-                ld,
-                &format!("{prefix}.experts.{e}"),
-                hidden,
-                m.expert_intermediate,
-            )?;
-            Ok(Expert {
-                gate_up: mlp.up,
-                down: mlp.down,
-            })
-        })
-        .collect::<Result<Vec<_>, ModelError>>()?;
-    let shared_gate = ld.f32s(&format!("{prefix}.shared_expert_gate.weight"), &[1, hidden])?;
-    Ok(Moe {
-        router: ld.linear1(&format!("{prefix}.gate"), m.num_experts, hidden, false)?,
-        experts,
-        shared: swiglu(
-            ld,
-            &format!("{prefix}.shared_expert"),
-            hidden,
-            m.shared_intermediate,
-        )?,
-        shared_gate: ld.dev.vector(&shared_gate)?,
-        top_k: m.top_k,
-        norm_topk_prob: m.norm_topk_prob,
-        inter: m.expert_intermediate,
-        hidden,
-    })
 }

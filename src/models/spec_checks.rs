@@ -143,7 +143,7 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
             let msg = format!("{} must be in 1..={}", m.top_k, m.num_experts);
             return Err(("num_experts_per_tok", msg));
         }
-        if m.expert_intermediate == 0 || m.shared_intermediate == 0 {
+        if m.expert_intermediate == 0 || m.shared_intermediate == Some(0) {
             return Err(("moe_intermediate_size", "must be > 0".into()));
         }
         if m.sparse_layers.len() != spec.num_layers {

@@ -132,6 +132,25 @@ impl Weights {
         })
     }
 
+    /// The 3-D tensor `name` (`[n, rows, cols]`, e.g. fused experts) as the matrix
+    /// `[n · rows, cols]`, as stored.
+    pub fn stacked(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostMatrix<'_>, ModelError> {
+        let (dtype, bytes) = self.raw(name, &[n, rows, cols])?;
+        Ok(HostMatrix {
+            dtype,
+            // Fits: raw checked that n · rows · cols values are the tensor's bytes.
+            rows: n * rows,
+            cols,
+            data: std::borrow::Cow::Borrowed(bytes),
+        })
+    }
+
     /// The stored bytes of `name`, checked against `expected_shape` and its byte count.
     fn raw(
         &self,

@@ -282,9 +282,14 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// reference prompts and 150-token random prompts, 10 seeds; torch 2.15 / transformers 5.23,
 /// measured 2026-11-24: the gated delta rule carries rounding along the sequence); the bound
 /// is that, rounded up. hsx's AMX path: 2.1e-2 on qwen3_5_bf16's reference prompts.
+/// MoE (qwen3_moe_bf16): rounding flips some tokens' expert choice where router probabilities
+/// nearly tie; transformers' own bf16 run is off by up to 1.08e-1 on the reference prompts
+/// (p3 layer 4; 4.3e-2 on p2), hsx on CUDA (emulated) 3.1e-2 (p2 layer 4).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("qwen3_5") {
         8e-2
+    } else if name.starts_with("qwen3_moe") {
+        1.1e-1
     } else {
         2e-2
     }

@@ -77,6 +77,16 @@ async fn mistral_matches_transformers() {
     check_model("mistral", 1e-4).await;
 }
 
+/// Qwen3-MoE (a dense MLP layer between MoE layers, top-k not renormalised), Mixtral
+/// (`block_sparse_moe`, w1/w3/w2 experts) and Qwen3.5-MoE (fused experts on disk, gated shared
+/// expert): through the engine, every layer and the greedy token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moe_models_match_transformers() {
+    for model in ["qwen3_moe", "mixtral", "qwen3_5_moe"] {
+        check_model(model, 1e-4).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bf16_weights_match_transformers_f32_compute() {
     check_model("llama_bf16", 1e-4).await;

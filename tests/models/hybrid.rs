@@ -19,11 +19,12 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
 /// (fixture, L, a recurrent layer id, an attention layer id)
-const MODELS: [(&str, usize, usize, usize); 4] = [
+const MODELS: [(&str, usize, usize, usize); 5] = [
     ("qwen3_5", 4, 1, 3),
     ("qwen3_next", 4, 2, 3),
     ("nemotron_h", 6, 1, 3),
     ("qwen3_5_bf16", 4, 1, 3),
+    ("qwen3_5_moe", 4, 1, 3),
 ];
 
 fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
@@ -206,15 +207,21 @@ fn unsupported_variants_fail_with_clear_messages() {
         (
             "qwen3_5",
             Box::new(|c| {
-                c["architectures"] = serde_json::json!(["Qwen3_5MoeForConditionalGeneration"]);
+                c["architectures"] = serde_json::json!(["Llama4ForConditionalGeneration"]);
                 c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
             }),
-            "multimodal checkpoint `Qwen3_5MoeForConditionalGeneration`",
+            "multimodal checkpoint `Llama4ForConditionalGeneration`",
         ),
         (
             "qwen3_5",
+            Box::new(|c| c["architectures"] = serde_json::json!(["Llama4ForCausalLM"])),
+            "unsupported architecture `Llama4ForCausalLM`",
+        ),
+        // A MoE class on dense weights: names the first expert tensor it lacks.
+        (
+            "qwen3_5",
             Box::new(|c| c["architectures"] = serde_json::json!(["Qwen3_5MoeForCausalLM"])),
-            "unsupported architecture `Qwen3_5MoeForCausalLM`",
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
         ),
         (
             "qwen3_next",

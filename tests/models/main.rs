@@ -8,6 +8,7 @@ mod common;
 mod cuda_dense;
 mod cuda_hybrid;
 mod cuda_lost;
+mod cuda_moe;
 mod dense;
 mod golden;
 mod hybrid;

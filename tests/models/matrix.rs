@@ -102,4 +102,9 @@ matrix! {
     qwen3_5_vl => "qwen3_5_vl",
     qwen3_next => "qwen3_next",
     nemotron_h => "nemotron_h",
+    qwen3_moe => "qwen3_moe",
+    qwen3_moe_bf16 => "qwen3_moe_bf16",
+    mixtral => "mixtral",
+    qwen3_5_moe => "qwen3_5_moe",
+    qwen3_5_moe_vl => "qwen3_5_moe_vl",
 }

@@ -120,6 +120,8 @@ const FIXTURES: &[&str] = &[
     "nemotron_h",
     "qwen3_next",
     "qwen3_5_vl",
+    "qwen3_moe",
+    "qwen3_5_moe",
 ];
 
 impl Bases {

@@ -121,6 +121,7 @@ const FIELDS: &[&str] = &[
     "linear_conv_kernel_dim",
     "partial_rotary_factor",
     "num_experts",
+    "num_local_experts",
     "num_experts_per_tok",
     "moe_intermediate_size",
     "shared_expert_intermediate_size",
@@ -184,6 +185,9 @@ const WORDS: &[&str] = &[
     "NemotronHForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3_5MoeForCausalLM",
     "GPT2LMHeadModel",
 ];
 

@@ -506,12 +506,21 @@ impl Device for CpuDevice {
         &self,
         y: &CpuBuf,
         routing: &Routing,
-        (shared, gate): (&CpuBuf, &CpuBuf),
+        shared: Option<(&CpuBuf, &CpuBuf)>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
         let h = y.width;
-        let t = shared.rows();
+        let t = routing.tokens;
         let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
+        if let Some((shared, gate)) = shared
+            && (shared.data.len() != t * h || gate.data.len() != t)
+        {
+            return Err(DeviceError::Invalid(format!(
+                "moe combine of {t} tokens with a shared expert of {} values, gate {}",
+                shared.data.len(),
+                gate.data.len()
+            )));
+        }
         out.data.clear();
         out.data.resize(t * h, 0.0);
         for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
@@ -524,9 +533,11 @@ impl Device for CpuDevice {
                     *oi += v * p;
                 }
             }
-            let sg = gate.data[tok];
-            for (oi, &si) in o.iter_mut().zip(&shared.data[tok * h..(tok + 1) * h]) {
-                *oi += sg * si;
+            if let Some((shared, gate)) = shared {
+                let sg = gate.data[tok];
+                for (oi, &si) in o.iter_mut().zip(&shared.data[tok * h..(tok + 1) * h]) {
+                    *oi += sg * si;
+                }
             }
         }
         set(out, h);

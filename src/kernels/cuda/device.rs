@@ -436,7 +436,7 @@ impl Device for CudaDevice {
         &self,
         y: &CudaBuf,
         routing: &Routing,
-        shared: (&CudaBuf, &CudaBuf),
+        shared: Option<(&CudaBuf, &CudaBuf)>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         self.moe_combine_op(y, routing, shared, out)

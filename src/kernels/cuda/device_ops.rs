@@ -351,26 +351,30 @@ impl CudaDevice {
         &self,
         y: &CudaBuf,
         routing: &Routing,
-        (shared, gate): (&CudaBuf, &CudaBuf),
+        shared: Option<(&CudaBuf, &CudaBuf)>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         y.f32("moe expert outputs")?;
-        shared.f32("shared expert output")?;
-        gate.f32("shared expert gate")?;
-        let (t, h) = (shared.rows(), y.width());
+        let (t, h) = (routing.tokens, y.width());
         let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
-        let ok = shared.width() == h
-            && (gate.rows(), gate.width()) == (t, 1)
-            && routing.tok_pos.len() == t * k
-            && routing.tok_w.len() == t * k;
-        if !ok {
+        if let Some((shared, gate)) = shared {
+            shared.f32("shared expert output")?;
+            gate.f32("shared expert gate")?;
+            if (shared.rows(), shared.width(), gate.rows(), gate.width()) != (t, h, t, 1) {
+                return invalid(format!(
+                    "moe combine of [{t}, {h}]: shared [{}, {}], gate [{}, {}]",
+                    shared.rows(),
+                    shared.width(),
+                    gate.rows(),
+                    gate.width()
+                ));
+            }
+        }
+        if routing.tok_pos.len() != t * k || routing.tok_w.len() != t * k {
             return invalid(format!(
-                "moe combine: experts [{}, {h}], shared [{t}, {}], gate [{}, {}], {} routes",
-                y.rows(),
-                shared.width(),
-                gate.rows(),
-                gate.width(),
-                routing.tok_pos.len()
+                "moe combine: {t} tokens, {} routes, {} weights",
+                routing.tok_pos.len(),
+                routing.tok_w.len()
             ));
         }
         indices(&routing.tok_pos, y.rows(), "moe combine")?;
@@ -382,8 +386,7 @@ impl CudaDevice {
             y: y.ptr(),
             tok_pos: tok_pos.ptr(),
             tok_w: tok_w.ptr(),
-            shared: shared.ptr(),
-            gate: gate.ptr(),
+            shared: shared.map(|(s, g)| (s.ptr(), g.ptr())),
             out: out.ptr(),
         };
         Ok(moe::combine(g, io, t, k, h)?)

@@ -147,7 +147,7 @@ extern "C" __global__ void moe_shared_gate_f16(const f16_t* x, const float* w, f
 }
 
 // out[t, c] = sum_i tok_w[t, i] * y[tok_pos[t, i], c]  (i ascending = expert ascending, from 0)
-//             + gate[t] * shared[t, c]
+//             + gate[t] * shared[t, c]   (only when has_shared; else shared / gate are unread)
 // Launch: grid (ceil(T * h / 256)), block (256).
 extern "C" __global__ void moe_combine_f32(
     const float* __restrict__ y,
@@ -156,7 +156,7 @@ extern "C" __global__ void moe_combine_f32(
     const float* __restrict__ shared,
     const float* __restrict__ gate,
     float* __restrict__ out,
-    int num_tokens, int top_k, int h)
+    int num_tokens, int top_k, int h, int has_shared)
 {
     const long long total = (long long)num_tokens * h;
     HSX_GRID_STRIDE(idx, total) {
@@ -167,6 +167,6 @@ extern "C" __global__ void moe_combine_f32(
             const size_t k = (size_t)t * top_k + i;
             acc = __fadd_rn(acc, __fmul_rn(y[(size_t)tok_pos[k] * h + c], tok_w[k]));
         }
-        out[idx] = __fadd_rn(acc, __fmul_rn(gate[t], shared[idx]));
+        out[idx] = has_shared != 0 ? __fadd_rn(acc, __fmul_rn(gate[t], shared[idx])) : acc;
     }
 }

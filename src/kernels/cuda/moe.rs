@@ -106,19 +106,19 @@ pub struct CombineIo {
     /// `[t, k]` i32 rows of `y` and f32 weights, ascending expert order per token.
     pub tok_pos: u64,
     pub tok_w: u64,
-    /// Shared expert output `[t, h]` and its gate `[t]`, f32.
-    pub shared: u64,
-    pub gate: u64,
+    /// Shared expert output `[t, h]` and its gate `[t]`, f32 (`None`: no shared expert).
+    pub shared: Option<(u64, u64)>,
     /// `[t, h]` f32.
     pub out: u64,
 }
 
 /// `out[t] = Σ_i tok_w[t, i] · y[tok_pos[t, i]]` (i ascending, from zero)
-/// `+ gate[t] · shared[t]`.
+/// `+ gate[t] · shared[t]` with a shared expert.
 pub fn combine(gpu: &Gpu, io: CombineIo, t: usize, k: usize, h: usize) -> CudaResult<()> {
     if t * h == 0 {
         return Ok(());
     }
+    let (shared, gate) = io.shared.unwrap_or((0, 0));
     launch!(
         gpu,
         "moe_combine_f32",
@@ -126,12 +126,13 @@ pub fn combine(gpu: &Gpu, io: CombineIo, t: usize, k: usize, h: usize) -> CudaRe
         io.y,
         io.tok_pos,
         io.tok_w,
-        io.shared,
-        io.gate,
+        shared,
+        gate,
         io.out,
         i32_of(t, "tokens")?,
         i32_of(k, "top_k")?,
-        i32_of(h, "hidden")?
+        i32_of(h, "hidden")?,
+        i32::from(io.shared.is_some())
     )
 }
 

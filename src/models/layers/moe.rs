@@ -1,9 +1,9 @@
-//! Sparse MoE block with a gated shared expert (Qwen3-Next / Qwen3.5-MoE,
-//! transformers' `Qwen3NextSparseMoeBlock`): router logits, softmax top-k (optionally
-//! renormalised), the token rows gathered into expert order, one GEMM pair per expert that got
-//! rows (SwiGLU over all rows at once), the shared expert scaled by
-//! `sigmoid(shared_expert_gate(x))`, and the combine that adds each token's experts in
-//! ascending expert order from zero, then the shared expert's output.
+//! Sparse MoE block (transformers' `Qwen3NextSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`,
+//! `MixtralSparseMoeBlock`): router logits, softmax top-k (optionally renormalised), the token
+//! rows gathered into expert order, one GEMM pair per expert that got rows (SwiGLU over all
+//! rows at once; an expert no token chose is skipped), and the combine that adds each token's
+//! experts in ascending expert order from zero, then — Qwen3-Next / Qwen3.5-MoE — the shared
+//! expert's output scaled by `sigmoid(shared_expert_gate(x))`.
 
 use super::mlp::Mlp;
 use super::{Scratch, Widths};
@@ -16,12 +16,17 @@ pub struct Expert<D: Device> {
     pub down: D::Linear,
 }
 
+/// The always-on expert of Qwen3-Next / Qwen3.5-MoE and its sigmoid gate.
+pub struct SharedExpert<D: Device> {
+    pub mlp: Mlp<D>,
+    /// `shared_expert_gate` `[hidden]`.
+    pub gate: D::Vector,
+}
+
 pub struct Moe<D: Device> {
     pub router: D::Linear,
     pub experts: Vec<Expert<D>>,
-    pub shared: Mlp<D>,
-    /// `shared_expert_gate` `[hidden]`.
-    pub shared_gate: D::Vector,
+    pub shared: Option<SharedExpert<D>>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub inter: usize,
@@ -32,7 +37,11 @@ impl<D: Device> Moe<D> {
     pub(super) fn widths(&self) -> Widths {
         Widths {
             moe: Some((self.experts.len(), self.top_k, self.inter)),
-            ..self.shared.widths()
+            ..self
+                .shared
+                .as_ref()
+                .map(|s| s.mlp.widths())
+                .unwrap_or_default()
         }
     }
 
@@ -61,10 +70,16 @@ impl<D: Device> Moe<D> {
                 dev.matmul_rows(&m.act, rows, &expert.down, &mut m.out)?;
             }
         }
-        let wide = (&mut s.wide, &mut s.act);
-        self.shared.run(dev, &s.normed, wide, &mut m.shared)?;
-        dev.moe_shared_gate(&s.normed, &self.shared_gate, &mut m.gate)?;
-        dev.moe_combine(&m.out, &routing, (&m.shared, &m.gate), &mut s.proj)
+        let shared = match &self.shared {
+            Some(sh) => {
+                let wide = (&mut s.wide, &mut s.act);
+                sh.mlp.run(dev, &s.normed, wide, &mut m.shared)?;
+                dev.moe_shared_gate(&s.normed, &sh.gate, &mut m.gate)?;
+                Some((&m.shared, &m.gate))
+            }
+            None => None,
+        };
+        dev.moe_combine(&m.out, &routing, shared, &mut s.proj)
     }
 }
 

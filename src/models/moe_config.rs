@@ -1,0 +1,228 @@
+//! The MoE fields of `config.json` -> [`MoeSpec`], for the families with routed experts:
+//! Qwen3-Next and Qwen3.5-MoE (hybrid layers, a gated shared expert), Qwen3-MoE and Mixtral
+//! (attention-only layers, no shared expert). Defaults are the transformers config classes'.
+
+use super::ModelError;
+use super::config::{Architecture, Cfg};
+use super::hybrid_config::{HybridSpec, LayerKind, MoeSpec, first_usize};
+
+/// Qwen-style MoE fields (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
+/// `shared_expert_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`,
+/// `mlp_only_layers`); `None` when `num_experts` is 0 (every layer dense).
+pub(super) fn qwen_moe(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    num_layers: usize,
+) -> Result<Option<MoeSpec>, ModelError> {
+    // (num_experts, top_k, moe_intermediate_size, norm_topk_prob) defaults per config class.
+    let (experts, top_k, inter, renorm) = match arch {
+        Architecture::Qwen3Next => (512, 10, 512, true),
+        Architecture::Qwen3_5Moe => (256, 8, 512, true),
+        _ => (128, 8, 768, false),
+    };
+    // Qwen3MoeConfig maps `num_experts` to `num_local_experts`, the name transformers 5 saves.
+    let num_experts = first_usize(cfg, &["num_experts", "num_local_experts"], experts)?;
+    if num_experts == 0 {
+        return Ok(None);
+    }
+    let shared = match arch {
+        Architecture::Qwen3Moe => None,
+        _ => Some(cfg.usize_or("shared_expert_intermediate_size", 512)?),
+    };
+    // Qwen3.5-MoE makes every layer sparse and always renormalises (its config has neither
+    // field; transformers would ignore them).
+    let (norm_topk_prob, sparse_layers) = match arch {
+        Architecture::Qwen3_5Moe => (true, vec![true; num_layers]),
+        _ => (
+            cfg.bool_or("norm_topk_prob", renorm)?,
+            sparse_layers(cfg, num_layers)?,
+        ),
+    };
+    Ok(Some(MoeSpec {
+        num_experts,
+        // Range checked with the rest of the geometry (spec_checks.rs).
+        top_k: cfg.usize_or("num_experts_per_tok", top_k)?,
+        expert_intermediate: cfg.usize_or("moe_intermediate_size", inter)?,
+        shared_intermediate: shared,
+        norm_topk_prob,
+        sparse_layers,
+    }))
+}
+
+/// Layer i is sparse unless listed in `mlp_only_layers`, when (i + 1) % `decoder_sparse_step`
+/// is 0 (transformers' `Qwen3MoeDecoderLayer`).
+fn sparse_layers(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelError> {
+    let step = cfg.usize_or("decoder_sparse_step", 1)?.max(1);
+    let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect())
+            .ok_or_else(|| cfg.err("mlp_only_layers", "expected a list of layer indices"))?,
+    };
+    Ok((0..num_layers)
+        .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
+        .collect())
+}
+
+/// Mixtral: `num_local_experts` experts of `intermediate_size` in every layer, top
+/// `num_experts_per_tok`, always renormalised, no shared expert.
+fn mixtral_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> {
+    Ok(MoeSpec {
+        num_experts: first_usize(cfg, &["num_local_experts", "num_experts"], 8)?,
+        top_k: cfg.usize_or("num_experts_per_tok", 2)?,
+        expert_intermediate: cfg.usize_req("intermediate_size")?,
+        shared_intermediate: None,
+        norm_topk_prob: true,
+        sparse_layers: vec![true; num_layers],
+    })
+}
+
+/// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral): every layer
+/// attention with full rotary `head_dim`, the MoE geometry; `None` for other architectures
+/// and for a Qwen3-MoE config with `num_experts` 0.
+pub(super) fn attention_moe(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    head_dim: usize,
+) -> Result<Option<HybridSpec>, ModelError> {
+    let num_layers = cfg.num_layers()?;
+    let moe = match arch {
+        Architecture::Qwen3Moe => qwen_moe(cfg, arch, num_layers)?,
+        Architecture::Mixtral => Some(mixtral_moe(cfg, num_layers)?),
+        _ => None,
+    };
+    Ok(moe.map(|moe| HybridSpec {
+        layers: vec![LayerKind::Attention; num_layers],
+        rotary_dim: head_dim,
+        gdn: None,
+        moe: Some(moe),
+        mamba: None,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::{Value, json};
+
+    use super::super::{Architecture, ModelSpec};
+
+    fn parse(v: &Value) -> ModelSpec {
+        ModelSpec::from_json(v, Path::new("config.json"), "m".into()).unwrap()
+    }
+
+    /// Shaped as Qwen3-30B-A3B's config.json (transformers 4.51 field names).
+    fn qwen3_30b_a3b() -> Value {
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+            "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+            "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+            "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+            "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+            "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+            "rms_norm_eps": 1e-6, "rope_scaling": null, "rope_theta": 1000000.0,
+            "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "use_sliding_window": false, "vocab_size": 151936
+        })
+    }
+
+    #[test]
+    fn qwen3_moe_geometry_and_sparse_layers() {
+        let s = parse(&qwen3_30b_a3b());
+        let h = s.hybrid.as_ref().unwrap();
+        let m = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 8, 768)
+        );
+        assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
+        assert!(m.sparse_layers.iter().all(|&s| s) && m.sparse_layers.len() == 48);
+        assert!(s.qk_norm && !s.has_recurrent_layers());
+        assert_eq!((s.head_dim, h.rotary_dim), (128, 128));
+        // transformers 5 saves `num_experts` as `num_local_experts`; sparse step 2 and
+        // mlp_only_layers make layers 1 and 5 of 0..6 the MoE ones.
+        let mut v = qwen3_30b_a3b();
+        let o = v.as_object_mut().unwrap();
+        o.remove("num_experts");
+        o.remove("norm_topk_prob");
+        o.insert("num_local_experts".into(), json!(16));
+        o.insert("num_hidden_layers".into(), json!(6));
+        o.insert("decoder_sparse_step".into(), json!(2));
+        o.insert("mlp_only_layers".into(), json!([3]));
+        let s = parse(&v);
+        let m = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(m.num_experts, 16);
+        assert!(!m.norm_topk_prob, "Qwen3MoeConfig's default");
+        let sparse = vec![false, true, false, false, false, true];
+        assert_eq!(m.sparse_layers, sparse);
+    }
+
+    /// Shaped as Mixtral-8x7B-v0.1's config.json.
+    #[test]
+    fn mixtral_geometry() {
+        let v = json!({
+            "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+            "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "num_local_experts": 8, "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "vocab_size": 32000
+        });
+        let s = parse(&v);
+        assert_eq!(s.architecture, Architecture::Mixtral);
+        assert_eq!((s.head_dim, s.rms_norm_eps), (128, 1e-5));
+        let m = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (8, 2, 14336)
+        );
+        assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
+        let mut windowed = v.clone();
+        windowed["sliding_window"] = json!(4096);
+        let e = ModelSpec::from_json(&windowed, Path::new("config.json"), "m".into());
+        assert!(e.unwrap_err().to_string().contains("sliding-window"));
+    }
+
+    /// Shaped as Qwen3.5-35B-A3B's export: `Qwen3_5MoeForConditionalGeneration`, the language
+    /// model under `text_config` (no `intermediate_size`: every layer is sparse).
+    #[test]
+    fn qwen3_5_moe_export_runs_its_text_config() {
+        let layer_types: Vec<&str> = (0..40)
+            .map(|i| match (i + 1) % 4 {
+                0 => "full_attention",
+                _ => "linear_attention",
+            })
+            .collect();
+        let v = json!({
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+            "tie_word_embeddings": false,
+            "text_config": {
+                "attn_output_gate": true, "dtype": "bfloat16", "head_dim": 256,
+                "hidden_act": "silu", "hidden_size": 2048, "layer_types": layer_types,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+                "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
+                "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+                "num_hidden_layers": 40, "num_key_value_heads": 2,
+                "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
+                "shared_expert_intermediate_size": 512, "vocab_size": 248320
+            },
+            "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 2048}
+        });
+        let s = parse(&v);
+        assert_eq!(s.architecture, Architecture::Qwen3_5Moe);
+        let h = s.hybrid.as_ref().unwrap();
+        let m = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.shared_intermediate),
+            (256, 8, Some(512))
+        );
+        assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
+        assert_eq!((s.intermediate_size, h.rotary_dim), (512, 64));
+        assert!(s.has_recurrent_layers());
+    }
+}

@@ -1,0 +1,116 @@
+//! A sparse MoE block read from a checkpoint. Experts come in two layouts, both accepted:
+//! - one tensor per expert and projection, as released checkpoints of Qwen3-MoE, Qwen3-Next and
+//!   Mixtral store them and as transformers 5 writes them (`save_pretrained` reverses its
+//!   load-time fusion): `experts.{e}.gate_proj` / `up_proj` / `down_proj` (Mixtral `w1` /
+//!   `w3` / `w2`);
+//! - fused 3-D tensors, transformers 5's in-memory form, in which released Qwen3.5-MoE
+//!   checkpoints ship: `experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its
+//!   up rows) and `experts.down_proj` `[E, H, I]`.
+//!
+//! The router is `gate.weight` `[E, H]`; Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and
+//! `shared_expert_gate.weight` `[1, H]`.
+
+use super::ModelError;
+use super::hybrid_config::MoeSpec;
+use super::layers::mlp::Activation;
+use super::layers::moe::{Expert, SharedExpert};
+use super::layers::{Loader, Mlp, Moe};
+use crate::kernels::Device;
+use crate::kernels::device::HostMatrix;
+
+/// Per-expert tensor names: (gate, up, down).
+pub type ExpertNames = (&'static str, &'static str, &'static str);
+
+/// Qwen's names (and transformers' for every family in memory).
+pub const QWEN_EXPERTS: ExpertNames = ("gate_proj", "up_proj", "down_proj");
+/// Mixtral's released names.
+pub const MIXTRAL_EXPERTS: ExpertNames = ("w1", "w3", "w2");
+
+/// The MoE block under `prefix` (e.g. `model.layers.3.mlp`).
+pub fn load<D: Device>(
+    ld: &Loader<'_, D>,
+    prefix: &str,
+    hidden: usize,
+    m: &MoeSpec,
+    names: ExpertNames,
+) -> Result<Moe<D>, ModelError> {
+    let n = |s: &str| format!("{prefix}.{s}");
+    let experts = match ld.w.contains(&n("experts.gate_up_proj")) {
+        true => fused_experts(ld, prefix, hidden, m)?,
+        false => (0..m.num_experts)
+            .map(|e| {
+                let p = n(&format!("experts.{e}"));
+                let mlp = swiglu(ld, &p, hidden, m.expert_intermediate, names)?;
+                Ok(Expert {
+                    gate_up: mlp.up,
+                    down: mlp.down,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?,
+    };
+    let shared = match m.shared_intermediate {
+        Some(inter) => {
+            let gate = ld.f32s(&n("shared_expert_gate.weight"), &[1, hidden])?;
+            Some(SharedExpert {
+                mlp: swiglu(ld, &n("shared_expert"), hidden, inter, QWEN_EXPERTS)?,
+                gate: ld.dev.vector(&gate)?,
+            })
+        }
+        None => None,
+    };
+    Ok(Moe {
+        router: ld.linear1(&n("gate"), m.num_experts, hidden, false)?,
+        experts,
+        shared,
+        top_k: m.top_k,
+        norm_topk_prob: m.norm_topk_prob,
+        inter: m.expert_intermediate,
+        hidden,
+    })
+}
+
+/// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`.
+fn fused_experts<D: Device>(
+    ld: &Loader<'_, D>,
+    prefix: &str,
+    hidden: usize,
+    m: &MoeSpec,
+) -> Result<Vec<Expert<D>>, ModelError> {
+    let (e, inter) = (m.num_experts, m.expert_intermediate);
+    let gate_up = ld.w.stacked(
+        &format!("{prefix}.experts.gate_up_proj"),
+        e,
+        2 * inter,
+        hidden,
+    )?;
+    let down =
+        ld.w.stacked(&format!("{prefix}.experts.down_proj"), e, hidden, inter)?;
+    let linear = |m: &HostMatrix<'_>, rows: usize, i: usize| {
+        Ok::<_, ModelError>(ld.dev.linear(m.select_rows(&[(i * rows, rows)]), None)?)
+    };
+    (0..e)
+        .map(|i| {
+            Ok(Expert {
+                gate_up: linear(&gate_up, 2 * inter, i)?,
+                down: linear(&down, hidden, i)?,
+            })
+        })
+        .collect()
+}
+
+/// A SwiGLU MLP of `{prefix}.{gate,up,down}.weight` (no bias).
+pub fn swiglu<D: Device>(
+    ld: &Loader<'_, D>,
+    prefix: &str,
+    hidden: usize,
+    inter: usize,
+    (gate, up, down): ExpertNames,
+) -> Result<Mlp<D>, ModelError> {
+    let n = |s: &str| format!("{prefix}.{s}");
+    Ok(Mlp {
+        up: ld.linear(&[(n(gate), inter), (n(up), inter)], hidden, false)?,
+        down: ld.linear1(&n(down), hidden, inter, false)?,
+        act: Activation::SwiGlu,
+        inter,
+    })
+}
