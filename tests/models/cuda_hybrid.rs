@@ -1,4 +1,5 @@
-//! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Nemotron-H, Qwen3.5 bf16)
+//! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Nemotron-H with and without
+//! MoE blocks, Qwen3.5 bf16)
 //! against the CPU backend and the transformers references: every layer id, one pass vs
 //! chunked prefill (pieces of 1, 7, 61 tokens) vs several requests' chunks packed in one batch,
 //! recurrent-state slots reused after an abandoned request, bad slots rejected.
@@ -22,10 +23,12 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 4] = [
+const MODELS: [(&str, usize); 6] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("nemotron_h", 6),
+    ("nemotron_h_moe", 6),
+    ("nemotron_h_latent", 6),
     ("qwen3_5_bf16", 4),
 ];
 const HIDDEN: usize = 64;

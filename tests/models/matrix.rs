@@ -101,4 +101,6 @@ matrix! {
     qwen3_5_vl => "qwen3_5_vl",
     qwen3_next => "qwen3_next",
     nemotron_h => "nemotron_h",
+    nemotron_h_moe => "nemotron_h_moe",
+    nemotron_h_latent => "nemotron_h_latent",
 }
