@@ -11,3 +11,4 @@ mod dense;
 mod golden;
 mod hybrid;
 mod matrix;
+mod released_configs;
