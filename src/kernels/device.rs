@@ -26,7 +26,7 @@ use super::dtype::{OutputDtype, WeightDtype};
 pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
 use super::rope::Rope;
-use super::routing::Routing;
+use super::routing::{GroupedTopK, Routing};
 
 /// A device op failed or was given inconsistent sizes.
 #[derive(Debug, Error)]
@@ -528,6 +528,25 @@ pub trait Device: Send + Sync + Sized + 'static {
         shared: Option<(&Self::Buf, &Self::Buf)>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// The group-limited sigmoid router ([`GroupedTopK`]) over the router's logits `[T, E]`
+    /// with the choice bias `[E]`, planned on the host.
+    fn moe_route_grouped(
+        &self,
+        logits: &Self::Buf,
+        bias: &Self::Vector,
+        router: &GroupedTopK,
+    ) -> DevResult<Routing>;
+    /// `out[t] = Σ_e w_te · y[row_te]` in ascending expert order from zero for the `tokens`
+    /// tokens of `routing`, written in `out`'s kind.
+    fn moe_weighted_sum(
+        &self,
+        y: &Self::Buf,
+        routing: &Routing,
+        tokens: usize,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
+    /// `out = x` (f32) in `out`'s kind: a linear layer's output as another one's input.
+    fn cast(&self, x: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// `out[i] = x[rows[i]]` (f32).
     fn gather_rows(&self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf) -> DevResult<()>;
     /// Index of each row's largest value (first on ties).

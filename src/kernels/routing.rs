@@ -7,6 +7,47 @@ fn index(v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("MoE row {v} exceeds i32"))
 }
 
+/// Group-limited top-k over sigmoid scores (transformers' `NemotronHTopkRouter`, DeepSeek-V3's
+/// scheme): `s = sigmoid(logits)`; the choice ranks `s + e_score_correction_bias`, only inside
+/// the `topk_group` groups (of `n_group` equal expert ranges) with the largest sum of their two
+/// best choice values; the weights are the chosen experts' uncorrected `s`, divided by their
+/// sum (+1e-20) when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the lower
+/// group / expert index.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupedTopK {
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub renorm: bool,
+    pub scale: f32,
+}
+
+impl GroupedTopK {
+    /// Experts per group, when `experts` fits this choice (what transformers needs to run it:
+    /// whole groups of at least 2, enough experts in the kept groups).
+    pub fn group_size(&self, experts: usize) -> Result<usize, String> {
+        let g = self.n_group;
+        if g == 0 || !experts.is_multiple_of(g) || experts / g < 2 {
+            return Err(format!(
+                "{experts} experts do not split into {g} groups of at least 2"
+            ));
+        }
+        let size = experts / g;
+        if self.topk_group == 0 || self.topk_group > g {
+            return Err(format!("topk_group {} of {g} groups", self.topk_group));
+        }
+        if self.top_k == 0 || self.top_k > self.topk_group * size {
+            return Err(format!(
+                "top-{} of the {} experts in {} groups",
+                self.top_k,
+                self.topk_group * size,
+                self.topk_group
+            ));
+        }
+        Ok(size)
+    }
+}
+
 /// The routing of one MoE layer in expert order.
 #[derive(Debug, PartialEq)]
 pub struct Routing {

@@ -373,7 +373,6 @@ impl<'a> Cfg<'a> {
         max_pos: usize,
     ) -> Result<(), ModelError> {
         let window = self.usize_opt("sliding_window")?;
-        let window_is_full = window.is_none_or(|w| w >= max_pos);
         let uses_window = match arch {
             Architecture::Mistral | Architecture::Mixtral => true,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
@@ -383,12 +382,11 @@ impl<'a> Cfg<'a> {
             // Hybrid configs are checked in `hybrid_config`.
             _ => self.bool_or("use_sliding_window", false)?,
         };
-        if uses_window && !window_is_full {
+        if let Some(w) = window.filter(|&w| uses_window && w < max_pos) {
             return Err(ModelError::Unsupported {
                 path: self.path_buf(),
                 what: format!(
-                    "sliding-window attention (sliding_window {:?} < max_position_embeddings {max_pos})",
-                    window
+                    "sliding-window attention (sliding_window {w} < max_position_embeddings {max_pos})"
                 ),
             });
         }

@@ -28,6 +28,8 @@ pub enum LayerKind {
     Mamba2,
     /// MLP-only block (Nemotron-H `mlp` / `-`).
     Mlp,
+    /// MoE block (Nemotron-H `moe` / `E`, Nemotron 3).
+    Moe,
 }
 
 impl LayerKind {
@@ -109,6 +111,8 @@ pub struct HybridSpec {
     pub gdn: Option<GdnSpec>,
     pub moe: Option<MoeSpec>,
     pub mamba: Option<MambaSpec>,
+    /// Nemotron 3's MoE blocks ([`LayerKind::Moe`]).
+    pub nemotron_moe: Option<super::nemotron_moe::NemotronMoeSpec>,
 }
 
 /// Parses a hybrid config (architecture already identified).
@@ -295,6 +299,7 @@ fn parse_qwen(
             gdn: Some(gdn),
             moe,
             mamba: None,
+            nemotron_moe: None,
         }),
     })
 }
@@ -303,7 +308,9 @@ fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
     let unsupported_block = |what: &str| {
         unsupported(
             cfg,
-            format!("Nemotron-H block `{what}` (supported: Mamba-2 `M`, attention `*`, MLP `-`)"),
+            format!(
+                "Nemotron-H block `{what}` (supported: Mamba-2 `M`, attention `*`, MLP `-`, MoE `E`)"
+            ),
         )
     };
     let list = match string_list(cfg, "layers_block_type")? {
@@ -317,6 +324,7 @@ fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
                 "linear_attention" | "mamba" => Ok(LayerKind::Mamba2),
                 "full_attention" | "attention" => Ok(LayerKind::Attention),
                 "mlp" => Ok(LayerKind::Mlp),
+                "moe" => Ok(LayerKind::Moe),
                 other => Err(unsupported_block(other)),
             })
             .collect();
@@ -331,6 +339,7 @@ fn nemotron_layers(cfg: &Cfg<'_>) -> Result<Vec<LayerKind>, ModelError> {
             'M' => Ok(LayerKind::Mamba2),
             '*' => Ok(LayerKind::Attention),
             '-' => Ok(LayerKind::Mlp),
+            'E' => Ok(LayerKind::Moe),
             other => Err(unsupported_block(&other.to_string())),
         })
         .collect()
@@ -385,6 +394,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         },
         proj_bias: cfg.bool_or("use_bias", false)?,
     };
+    let nemotron_moe = super::nemotron_moe::parse(cfg, &layers)?;
     Ok(ModelSpec {
         name,
         architecture: Architecture::NemotronH,
@@ -416,6 +426,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             gdn: None,
             moe: None,
             mamba: Some(mamba),
+            nemotron_moe,
         }),
     })
 }
@@ -470,9 +481,9 @@ mod tests {
         assert_eq!(h.layers[2], LayerKind::Attention);
         assert_eq!(h.mamba.unwrap().time_step_min, 0.001);
         let mut moe = v.clone();
-        moe["hybrid_override_pattern"] = json!("ME*-");
+        moe["hybrid_override_pattern"] = json!("MX*-");
         let e = parse_json(&moe).unwrap_err().to_string();
-        assert!(e.contains("block `E`"), "{e}");
+        assert!(e.contains("block `X`"), "{e}");
     }
 
     /// A released Nemotron-H config.json carries Python's bare `Infinity`: read from a file.

@@ -6,7 +6,7 @@
 //! - [`weights`]: `model.safetensors` or an index + shards, tensors as stored.
 //! - [`layers`]: attention, MLPs, MoE, Gated DeltaNet, Mamba-2, the loader helper.
 //! - [`decoder`]: embedding -> layers (residual stream + capture) -> final norm -> LM head.
-//! - [`dense`], [`qwen3_5`], [`nemotron_h`]: the architectures (checkpoint names live here);
+//! - [`dense`], [`qwen3_5`], [`nemotron_h`] (+ [`nemotron_moe`]): the architectures (checkpoint names live here);
 //!   [`registry`] maps an architecture to its file.
 //! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
 //!   [`devices`]: the CPU and CUDA entry points.
@@ -23,6 +23,7 @@ pub mod layers;
 mod moe_config;
 pub mod moe_weights;
 pub mod nemotron_h;
+pub mod nemotron_moe;
 pub mod pyjson;
 pub mod qwen3_5;
 pub mod registry;

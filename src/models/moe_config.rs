@@ -98,6 +98,7 @@ pub(super) fn attention_moe(
         gdn: None,
         moe: Some(moe),
         mamba: None,
+        nemotron_moe: None,
     }))
 }
 

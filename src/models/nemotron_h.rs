@@ -1,5 +1,6 @@
 //! Nemotron-H: a stack of blocks `x += mixer(norm(x))`, each mixer a Mamba-2 layer, an
-//! attention layer (no RoPE, no norms, no bias) or an MLP `down(relu(up(x))²)`. Every block
+//! attention layer (no RoPE, no norms, no bias), an MLP `down(relu(up(x))²)` or (Nemotron 3)
+//! a MoE block ([`super::nemotron_moe`]). Every block
 //! counts as a layer (transformers' `hidden_states` has one entry per block). On-disk names:
 //! `backbone.embeddings`, `backbone.layers.{i}.{norm,mixer}`, `backbone.norm_f`, `lm_head`.
 
@@ -43,6 +44,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                     act: Activation::Relu2,
                     inter,
                 })
+            }
+            LayerKind::Moe => {
+                let m = hybrid.nemotron_moe.as_ref().ok_or_else(missing)?;
+                Sublayer::NemotronMoe(super::nemotron_moe::load(ld, &px, &spec, m)?)
             }
             LayerKind::GatedDeltaNet => {
                 return Err(ModelError::Unsupported {

@@ -138,6 +138,9 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
             ));
         }
     }
+    if let Some(m) = &h.nemotron_moe {
+        super::nemotron_moe::check(m, spec.hidden_size)?;
+    }
     if let Some(m) = &h.moe {
         if m.top_k == 0 || m.top_k > m.num_experts {
             let msg = format!("{} must be in 1..={}", m.top_k, m.num_experts);

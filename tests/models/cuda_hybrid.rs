@@ -1,6 +1,7 @@
-//! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Qwen3.5-MoE, Nemotron-H,
-//! Qwen3.5 bf16) against the CPU backend and the transformers references: every layer id, one
-//! pass vs chunked prefill (pieces of 1, 7, 61 tokens) vs several requests' chunks packed in one batch,
+//! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Qwen3.5-MoE, Nemotron-H with
+//! and without MoE blocks, Qwen3.5 bf16) against the CPU backend and the transformers
+//! references: every layer id, one pass vs chunked prefill (pieces of 1, 7, 61 tokens) vs
+//! several requests' chunks packed in one batch,
 //! recurrent-state slots reused after an abandoned request, bad slots rejected.
 //! Captured rows within f32 1e-4 / bf16 2e-2 (relative to the largest value of the layer),
 //! greedy tokens equal (f32).
@@ -22,11 +23,13 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 5] = [
+const MODELS: [(&str, usize); 7] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
     ("nemotron_h", 6),
+    ("nemotron_h_moe", 6),
+    ("nemotron_h_latent", 6),
     ("qwen3_5_bf16", 4),
 ];
 const HIDDEN: usize = 64;

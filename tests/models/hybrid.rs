@@ -233,9 +233,25 @@ fn unsupported_variants_fail_with_clear_messages() {
         (
             "nemotron_h",
             Box::new(|c| {
-                c["layers_block_type"][1] = serde_json::json!("moe");
+                c["layers_block_type"][1] = serde_json::json!("mamba3");
             }),
-            "block `moe`",
+            "block `mamba3`",
+        ),
+        // Nemotron 3 MoE options hsx cannot run name the option.
+        (
+            "nemotron_h_moe",
+            Box::new(|c| c["n_group"] = serde_json::json!(3)),
+            "`n_group`: 8 experts do not split into 3 groups",
+        ),
+        (
+            "nemotron_h_latent",
+            Box::new(|c| c["moe_latent_size"] = serde_json::json!(128)),
+            "`moe_latent_size`: 128",
+        ),
+        (
+            "nemotron_h_moe",
+            Box::new(|c| c["topk_group"] = serde_json::json!(0)),
+            "`n_group`: topk_group 0 of 2 groups",
         ),
         (
             "nemotron_h",

@@ -13,3 +13,4 @@ mod dense;
 mod golden;
 mod hybrid;
 mod matrix;
+mod released_configs;

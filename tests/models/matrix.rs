@@ -107,4 +107,6 @@ matrix! {
     mixtral => "mixtral",
     qwen3_5_moe => "qwen3_5_moe",
     qwen3_5_moe_vl => "qwen3_5_moe_vl",
+    nemotron_h_moe => "nemotron_h_moe",
+    nemotron_h_latent => "nemotron_h_latent",
 }

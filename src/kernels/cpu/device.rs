@@ -10,6 +10,7 @@ use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
+use super::moe_grouped::{route_grouped, weighted_sum};
 use super::ops::{self, apply_rope};
 use super::recurrent::{self, StateCache, sigmoid};
 use crate::kernels::device::{
@@ -19,7 +20,7 @@ use crate::kernels::device::{
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
-use crate::kernels::routing::Routing;
+use crate::kernels::routing::{GroupedTopK, Routing};
 
 /// The CPU: a private rayon pool of `threads` threads.
 pub struct CpuDevice {
@@ -511,7 +512,6 @@ impl Device for CpuDevice {
     ) -> DevResult<()> {
         let h = y.width;
         let t = routing.tokens;
-        let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
         if let Some((shared, gate)) = shared
             && (shared.data.len() != t * h || gate.data.len() != t)
         {
@@ -521,19 +521,9 @@ impl Device for CpuDevice {
                 gate.data.len()
             )));
         }
-        out.data.clear();
-        out.data.resize(t * h, 0.0);
-        for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
-            for i in 0..k {
-                let (pos, p) = (
-                    routing.tok_pos[tok * k + i] as usize,
-                    routing.tok_w[tok * k + i],
-                );
-                for (oi, &v) in o.iter_mut().zip(&y.data[pos * h..(pos + 1) * h]) {
-                    *oi += v * p;
-                }
-            }
-            if let Some((shared, gate)) = shared {
+        weighted_sum(&y.data, routing, t, h, &mut out.data);
+        if let Some((shared, gate)) = shared {
+            for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
                 let sg = gate.data[tok];
                 for (oi, &si) in o.iter_mut().zip(&shared.data[tok * h..(tok + 1) * h]) {
                     *oi += sg * si;
@@ -541,6 +531,37 @@ impl Device for CpuDevice {
             }
         }
         set(out, h);
+        Ok(())
+    }
+
+    fn moe_route_grouped(
+        &self,
+        logits: &CpuBuf,
+        bias: &Vec<f32>,
+        router: &GroupedTopK,
+    ) -> DevResult<Routing> {
+        let e = logits.width;
+        let (ids, weights) =
+            route_grouped(&logits.data, bias, e, router).map_err(DeviceError::Invalid)?;
+        Routing::build(&ids, &weights, logits.rows(), router.top_k, e).map_err(DeviceError::Invalid)
+    }
+
+    fn moe_weighted_sum(
+        &self,
+        y: &CpuBuf,
+        routing: &Routing,
+        tokens: usize,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        weighted_sum(&y.data, routing, tokens, y.width, &mut out.data);
+        set(out, y.width);
+        Ok(())
+    }
+
+    fn cast(&self, x: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+        out.data.clear();
+        out.data.extend_from_slice(&x.data);
+        set(out, x.width);
         Ok(())
     }
 

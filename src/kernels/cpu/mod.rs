@@ -8,6 +8,7 @@
 //! - [`attention`]: causal GQA attention reading the cache only, in a fixed order.
 //! - [`recurrent`]: state slots, causal conv, gated delta rule, Mamba-2 scan (hybrid models).
 //! - [`moe`]: the router's softmax top-k.
+//! - [`moe_grouped`]: the group-limited sigmoid router (Nemotron 3) and the experts' weighted sum.
 //! - [`capture`]: captured rows into the file dtype, the finite-and-non-empty guard.
 
 pub mod attention;
@@ -17,6 +18,7 @@ pub mod device;
 pub mod kv_cache;
 pub mod matmul;
 pub mod moe;
+pub mod moe_grouped;
 pub mod ops;
 pub mod recurrent;
 

@@ -28,7 +28,7 @@ use crate::kernels::device::{
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
-use crate::kernels::routing::Routing;
+use crate::kernels::routing::{GroupedTopK, Routing};
 
 /// Checks the libraries and device `ordinal` (never panics, even without a driver).
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
@@ -440,6 +440,29 @@ impl Device for CudaDevice {
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         self.moe_combine_op(y, routing, shared, out)
+    }
+
+    fn moe_route_grouped(
+        &self,
+        logits: &CudaBuf,
+        bias: &DevBuf<f32>,
+        router: &GroupedTopK,
+    ) -> DevResult<Routing> {
+        self.moe_route_grouped_op(logits, bias, router)
+    }
+
+    fn moe_weighted_sum(
+        &self,
+        y: &CudaBuf,
+        routing: &Routing,
+        tokens: usize,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.moe_weighted_sum_op(y, routing, tokens, out)
+    }
+
+    fn cast(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
+        self.cast_op(x, out)
     }
 
     fn gather_rows(&self, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) -> DevResult<()> {

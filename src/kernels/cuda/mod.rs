@@ -28,6 +28,7 @@
 //! - [`recurrent`]: the recurrent-state slots and the launchers of causal conv1d, the gated
 //!   delta rule, the Mamba-2 scan, their gated norms and relu².
 //! - [`moe`]: launchers of the MoE router top-k, row gather, shared-expert gate and combine.
+//! - [`moe_grouped`]: Nemotron 3's group-limited sigmoid router and the experts' weighted sum.
 //! - [`capture`]: captured rows converted to the file dtype into device staging and
 //!   downloaded asynchronously into pinned host memory on the copy stream.
 //!
@@ -64,6 +65,8 @@ pub mod kv_cache;
 pub mod launch_args;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod moe;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod moe_grouped;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]

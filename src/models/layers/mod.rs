@@ -10,6 +10,7 @@ pub mod gdn;
 pub mod mamba2;
 pub mod mlp;
 pub mod moe;
+pub mod nemotron_moe;
 
 use super::{ModelError, Weights};
 use crate::kernels::Device;
@@ -20,6 +21,7 @@ pub use gdn::GatedDeltaNet;
 pub use mamba2::Mamba2;
 pub use mlp::Mlp;
 pub use moe::Moe;
+pub use nemotron_moe::NemotronMoe;
 
 /// What a sublayer needs of one forward beyond its scratch: the device's plan, the KV cache
 /// and the recurrent-state slots.
@@ -82,6 +84,8 @@ pub enum Sublayer<D: Device> {
     Attention(Attention<D>),
     Mlp(Mlp<D>),
     Moe(Moe<D>),
+    /// Nemotron 3's MoE block (group-limited sigmoid router, relu² experts).
+    NemotronMoe(NemotronMoe<D>),
     GatedDeltaNet(GatedDeltaNet<D>),
     Mamba2(Mamba2<D>),
 }
@@ -93,6 +97,7 @@ impl<D: Device> Sublayer<D> {
             Self::Attention(a) => a.forward(dev, ctx, s),
             Self::Mlp(m) => m.forward(dev, s),
             Self::Moe(m) => m.forward(dev, s),
+            Self::NemotronMoe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
         }
@@ -103,6 +108,7 @@ impl<D: Device> Sublayer<D> {
             Self::Attention(a) => a.widths(),
             Self::Mlp(m) => m.widths(),
             Self::Moe(m) => m.widths(),
+            Self::NemotronMoe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Mamba2(m) => m.widths(),
         }

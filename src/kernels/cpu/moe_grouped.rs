@@ -1,0 +1,158 @@
+//! The group-limited sigmoid router on the CPU ([`GroupedTopK`], Nemotron 3's MoE) and the
+//! weighted sum of the routed experts' outputs. The CUDA kernel (`moe_grouped.cu`) makes the
+//! same choice in the same order: every comparison picks the lower index on ties, and the
+//! renormalising sum adds the chosen scores in choice order from zero.
+
+use super::recurrent::sigmoid;
+use crate::kernels::routing::{GroupedTopK, Routing};
+
+/// For router logits `[T, experts]` and the choice bias `[experts]`: each token's `top_k`
+/// expert ids in choice order and their weights (`[T, top_k]` each).
+pub fn route_grouped(
+    logits: &[f32],
+    bias: &[f32],
+    experts: usize,
+    r: &GroupedTopK,
+) -> Result<(Vec<i32>, Vec<f32>), String> {
+    let size = r.group_size(experts)?;
+    if bias.len() != experts {
+        return Err(format!(
+            "{} correction biases for {experts} experts",
+            bias.len()
+        ));
+    }
+    let t = logits.len().checked_div(experts).unwrap_or(0);
+    let (mut ids, mut weights) = (
+        Vec::with_capacity(t * r.top_k),
+        Vec::with_capacity(t * r.top_k),
+    );
+    let mut choice = vec![0f32; experts];
+    for l in logits.chunks_exact(experts) {
+        let scores: Vec<f32> = l.iter().map(|&v| sigmoid(v)).collect();
+        for ((c, &s), &b) in choice.iter_mut().zip(&scores).zip(bias) {
+            *c = s + b;
+        }
+        let group_scores: Vec<f32> = choice.chunks_exact(size).map(top2_sum).collect();
+        let mut kept = vec![false; r.n_group];
+        for _ in 0..r.topk_group {
+            let g = best(&group_scores, |g| !kept[g]);
+            kept[g] = true;
+        }
+        let mut taken = vec![false; experts];
+        let mut sum = 0f32;
+        let first = weights.len();
+        for _ in 0..r.top_k {
+            let e = best(&choice, |e| kept[e / size] && !taken[e]);
+            taken[e] = true;
+            sum += scores[e];
+            ids.push(e as i32);
+            weights.push(scores[e]);
+        }
+        let denom = sum + 1e-20;
+        for w in &mut weights[first..] {
+            if r.renorm {
+                *w /= denom;
+            }
+            *w *= r.scale;
+        }
+    }
+    Ok((ids, weights))
+}
+
+/// The sum of the two largest values (the larger first).
+fn top2_sum(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in v {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a + b
+}
+
+/// Index of the largest of `v` among the indices `ok` allows, the lower one on ties.
+fn best(v: &[f32], ok: impl Fn(usize) -> bool) -> usize {
+    let mut pick: Option<usize> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if ok(i) && pick.is_none_or(|p| x > v[p]) {
+            pick = Some(i);
+        }
+    }
+    pick.unwrap_or(0)
+}
+
+/// `out[t] = Σ_i tok_w[t, i] · y[tok_pos[t, i]]` (ascending expert order, from zero) for
+/// `t` tokens of `h` values.
+pub fn weighted_sum(y: &[f32], routing: &Routing, t: usize, h: usize, out: &mut Vec<f32>) {
+    let k = routing.tok_pos.len().checked_div(t).unwrap_or(0);
+    out.clear();
+    out.resize(t * h, 0.0);
+    for (tok, o) in out.chunks_exact_mut(h).enumerate() {
+        for i in 0..k {
+            let pos = routing.tok_pos[tok * k + i] as usize;
+            let p = routing.tok_w[tok * k + i];
+            for (oi, &v) in o.iter_mut().zip(&y[pos * h..(pos + 1) * h]) {
+                *oi += v * p;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(top_k: usize, n_group: usize, topk_group: usize, renorm: bool) -> GroupedTopK {
+        GroupedTopK {
+            top_k,
+            n_group,
+            topk_group,
+            renorm,
+            scale: 2.0,
+        }
+    }
+
+    /// The bias moves the choice, the weights stay the uncorrected scores; the kept group is
+    /// the one with the best two, not the best one.
+    #[test]
+    fn choice_by_corrected_scores_in_the_best_groups() {
+        // group 0: experts 0..4, group 1: 4..8. Group 0 holds the single best logit, group 1
+        // the best pair.
+        let logits = [3.0, -2.0, -2.0, -2.0, 1.0, 1.0, 0.5, -2.0];
+        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.0];
+        let (ids, w) = route_grouped(&logits, &bias, 8, &router(2, 2, 1, false)).unwrap();
+        assert_eq!(ids, vec![6, 4]);
+        assert_eq!(w, vec![2.0 * sigmoid(0.5), 2.0 * sigmoid(1.0)]);
+        let (ids, w) = route_grouped(&logits, &[0.0; 8], 8, &router(2, 1, 1, true)).unwrap();
+        assert_eq!(ids, vec![0, 4]);
+        let s = sigmoid(3.0) + sigmoid(1.0);
+        assert_eq!(
+            w,
+            vec![
+                sigmoid(3.0) / (s + 1e-20) * 2.0,
+                sigmoid(1.0) / (s + 1e-20) * 2.0
+            ]
+        );
+    }
+
+    /// Equal scores (and equal groups) go to the lower index.
+    #[test]
+    fn ties_go_to_the_lower_index() {
+        let (ids, _) = route_grouped(&[0.5; 8], &[0.0; 8], 8, &router(3, 4, 2, true)).unwrap();
+        assert_eq!(ids, vec![0, 1, 2]);
+        // groups 1 and 2 tie (the best): group 1's experts
+        let logits = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let (ids, _) = route_grouped(&logits, &[0.0; 6], 6, &router(2, 3, 1, true)).unwrap();
+        assert_eq!(ids, vec![2, 3]);
+    }
+
+    #[test]
+    fn impossible_groupings_are_refused() {
+        for (k, g, kg) in [(2, 3, 1), (2, 8, 1), (5, 2, 1), (2, 2, 3), (0, 2, 1)] {
+            assert!(route_grouped(&[0.0; 8], &[0.0; 8], 8, &router(k, g, kg, true)).is_err());
+        }
+        assert!(route_grouped(&[0.0; 8], &[0.0; 7], 8, &router(2, 2, 1, true)).is_err());
+    }
+}

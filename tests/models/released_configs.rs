@@ -1,0 +1,263 @@
+//! The `config.json` of released checkpoints (tests/fixtures/released_configs/, sources in its
+//! README) parsed the way the engine does before it opens any weight: each is accepted with
+//! the right architecture and layer pattern, or refused with today's exact message (one line
+//! per file, flipped to `Accepted` when support lands). Also: an unknown
+//! architecture is refused with the supported list, and a supported architecture with an
+//! option hsx does not run names the option.
+
+use std::path::{Path, PathBuf};
+
+use hsx::models::{LayerKind, ModelSpec, pyjson};
+
+/// What hsx makes of one released config today.
+enum Expect {
+    /// Architecture (`architectures[0]` as hsx reports it), layer count, and for hybrid models
+    /// the layer pattern (`*` attention, `G` Gated DeltaNet, `M` Mamba-2, `-` MLP, `E` MoE).
+    Accepted(&'static str, usize, Option<&'static str>),
+    /// Refused at config time with a message containing this.
+    Refused(&'static str),
+}
+use Expect::{Accepted, Refused};
+
+/// Qwen3.5 / Qwen3-Next layout with `full_attention_interval` 4.
+const GGG_STAR: &str = "GGG*";
+/// Nemotron 3 Nano 30B-A3B's `hybrid_override_pattern`.
+const NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
+
+const CASES: &[(&str, Expect)] = &[
+    ("llama-3.1-8b.json", Accepted("LlamaForCausalLM", 32, None)),
+    (
+        "mistral-7b-instruct-v0.1.json",
+        Refused("sliding-window attention (sliding_window 4096 < max_position_embeddings 32768)"),
+    ),
+    ("qwen3-8b.json", Accepted("Qwen3ForCausalLM", 36, None)),
+    (
+        "qwen3-30b-a3b.json",
+        Accepted("Qwen3MoeForCausalLM", 48, Some("*")),
+    ),
+    (
+        "qwen3-235b-a22b-instruct-2507.json",
+        Accepted("Qwen3MoeForCausalLM", 94, Some("*")),
+    ),
+    (
+        "qwen3.6-27b.json",
+        Accepted("Qwen3_5ForCausalLM", 64, Some(GGG_STAR)),
+    ),
+    (
+        "qwen3.5-35b-a3b.json",
+        Accepted("Qwen3_5MoeForCausalLM", 40, Some(GGG_STAR)),
+    ),
+    (
+        "qwen3-next-80b-a3b-instruct.json",
+        Accepted("Qwen3NextForCausalLM", 48, Some(GGG_STAR)),
+    ),
+    (
+        "nemotron-3-nano-30b-a3b.json",
+        Accepted("NemotronHForCausalLM", 52, Some(NANO)),
+    ),
+    // The MXFP4 check comes before the architecture's.
+    (
+        "gpt-oss-20b.json",
+        Refused("quantized checkpoint (quantization_config, quant_method `mxfp4`)"),
+    ),
+    (
+        "gpt-oss-120b.json",
+        Refused("quantized checkpoint (quantization_config, quant_method `mxfp4`)"),
+    ),
+    (
+        "mixtral-8x7b-v0.1.json",
+        Accepted("MixtralForCausalLM", 32, Some("*")),
+    ),
+];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/released_configs")
+}
+
+/// `config.json` text -> spec, as `ModelSpec::from_dir` reads it (Python's JSON numbers
+/// included) but without asking the weights for a dtype.
+fn parse(path: &Path) -> Result<ModelSpec, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let value = pyjson::from_str(&text).map_err(|e| e.to_string())?;
+    ModelSpec::from_json(&value, path, "released".into()).map_err(|e| e.to_string())
+}
+
+fn pattern(spec: &ModelSpec) -> Option<String> {
+    let h = spec.hybrid.as_ref()?;
+    let kind = |k: &LayerKind| match k {
+        LayerKind::Attention => '*',
+        LayerKind::GatedDeltaNet => 'G',
+        LayerKind::Mamba2 => 'M',
+        LayerKind::Mlp => '-',
+        LayerKind::Moe => 'E',
+    };
+    Some(h.layers.iter().map(kind).collect())
+}
+
+/// `Some(why)` when `got` is not what `want` says.
+fn mismatch(got: &Result<ModelSpec, String>, want: &Expect) -> Option<String> {
+    match (got, want) {
+        (Ok(s), Accepted(arch, layers, pat)) => {
+            let p = pattern(s);
+            // A repeating pattern is given by its period.
+            let pat_ok = match (pat, &p) {
+                (None, None) => true,
+                (Some(w), Some(g)) => g.as_bytes().chunks(w.len()).all(|c| c == w.as_bytes()),
+                _ => false,
+            };
+            let ok = s.architecture.hf_name() == *arch && s.num_layers == *layers && pat_ok;
+            (!ok).then(|| {
+                format!(
+                    "accepted as {} with {} layers, pattern {p:?}",
+                    s.architecture.hf_name(),
+                    s.num_layers
+                )
+            })
+        }
+        (Err(e), Refused(want)) => (!e.contains(want)).then(|| format!("refused: {e}")),
+        (Ok(s), Refused(_)) => Some(format!("accepted as {}", s.architecture.hf_name())),
+        (Err(e), Accepted(..)) => Some(format!("refused: {e}")),
+    }
+}
+
+#[test]
+fn released_configs_parse_as_expected() {
+    let mut listed: Vec<&str> = CASES.iter().map(|c| c.0).collect();
+    listed.sort_unstable();
+    let mut files: Vec<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    files.sort_unstable();
+    assert_eq!(
+        files, listed,
+        "every released config has exactly one line in CASES"
+    );
+    let failures: Vec<String> = CASES
+        .iter()
+        .filter_map(|(file, want)| {
+            let got = parse(&dir().join(file));
+            match &got {
+                Ok(s) => eprintln!(
+                    "{file}: {} ({} layers)",
+                    s.architecture.hf_name(),
+                    s.num_layers
+                ),
+                Err(e) => eprintln!("{file}: {e}"),
+            }
+            mismatch(&got, want).map(|why| format!("{file}: {why}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A released config with one change.
+fn edited(file: &str, edit: impl Fn(&mut serde_json::Value)) -> Result<ModelSpec, String> {
+    let path = dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut value = pyjson::from_str(&text).unwrap();
+    edit(&mut value);
+    ModelSpec::from_json(&value, &path, "edited".into()).map_err(|e| e.to_string())
+}
+
+/// An unknown architecture is refused with the supported list, and that list is exact: each
+/// name on it is accepted (a released config under that name fails later, if at all, on
+/// something else), and each architecture a released config is accepted as is on it.
+#[test]
+fn unknown_architecture_names_the_supported_ones() {
+    let e = edited("llama-3.1-8b.json", |c| {
+        c["architectures"] = serde_json::json!(["FooForCausalLM"])
+    })
+    .unwrap_err();
+    assert!(
+        e.contains("unsupported architecture `FooForCausalLM`"),
+        "{e}"
+    );
+    let list = e
+        .split("(supported: ")
+        .nth(1)
+        .and_then(|l| l.strip_suffix(')'))
+        .unwrap();
+    let supported: Vec<&str> = list.split(", ").collect();
+    assert!(supported.len() >= 7, "{e}");
+    for name in &supported {
+        let got = edited("llama-3.1-8b.json", |c| {
+            c["architectures"] = serde_json::json!([name])
+        });
+        if let Err(e) = got {
+            assert!(
+                !e.contains("unsupported architecture"),
+                "{name} is listed but refused: {e}"
+            );
+        }
+    }
+    for (file, want) in CASES {
+        if let Accepted(arch, ..) = want {
+            assert!(
+                supported.contains(arch),
+                "{file}: {arch} missing from `{e}`"
+            );
+        }
+    }
+}
+
+/// A supported architecture with an option hsx does not run: the message names the option.
+#[test]
+fn unsupported_options_name_the_option() {
+    use serde_json::json;
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 9] = [
+        (
+            "llama-3.1-8b.json",
+            |c| c["hidden_act"] = json!("gelu"),
+            "hidden_act",
+        ),
+        (
+            "llama-3.1-8b.json",
+            |c| c["rope_scaling"]["rope_type"] = json!("longrope"),
+            "longrope",
+        ),
+        (
+            "qwen3-8b.json",
+            |c| c["quantization_config"] = json!({"quant_method": "fp8"}),
+            "quant_method `fp8`",
+        ),
+        (
+            "qwen3-8b.json",
+            |c| (c["use_sliding_window"], c["sliding_window"]) = (json!(true), json!(4096)),
+            "sliding_window 4096",
+        ),
+        (
+            "qwen3-next-80b-a3b-instruct.json",
+            |c| c["hidden_act"] = json!("gelu"),
+            "hidden_act `gelu`",
+        ),
+        (
+            "nemotron-3-nano-30b-a3b.json",
+            |c| c["n_group"] = json!(3),
+            "`n_group`: 128 experts do not split into 3 groups",
+        ),
+        (
+            "nemotron-3-nano-30b-a3b.json",
+            |c| c["moe_latent_size"] = json!(4096),
+            "`moe_latent_size`: 4096",
+        ),
+        (
+            "nemotron-3-nano-30b-a3b.json",
+            |c| c["mlp_hidden_act"] = json!("silu"),
+            "mlp_hidden_act `silu`",
+        ),
+        (
+            "nemotron-3-nano-30b-a3b.json",
+            |c| c["hybrid_override_pattern"] = json!("M*X"),
+            "block `X`",
+        ),
+    ];
+    for (file, edit, want) in cases {
+        match edited(file, edit) {
+            Ok(_) => panic!("{file} with `{want}` accepted"),
+            Err(e) => assert!(e.contains(want), "{file}: `{e}` should name `{want}`"),
+        }
+    }
+}
