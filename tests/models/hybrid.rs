@@ -302,3 +302,19 @@ fn thirty_two_requests_in_one_step_are_byte_identical() {
         }
     }
 }
+
+/// qwen3_5_moe stores its experts fused (`experts.gate_up_proj` / `down_proj`), its
+/// multimodal export qwen3_5_moe_vl one tensor per expert, with the same weights: every layer
+/// the same bits.
+#[test]
+fn fused_and_per_expert_layouts_give_the_same_bits() {
+    let prompts = vec![random_prompt(15, 90, 512), random_prompt(16, 1, 512)];
+    let mut fused = backend("qwen3_5_moe", (0..=4).collect());
+    let mut per_expert = backend("qwen3_5_moe_vl", (0..=4).collect());
+    let a = run_split(&mut fused, &prompts, 4096);
+    let b = run_split(&mut per_expert, &prompts, 4096);
+    for (r, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert!(same_bits(&a.0, &b.0), "prompt {r}: layouts differ");
+        assert_eq!(a.1, b.1, "prompt {r}: token");
+    }
+}
