@@ -13,7 +13,7 @@ use crate::common;
 
 use common::backends::{
     check_bad_state_slots, cpu_backend, cpu_options, cuda_backend, cuda_tol, cuda_usable, layer_of,
-    reused_slot_runs, run_split, same_bits,
+    reused_slot_runs, run_split, same_bits, snapshot_restore_runs,
 };
 use common::{Reference, max_rel, random_prompt};
 use hsx::kernels::Backend;
@@ -171,6 +171,23 @@ fn reused_slot_starts_from_zero() {
         let (solo, again) = reused_slot_runs(gpu.as_mut(), 33);
         assert!(same_bits(&again.0, &solo.0), "{name}: stale state leaked");
         assert_eq!(again.1, solo.1);
+    }
+}
+
+/// The snapshot / restore copy kernel: a restored state continues bit for bit as the cold run.
+#[test]
+fn restored_state_snapshot_continues_bit_for_bit() {
+    if !cuda_usable() {
+        return;
+    }
+    for (name, l) in MODELS {
+        let mut gpu = load_gpu(name, vec![0, 1, l]);
+        let (cold, restored) = snapshot_restore_runs(gpu.as_mut());
+        assert!(
+            same_bits(&restored.0, &cold.0),
+            "{name}: restored run differs"
+        );
+        assert_eq!(restored.1, cold.1, "{name}");
     }
 }
 

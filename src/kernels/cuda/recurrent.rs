@@ -202,6 +202,55 @@ impl StateSlots {
         Ok(())
     }
 
+    /// Copies slot `from` into slot `to` for each pair, in every layer (conv and recurrent
+    /// state); the pairs are checked by the caller (`check_slot_copies`).
+    pub fn copy_slots(&self, gpu: &Gpu, copies: &[(usize, usize)]) -> CudaResult<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let mut pairs = Vec::with_capacity(2 * copies.len());
+        for &(from, to) in copies {
+            pairs.push(i32_of(from, "state slot")?);
+            pairs.push(i32_of(to, "state slot")?);
+        }
+        let pairs = gpu.upload(&pairs)?;
+        for s in &self.layers {
+            self.copy_run(
+                gpu,
+                &pairs,
+                copies.len(),
+                &self.conv,
+                (s.conv_off, s.conv_per),
+            )?;
+            self.copy_run(gpu, &pairs, copies.len(), &self.ssm, (s.ssm_off, s.ssm_per))?;
+        }
+        Ok(())
+    }
+
+    /// One layer's copies in `buf` (`per` floats per slot from element `off`).
+    fn copy_run(
+        &self,
+        gpu: &Gpu,
+        pairs: &DevBuf<i32>,
+        n: usize,
+        buf: &DevBuf<f32>,
+        (off, per): (usize, usize),
+    ) -> CudaResult<()> {
+        if per == 0 {
+            return Ok(());
+        }
+        let base = buf.ptr_at(off, self.slots * per)?;
+        launch!(
+            gpu,
+            "copy_state_slots_f32",
+            stride_cfg(n * per)?,
+            base,
+            pairs.ptr(),
+            i32_of(n, "slot copies")?,
+            per as i64
+        )
+    }
+
     /// Zeroes the fresh slots of `layers` consecutive layers of `per` floats per slot from
     /// element `off` of `buf`.
     fn zero_run(
@@ -530,6 +579,7 @@ mod tests {
             .collect();
         let mut wanted: Vec<String> = [
             "zero_state_slots_f32",
+            "copy_state_slots_f32",
             "conv1d_silu_f32",
             "conv1d_state_update_f32",
             "gdn_qk_l2norm_f32",
