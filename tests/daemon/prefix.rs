@@ -184,9 +184,17 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_turns_with_reuse_on_stay_exact() {
-    let cold = cold_files("llama", &[0, 2, 4]).await;
+    for model in ["llama", "qwen3_5"] {
+        concurrent_turns(model).await;
+    }
+}
+
+/// The 5 turns sent at once, twice, with reuse on: every file equals a cold run.
+async fn concurrent_turns(model: &str) {
+    let cold = cold_files(model, &[0, 2, 4]).await;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = daemon_config(dir.path());
+    cfg.model.path = common::model_dir(model);
     cfg.engine.prefix_cache_bytes = 4 << 20;
     let d = TestDaemon::start(&cfg).await;
     let conv = conversation();
@@ -208,7 +216,7 @@ async fn concurrent_turns_with_reuse_on_stay_exact() {
             });
         }
         let files: HashMap<usize, HsFile> = posts.join_all().await.into_iter().collect();
-        assert_same(&files, &cold, &format!("concurrent round {round}"));
+        assert_same(&files, &cold, &format!("{model} concurrent round {round}"));
     }
     d.stop().await;
 }
