@@ -214,41 +214,29 @@ impl StateSlots {
             pairs.push(i32_of(to, "state slot")?);
         }
         let pairs = gpu.upload(&pairs)?;
+        let n = i32_of(copies.len(), "slot copies")?;
         for s in &self.layers {
-            self.copy_run(
-                gpu,
-                &pairs,
-                copies.len(),
-                &self.conv,
-                (s.conv_off, s.conv_per),
-            )?;
-            self.copy_run(gpu, &pairs, copies.len(), &self.ssm, (s.ssm_off, s.ssm_per))?;
+            for (buf, off, per) in [
+                (&self.conv, s.conv_off, s.conv_per),
+                (&self.ssm, s.ssm_off, s.ssm_per),
+            ] {
+                if per == 0 {
+                    continue;
+                }
+                let base = buf.ptr_at(off, self.slots * per)?;
+                let cfg = stride_cfg(copies.len() * per)?;
+                launch!(
+                    gpu,
+                    "copy_state_slots_f32",
+                    cfg,
+                    base,
+                    pairs.ptr(),
+                    n,
+                    per as i64
+                )?;
+            }
         }
         Ok(())
-    }
-
-    /// One layer's copies in `buf` (`per` floats per slot from element `off`).
-    fn copy_run(
-        &self,
-        gpu: &Gpu,
-        pairs: &DevBuf<i32>,
-        n: usize,
-        buf: &DevBuf<f32>,
-        (off, per): (usize, usize),
-    ) -> CudaResult<()> {
-        if per == 0 {
-            return Ok(());
-        }
-        let base = buf.ptr_at(off, self.slots * per)?;
-        launch!(
-            gpu,
-            "copy_state_slots_f32",
-            stride_cfg(n * per)?,
-            base,
-            pairs.ptr(),
-            i32_of(n, "slot copies")?,
-            per as i64
-        )
     }
 
     /// Zeroes the fresh slots of `layers` consecutive layers of `per` floats per slot from
