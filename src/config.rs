@@ -129,9 +129,10 @@ pub struct EngineSection {
     /// Fail a request whose captured rows hold NaN / Inf, or an all-zero row at a layer id
     /// >= 1, instead of writing its file (`false`: write the raw states anyway).
     pub reject_bad_states: bool,
-    /// Prefix reuse across requests (dense models): bytes of captured rows kept with the
-    /// cached KV blocks of finished requests, so a request that starts with the same full
-    /// blocks computes only the rest; least recently used blocks are evicted. 0 = off.
+    /// Prefix reuse across requests: bytes of captured rows (and, for hybrid models, of
+    /// recurrent-state snapshots at block boundaries) kept with the cached KV blocks of
+    /// finished requests, so a request that starts with the same full blocks computes only the
+    /// rest; least recently used blocks are evicted. 0 = off.
     pub prefix_cache_bytes: usize,
 }
 

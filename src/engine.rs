@@ -9,7 +9,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::actors::block_manager::PoolStats;
-use crate::actors::block_manager::{BlockManagerHandle, BlockPool};
+use crate::actors::block_manager::{BlockManagerHandle, BlockPool, SnapshotSlots};
 use crate::actors::connector::ConnectorStats;
 use crate::actors::connector::{ConnectorHandle, ConnectorOptions, FileLayout};
 use crate::actors::events::{
@@ -110,7 +110,7 @@ impl Engine {
             source,
         })?;
         let has_recurrent = spec.has_recurrent_layers();
-        let backend = load_backend(cfg, spec, &info.layer_ids, info.dtype).await?;
+        let mut backend = load_backend(cfg, spec, &info.layer_ids, info.dtype).await?;
         let mut info = info;
         info.device = backend.device_name();
         tracing::info!(device = %info.device, "model loaded");
@@ -144,6 +144,10 @@ impl Engine {
         let (release_tx, release_rx) = tokio::sync::mpsc::unbounded_channel();
         let pool = BlockPool::new(e.num_blocks, e.block_size, state_slots)
             .with_prefix_cache(e.prefix_cache_bytes);
+        let pool = match has_recurrent {
+            true => with_state_snapshots(pool, backend.as_mut(), e)?,
+            false => pool,
+        };
         let caching = pool.caches_prefixes();
         let blocks = BlockManagerHandle::spawn(pool, MAILBOX);
         let connector = ConnectorHandle::spawn_caching(
@@ -369,6 +373,37 @@ fn auto_device(spec: &ModelSpec) -> Option<usize> {
             None
         }
     }
+}
+
+/// Hybrid models' prefix reuse: snapshot slots for the recurrent state at block boundaries,
+/// as many as `prefix_cache_bytes` holds (at most one per KV block), made on the backend.
+fn with_state_snapshots(
+    pool: BlockPool,
+    backend: &mut dyn crate::kernels::Backend,
+    e: &crate::config::EngineSection,
+) -> Result<BlockPool, EngineError> {
+    let bytes = backend.state_slot_bytes();
+    let count = match bytes {
+        0 => 0,
+        _ => (e.prefix_cache_bytes / bytes).min(e.num_blocks),
+    };
+    if count == 0 {
+        if e.prefix_cache_bytes > 0 {
+            tracing::warn!(
+                state_bytes = bytes,
+                "engine.prefix_cache_bytes holds no recurrent-state snapshot: no prefix reuse"
+            );
+        }
+        return Ok(pool);
+    }
+    let first = (backend.add_snapshot_slots(count))
+        .map_err(|err| EngineError::Load(format!("prefix cache snapshot slots: {err}")))?;
+    let slots = SnapshotSlots {
+        first: first as u32,
+        count,
+        bytes,
+    };
+    Ok(pool.with_hybrid_prefix_cache(e.prefix_cache_bytes, slots))
 }
 
 async fn load_cuda(

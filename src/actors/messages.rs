@@ -126,6 +126,19 @@ pub struct StepPlan {
     pub chunks: Vec<PlannedChunk>,
     /// Requests whose runner-side state can be dropped (finished, aborted or failed).
     pub released: Vec<RequestId>,
+    /// Before the forward: new requests' state slots restored from cached snapshots (prefix
+    /// reuse of hybrid models).
+    pub restores: Vec<SlotCopy>,
+    /// After the forward: state slots of chunks that ended at a block boundary, snapshotted
+    /// into cache slots.
+    pub snapshots: Vec<SlotCopy>,
+}
+
+/// Copy recurrent-state slot `from` into slot `to`, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotCopy {
+    pub from: u32,
+    pub to: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -341,6 +341,24 @@ impl KvShape {
     }
 }
 
+/// Slot copies are valid when every slot is below `slots`, no destination is written twice and
+/// no slot is both read and written (so the copies may run in any order, or all at once).
+pub fn check_slot_copies(copies: &[(usize, usize)], slots: usize) -> DevResult<()> {
+    let bad = |m: String| Err(DeviceError::Invalid(m));
+    if let Some(&(f, t)) = copies.iter().find(|&&(f, t)| f >= slots || t >= slots) {
+        return bad(format!("state slot copy {f} -> {t} outside {slots} slots"));
+    }
+    let mut dst: Vec<usize> = copies.iter().map(|c| c.1).collect();
+    dst.sort_unstable();
+    if dst.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a state slot is the destination of two copies".into());
+    }
+    if let Some(&(f, _)) = copies.iter().find(|c| dst.binary_search(&c.0).is_ok()) {
+        return bad(format!("state slot {f} is both copied from and into"));
+    }
+    Ok(())
+}
+
 /// A compute device: memory for weights, caches and activations, and the fused ops.
 pub trait Device: Send + Sync + Sized + 'static {
     /// Activations `[rows, width]`.
@@ -375,6 +393,14 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn kv_cache(&self, shape: KvShape) -> DevResult<Self::Kv>;
     /// `shapes[i]` = (conv floats, state floats) per slot of recurrent layer i.
     fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<Self::States>;
+    /// Copies every recurrent layer's state (conv and recurrent) of slot `from` into slot `to`
+    /// for each `(from, to)`, bit for bit (prefix reuse: a request's slot snapshotted at a block
+    /// boundary, restored into another request's slot). Checked by [`check_slot_copies`].
+    fn copy_state_slots(
+        &self,
+        states: &mut Self::States,
+        copies: &[(usize, usize)],
+    ) -> DevResult<()>;
     /// Staging for the captured rows.
     fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<Self::Capture>;
     /// Host rows (`width` wide) into `out` (f32).

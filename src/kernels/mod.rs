@@ -150,6 +150,32 @@ pub trait Backend: Send {
     /// dtype of the captured rows in [`BatchOutput::captured`].
     fn output_dtype(&self) -> OutputDtype;
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError>;
+    /// Bytes of one recurrent-state slot (conv + recurrent state of every recurrent layer);
+    /// 0 for models without recurrent layers.
+    fn state_slot_bytes(&self) -> usize {
+        0
+    }
+    /// Makes `n` more recurrent-state slots after the running requests' ones, for prefix
+    /// reuse's snapshots (only [`Backend::copy_state_slots`] touches them); returns the index
+    /// of the first. Called once, before any forward.
+    fn add_snapshot_slots(&mut self, n: usize) -> Result<usize, BackendError> {
+        match n {
+            0 => Ok(0),
+            _ => Err(BackendError::InvalidBatch(
+                "this backend keeps no recurrent state".into(),
+            )),
+        }
+    }
+    /// Copies recurrent-state slot `from` into slot `to` for each pair, bit for bit (a
+    /// request's state snapshotted at a block boundary, or restored from one).
+    fn copy_state_slots(&mut self, copies: &[(usize, usize)]) -> Result<(), BackendError> {
+        match copies {
+            [] => Ok(()),
+            _ => Err(BackendError::InvalidBatch(
+                "this backend keeps no recurrent state".into(),
+            )),
+        }
+    }
     /// The device and its kernels, in words (logged at start).
     fn device_name(&self) -> String {
         String::from("unnamed device")

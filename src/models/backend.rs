@@ -181,6 +181,38 @@ impl<D: Device> Backend for ModelBackend<D> {
         self.device().describe()
     }
 
+    fn state_slot_bytes(&self) -> usize {
+        let shapes = self.model.cache_shape().state_shapes;
+        shapes.iter().map(|&(c, s)| (c + s) * 4).sum()
+    }
+
+    fn add_snapshot_slots(&mut self, n: usize) -> Result<usize, BackendError> {
+        let first = self.layout.num_state_slots;
+        if n == 0 || self.states.is_none() {
+            return Ok(first);
+        }
+        let shapes = self.model.cache_shape().state_shapes;
+        // The running requests' slots stay `0..first` (`seq_states` checks chunks against
+        // them); the new cache is zero-filled, as nothing has run yet.
+        self.states = None;
+        let states = self.dev.state_cache(&shapes, first + n)?;
+        self.states = Some(states);
+        Ok(first)
+    }
+
+    fn copy_state_slots(&mut self, copies: &[(usize, usize)]) -> Result<(), BackendError> {
+        let Some(states) = self.states.as_mut() else {
+            return match copies {
+                [] => Ok(()),
+                _ => Err(BackendError::InvalidBatch(
+                    "no recurrent state to copy".into(),
+                )),
+            };
+        };
+        let dev = &self.dev;
+        Ok(dev.run(|| dev.copy_state_slots(states, copies))?)
+    }
+
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
         let spec = &self.model.spec;
         let limits = PlanLimits::new(

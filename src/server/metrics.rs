@@ -9,7 +9,7 @@
 //! `pending_hidden_bytes`, `admission_memory_waits_total`,
 //! `kv_blocks_used`, `kv_blocks_total`, `events_published_total`, `subscribers_dropped_total`,
 //! `socket_connections`, `prefix_cache_hit_tokens_total`, `prefix_cache_blocks`,
-//! `prefix_cache_bytes`.
+//! `prefix_cache_bytes`, `prefix_cache_snapshots`.
 
 use std::sync::OnceLock;
 
@@ -82,7 +82,12 @@ fn describe() {
     describe_gauge!(
         "hsx_prefix_cache_bytes",
         Unit::Bytes,
-        "Captured rows held by the prefix cache (bound: engine.prefix_cache_bytes)"
+        "Captured rows and recurrent-state snapshots held by the prefix cache (bound: \
+         engine.prefix_cache_bytes)"
+    );
+    describe_gauge!(
+        "hsx_prefix_cache_snapshots",
+        "Recurrent-state snapshots at block boundaries in the prefix cache (hybrid models)"
     );
     describe_counter!("hsx_steps_total", "Engine steps");
     describe_histogram!("hsx_step_duration_seconds", Unit::Seconds, "Step duration");

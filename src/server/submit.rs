@@ -296,6 +296,7 @@ impl Shared {
             "prefix_cache_hit_tokens": blocks.map_or(0, |b| b.prefix.hit_tokens),
             "prefix_cache_blocks": blocks.map_or(0, |b| b.prefix.cached_blocks),
             "prefix_cache_bytes": blocks.map_or(0, |b| b.prefix.bytes),
+            "prefix_cache_snapshots": blocks.map_or(0, |b| b.prefix.snapshots),
             "shutting_down": self.cancel.is_cancelled(),
         })
     }

@@ -132,6 +132,43 @@ pub fn reused_slot_runs(be: &mut dyn Backend, first_piece: usize) -> (Run, Run) 
     (solo, again)
 }
 
+/// Prefix reuse of a hybrid model on the backend alone: a 50-token request run cold on slot 0
+/// (the reference); then its first 32 tokens (2 blocks) on slot 0, the slot snapshotted into a
+/// new snapshot slot, slot 0 reused by another request, the snapshot restored into slot 1 and
+/// the last 18 tokens run there over the first request's KV blocks. Returns the cold run's
+/// rows from position 32 and the restored run's, with their sampled tokens: they must match
+/// bit for bit. Call on a fresh backend (snapshot slots are made before any forward).
+pub fn snapshot_restore_runs(be: &mut dyn Backend) -> (Run, Run) {
+    let snap = be.add_snapshot_slots(1).unwrap();
+    let p = random_prompt(9, 50, 512);
+    let (cold_rows, cold_tok) = run_split(be, std::slice::from_ref(&p), 50).remove(0);
+    let row = be.capture_layers().len() * be.hidden_size();
+    let cold = (cold_rows[32 * row..].to_vec(), cold_tok);
+    let table = Paging::Hybrid.table(0, p.len());
+    let chunk = |be: &mut dyn Backend, ids: &[u32], start: usize, table: &[u32], slot: u32| {
+        let seqs = [SeqChunk {
+            start,
+            len: ids.len(),
+            block_table: table.to_vec(),
+            sample: start + ids.len() == p.len(),
+            state_slot: Some(slot),
+        }];
+        let out = be.forward(&Batch {
+            token_ids: ids,
+            seqs: &seqs,
+        });
+        let out = out.unwrap();
+        (out.captured_f32(row), out.sampled[0])
+    };
+    chunk(be, &p[..32], 0, &table, 0);
+    be.copy_state_slots(&[(0, snap)]).unwrap();
+    let other = random_prompt(10, 20, 512);
+    chunk(be, &other, 0, &Paging::Hybrid.table(2, other.len()), 0);
+    be.copy_state_slots(&[(snap, 1)]).unwrap();
+    let restored = chunk(be, &p[32..], 32, &table, 1);
+    (cold, restored)
+}
+
 /// A slot used by two chunks, a chunk without a slot and a slot past the backend's `slots` are
 /// invalid batches.
 pub fn check_bad_state_slots(be: &mut dyn Backend, slots: usize) {

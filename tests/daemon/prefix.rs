@@ -2,7 +2,8 @@
 //! HTTP as 5 requests, each a prefix of the next, in growing and in shrinking order, computes
 //! at most 1.25× its longest row, and every file equals a cold run of the same prompt (tensor
 //! bytes; the header's metadata order is per process). Also the byte bound, and hybrid models
-//! (no reuse yet: their recurrent state at block boundaries is not kept).
+//! (Gated DeltaNet, Mamba-2), whose recurrent state is restored from snapshots at block
+//! boundaries.
 
 use crate::common;
 use crate::daemon_support;
@@ -120,26 +121,80 @@ async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
     d.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hybrid_model_computes_everything_and_stays_exact() {
-    let cold = cold_files("qwen3_5", &[0, 2, 4]).await;
+/// Bytes of one block's captured rows here (16 tokens × K 3 × H 64 × f32).
+const BLOCK_ROWS: u64 = 16 * 3 * 64 * 4;
+
+/// A hybrid model (recurrent state restored from snapshots at block boundaries): the
+/// conversation in both orders computes at most 1.25× its longest row with files equal to cold
+/// runs; then under a bound of 5 blocks' rows and 3 snapshots' bytes, the cache stays under
+/// it, still reuses some blocks, and the files stay exact.
+async fn hybrid_conversation(model: &str) {
+    let cold = cold_files(model, &[0, 2, 4]).await;
+    let mut shrinking = TURNS;
+    shrinking.reverse();
+    let mut snapshot_bytes = 0;
+    for (what, order) in [("growing", TURNS), ("shrinking", shrinking)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = daemon_config(dir.path());
+        cfg.model.path = common::model_dir(model);
+        cfg.engine.prefix_cache_bytes = 4 << 20;
+        let d = TestDaemon::start(&cfg).await;
+        let (computed, files) = run_turns(&d, &order).await;
+        assert_same(&files, &cold, &format!("{model} {what}"));
+        let s = status(&d).await;
+        assert!(
+            computed * 4 <= 301 * 5,
+            "{model} {what}: {computed} tokens computed ({s})"
+        );
+        assert_eq!(s["prefix_cache_blocks"], 18, "{s}");
+        let snapshots = s["prefix_cache_snapshots"].as_u64().unwrap();
+        let bytes = s["prefix_cache_bytes"].as_u64().unwrap();
+        assert!(snapshots >= 15, "{s}");
+        snapshot_bytes = (bytes - 18 * BLOCK_ROWS) / snapshots;
+        assert_eq!(snapshot_bytes * snapshots + 18 * BLOCK_ROWS, bytes, "{s}");
+        eprintln!(
+            "{model} {what}: {computed} tokens computed for 5 turns (longest 301), {snapshots} snapshots of {snapshot_bytes} bytes"
+        );
+        d.stop().await;
+    }
+    let bound = 5 * BLOCK_ROWS + 3 * snapshot_bytes;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = daemon_config(dir.path());
-    cfg.model.path = common::model_dir("qwen3_5");
-    cfg.engine.prefix_cache_bytes = 4 << 20;
+    cfg.model.path = common::model_dir(model);
+    cfg.engine.prefix_cache_bytes = bound as usize;
     let d = TestDaemon::start(&cfg).await;
     let (computed, files) = run_turns(&d, &TURNS).await;
-    assert_same(&files, &cold, "hybrid");
-    assert_eq!(computed, 901);
-    assert_eq!(status(&d).await["prefix_cache_blocks"], 0);
+    assert_same(&files, &cold, &format!("{model} bounded"));
+    let s = status(&d).await;
+    assert!(s["prefix_cache_bytes"].as_u64().unwrap() <= bound, "{s}");
+    assert!(computed < 901, "{model} bounded: {computed} ({s})");
+    eprintln!("{model} bounded to {bound} bytes: {computed} tokens computed for 5 turns");
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_deltanet_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("qwen3_5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mamba2_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("nemotron_h").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_turns_with_reuse_on_stay_exact() {
-    let cold = cold_files("llama", &[0, 2, 4]).await;
+    for model in ["llama", "qwen3_5"] {
+        concurrent_turns(model).await;
+    }
+}
+
+/// The 5 turns sent at once, twice, with reuse on: every file equals a cold run.
+async fn concurrent_turns(model: &str) {
+    let cold = cold_files(model, &[0, 2, 4]).await;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = daemon_config(dir.path());
+    cfg.model.path = common::model_dir(model);
     cfg.engine.prefix_cache_bytes = 4 << 20;
     let d = TestDaemon::start(&cfg).await;
     let conv = conversation();
@@ -161,7 +216,7 @@ async fn concurrent_turns_with_reuse_on_stay_exact() {
             });
         }
         let files: HashMap<usize, HsFile> = posts.join_all().await.into_iter().collect();
-        assert_same(&files, &cold, &format!("concurrent round {round}"));
+        assert_same(&files, &cold, &format!("{model} concurrent round {round}"));
     }
     d.stop().await;
 }

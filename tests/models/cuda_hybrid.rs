@@ -14,7 +14,7 @@ use crate::common;
 
 use common::backends::{
     check_bad_state_slots, cpu_backend, cuda_backend, cuda_peer_options, cuda_usable,
-    cuda_vs_cpu_tol, layer_of, reused_slot_runs, run_split, same_bits,
+    cuda_vs_cpu_tol, layer_of, reused_slot_runs, run_split, same_bits, snapshot_restore_runs,
 };
 use common::{Reference, max_rel, random_prompt};
 use hsx::kernels::Backend;
@@ -175,6 +175,23 @@ fn reused_slot_starts_from_zero() {
         let (solo, again) = reused_slot_runs(gpu.as_mut(), 33);
         assert!(same_bits(&again.0, &solo.0), "{name}: stale state leaked");
         assert_eq!(again.1, solo.1);
+    }
+}
+
+/// The snapshot / restore copy kernel: a restored state continues bit for bit as the cold run.
+#[test]
+fn restored_state_snapshot_continues_bit_for_bit() {
+    if !cuda_usable() {
+        return;
+    }
+    for (name, l) in MODELS {
+        let mut gpu = load_gpu(name, vec![0, 1, l]);
+        let (cold, restored) = snapshot_restore_runs(gpu.as_mut());
+        assert!(
+            same_bits(&restored.0, &cold.0),
+            "{name}: restored run differs"
+        );
+        assert_eq!(restored.1, cold.1, "{name}");
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::backends::{
     check_bad_state_slots, cpu_backend, cpu_options, layer_of, reused_slot_runs, run_split,
-    same_bits,
+    same_bits, snapshot_restore_runs,
 };
 use common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::models::{CpuBackend, CpuOptions};
@@ -112,6 +112,21 @@ fn reused_slot_starts_from_zero() {
         let mut be = backend(name, vec![0, rec, attn, l]);
         let (solo, again) = reused_slot_runs(&mut be, 4096);
         assert!(same_bits(&again.0, &solo.0), "{name}: stale state leaked");
+    }
+}
+
+/// A state snapshotted at a block boundary and restored into another slot continues exactly
+/// as the cold run (prefix reuse of hybrid models), for Gated DeltaNet and Mamba-2.
+#[test]
+fn restored_state_snapshot_continues_bit_for_bit() {
+    for (name, l, rec, attn) in MODELS.into_iter().take(3) {
+        let mut be = backend(name, vec![0, rec, attn, l]);
+        let (cold, restored) = snapshot_restore_runs(&mut be);
+        assert!(
+            same_bits(&restored.0, &cold.0),
+            "{name}: restored run differs"
+        );
+        assert_eq!(restored.1, cold.1, "{name}");
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kameo::prelude::*;
 
-pub use pool::{BlockPool, Grant, PoolStats};
+pub use pool::{BlockPool, Grant, PoolStats, SnapshotSlots};
 
 use crate::actors::messages::RequestId;
 
@@ -116,6 +116,7 @@ impl BlockManager {
         let p = self.pool.stats().prefix;
         metrics::gauge!("hsx_prefix_cache_blocks").set(p.cached_blocks as f64);
         metrics::gauge!("hsx_prefix_cache_bytes").set(p.bytes as f64);
+        metrics::gauge!("hsx_prefix_cache_snapshots").set(p.snapshots as f64);
     }
 }
 

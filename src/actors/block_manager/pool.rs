@@ -1,9 +1,9 @@
 //! The plain block pool: a free list of block ids and each request's blocks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::prefix::{BlockHash, PrefixCache, PrefixStats};
+use super::prefix::{BlockHash, PrefixCache, PrefixStats, Rejected};
 use crate::actors::messages::RequestId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, kameo::Reply)]
@@ -22,13 +22,27 @@ pub struct PoolStats {
 ///
 /// With prefix reuse, `blocks` starts with the cached blocks of the request's first
 /// `cached_tokens` positions, and `prefix_rows` holds their captured rows (one entry per
-/// block): the request starts at `cached_tokens`.
+/// block): the request starts at `cached_tokens`. Hybrid models also get the snapshot slot
+/// to restore their state slot from (`restore_from`, the state at `cached_tokens`), and
+/// snapshot slots to copy their state into when a chunk ends at a position of `snapshots`
+/// (block boundaries of the prompt, ascending), kept for later requests when they finish.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Grant {
     pub blocks: Vec<u32>,
     pub state_slot: Option<u32>,
     pub cached_tokens: usize,
     pub prefix_rows: Vec<Arc<[u8]>>,
+    pub restore_from: Option<u32>,
+    pub snapshots: Vec<(usize, u32)>,
+}
+
+/// The recurrent-state slots a hybrid model's backend keeps for prefix reuse: `count` slots
+/// from `first`, `bytes` each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotSlots {
+    pub first: u32,
+    pub count: usize,
+    pub bytes: usize,
 }
 
 /// A request's grant, its prompt (to hash its blocks at release) and the cache entries it uses.
@@ -48,9 +62,10 @@ pub struct BlockPool {
     /// Free state slots (empty and unused for dense models).
     free_slots: Vec<u32>,
     total_slots: usize,
+    /// Free snapshot slots (hybrid models with prefix reuse).
+    free_snapshots: Vec<u32>,
     owned: HashMap<RequestId, Owned>,
-    /// Prefix reuse; `None` when off (and for hybrid models, whose recurrent state at a block
-    /// boundary is not kept).
+    /// Prefix reuse; `None` when off.
     cache: Option<PrefixCache>,
 }
 
@@ -65,16 +80,30 @@ impl BlockPool {
             free: (0..num_blocks as u32).rev().collect(),
             free_slots: (0..state_slots as u32).rev().collect(),
             total_slots: state_slots,
+            free_snapshots: Vec::new(),
             owned: HashMap::new(),
             cache: None,
         }
     }
 
     /// Turns prefix reuse on, keeping at most `max_bytes` of captured rows (dense models only:
-    /// a no-op with state slots).
+    /// a no-op with state slots, see [`Self::with_hybrid_prefix_cache`]).
     pub fn with_prefix_cache(mut self, max_bytes: usize) -> Self {
         if max_bytes > 0 && self.total_slots == 0 {
             self.cache = Some(PrefixCache::new(self.block_size, max_bytes));
+        }
+        self
+    }
+
+    /// Turns prefix reuse on for a hybrid model, keeping at most `max_bytes` of captured rows
+    /// and recurrent-state snapshots (in the backend's `snapshots` slots); a no-op without
+    /// bytes or snapshot slots, or for dense pools.
+    pub fn with_hybrid_prefix_cache(mut self, max_bytes: usize, snapshots: SnapshotSlots) -> Self {
+        if max_bytes > 0 && self.total_slots > 0 && snapshots.count > 0 {
+            let cache = PrefixCache::new(self.block_size, max_bytes).with_states(snapshots.bytes);
+            self.cache = Some(cache);
+            let first = snapshots.first;
+            self.free_snapshots = (first..first + snapshots.count as u32).rev().collect();
         }
         self
     }
@@ -119,6 +148,7 @@ impl BlockPool {
             return None;
         }
         let fresh = self.free.split_off(self.free.len() - need);
+        let snapshots = self.take_snapshot_slots(prompt, hit.blocks.len());
         let grant = Grant {
             blocks: hit
                 .blocks
@@ -129,6 +159,8 @@ impl BlockPool {
             state_slot: self.free_slots.pop(),
             cached_tokens: hit.blocks.len() * self.block_size,
             prefix_rows: hit.rows,
+            restore_from: hit.state,
+            snapshots,
         };
         let owned = Owned {
             grant: grant.clone(),
@@ -139,6 +171,37 @@ impl BlockPool {
         Some(grant)
     }
 
+    /// Snapshot slots for the block boundaries of `prompt` after its first `cached` blocks, as
+    /// many as are free or evictable, the last boundaries first (a conversation's next turn
+    /// extends its prompt); `(position, slot)` ascending. None for dense pools.
+    fn take_snapshot_slots(&mut self, prompt: &[u32], cached: usize) -> Vec<(usize, u32)> {
+        let Some(cache) = self.cache.as_mut().filter(|c| c.needs_states()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for k in (cached + 1..=prompt.len() / self.block_size).rev() {
+            let slot = match self.free_snapshots.pop() {
+                Some(slot) => slot,
+                None => match cache.evict_state(&HashSet::new()) {
+                    Some(freed) => {
+                        self.free.extend(freed.block);
+                        freed.state.expect("evicted for its snapshot")
+                    }
+                    None => break,
+                },
+            };
+            out.push((k * self.block_size, slot));
+        }
+        out.reverse();
+        out
+    }
+
+    /// Gives back what the cache did not keep or evicted.
+    fn take_back(&mut self, r: Rejected) {
+        self.free.extend(r.blocks.into_iter().rev());
+        self.free_snapshots.extend(r.states);
+    }
+
     /// Evicts unused cached blocks until `need` are free; false if they cannot be.
     fn make_free(&mut self, need: usize) -> bool {
         let evictable = self.cache.as_ref().map_or(0, |c| c.evictable_blocks());
@@ -147,7 +210,10 @@ impl BlockPool {
         }
         while self.free.len() < need {
             match self.cache.as_mut().and_then(|c| c.evict_block()) {
-                Some(b) => self.free.push(b),
+                Some(f) => {
+                    self.free.extend(f.block);
+                    self.free_snapshots.extend(f.state);
+                }
                 None => return false,
             }
         }
@@ -174,11 +240,18 @@ impl BlockPool {
         };
         cache.unref(&shared);
         let unused = if finished {
-            cache.offer_blocks(&prompt, &grant.blocks, shared.len())
+            let bs = self.block_size;
+            let states: Vec<(usize, u32)> = (grant.snapshots.iter())
+                .map(|&(pos, slot)| (pos / bs - 1, slot))
+                .collect();
+            cache.offer_blocks(&prompt, &grant.blocks, shared.len(), &states)
         } else {
-            grant.blocks[shared.len()..].to_vec()
+            Rejected {
+                blocks: grant.blocks[shared.len()..].to_vec(),
+                states: grant.snapshots.iter().map(|s| s.1).collect(),
+            }
         };
-        self.free.extend(unused.into_iter().rev());
+        self.take_back(unused);
         n
     }
 
@@ -187,7 +260,7 @@ impl BlockPool {
     pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) {
         if let Some(cache) = self.cache.as_mut() {
             let freed = cache.offer_rows(tokens, rows, row_bytes);
-            self.free.extend(freed);
+            self.take_back(freed);
         }
     }
 

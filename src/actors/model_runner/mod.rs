@@ -12,7 +12,7 @@ use kameo::actor::ActorRef;
 pub use state::{PlanError, PreparedStep, RowShape, RunnerState};
 
 use crate::actors::connector::ConnectorHandle;
-use crate::actors::messages::StepPlan;
+use crate::actors::messages::{SlotCopy, StepPlan};
 use crate::actors::scheduler::{Scheduler, StepResult};
 use crate::kernels::{Backend, BackendError, Batch};
 
@@ -68,6 +68,9 @@ fn run_step(
         // Test hook (src/faults.rs): as if the backend failed this step.
         return failed(e);
     }
+    if let Err(e) = copy_slots(backend, &plan.restores) {
+        return failed(format!("restoring cached recurrent state: {e}"));
+    }
     let batch = Batch {
         token_ids: &prepared.token_ids,
         seqs: &prepared.seqs,
@@ -87,6 +90,9 @@ fn run_step(
         Ok(r) => r,
         Err(e) => return failed(e.to_string()),
     };
+    if let Err(e) = copy_slots(backend, &plan.snapshots) {
+        return failed(format!("snapshotting recurrent state: {e}"));
+    }
     // Captures are queued before the scheduler hears of the step, so the connector always
     // holds a request's rows before the scheduler's `Finish` for it.
     for chunk in captures {
@@ -95,4 +101,16 @@ fn run_step(
         }
     }
     StepResult::Done(output)
+}
+
+/// Copies recurrent-state slots (prefix reuse of hybrid models).
+fn copy_slots(backend: &mut dyn Backend, copies: &[SlotCopy]) -> Result<(), BackendError> {
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let pairs: Vec<(usize, usize)> = (copies.iter())
+        .map(|c| (c.from as usize, c.to as usize))
+        .collect();
+    catch_unwind(AssertUnwindSafe(|| backend.copy_state_slots(&pairs)))
+        .unwrap_or_else(|_| Err(BackendError::Compute("the backend panicked".into())))
 }

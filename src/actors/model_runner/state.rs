@@ -248,6 +248,7 @@ mod tests {
             new_requests: vec![new_req("a", &[1, 2, 3]), new_req("b", &[9])],
             chunks: vec![chunk("a", 0, 2, false), chunk("b", 0, 1, true)],
             released: vec![],
+            ..Default::default()
         };
         let step = s.prepare(&plan).unwrap();
         assert_eq!(step.token_ids, vec![1, 2, 9]);
@@ -362,6 +363,7 @@ mod tests {
             new_requests: vec![new_req("a", &[1, 2, 3]), new_req("b", &[9])],
             chunks: vec![chunk("a", 0, 2, false), chunk("b", 0, 1, false)],
             released: vec![],
+            ..Default::default()
         };
         s.prepare(&plan).unwrap();
         let out = BatchOutput {

@@ -7,7 +7,8 @@ use thiserror::Error;
 
 use crate::actors::block_manager::{Candidate, Grant};
 use crate::actors::messages::{
-    FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, StepOutput, StepPlan,
+    FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, SlotCopy, StepOutput,
+    StepPlan,
 };
 
 #[derive(Debug, Clone)]
@@ -145,13 +146,37 @@ impl Running {
         let prompt = self.req.prompt.len();
         let wanted = self.req.max_tokens as usize;
         if self.computed < prompt {
-            let len = (prompt - self.computed).min(budget);
+            // A chunk ends at the next snapshot position: the state is copied there.
+            let to_snapshot = self
+                .next_snapshot()
+                .map_or(usize::MAX, |(p, _)| p - self.computed);
+            let len = (prompt - self.computed).min(budget).min(to_snapshot);
             let sample = self.computed + len == prompt && wanted >= 1;
             return (len > 0).then_some((self.computed, len, sample));
         }
         let known = prompt + self.generated.len();
         let decode = self.computed < known && self.generated.len() < wanted;
         (decode && budget > 0).then_some((self.computed, 1, true))
+    }
+
+    /// The first snapshot (position, slot) past the computed tokens (hybrid prefix reuse).
+    fn next_snapshot(&self) -> Option<(usize, u32)> {
+        let snapshots = &self.grant.snapshots;
+        snapshots.iter().copied().find(|&(p, _)| p > self.computed)
+    }
+
+    /// The state copies of a chunk `start..end`: the restore of a new request's slot from the
+    /// cache before it, the snapshot of its slot after it.
+    fn slot_copies(&self, end: usize, new: bool, plan: &mut StepPlan) {
+        let Some(slot) = self.grant.state_slot else {
+            return;
+        };
+        if let Some(from) = self.grant.restore_from.filter(|_| new) {
+            plan.restores.push(SlotCopy { from, to: slot });
+        }
+        if let Some((_, to)) = self.next_snapshot().filter(|&(p, _)| p == end) {
+            plan.snapshots.push(SlotCopy { from: slot, to });
+        }
     }
 
     fn is_done(&self) -> bool {
@@ -372,6 +397,7 @@ impl SchedulerState {
                 continue;
             };
             budget -= len;
+            r.slot_copies(start + len, !r.announced, &mut plan);
             if !r.announced {
                 r.announced = true;
                 plan.new_requests.push(NewRequestData {

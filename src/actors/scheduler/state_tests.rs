@@ -555,3 +555,35 @@ fn prefix_hit_starts_after_the_cached_tokens_and_hands_over_their_rows() {
     assert_eq!(s.stats().tokens_computed, 8);
     assert_eq!(fx.finished[0].token_ids.len(), 40);
 }
+
+#[test]
+fn hybrid_chunks_end_at_snapshot_positions_and_carry_the_slot_copies() {
+    use crate::actors::messages::SlotCopy;
+    let mut s = SchedulerState::new(limits(100, 4));
+    s.submit(req("a", 40, 1)).unwrap();
+    let hit = Grant {
+        blocks: vec![5, 6, 7],
+        state_slot: Some(1),
+        cached_tokens: 8,
+        prefix_rows: vec![vec![0u8; 4].into()],
+        restore_from: Some(9),
+        snapshots: vec![(16, 10), (32, 11)],
+    };
+    let plan = s.plan_step(vec![(id("a"), hit)]).unwrap();
+    // The restore goes before the first chunk, which ends at the first snapshot position.
+    assert_eq!(chunk_shape(&plan), vec![("a".into(), 8, 8, false)]);
+    assert_eq!(plan.restores, vec![SlotCopy { from: 9, to: 1 }]);
+    assert_eq!(plan.snapshots, vec![SlotCopy { from: 1, to: 10 }]);
+    s.apply(&output_for(&plan));
+    let plan = step(&mut s).unwrap();
+    assert_eq!(chunk_shape(&plan), vec![("a".into(), 16, 16, false)]);
+    assert!(plan.restores.is_empty());
+    assert_eq!(plan.snapshots, vec![SlotCopy { from: 1, to: 11 }]);
+    s.apply(&output_for(&plan));
+    let plan = step(&mut s).unwrap();
+    assert_eq!(chunk_shape(&plan), vec![("a".into(), 32, 8, true)]);
+    assert!(plan.snapshots.is_empty());
+    let fx = s.apply(&output_for(&plan));
+    assert_eq!(fx.finished.len(), 1);
+    assert_eq!(s.stats().tokens_computed, 32);
+}

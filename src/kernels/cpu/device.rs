@@ -15,7 +15,7 @@ use super::ops::{self, apply_rope};
 use super::recurrent::{self, StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    GdnParams, HostMatrix, KvShape, MambaParams,
+    GdnParams, HostMatrix, KvShape, MambaParams, check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -185,6 +185,12 @@ impl Device for CpuDevice {
             first: Vec::new(),
             second: Vec::new(),
         })
+    }
+
+    fn copy_state_slots(&self, states: &mut CpuStates, copies: &[(usize, usize)]) -> DevResult<()> {
+        check_slot_copies(copies, states.cache.num_slots())?;
+        states.cache.copy_slots(copies);
+        Ok(())
     }
 
     fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<CpuCapture> {

@@ -74,6 +74,17 @@ impl StateCache {
         }
     }
 
+    /// Copies slot `from` into slot `to` in every layer (the pairs checked by the caller).
+    pub fn copy_slots(&mut self, copies: &[(usize, usize)]) {
+        for l in &mut self.layers {
+            for &(from, to) in copies {
+                let (c, s) = (l.conv_per_slot, l.ssm_per_slot);
+                l.conv.copy_within(from * c..(from + 1) * c, to * c);
+                l.ssm.copy_within(from * s..(from + 1) * s, to * s);
+            }
+        }
+    }
+
     pub fn layer_mut(&mut self, i: usize) -> &mut LayerState {
         &mut self.layers[i]
     }

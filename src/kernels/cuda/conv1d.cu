@@ -101,3 +101,17 @@ extern "C" __global__ void zero_state_slots_f32(
         buf[((size_t)l * slots + slots_list[i]) * per_slot + e] = 0.0f;
     }
 }
+
+// Prefix reuse: copies `n` slots of `per_slot` floats within one layer's `[slots, per_slot]`
+// state, `pairs` = (from, to) interleaved. The host checks that no slot is both read and
+// written, so the copies are independent.
+extern "C" __global__ void copy_state_slots_f32(
+    float* buf, const int* __restrict__ pairs, int n, long long per_slot)
+{
+    const long long total = (long long)n * per_slot;
+    HSX_GRID_STRIDE(idx, total) {
+        const long long e = idx % per_slot;
+        const int i = (int)(idx / per_slot);
+        buf[(size_t)pairs[2 * i + 1] * per_slot + e] = buf[(size_t)pairs[2 * i] * per_slot + e];
+    }
+}

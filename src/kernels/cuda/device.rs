@@ -23,7 +23,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{self, DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
-    HostMatrix, KvShape, MambaParams,
+    HostMatrix, KvShape, MambaParams, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -166,6 +166,15 @@ impl Device for CudaDevice {
 
     fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<StateSlots> {
         Ok(StateSlots::new(&self.gpu, shapes, slots)?)
+    }
+
+    fn copy_state_slots(
+        &self,
+        states: &mut StateSlots,
+        copies: &[(usize, usize)],
+    ) -> DevResult<()> {
+        check_slot_copies(copies, states.num_slots())?;
+        Ok(states.copy_slots(&self.gpu, copies)?)
     }
 
     fn capture_buffer(&self, spec: CaptureSpec) -> DevResult<Capture> {

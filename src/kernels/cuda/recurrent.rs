@@ -202,6 +202,43 @@ impl StateSlots {
         Ok(())
     }
 
+    /// Copies slot `from` into slot `to` for each pair, in every layer (conv and recurrent
+    /// state); the pairs are checked by the caller (`check_slot_copies`).
+    pub fn copy_slots(&self, gpu: &Gpu, copies: &[(usize, usize)]) -> CudaResult<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let mut pairs = Vec::with_capacity(2 * copies.len());
+        for &(from, to) in copies {
+            pairs.push(i32_of(from, "state slot")?);
+            pairs.push(i32_of(to, "state slot")?);
+        }
+        let pairs = gpu.upload(&pairs)?;
+        let n = i32_of(copies.len(), "slot copies")?;
+        for s in &self.layers {
+            for (buf, off, per) in [
+                (&self.conv, s.conv_off, s.conv_per),
+                (&self.ssm, s.ssm_off, s.ssm_per),
+            ] {
+                if per == 0 {
+                    continue;
+                }
+                let base = buf.ptr_at(off, self.slots * per)?;
+                let cfg = stride_cfg(copies.len() * per)?;
+                launch!(
+                    gpu,
+                    "copy_state_slots_f32",
+                    cfg,
+                    base,
+                    pairs.ptr(),
+                    n,
+                    per as i64
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// Zeroes the fresh slots of `layers` consecutive layers of `per` floats per slot from
     /// element `off` of `buf`.
     fn zero_run(
@@ -530,6 +567,7 @@ mod tests {
             .collect();
         let mut wanted: Vec<String> = [
             "zero_state_slots_f32",
+            "copy_state_slots_f32",
             "conv1d_silu_f32",
             "conv1d_state_update_f32",
             "gdn_qk_l2norm_f32",
