@@ -7,6 +7,7 @@ mod common;
 
 mod cuda_dense;
 mod cuda_hybrid;
+mod cuda_moe_ops;
 mod dense;
 mod golden;
 mod hybrid;
