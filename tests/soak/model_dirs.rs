@@ -120,6 +120,7 @@ const FIXTURES: &[&str] = &[
     "nemotron_h",
     "qwen3_next",
     "qwen3_5_vl",
+    "nemotron_h_latent",
 ];
 
 impl Bases {
