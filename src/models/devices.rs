@@ -120,6 +120,17 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
             limits::MAX_EXPERTS
         ));
     }
+    if let Some(m) = h.nemotron_moe.as_ref().filter(|m| {
+        m.num_experts > limits::MAX_EXPERTS || m.router.n_group > limits::MAX_EXPERT_GROUPS
+    }) {
+        return Some(format!(
+            "n_routed_experts {} in n_group {} (at most {} in {})",
+            m.num_experts,
+            m.router.n_group,
+            limits::MAX_EXPERTS,
+            limits::MAX_EXPERT_GROUPS
+        ));
+    }
     None
 }
 

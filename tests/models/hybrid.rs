@@ -19,10 +19,12 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
 /// (fixture, L, a recurrent layer id, an attention layer id)
-const MODELS: [(&str, usize, usize, usize); 5] = [
+const MODELS: [(&str, usize, usize, usize); 7] = [
     ("qwen3_5", 4, 1, 3),
     ("qwen3_next", 4, 2, 3),
     ("nemotron_h", 6, 1, 3),
+    ("nemotron_h_moe", 6, 1, 3),
+    ("nemotron_h_latent", 6, 1, 3),
     ("qwen3_5_bf16", 4, 1, 3),
     ("qwen3_5_moe", 4, 1, 3),
 ];

@@ -9,6 +9,7 @@ mod cuda_dense;
 mod cuda_hybrid;
 mod cuda_lost;
 mod cuda_moe;
+mod cuda_moe_ops;
 mod dense;
 mod golden;
 mod hybrid;

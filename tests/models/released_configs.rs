@@ -261,3 +261,18 @@ fn unsupported_options_name_the_option() {
         }
     }
 }
+
+/// Nemotron 3 Nano fits the CUDA router; a grouping past its limits is refused when the model
+/// is loaded onto CUDA (before any forward), naming the fields.
+#[test]
+fn cuda_router_limits_are_checked_at_load() {
+    use hsx::models::devices::cuda_unsupported;
+    let nano = edited("nemotron-3-nano-30b-a3b.json", |_| {}).unwrap();
+    assert_eq!(cuda_unsupported(&nano), None);
+    let wide = edited("nemotron-3-nano-30b-a3b.json", |c| {
+        (c["n_routed_experts"], c["n_group"], c["topk_group"]) = (256.into(), 64.into(), 2.into());
+    })
+    .unwrap();
+    let why = cuda_unsupported(&wide).unwrap();
+    assert!(why.contains("n_routed_experts 256 in n_group 64"), "{why}");
+}

@@ -122,6 +122,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5_vl",
     "qwen3_moe",
     "qwen3_5_moe",
+    "nemotron_h_latent",
 ];
 
 impl Bases {

@@ -26,19 +26,24 @@ pub fn route_grouped(
         Vec::with_capacity(t * r.top_k),
         Vec::with_capacity(t * r.top_k),
     );
-    let mut choice = vec![0f32; experts];
+    // Per-token scratch, reused across tokens.
+    let (mut scores, mut choice) = (vec![0f32; experts], vec![0f32; experts]);
+    let (mut group_scores, mut kept) = (vec![0f32; r.n_group], vec![false; r.n_group]);
+    let mut taken = vec![false; experts];
     for l in logits.chunks_exact(experts) {
-        let scores: Vec<f32> = l.iter().map(|&v| sigmoid(v)).collect();
-        for ((c, &s), &b) in choice.iter_mut().zip(&scores).zip(bias) {
-            *c = s + b;
+        for (((s, c), &v), &b) in scores.iter_mut().zip(&mut choice).zip(l).zip(bias) {
+            *s = sigmoid(v);
+            *c = *s + b;
         }
-        let group_scores: Vec<f32> = choice.chunks_exact(size).map(top2_sum).collect();
-        let mut kept = vec![false; r.n_group];
+        for (g, group) in group_scores.iter_mut().zip(choice.chunks_exact(size)) {
+            *g = top2_sum(group);
+        }
+        kept.fill(false);
         for _ in 0..r.topk_group {
             let g = best(&group_scores, |g| !kept[g]);
             kept[g] = true;
         }
-        let mut taken = vec![false; experts];
+        taken.fill(false);
         let mut sum = 0f32;
         let first = weights.len();
         for _ in 0..r.top_k {

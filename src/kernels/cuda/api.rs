@@ -11,6 +11,8 @@ pub mod limits {
     pub const MAX_STATE_DIM: usize = 256;
     /// Largest expert count of `moe_route_f32` (32 lanes × 32 registers).
     pub const MAX_EXPERTS: usize = 1024;
+    /// Largest `n_group` of `moe_route_grouped_f32` (one bit per group).
+    pub const MAX_EXPERT_GROUPS: usize = 32;
 }
 
 /// The device a probe found.

@@ -15,7 +15,7 @@ use crate::kernels::routing::{GroupedTopK, Routing};
 /// Largest expert count of `moe_route_grouped_f32` (32 lanes × 32 registers).
 pub const MAX_EXPERTS: usize = super::limits::MAX_EXPERTS;
 /// Largest group count (one bit per group in a 32-bit mask).
-pub const MAX_GROUPS: usize = 32;
+pub const MAX_GROUPS: usize = super::limits::MAX_EXPERT_GROUPS;
 
 /// The group-limited top-k of `logits` `[t, experts]` with the choice `bias` into `ids` (i32)
 /// and `weights` (f32), both `[t, top_k]`.

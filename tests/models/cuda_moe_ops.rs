@@ -1,0 +1,154 @@
+//! Nemotron 3's MoE ops on the CUDA device against the CPU's, op by op: the group-limited
+//! sigmoid router on ties (equal logits, equal groups), coarse logits full of ties and random
+//! ones, up to 1,024 experts in 32 groups — the same experts in the same order with the same
+//! weights; and the experts' weighted sum and the latent cast, in f32 and written as bf16 (read
+//! back through an identity GEMM, exact) against the CPU's values rounded to bf16.
+#![cfg(any(feature = "cuda", feature = "cuda-emu"))]
+
+use crate::common::backends::cuda_usable;
+use hsx::kernels::cuda::CudaDevice;
+use hsx::kernels::device::{BufKind, HostMatrix};
+use hsx::kernels::routing::{GroupedTopK, Routing};
+use hsx::kernels::{Bf16Kernel, CpuDevice, Device, WeightDtype};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+fn router(top_k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
+    GroupedTopK {
+        top_k,
+        n_group,
+        topk_group,
+        renorm: true,
+        scale: 2.5,
+    }
+}
+
+fn route<D: Device>(dev: &D, logits: &[f32], bias: &[f32], r: &GroupedTopK) -> Routing {
+    let e = bias.len();
+    let mut buf = dev.buffer(logits.len() / e, e, BufKind::F32).unwrap();
+    dev.upload(logits, e, &mut buf).unwrap();
+    let b = dev.vector(bias).unwrap();
+    dev.moe_route_grouped(&buf, &b, r).unwrap()
+}
+
+/// Same rows and order; weights equal within 1e-6 (the device's `expf` may differ from the
+/// host's in the last bit: bit for bit on the emulator).
+fn assert_same(cpu: &Routing, gpu: &Routing, what: &str) {
+    assert_eq!(
+        (&cpu.rows, &cpu.offsets, &cpu.tok_pos),
+        (&gpu.rows, &gpu.offsets, &gpu.tok_pos),
+        "{what}"
+    );
+    for (a, b) in cpu.tok_w.iter().zip(&gpu.tok_w) {
+        assert!((a - b).abs() <= 1e-6 * a.abs(), "{what}: weight {a} vs {b}");
+    }
+}
+
+fn random(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// (name, experts, router, logits `[T, experts]`, bias)
+type Case = (&'static str, usize, GroupedTopK, Vec<f32>, Vec<f32>);
+
+#[test]
+fn grouped_routing_matches_the_cpu() {
+    if !cuda_usable() {
+        return;
+    }
+    let cpu = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+    let gpu = CudaDevice::new(0, WeightDtype::F32).unwrap();
+    let mut rng = StdRng::seed_from_u64(15);
+    let mut cases: Vec<Case> = vec![
+        ("all equal", 8, router(3, 4, 2), vec![0.5; 24], vec![0.0; 8]),
+        (
+            "tied groups",
+            6,
+            router(2, 3, 1),
+            vec![0., 0., 1., 1., 1., 1.],
+            vec![0.0; 6],
+        ),
+    ];
+    let coarse: Vec<f32> = random(&mut rng, 37 * 64, 2.0)
+        .iter()
+        .map(|v| (v * 2.0).round() / 2.0)
+        .collect();
+    cases.push(("coarse", 64, router(6, 8, 3), coarse, vec![0.0; 64]));
+    for (name, t, e, r) in [
+        ("random", 37, 64, router(6, 8, 3)),
+        ("nano", 19, 128, router(6, 1, 1)),
+        ("widest", 5, 1024, router(8, 32, 4)),
+    ] {
+        let bias = random(&mut rng, e, 0.1);
+        cases.push((name, e, r, random(&mut rng, t * e, 3.0), bias));
+    }
+    for (name, e, r, logits, bias) in &cases {
+        assert_eq!(bias.len(), *e);
+        let (c, g) = (route(&cpu, logits, bias, r), route(&gpu, logits, bias, r));
+        assert_same(&c, &g, name);
+    }
+}
+
+/// `x` (f32 rows of `h`) read back from a GEMM-input buffer through an identity GEMM.
+fn read_gemm_in<D: Device>(dev: &D, x: &D::Buf, rows: usize, h: usize) -> Vec<f32> {
+    let mut id = vec![0f32; h * h];
+    for i in 0..h {
+        id[i * h + i] = 1.0;
+    }
+    let w = dev.linear(HostMatrix::from_f32(&id, h, h), None).unwrap();
+    let mut out = dev.buffer(rows, h, BufKind::F32).unwrap();
+    dev.matmul(x, &w, &mut out).unwrap();
+    dev.download(&out).unwrap()
+}
+
+#[test]
+fn weighted_sum_and_cast_match_the_cpu() {
+    if !cuda_usable() {
+        return;
+    }
+    let cpu = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+    let mut rng = StdRng::seed_from_u64(16);
+    let (t, e, h, r) = (23, 16, 48, router(3, 4, 2));
+    let routing = route(
+        &cpu,
+        &random(&mut rng, t * e, 3.0),
+        &random(&mut rng, e, 0.1),
+        &r,
+    );
+    let n = routing.rows.len();
+    let y = random(&mut rng, n * h, 4.0);
+    let on_cpu = {
+        let mut yb = cpu.buffer(n, h, BufKind::F32).unwrap();
+        cpu.upload(&y, h, &mut yb).unwrap();
+        let mut out = cpu.buffer(t, h, BufKind::F32).unwrap();
+        cpu.moe_weighted_sum(&yb, &routing, t, &mut out).unwrap();
+        cpu.download(&out).unwrap()
+    };
+    let bf16 = |v: &[f32]| {
+        HostMatrix::from_f32(v, 1, v.len())
+            .to_dtype(WeightDtype::Bf16)
+            .to_f32()
+    };
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        let gpu = CudaDevice::new(0, dtype).unwrap();
+        let mut yb = gpu.buffer(n, h, BufKind::F32).unwrap();
+        gpu.upload(&y, h, &mut yb).unwrap();
+        let mut out = gpu.buffer(t, h, BufKind::GemmIn).unwrap();
+        gpu.moe_weighted_sum(&yb, &routing, t, &mut out).unwrap();
+        let want = match dtype {
+            WeightDtype::F32 => on_cpu.clone(),
+            _ => bf16(&on_cpu),
+        };
+        assert_eq!(
+            read_gemm_in(&gpu, &out, t, h),
+            want,
+            "weighted sum into {dtype:?}"
+        );
+        let mut cast = gpu.buffer(n, h, BufKind::GemmIn).unwrap();
+        gpu.cast(&yb, &mut cast).unwrap();
+        let want = match dtype {
+            WeightDtype::F32 => y.clone(),
+            _ => bf16(&y),
+        };
+        assert_eq!(read_gemm_in(&gpu, &cast, n, h), want, "cast to {dtype:?}");
+    }
+}
