@@ -5,7 +5,7 @@
 
 use super::decoder::Decoder;
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mlp, Part, Sublayer};
+use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Part, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
@@ -70,6 +70,7 @@ fn load_layer<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer: i,
+        variant: AttnVariant::causal(),
     };
     let mlp = Mlp {
         up: ld.linear(

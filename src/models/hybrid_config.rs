@@ -285,6 +285,7 @@ fn parse_qwen(
             moe,
             mamba: None,
         }),
+        gpt_oss: None,
     })
 }
 
@@ -430,6 +431,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             moe: None,
             mamba: Some(mamba),
         }),
+        gpt_oss: None,
     })
 }
 

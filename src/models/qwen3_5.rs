@@ -14,8 +14,8 @@ use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::Expert;
 use super::layers::{
-    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer, neg_exp,
-    one_plus,
+    Attention, AttnVariant, CausalConv, GatedDeltaNet, Layer, Loader, Mlp, Moe, Part, Sublayer,
+    neg_exp, one_plus,
 };
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -173,6 +173,7 @@ fn load_attention<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer,
+        variant: AttnVariant::causal(),
     })
 }
 

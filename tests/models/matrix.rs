@@ -101,4 +101,6 @@ matrix! {
     qwen3_5_vl => "qwen3_5_vl",
     qwen3_next => "qwen3_next",
     nemotron_h => "nemotron_h",
+    gpt_oss => "gpt_oss",
+    gpt_oss_mxfp4 => "gpt_oss_mxfp4",
 }

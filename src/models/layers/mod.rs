@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod gdn;
+pub mod gpt_oss_moe;
 pub mod mamba2;
 pub mod mlp;
 pub mod moe;
@@ -15,8 +16,9 @@ use super::{ModelError, Weights};
 use crate::kernels::Device;
 use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
 
-pub use attention::Attention;
+pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
+pub use gpt_oss_moe::GptOssMoe;
 pub use mamba2::Mamba2;
 pub use mlp::Mlp;
 pub use moe::Moe;
@@ -82,6 +84,7 @@ pub enum Sublayer<D: Device> {
     Attention(Attention<D>),
     Mlp(Mlp<D>),
     Moe(Moe<D>),
+    GptOssMoe(GptOssMoe<D>),
     GatedDeltaNet(GatedDeltaNet<D>),
     Mamba2(Mamba2<D>),
 }
@@ -93,6 +96,7 @@ impl<D: Device> Sublayer<D> {
             Self::Attention(a) => a.forward(dev, ctx, s),
             Self::Mlp(m) => m.forward(dev, s),
             Self::Moe(m) => m.forward(dev, s),
+            Self::GptOssMoe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
         }
@@ -103,6 +107,7 @@ impl<D: Device> Sublayer<D> {
             Self::Attention(a) => a.widths(),
             Self::Mlp(m) => m.widths(),
             Self::Moe(m) => m.widths(),
+            Self::GptOssMoe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Mamba2(m) => m.widths(),
         }

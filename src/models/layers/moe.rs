@@ -68,7 +68,7 @@ impl<D: Device> Moe<D> {
     }
 }
 
-fn check_routing<D: Device>(
+pub(super) fn check_routing<D: Device>(
     routing: &crate::kernels::routing::Routing,
     n: usize,
     experts: &[Expert<D>],
