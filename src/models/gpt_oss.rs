@@ -28,20 +28,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let g = spec.gpt_oss.clone().ok_or_else(|| {
         ModelError::InvalidOptions("GptOssForCausalLM spec without its gpt-oss fields".into())
     })?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
-    let layers = (0..spec.num_layers)
-        .map(|i| load_layer(ld, &spec, &g, i))
-        .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = ld.vector("model.norm.weight", h)?;
-    let lm_head = ld.lm_head(&spec)?;
-    Ok(Decoder {
-        spec,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-    })
+    super::dense::load_with(ld, spec, |ld, spec, i| load_layer(ld, spec, &g, i))
 }
 
 fn load_layer<D: Device>(
