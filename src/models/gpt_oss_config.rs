@@ -125,7 +125,14 @@ fn windows(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<Option<usize>>, Model
     Ok(sliding.iter().map(|&s| s.then_some(window)).collect())
 }
 
+const MAX_EXPERTS: usize = 1 << 16;
+
 fn check(cfg: &Cfg<'_>, g: &GptOssSpec) -> Result<(), ModelError> {
+    // Released models have at most a few hundred experts; per-expert lists are made from it.
+    if g.num_experts > MAX_EXPERTS {
+        let m = format!("{} is more than hsx accepts ({MAX_EXPERTS})", g.num_experts);
+        return Err(cfg.err("num_local_experts", m));
+    }
     if g.num_experts == 0 || g.top_k == 0 || g.top_k > g.num_experts {
         let m = format!("top-{} of {} experts", g.top_k, g.num_experts);
         return Err(cfg.err("num_experts_per_tok", m));

@@ -120,6 +120,7 @@ const FIXTURES: &[&str] = &[
     "nemotron_h",
     "qwen3_next",
     "qwen3_5_vl",
+    "gpt_oss_mxfp4",
 ];
 
 impl Bases {
