@@ -156,7 +156,8 @@ mod tests {
 
     use super::*;
 
-    /// openai/gpt-oss-20b's config.json as released (rope in the old `rope_scaling` field).
+    /// openai/gpt-oss-20b's config.json as released (rope in the old `rope_scaling` field;
+    /// field for field as a public test suite vendors it).
     fn released_20b() -> Value {
         json!({
           "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
