@@ -107,6 +107,16 @@ impl<'a> HostMatrix<'a> {
         dtype_size(self.dtype)
     }
 
+    /// The same matrix owning its bytes.
+    pub fn into_owned(self) -> HostMatrix<'static> {
+        HostMatrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: Cow::Owned(self.data.into_owned()),
+        }
+    }
+
     /// Every element widened to f32 (exact for bf16 and f16).
     pub fn to_f32(&self) -> Vec<f32> {
         widen(&self.data, self.dtype)
@@ -224,12 +234,43 @@ impl AttnShape {
 }
 
 /// One attention layer's call: its KV cache layer, the qkv layout, optional per-head q/k
-/// RMSNorm weights and RoPE (table, rotary dims of each head).
+/// RMSNorm weights and RoPE (table, rotary dims of each head), and the softmax's variant.
 pub struct AttnCall<'a, D: Device> {
     pub kv_layer: usize,
     pub layout: QkvLayout,
     pub qk_norm: Option<(&'a D::Vector, &'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
+    pub softmax: AttnSoftmax<'a, D>,
+}
+
+/// What the attention's softmax sees beyond the causal keys (gpt-oss): a sliding window
+/// (query at position p sees keys `p - window + 1 ..= p`), a learned per-head sink logit
+/// that joins the denominator only, and a factor on the scores (YaRN's attention factor
+/// squared) on top of `head_dim^-0.5`.
+pub struct AttnSoftmax<'a, D: Device> {
+    pub window: Option<usize>,
+    /// `[heads]` logits.
+    pub sinks: Option<&'a D::Vector>,
+    pub score_factor: f64,
+}
+
+impl<D: Device> AttnSoftmax<'_, D> {
+    /// Plain causal softmax.
+    pub fn causal() -> Self {
+        Self {
+            window: None,
+            sinks: None,
+            score_factor: 1.0,
+        }
+    }
+
+    /// The head geometry with the scale `head_dim^-0.5 · score_factor` (f64, rounded once).
+    pub fn shape(&self, heads: usize, kv_heads: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            scale: ((head_dim as f64).powf(-0.5) * self.score_factor) as f32,
+            ..AttnShape::new(heads, kv_heads, head_dim)
+        }
+    }
 }
 
 /// Gated DeltaNet geometry.
@@ -477,6 +518,14 @@ pub trait Device: Send + Sync + Sized + 'static {
     ) -> DevResult<()>;
     /// `out[t, i] = silu(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`.
     fn silu_mul(&self, gate_up: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
+    /// gpt-oss's experts: for `gu` `[T, 2I]` (gate then up), `g = min(gate, limit)`,
+    /// `u = clamp(up, -limit, limit)`, `out = (u + 1) · g · sigmoid(alpha · g)`.
+    fn swiglu_clamped(
+        &self,
+        gate_up: &Self::Buf,
+        alpha_limit: (f32, f32),
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out = relu(x)²`.
     fn relu2(&self, x: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// Causal depthwise conv1d + SiLU over `x`'s columns, the conv state carried per slot.

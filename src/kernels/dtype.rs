@@ -44,6 +44,18 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// YaRN (transformers `_compute_yarn_parameters`; gpt-oss): frequencies blended between
+    /// extrapolation and interpolation by `factor` over a ramp set by `beta_fast` /
+    /// `beta_slow`, and cos / sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max_position_embeddings: f64,
+        /// Round the ramp's ends to whole dims (transformers' default: true).
+        truncate: bool,
+        attention_factor: f64,
+    },
 }
 
 /// Element type of the hidden states written to files.

@@ -1,5 +1,8 @@
 //! The RoPE frequency table (host side, every device): `inv_freq` per rotary dim pair, with
-//! llama3 scaling, and the f32 cos/sin transformers computes from it.
+//! llama3 or YaRN scaling, and the f32 cos/sin transformers computes from it. YaRN's
+//! attention factor, which transformers multiplies into cos and sin, is not in the table: it
+//! scales q and k alike, so the attention applies its square to the scores
+//! ([`Rope::score_factor`]).
 
 use super::dtype::RopeScaling;
 
@@ -12,6 +15,9 @@ pub struct Rope {
 impl Rope {
     pub fn new(head_dim: usize, theta: f64, scaling: RopeScaling) -> Self {
         let mut inv_freq = default_inv_freq(head_dim, theta);
+        if let RopeScaling::Yarn { .. } = scaling {
+            inv_freq = yarn_inv_freq(head_dim, theta, scaling);
+        }
         if let RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -28,6 +34,17 @@ impl Rope {
             );
         }
         Self { inv_freq }
+    }
+
+    /// What the attention scores are multiplied by on top of `head_dim^-0.5`: YaRN's
+    /// attention factor squared (1 otherwise).
+    pub fn score_factor(scaling: RopeScaling) -> f64 {
+        match scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor * attention_factor,
+            _ => 1.0,
+        }
     }
 
     pub fn inv_freq(&self) -> &[f32] {
@@ -50,6 +67,46 @@ fn default_inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
     let base = theta as f32;
     (0..head_dim / 2)
         .map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
+/// transformers `_compute_yarn_parameters` (f64 where Python computes in floats, f32 where
+/// torch does).
+fn yarn_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> Vec<f32> {
+    let RopeScaling::Yarn {
+        factor,
+        beta_fast,
+        beta_slow,
+        original_max_position_embeddings: ctx,
+        truncate,
+        ..
+    } = scaling
+    else {
+        return default_inv_freq(dim, theta);
+    };
+    let d = dim as f64;
+    let correction_dim =
+        |rot: f64| (d * (ctx / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let (low, high) = (low as f32, high as f32);
+    let base = theta as f32;
+    let factor = factor as f32;
+    (0..dim / 2)
+        .map(|i| {
+            let pos_freq = base.powf((2 * i) as f32 / dim as f32);
+            let extrapolation = 1.0 / pos_freq;
+            let interpolation = 1.0 / (factor * pos_freq);
+            let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interpolation * (1.0 - keep) + extrapolation * keep
+        })
         .collect()
 }
 
@@ -100,5 +157,35 @@ mod tests {
         assert_eq!(ratios[0], 1.0);
         assert!(ratios[1] < 1.0 && ratios[1] > 0.125);
         assert!((ratios[7] - 0.125).abs() < 1e-6);
+    }
+
+    /// gpt-oss's fixture geometry (head_dim 16, theta 1e4, original context 64, beta 8 / 1,
+    /// factor 4): frequency 0 kept, 1 and 2 on the ramp, 3.. interpolated; values from transformers
+    /// 5.23 `_compute_yarn_parameters` (truncate false).
+    #[test]
+    fn yarn_matches_transformers() {
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            beta_fast: 8.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 64.0,
+            truncate: false,
+            attention_factor: 0.1 * 4f64.ln() + 1.0,
+        };
+        let got = Rope::new(16, 10000.0, yarn);
+        let want = [
+            1.0f32,
+            0.212_468_68,
+            0.025_664_398,
+            0.007_905_695,
+            0.002_5,
+            0.000_790_569_5,
+            0.000_25,
+            7.905_695e-5,
+        ];
+        for (g, w) in got.inv_freq().iter().zip(want) {
+            assert!(((g - w) / w).abs() < 1e-6, "{g} vs {w}");
+        }
+        assert!((Rope::score_factor(yarn) - 1.138629f64.powi(2)).abs() < 1e-5);
     }
 }

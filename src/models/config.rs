@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::ModelError;
+use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
 use super::weights::Weights;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
@@ -32,6 +33,8 @@ pub enum Architecture {
     Mixtral,
     /// `Qwen3_5MoeForCausalLM`: Qwen3.5 layers with routed experts + a gated shared expert.
     Qwen3_5Moe,
+    /// `GptOssForCausalLM`: sinks, sliding / full attention, YaRN, biased MoE (MXFP4 or not).
+    GptOss,
 }
 
 impl Architecture {
@@ -47,6 +50,7 @@ impl Architecture {
             "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
             "MixtralForCausalLM" => Some(Self::Mixtral),
             "Qwen3_5MoeForCausalLM" => Some(Self::Qwen3_5Moe),
+            "GptOssForCausalLM" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -64,6 +68,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
+            Self::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -108,6 +113,8 @@ pub struct ModelSpec {
     /// dense ones (an attention-only MoE model has every layer `Attention`). For hybrids the
     /// attention fields above describe the full-attention layers.
     pub hybrid: Option<HybridSpec>,
+    /// gpt-oss's windows, sinks and experts; `None` for other architectures.
+    pub gpt_oss: Option<GptOssSpec>,
 }
 
 impl ModelSpec {
@@ -142,6 +149,11 @@ impl ModelSpec {
         let value = super::export_config::text_model_config(value, path)?;
         let cfg = Cfg::new(&value, path)?;
         let architecture = cfg.architecture()?;
+        if architecture == Architecture::GptOss {
+            let spec = super::gpt_oss_config::parse(&cfg, &value, name)?;
+            spec.validate(path)?;
+            return Ok(spec);
+        }
         if architecture.is_hybrid() {
             let spec = super::hybrid_config::parse(&cfg, architecture, name)?;
             spec.validate(path)?;
@@ -182,6 +194,7 @@ impl ModelSpec {
             max_position_embeddings,
             dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
             hybrid: super::moe_config::attention_moe(&cfg, architecture, head_dim)?,
+            gpt_oss: None,
         };
         cfg.check_sliding_window(architecture, max_position_embeddings)?;
         spec.validate(path)?;
@@ -223,6 +236,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH => 4096,
+        Architecture::GptOss => 131072,
     }
 }
 
@@ -338,7 +352,7 @@ impl<'a> Cfg<'a> {
         })
     }
 
-    fn check_activation(&self) -> Result<(), ModelError> {
+    pub(super) fn check_activation(&self) -> Result<(), ModelError> {
         match self.get("hidden_act").and_then(|v| v.as_str()) {
             None | Some("silu") | Some("swish") => Ok(()),
             Some(other) => Err(ModelError::Unsupported {
@@ -435,11 +449,72 @@ impl<'a> Cfg<'a> {
                 };
                 Ok((theta, scaling))
             }
+            "yarn" => Ok((theta, self.yarn(field, obj)?)),
             other => Err(ModelError::Unsupported {
                 path: self.path_buf(),
-                what: format!("{field}: rope type `{other}` (only `default` and `llama3`)"),
+                what: format!("{field}: rope type `{other}` (only `default`, `llama3` and `yarn`)"),
             }),
         }
+    }
+}
+
+impl Cfg<'_> {
+    /// YaRN parameters with transformers' defaults (`beta_fast` 32, `beta_slow` 1,
+    /// `truncate` true) and its attention factor: given, or `0.1 · mscale · ln(factor) + 1`
+    /// (the ratio of two such with `mscale` / `mscale_all_dim`).
+    fn yarn(&self, field: &str, obj: &Map<String, Value>) -> Result<RopeScaling, ModelError> {
+        let sub = |k: &str| obj.get(k).filter(|v| !v.is_null());
+        let num = |k: &str| value_f64(sub(k)).map_err(|m| self.err(&format!("{field}.{k}"), m));
+        let req = |k: &str| {
+            num(k)?.ok_or_else(|| self.err(&format!("{field}.{k}"), "missing (yarn rope)"))
+        };
+        let factor = req("factor")?;
+        let truncate = match sub("truncate") {
+            None => true,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(self.err(
+                    &format!("{field}.truncate"),
+                    format!("expected a boolean, found {}", shown(v)),
+                ));
+            }
+        };
+        let mscale = |scale: f64, m: f64| {
+            if scale <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * scale.ln() + 1.0
+            }
+        };
+        // Python's `x or default`: a zero counts as absent.
+        let nonzero = |k: &str| Ok::<_, ModelError>(num(k)?.filter(|&v| v != 0.0));
+        let attention_factor = match (
+            num("attention_factor")?,
+            nonzero("mscale")?,
+            nonzero("mscale_all_dim")?,
+        ) {
+            (Some(a), _, _) => a,
+            (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+            _ => mscale(factor, 1.0),
+        };
+        let scaling = RopeScaling::Yarn {
+            factor,
+            beta_fast: nonzero("beta_fast")?.unwrap_or(32.0),
+            beta_slow: nonzero("beta_slow")?.unwrap_or(1.0),
+            original_max_position_embeddings: req("original_max_position_embeddings")?,
+            truncate,
+            attention_factor,
+        };
+        let ok = [factor, attention_factor]
+            .iter()
+            .all(|v| v.is_finite() && *v > 0.0);
+        if !ok {
+            return Err(self.err(
+                field,
+                format!("invalid yarn factors {factor} / {attention_factor}"),
+            ));
+        }
+        Ok(scaling)
     }
 }
 
@@ -529,9 +604,12 @@ mod tests {
     #[test]
     fn rejects_unknown_rope_arch_and_window() {
         let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "longrope", "factor": 4.0});
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(e.contains("longrope"), "{e}");
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         let e = parse(&v).unwrap_err().to_string();
-        assert!(e.contains("yarn"), "{e}");
+        assert!(e.contains("original_max_position_embeddings"), "{e}");
         let mut v = base();
         v["architectures"] = json!(["GPT2LMHeadModel"]);
         let e = parse(&v).unwrap_err().to_string();

@@ -9,17 +9,27 @@
 use super::decoder::Decoder;
 use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
 use super::moe_weights::{self, MIXTRAL_EXPERTS, QWEN_EXPERTS};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    load_with(ld, spec, load_layer)
+}
+
+/// A decoder under `model.*` (embedding, `model.norm`, the LM head) whose layer i is
+/// `layer(ld, spec, i)`.
+pub fn load_with<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: ModelSpec,
+    layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
+) -> Result<Decoder<D>, ModelError> {
     let (v, h) = (spec.vocab_size, spec.hidden_size);
     let embed = ld.linear1("model.embed_tokens", v, h, false)?;
     let layers = (0..spec.num_layers)
-        .map(|i| load_layer(ld, &spec, i))
+        .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
     let final_norm = ld.vector("model.norm.weight", h)?;
     let lm_head = ld.lm_head(&spec)?;
@@ -75,6 +85,7 @@ fn load_layer<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer: i,
+        variant: AttnVariant::causal(),
     };
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     let ffn = match moe {

@@ -92,14 +92,18 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
         return Ok(());
     };
     let method = q.get("quant_method").and_then(Value::as_str);
-    if method == Some("none") {
+    // gpt-oss's MXFP4 experts are dequantized at load (models::mxfp4).
+    if method == Some("none")
+        || (method == Some("mxfp4") && first_architecture(value) == "GptOssForCausalLM")
+    {
         return Ok(());
     }
     Err(ModelError::Unsupported {
         path: path.to_path_buf(),
         what: format!(
             "quantized checkpoint (quantization_config, quant_method `{}`): hsx loads bf16, f16 \
-             and f32 weights; use the unquantized release of the model",
+             and f32 weights (and gpt-oss's MXFP4 experts); use the unquantized release of the \
+             model",
             method.unwrap_or("?")
         ),
     })

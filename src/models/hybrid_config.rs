@@ -301,6 +301,7 @@ fn parse_qwen(
             mamba: None,
             nemotron_moe: None,
         }),
+        gpt_oss: None,
     })
 }
 
@@ -428,6 +429,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             mamba: Some(mamba),
             nemotron_moe,
         }),
+        gpt_oss: None,
     })
 }
 

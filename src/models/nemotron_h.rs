@@ -7,7 +7,9 @@
 use super::decoder::Decoder;
 use super::hybrid_config::{LayerKind, MambaSpec};
 use super::layers::mlp::Activation;
-use super::layers::{Attention, CausalConv, Layer, Loader, Mamba2, Mlp, Part, Sublayer, neg_exp};
+use super::layers::{
+    Attention, AttnVariant, CausalConv, Layer, Loader, Mamba2, Mlp, Part, Sublayer, neg_exp,
+};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::MambaDims;
@@ -95,6 +97,7 @@ fn load_attention<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer,
+        variant: AttnVariant::causal(),
     })
 }
 

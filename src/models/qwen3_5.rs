@@ -12,7 +12,8 @@
 use super::decoder::Decoder;
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::layers::{
-    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp, one_plus,
+    Attention, AttnVariant, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp,
+    one_plus,
 };
 use super::moe_weights::{self, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
@@ -173,6 +174,7 @@ fn load_attention<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer,
+        variant: AttnVariant::causal(),
     })
 }
 

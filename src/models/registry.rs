@@ -3,7 +3,7 @@
 
 use super::decoder::Decoder;
 use super::layers::Loader;
-use super::{Architecture, ModelError, ModelSpec, dense, nemotron_h, qwen3_5};
+use super::{Architecture, ModelError, ModelSpec, dense, gpt_oss, nemotron_h, qwen3_5};
 use crate::kernels::Device;
 
 /// Loads the model `spec` describes through `ld`.
@@ -16,5 +16,6 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen3_5 | Architecture::Qwen3Next => qwen3_5::load(ld, spec),
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),
         Architecture::NemotronH => nemotron_h::load(ld, spec),
+        Architecture::GptOss => gpt_oss::load(ld, spec),
     }
 }

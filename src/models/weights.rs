@@ -10,7 +10,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use super::{ModelError, WeightDtype};
-use crate::kernels::device::{HostMatrix, dtype_size, widen};
+use crate::kernels::device::{HostMatrix, widen};
 
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
@@ -141,14 +141,40 @@ impl Weights {
         rows: usize,
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
-        let (dtype, bytes) = self.raw(name, &[n, rows, cols])?;
+        self.stacked_matrix(name, &[n, rows, cols])
+    }
+
+    /// The tensor `name` of `shape` seen as `[shape[0] · … · shape[n-2], shape[n-1]]` rows as
+    /// stored (gpt-oss keeps all experts of a layer in one `[E, in, out]` tensor).
+    pub fn stacked_matrix(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<HostMatrix<'_>, ModelError> {
+        let (dtype, bytes) = self.raw(name, shape)?;
+        // Fits: raw checked that the shape's values are the tensor's bytes.
+        let (cols, rows) = match shape.split_last() {
+            Some((&c, rest)) => (c, rest.iter().product()),
+            None => (1, 1),
+        };
         Ok(HostMatrix {
             dtype,
-            // Fits: raw checked that n · rows · cols values are the tensor's bytes.
-            rows: n * rows,
+            rows,
             cols,
             data: std::borrow::Cow::Borrowed(bytes),
         })
+    }
+
+    /// The stored bytes of a `U8` tensor (MXFP4 blocks and scales), checked against
+    /// `expected_shape`.
+    pub fn u8s(&self, name: &str, expected_shape: &[usize]) -> Result<&[u8], ModelError> {
+        match self.located(name, expected_shape)? {
+            (Dtype::U8, bytes) => Ok(bytes),
+            (other, _) => Err(ModelError::TensorDtype {
+                name: name.to_string(),
+                dtype: format!("{other:?} (expected U8)"),
+            }),
+        }
     }
 
     /// The stored bytes of `name`, checked against `expected_shape` and its byte count.
@@ -157,6 +183,12 @@ impl Weights {
         name: &str,
         expected_shape: &[usize],
     ) -> Result<(WeightDtype, &[u8]), ModelError> {
+        let (dtype, bytes) = self.located(name, expected_shape)?;
+        Ok((weight_dtype(name, dtype)?, bytes))
+    }
+
+    /// The bytes of `name` in its shard, of any stored dtype.
+    fn located(&self, name: &str, expected_shape: &[usize]) -> Result<(Dtype, &[u8]), ModelError> {
         let (shard, info) = self.info(name)?;
         if info.shape != expected_shape {
             return Err(ModelError::TensorShape {
@@ -165,7 +197,6 @@ impl Weights {
                 found: info.shape.clone(),
             });
         }
-        let dtype = weight_dtype(name, info.dtype)?;
         let (start, end) = info.data_offsets;
         let bytes = shard
             .data_start
@@ -177,18 +208,19 @@ impl Weights {
                 message: format!("data of `{name}` lies outside the file"),
             })?;
         let numel = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if numel.and_then(|n| n.checked_mul(dtype_size(dtype))) != Some(bytes.len()) {
+        let bits = info.dtype.bitsize();
+        let want = numel.and_then(|n| n.checked_mul(bits));
+        if want != bytes.len().checked_mul(8) {
             return Err(ModelError::Safetensors {
                 path: shard.path.clone(),
                 message: format!(
-                    "`{name}` holds {} bytes, its shape {:?} needs {numel:?} values of {} bytes",
+                    "`{name}` holds {} bytes, its shape {:?} needs {numel:?} values of {bits} bits",
                     bytes.len(),
                     info.shape,
-                    dtype_size(dtype)
                 ),
             });
         }
-        Ok((dtype, bytes))
+        Ok((info.dtype, bytes))
     }
 
     fn info(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), ModelError> {

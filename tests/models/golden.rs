@@ -72,6 +72,13 @@ async fn qwen3_qk_norm_matches_transformers() {
     check_model("qwen3", 1e-4).await;
 }
 
+/// gpt-oss: sinks, a window of 8 on layers 0 and 2, YaRN, biased MoE; and its MXFP4 twin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpt_oss_and_mxfp4_match_transformers() {
+    check_model("gpt_oss", 1e-4).await;
+    check_model("gpt_oss_mxfp4", 1e-4).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mistral_matches_transformers() {
     check_model("mistral", 1e-4).await;

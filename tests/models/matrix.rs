@@ -109,4 +109,6 @@ matrix! {
     qwen3_5_moe_vl => "qwen3_5_moe_vl",
     nemotron_h_moe => "nemotron_h_moe",
     nemotron_h_latent => "nemotron_h_latent",
+    gpt_oss => "gpt_oss",
+    gpt_oss_mxfp4 => "gpt_oss_mxfp4",
 }

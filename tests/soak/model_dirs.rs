@@ -123,6 +123,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_moe",
     "qwen3_5_moe",
     "nemotron_h_latent",
+    "gpt_oss_mxfp4",
 ];
 
 impl Bases {

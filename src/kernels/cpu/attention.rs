@@ -15,6 +15,11 @@
 //!   `sum_r = ((e_r0 + e_r1) + e_r2) + …` in key order;
 //! - `o_r[d] = (fma-chain over j = 0..len of e_rj·v_j[d], from 0) · (1 / sum_r)`.
 //!
+//! With a sliding window of `w` (gpt-oss), row r sees keys `lo_r = max(0, len_r - w) .. len_r`
+//! only: the max, the sum and the weighted values run over those, in key order from `lo_r`; a
+//! task reads keys from its first row's `lo` on. With sinks, `m_r` also takes the head's sink
+//! logit and `sum_r` ends with `+ exp(sink - m_r)` (after the keys).
+//!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
 //! nothing, `acc + 0·v == acc`; with a NaN value at a later position, multiplying by 0 would
@@ -56,8 +61,13 @@ struct Scratch {
     st: Vec<f32>,
     /// Cache offset of key j (this kv head), `[len]`.
     offsets: Vec<usize>,
-    /// Length (keys seen) of each row, 0 for padding rows, `[rp]`.
+    /// End (exclusive) of each row's keys, counted from the task's first key; 0 for padding
+    /// rows, `[rp]`.
     lens: Vec<u32>,
+    /// Start of each row's keys (its window), counted from the task's first key, `[rp]`.
+    starts: Vec<u32>,
+    /// Each row's sink logit (0 without sinks), `[rp]`.
+    sinks: Vec<f32>,
     /// `1 / sum_r`, `[rp]`.
     inv: Vec<f32>,
 }
@@ -77,7 +87,15 @@ struct Ctx<'a> {
     plan: &'a BatchPlan<'a>,
     shape: AttnShape,
     group: usize,
+    softmax: Softmax<'a>,
     out: OutPtr,
+}
+
+/// The softmax's variant: a sliding window of keys, one sink logit per query head.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Softmax<'a> {
+    pub window: Option<usize>,
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
@@ -87,6 +105,7 @@ pub fn attention(
     vc: &[f32],
     plan: &BatchPlan<'_>,
     shape: AttnShape,
+    softmax: Softmax<'_>,
     out: &mut Vec<f32>,
 ) {
     let t = plan.num_tokens();
@@ -96,6 +115,10 @@ pub fn attention(
         q.len(),
         t * shape.heads * hd,
         "attention: q is not [T, heads * hd]"
+    );
+    assert!(
+        softmax.sinks.is_none_or(|s| s.len() == shape.heads),
+        "attention: sinks are not [heads]"
     );
     out.clear();
     out.resize(q.len(), 0.0);
@@ -107,6 +130,7 @@ pub fn attention(
         plan,
         shape,
         group,
+        softmax,
         out: OutPtr(out.as_mut_ptr()),
     };
     let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
@@ -161,17 +185,24 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
     let rows = task.n * group;
     let rp = rows.div_ceil(LANES) * LANES;
     let len = plan.positions[task.t0 + task.n - 1] + 1;
-    // Key offsets 0..len in position order.
+    // A row at position p sees keys lo(p)..=p.
+    let lo = |p: usize| ctx.softmax.window.map_or(0, |w| (p + 1).saturating_sub(w));
+    let first = lo(plan.positions[task.t0]);
+    // Key offsets first..len in position order.
     let table = plan.tables[plan.seq_of[task.t0]];
     let (bs, row) = (plan.block_size, ctx.shape.kv_heads * hd);
     let head_off = task.kv_head * hd;
     s.offsets.clear();
-    for j in 0..len {
+    for j in first..len {
         let slot = table[j / bs] as usize * bs + j % bs;
         s.offsets.push(slot * row + head_off);
     }
     s.lens.clear();
     s.lens.resize(rp, 0);
+    s.starts.clear();
+    s.starts.resize(rp, 0);
+    s.sinks.clear();
+    s.sinks.resize(rp, 0.0);
     s.qt.clear();
     s.qt.resize(hd * rp, 0.0);
     let qrow = ctx.shape.heads * hd;
@@ -179,7 +210,12 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let t = task.t0 + i;
         for g in 0..group {
             let r = i * group + g;
-            s.lens[r] = (plan.positions[t] + 1) as u32;
+            let p = plan.positions[t];
+            s.lens[r] = (p + 1 - first) as u32;
+            s.starts[r] = (lo(p) - first) as u32;
+            if let Some(sinks) = ctx.softmax.sinks {
+                s.sinks[r] = sinks[task.kv_head * group + g];
+            }
             let qh = &ctx.q[t * qrow + (task.kv_head * group + g) * hd..][..hd];
             for (d, &v) in qh.iter().enumerate() {
                 s.qt[d * rp + r] = v;
@@ -188,8 +224,9 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
     }
     // Every score a task reads is written first: grow only, no clearing. The value blocks may
     // read up to BLOCK - 1 lanes past the last row (never stored): LANES floats of slack.
-    if s.st.len() < len * rp + LANES {
-        s.st.resize(len * rp + LANES, 0.0);
+    let keys = len - first;
+    if s.st.len() < keys * rp + LANES {
+        s.st.resize(keys * rp + LANES, 0.0);
     }
     s.inv.clear();
     s.inv.resize(rp, 0.0);
@@ -249,22 +286,26 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             s.st[j * rp + r] = acc * ctx.shape.scale;
         }
     }
+    let sinks = ctx.softmax.sinks.is_some();
     for r in 0..rp {
-        let lr = s.lens[r] as usize;
-        let mut m = f32::NEG_INFINITY;
-        for j in 0..lr {
+        let (lo, lr) = (s.starts[r] as usize, s.lens[r] as usize);
+        let mut m = if sinks { s.sinks[r] } else { f32::NEG_INFINITY };
+        for j in lo..lr {
             let v = s.st[j * rp + r];
             m = if m > v { m } else { v };
         }
         let mut sum = 0.0f32;
         for j in 0..len {
-            let e = if j < lr {
+            let e = if j >= lo && j < lr {
                 exp_neg(s.st[j * rp + r] - m)
             } else {
                 0.0
             };
             s.st[j * rp + r] = e;
             sum += e;
+        }
+        if sinks {
+            sum += exp_neg(s.sinks[r] - m);
         }
         s.inv[r] = 1.0 / sum;
     }
@@ -274,7 +315,9 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             let mut acc = 0.0f32;
             // Only the row's own keys: a masked key's `0 · v` would still carry a NaN of a
             // later position's value into an earlier row.
-            let own = s.offsets.iter().enumerate().take(s.lens[r] as usize);
+            let own = (s.offsets.iter().enumerate())
+                .take(s.lens[r] as usize)
+                .skip(s.starts[r] as usize);
             for (j, &off) in own {
                 acc = s.st[j * rp + r].mul_add(ctx.vc[off + d], acc);
             }
@@ -352,23 +395,36 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             j += nk;
         }
         // Softmax over keys, 8 rows per vector.
+        let sinks = ctx.softmax.sinks.is_some();
         for c in (0..rp).step_by(LANES) {
             let lens = _mm256_loadu_si256(s.lens.as_ptr().add(c) as *const __m256i);
-            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            let starts = _mm256_loadu_si256(s.starts.as_ptr().add(c) as *const __m256i);
+            // start <= j < len.
+            let live = |j: usize| {
+                let j = _mm256_set1_epi32(j as i32);
+                let before = _mm256_cmpgt_epi32(starts, j);
+                _mm256_castsi256_ps(_mm256_andnot_si256(before, _mm256_cmpgt_epi32(lens, j)))
+            };
+            let sink = _mm256_loadu_ps(s.sinks.as_ptr().add(c));
+            let mut m = match sinks {
+                true => sink,
+                false => _mm256_set1_ps(f32::NEG_INFINITY),
+            };
             for j in 0..len {
-                let live = _mm256_cmpgt_epi32(lens, _mm256_set1_epi32(j as i32));
                 let v = _mm256_loadu_ps(st.add(j * rp + c));
                 let mx = _mm256_max_ps(m, v);
-                m = _mm256_blendv_ps(m, mx, _mm256_castsi256_ps(live));
+                m = _mm256_blendv_ps(m, mx, live(j));
             }
             let mut sum = _mm256_setzero_ps();
             for j in 0..len {
-                let live = _mm256_cmpgt_epi32(lens, _mm256_set1_epi32(j as i32));
                 let p = st.add(j * rp + c);
                 let e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(p), m));
-                let e = _mm256_and_ps(e, _mm256_castsi256_ps(live));
+                let e = _mm256_and_ps(e, live(j));
                 _mm256_storeu_ps(p, e);
                 sum = _mm256_add_ps(sum, e);
+            }
+            if sinks {
+                sum = _mm256_add_ps(sum, exp_neg_avx2(_mm256_sub_ps(sink, m)));
             }
             _mm256_storeu_ps(
                 s.inv.as_mut_ptr().add(c),
@@ -383,7 +439,7 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let offs = s.offsets.as_ptr();
         let mut outs = [[std::ptr::null_mut(); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
         let mut invs = [[0.0f32; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
-        let mut lens = [[0usize; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
+        let mut lens = [[(0usize, 0usize); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
         debug_assert!(rows <= TILE_ROWS.max(ctx.group));
         let blocks = rows.div_ceil(BLOCK);
         let mut block_outs = Vec::new();
@@ -398,7 +454,7 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         } else {
             block_outs.resize(blocks, [std::ptr::null_mut(); BLOCK]);
             block_invs.resize(blocks, [0.0f32; BLOCK]);
-            block_lens.resize(blocks, [0usize; BLOCK]);
+            block_lens.resize(blocks, [(0usize, 0usize); BLOCK]);
             (
                 &mut block_outs[..],
                 &mut block_invs[..],
@@ -415,7 +471,7 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             for i in 0..(rows - rb).min(BLOCK) {
                 o[i] = out_row(ctx, task, rb + i);
                 v[i] = s.inv[rb + i];
-                l[i] = s.lens[rb + i] as usize;
+                l[i] = (s.starts[rb + i] as usize, s.lens[rb + i] as usize);
             }
         }
         let mut kb = 0;
@@ -464,13 +520,13 @@ struct Keys {
     last: bool,
 }
 
-/// The rows of one value block: output rows, `1 / sum`, keys each row sees (its length: a
-/// later key's `0 · v` would carry a NaN value into an earlier row), rows in use.
+/// The rows of one value block: output rows, `1 / sum`, keys each row sees (start, end: a
+/// key outside them, `0 · v`, would carry a NaN value into the row), rows in use.
 #[cfg(target_arch = "x86_64")]
 struct Rows {
     outs: [*mut f32; BLOCK],
     inv: [f32; BLOCK],
-    lens: [usize; BLOCK],
+    lens: [(usize, usize); BLOCK],
     nr: usize,
 }
 
@@ -544,7 +600,8 @@ unsafe fn values_block<const C: usize>(
             }
             let pj = p.add(j * rp);
             for (i, a) in acc.iter_mut().enumerate() {
-                if j >= rows.lens[i] {
+                let (start, end) = rows.lens[i];
+                if j < start || j >= end {
                     continue;
                 }
                 let e = _mm256_broadcast_ss(&*pj.add(i));
@@ -564,189 +621,5 @@ unsafe fn values_block<const C: usize>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::cpu::kv_cache::KvCache;
-    use crate::kernels::plan::PlanLimits;
-    use crate::kernels::{Batch, SeqChunk};
-
-    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
-            .collect()
-    }
-
-    #[test]
-    fn exp_neg_is_accurate() {
-        for i in 0..1990 {
-            let x = -(i as f32) * 0.0437;
-            let got = exp_neg(x) as f64;
-            let want = (x as f64).exp();
-            assert!(((got - want) / want).abs() < 3e-7, "x={x}: {got} vs {want}");
-        }
-    }
-
-    /// Runs `attention` for one sequence of `len` tokens split into `chunks` (each a separate
-    /// call, as chunked prefill does) and returns the output rows in order.
-    fn run(
-        shape: AttnShape,
-        len: usize,
-        chunks: &[usize],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        portable: bool,
-    ) -> Vec<f32> {
-        let (hd, qd, kvd) = (
-            shape.head_dim,
-            shape.heads * shape.head_dim,
-            shape.kv_heads * shape.head_dim,
-        );
-        let bs = 4;
-        let mut cache = KvCache::new(1, len.div_ceil(bs) + 3, bs, kvd).unwrap();
-        // A scrambled block table.
-        let nb = len.div_ceil(bs);
-        let table: Vec<u32> = (0..nb as u32)
-            .map(|b| (b * 5 + 2) % (nb as u32 + 3))
-            .collect();
-        let lim = PlanLimits {
-            vocab: 10,
-            max_positions: 100_000,
-            num_blocks: nb + 3,
-            block_size: bs,
-        };
-        let mut all = Vec::new();
-        let mut start = 0;
-        for &n in chunks {
-            let ids = vec![0u32; n];
-            let seqs = [SeqChunk {
-                start,
-                len: n,
-                block_table: table.clone(),
-                sample: false,
-                state_slot: None,
-            }];
-            let plan = BatchPlan::new(
-                &Batch {
-                    token_ids: &ids,
-                    seqs: &seqs,
-                },
-                &lim,
-            )
-            .unwrap();
-            cache.write(
-                0,
-                &plan.slots,
-                &k[start * kvd..(start + n) * kvd],
-                &v[start * kvd..(start + n) * kvd],
-            );
-            let (kc, vc) = cache.layer(0);
-            let qs = &q[start * qd..(start + n) * qd];
-            let mut out = Vec::new();
-            if portable {
-                out.resize(qs.len(), 0.0);
-                let group = shape.heads / shape.kv_heads;
-                let ctx = Ctx {
-                    q: qs,
-                    kc,
-                    vc,
-                    plan: &plan,
-                    shape,
-                    group,
-                    out: OutPtr(out.as_mut_ptr()),
-                };
-                let mut s = Scratch::default();
-                for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
-                    prepare(&ctx, &task, &mut s);
-                    task_portable(&ctx, &task, &mut s);
-                }
-            } else {
-                attention(qs, kc, vc, &plan, shape, &mut out);
-            }
-            all.extend_from_slice(&out);
-            start += n;
-        }
-        let _ = hd;
-        all
-    }
-
-    fn naive(shape: AttnShape, len: usize, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
-        let (hd, h, kvh) = (shape.head_dim, shape.heads, shape.kv_heads);
-        let group = h / kvh;
-        let mut out = vec![0.0f64; len * h * hd];
-        for t in 0..len {
-            for head in 0..h {
-                let kh = head / group;
-                let qv = &q[(t * h + head) * hd..][..hd];
-                let s: Vec<f64> = (0..=t)
-                    .map(|j| {
-                        let kv = &k[(j * kvh + kh) * hd..][..hd];
-                        qv.iter()
-                            .zip(kv)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>()
-                            * shape.scale as f64
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for d in 0..hd {
-                    out[(t * h + head) * hd + d] = (0..=t)
-                        .map(|j| e[j] * v[(j * kvh + kh) * hd + d] as f64)
-                        .sum::<f64>()
-                        / sum;
-                }
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn matches_naive_and_is_invariant_to_chunking_and_cpu() {
-        let mut seed = 3;
-        for (heads, kv_heads, hd, len) in [
-            (4, 2, 16, 37),
-            (16, 4, 64, 70),
-            (8, 2, 24, 21),
-            (3, 3, 5, 9),
-            (8, 2, 64, 300),
-            (40, 1, 8, 20),
-        ] {
-            let shape = AttnShape {
-                heads,
-                kv_heads,
-                head_dim: hd,
-                scale: (hd as f64).powf(-0.5) as f32,
-            };
-            let q = rnd(len * heads * hd, &mut seed);
-            let k = rnd(len * kv_heads * hd, &mut seed);
-            let v = rnd(len * kv_heads * hd, &mut seed);
-            let want = naive(shape, len, &q, &k, &v);
-            let whole = run(shape, len, &[len], &q, &k, &v, false);
-            for (a, b) in whole.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
-            }
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
-                let got = run(shape, len, &chunks, &q, &k, &v, false);
-                assert_eq!(
-                    bits(&got),
-                    bits(&whole),
-                    "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
-                );
-            }
-            let portable = run(shape, len, &[len], &q, &k, &v, true);
-            assert_eq!(
-                bits(&portable),
-                bits(&whole),
-                "portable vs fast {heads}/{kv_heads}/{hd}"
-            );
-        }
-    }
-}
+#[path = "attention_tests.rs"]
+mod tests;

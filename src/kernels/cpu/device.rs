@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::attention::{AttnShape, attention};
+use super::attention::{self, attention};
 use super::bf16::{Bf16Kernel, PackedBf16};
 use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
@@ -325,8 +325,19 @@ impl Device for CpuDevice {
         }
         kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
         let (kc, vc) = kv.cache.layer(call.kv_layer);
-        let shape = AttnShape::new(l.heads, l.kv_heads, hd);
-        attention(&kv.q, kc, vc, plan, shape, &mut out.data);
+        let sm = &call.softmax;
+        if sm.sinks.is_some_and(|s| s.len() != l.heads) || sm.window == Some(0) {
+            return Err(DeviceError::Invalid(format!(
+                "attention sinks / window {:?} for {} heads",
+                sm.window, l.heads
+            )));
+        }
+        let shape = sm.shape(l.heads, l.kv_heads, hd);
+        let softmax = self::attention::Softmax {
+            window: sm.window,
+            sinks: sm.sinks.map(|s| &s[..]),
+        };
+        attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data);
         set(out, qd);
         Ok(())
     }
@@ -344,6 +355,18 @@ impl Device for CpuDevice {
     fn silu_mul(&self, gate_up: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
         let inter = gate_up.width / 2;
         ops::silu_mul(&gate_up.data, inter, &mut out.data);
+        set(out, inter);
+        Ok(())
+    }
+
+    fn swiglu_clamped(
+        &self,
+        gate_up: &CpuBuf,
+        alpha_limit: (f32, f32),
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let inter = gate_up.width / 2;
+        ops::swiglu_clamped(&gate_up.data, inter, alpha_limit, &mut out.data);
         set(out, inter);
         Ok(())
     }

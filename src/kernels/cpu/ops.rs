@@ -61,6 +61,21 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 
 /// `out[t, i] = silu(gu[t, i]) * gu[t, I + i]` for `gu` of shape `[T, 2I]` (gate then up).
 pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
+    glu(gu, inter, out, |g, u| (g / (1.0 + (-g).exp())) * u);
+}
+
+/// gpt-oss's clamped SwiGLU (transformers `GptOssExperts._apply_gate`, in f32):
+/// `(clamp(u, -limit, limit) + 1) · g · sigmoid(alpha · g)` with `g = min(gate, limit)`.
+pub fn swiglu_clamped(gu: &[f32], inter: usize, (alpha, limit): (f32, f32), out: &mut Vec<f32>) {
+    glu(gu, inter, out, |g, u| {
+        let g = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        (u + 1.0) * (g * (1.0 / (1.0 + (-(g * alpha)).exp())))
+    });
+}
+
+/// `out[t, i] = f(gu[t, i], gu[t, I + i])` over rows of `[gate (I) | up (I)]`.
+fn glu(gu: &[f32], inter: usize, out: &mut Vec<f32>, f: impl Fn(f32, f32) -> f32 + Sync) {
     let t = gu.len() / (2 * inter);
     out.clear();
     out.resize(t * inter, 0.0);
@@ -69,7 +84,7 @@ pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
         .for_each(|(o, row)| {
             let (g, u) = row.split_at(inter);
             for ((oi, &gi), &ui) in o.iter_mut().zip(g).zip(u) {
-                *oi = (gi / (1.0 + (-gi).exp())) * ui;
+                *oi = f(gi, ui);
             }
         });
 }

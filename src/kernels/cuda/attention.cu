@@ -10,6 +10,12 @@
 // rescale by exp(m_old - m_new)); values accumulate in key order. Rows of a tile never
 // interact: a key block past a row's length is skipped for that row, keys past it inside a
 // block get p = 0 and are never added.
+//
+// gpt-oss: with a sliding window (`window` > 0) row r sees keys lo_r = max(0, len_r - window)
+// .. len_r only: blocks (still counted from position 0) wholly before lo_r are skipped for the
+// row, keys before lo_r inside a block get p = 0 and are never added; the tile starts at the
+// block of its first row's lo. With sinks (`sinks` non-null) the head's sink logit joins the
+// max and the denominator once, after the last key block.
 
 // K/V rows of one token from the fused qkv rows into the cache.
 // Launch: grid (T), block (256).
@@ -56,6 +62,8 @@ struct AttnArgs {
     const int* table_start;  // [num_seqs] offset of each seq's table in `tables`
     int heads, kv_heads, hd, block_size, kb;
     float scale;
+    const float* sinks;      // [heads] sink logits, or null
+    int window;              // sliding window in keys, or 0 for none
 };
 
 // Launch: grid (num_tiles, heads), block (32 * ATTN_WARPS), dynamic shared memory
@@ -80,17 +88,19 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
         qs[i] = r < n ? a.q[(size_t)(t0 + r) * a.q_stride + a.q_col + (size_t)h * hd + d] : 0.f;
     }
     float m[ATTN_ROWS], l[ATTN_ROWS], acc[ATTN_ROWS][ATTN_DIMS];
-    int len[ATTN_ROWS];
+    int len[ATTN_ROWS], lo[ATTN_ROWS];
 #pragma unroll
     for (int ri = 0; ri < ATTN_ROWS; ++ri) {
         const int r = warp + ri * ATTN_WARPS;
         len[ri] = r < n ? a.positions[t0 + r] + 1 : 0;
+        lo[ri] = a.window > 0 ? max(0, len[ri] - a.window) : 0;
         m[ri] = -HSX_INF;
         l[ri] = 0.f;
 #pragma unroll
         for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] = 0.f;
     }
-    for (int kb = 0; kb < max_len; kb += kb_n) {
+    const int first = a.window > 0 ? max(0, a.positions[t0] + 1 - a.window) : 0;
+    for (int kb = first / kb_n * kb_n; kb < max_len; kb += kb_n) {
         __syncthreads();  // the previous block's keys are no longer read (and qs is written)
         for (int i = threadIdx.x; i < kb_n * hd; i += blockDim.x) {
             const int j = i / hd, d = i % hd, p = kb + j;
@@ -108,9 +118,10 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
         __syncthreads();
 #pragma unroll
         for (int ri = 0; ri < ATTN_ROWS; ++ri) {
-            if (kb >= len[ri]) continue;  // warp-uniform: every lane has the same row
+            // warp-uniform: every lane has the same row
+            if (kb >= len[ri] || kb + kb_n <= lo[ri]) continue;
             const float* qr = qs + (warp + ri * ATTN_WARPS) * hd;
-            const bool valid = lane < kb_n && kb + lane < len[ri];
+            const bool valid = lane < kb_n && kb + lane < len[ri] && kb + lane >= lo[ri];
             float s = -HSX_INF;
             if (valid) {
                 float dot = 0.f;
@@ -125,7 +136,7 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
 #pragma unroll
             for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] *= alpha;
             const int keys = min(kb_n, len[ri] - kb);
-            for (int j = 0; j < keys; ++j) {
+            for (int j = max(0, lo[ri] - kb); j < keys; ++j) {
                 const float pj = __shfl_sync(HSX_FULL_MASK, p, j);
 #pragma unroll
                 for (int c = 0; c < ATTN_DIMS; ++c) {
@@ -140,6 +151,14 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
     for (int ri = 0; ri < ATTN_ROWS; ++ri) {
         const int r = warp + ri * ATTN_WARPS;
         if (r >= n) continue;
+        if (a.sinks != nullptr) {
+            const float sink = a.sinks[h];
+            const float m_new = fmaxf(m[ri], sink);
+            const float alpha = expf(m[ri] - m_new);
+            l[ri] = fmaf(l[ri], alpha, expf(sink - m_new));
+#pragma unroll
+            for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] *= alpha;
+        }
         const float inv = 1.0f / l[ri];
         OUT* o = out + (size_t)(t0 + r) * a.heads * hd + (size_t)h * hd;
 #pragma unroll

@@ -358,6 +358,23 @@ impl Device for CudaDevice {
         Ok(ops::silu_mul(g, gate_up.ptr(), out.ptr(), dt, rows, inter)?)
     }
 
+    fn swiglu_clamped(
+        &self,
+        gate_up: &CudaBuf,
+        alpha_limit: (f32, f32),
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        gate_up.f32("swiglu_clamped input")?;
+        if !gate_up.width().is_multiple_of(2) {
+            return invalid(format!("swiglu_clamped over {}-wide rows", gate_up.width()));
+        }
+        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
+        out.set(rows, inter, "swiglu_clamped")?;
+        let (g, dt) = (&self.gpu, out.dtype());
+        let io = (gate_up.ptr(), out.ptr());
+        Ok(ops::swiglu_clamped(g, io, dt, (rows, inter), alpha_limit)?)
+    }
+
     fn relu2(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
         x.f32("relu2 input")?;
         out.set(x.rows(), x.width(), "relu2")?;

@@ -10,7 +10,7 @@ use super::context::DevBuf;
 use super::device::CudaDevice;
 use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_len, cols, invalid};
 use super::gemm;
-use super::kv_cache::{DevKvCache, QkvRows};
+use super::kv_cache::{DevKvCache, DevSoftmax, QkvRows};
 use super::moe::{self, CombineIo};
 use super::ops;
 use super::recurrent::{self, ConvIo, GatedNormIo, GdnIo, MambaIo, StateSlots};
@@ -78,8 +78,29 @@ impl CudaDevice {
         };
         let norms = call.qk_norm.map(|(q, k, eps)| (q.ptr(), k.ptr(), eps));
         let rope = call.rope.map(|(r, rot)| (rot, r.inv_freq.ptr()));
+        let sm = &call.softmax;
+        if let Some(s) = sm.sinks {
+            check_len(s, l.heads, "attention sinks")?;
+        }
+        if sm.window == Some(0) {
+            return invalid("attention window of 0 keys".to_string());
+        }
+        let softmax = DevSoftmax {
+            shape: sm.shape(l.heads, l.kv_heads, hd),
+            sinks: sm.sinks.map_or(0, |s| s.ptr()),
+            window: sm.window.unwrap_or(0),
+        };
         let o = (out.ptr(), out.dtype());
-        Ok(kv.attend(&self.gpu, call.kv_layer, rows, norms, rope, o, plan)?)
+        Ok(kv.attend(
+            &self.gpu,
+            call.kv_layer,
+            rows,
+            norms,
+            rope,
+            softmax,
+            o,
+            plan,
+        )?)
     }
 
     pub(super) fn conv1d_op(

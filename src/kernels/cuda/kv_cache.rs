@@ -102,6 +102,15 @@ pub struct QkvRows {
     pub head_dim: usize,
 }
 
+/// The softmax's variant as the kernel takes it: scale and head geometry, the sinks' device
+/// address (0 = none), the sliding window in keys (0 = none).
+#[derive(Debug, Clone, Copy)]
+pub struct DevSoftmax {
+    pub shape: AttnShape,
+    pub sinks: u64,
+    pub window: usize,
+}
+
 /// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -119,6 +128,8 @@ pub struct AttnArgs {
     block_size: i32,
     kb: i32,
     scale: f32,
+    sinks: u64,
+    window: i32,
 }
 
 /// K and V of every attention layer.
@@ -218,7 +229,7 @@ impl DevKvCache {
     /// An attention layer over fused projection rows: per-head q/k RMSNorm in place where
     /// `norms` = (q weight, k weight, eps) is given, RoPE of the first `rot` dims at the plan's
     /// positions where `rope` = (rot, inv_freq) is given, every token's K/V into `layer`, then
-    /// the causal attention into `out` = (address, dtype) with scale `head_dim^-0.5`.
+    /// the causal attention (`softmax`'s scale, window and sinks) into `out` = (address, dtype).
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
@@ -227,6 +238,7 @@ impl DevKvCache {
         rows: QkvRows,
         norms: Option<(u64, u64, f64)>,
         rope: Option<(usize, u64)>,
+        softmax: DevSoftmax,
         (out, out_dtype): (u64, WeightDtype),
         plan: &DevPlan,
     ) -> CudaResult<()> {
@@ -251,25 +263,28 @@ impl DevKvCache {
         }
         let v_col = rows.k_col + rows.kv_heads * hd;
         self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
-        let shape = AttnShape::new(rows.heads, rows.kv_heads, hd);
-        self.attention(gpu, layer, q, shape, out, out_dtype, plan)
+        self.attention(gpu, layer, q, softmax, out, out_dtype, plan)
     }
 
     /// `out[t, h * hd..]` (in `out_dtype`: f32 or the cache dtype) = causal attention of the
-    /// query heads `q` over positions `0..=pos[t]` of token t's sequence in `layer`.
+    /// query heads `q` over positions `0..=pos[t]` (the window's end of them) of token t's
+    /// sequence in `layer`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         gpu: &Gpu,
         layer: usize,
         q: Heads,
-        shape: AttnShape,
+        softmax: DevSoftmax,
         out: u64,
         out_dtype: WeightDtype,
         plan: &DevPlan,
     ) -> CudaResult<()> {
         let (k, v) = self.layer(layer)?;
+        let shape = softmax.shape;
         check_shape(shape, self.kv_dim)?;
+        let window = i32::try_from(softmax.window)
+            .map_err(|_| CudaError::Invalid(format!("window {} exceeds i32", softmax.window)))?;
         if plan.num_tiles == 0 {
             return Ok(());
         }
@@ -293,6 +308,8 @@ impl DevKvCache {
             block_size: self.block_size as i32,
             kb: kb as i32,
             scale: shape.scale,
+            sinks: softmax.sinks,
+            window,
         };
         let cfg = LaunchConfig {
             grid_dim: (plan.num_tiles as u32, shape.heads as u32, 1),

@@ -292,6 +292,7 @@ mod tests {
                 "rms_norm",
                 "add_rms_norm",
                 "silu_mul",
+                "swiglu_clamped",
                 "embed",
                 "kv_write",
                 "attn_gate",

@@ -153,6 +153,33 @@ pub fn silu_mul(
     launch!(gpu, &name => "silu_mul_f32", elems_cfg(total)?, gu, out, inter, i64_of(total))
 }
 
+/// gpt-oss's clamped SwiGLU of `gu` `[rows, 2 · inter]` (f32) into `out` (`dtype`).
+pub fn swiglu_clamped(
+    gpu: &Gpu,
+    (gu, out): (u64, u64),
+    dtype: WeightDtype,
+    (rows, inter): (usize, usize),
+    (alpha, limit): (f32, f32),
+) -> CudaResult<()> {
+    let total = rows * inter;
+    if total == 0 {
+        return Ok(());
+    }
+    let name = format!("swiglu_clamped_{}", suffix(dtype));
+    let inter = i32_of(inter, "intermediate")?;
+    launch!(
+        gpu,
+        &name => "swiglu_clamped_f32",
+        elems_cfg(total)?,
+        gu,
+        out,
+        inter,
+        alpha,
+        limit,
+        i64_of(total)
+    )
+}
+
 /// `y[r, i] += b[i]` over `rows` rows of `n`.
 pub fn bias_add(gpu: &Gpu, y: u64, b: u64, rows: usize, n: usize) -> CudaResult<()> {
     let total = rows * n;

@@ -1,10 +1,11 @@
 //! Full attention over the paged KV cache: fused q/k/v projection (+ bias), optional per-head
 //! q/k RMSNorm, RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
-//! attention, optional output gate `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
+//! attention (optionally gpt-oss's sliding window, sinks and YaRN score factor), optional
+//! output gate `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{AttnCall, Cols, DevResult, QkvLayout};
+use crate::kernels::device::{AttnCall, AttnSoftmax, Cols, DevResult, QkvLayout};
 
 /// One attention sublayer's weights on the device.
 pub struct Attention<D: Device> {
@@ -22,6 +23,26 @@ pub struct Attention<D: Device> {
     pub eps: f64,
     /// This layer's index among the attention layers (its KV cache layer).
     pub kv_layer: usize,
+    pub variant: AttnVariant<D>,
+}
+
+/// The softmax's variant ([`AttnSoftmax`]) with the sinks on the device.
+pub struct AttnVariant<D: Device> {
+    pub window: Option<usize>,
+    /// `[heads]` sink logits.
+    pub sinks: Option<D::Vector>,
+    pub score_factor: f64,
+}
+
+impl<D: Device> AttnVariant<D> {
+    /// Plain causal attention.
+    pub fn causal() -> Self {
+        Self {
+            window: None,
+            sinks: None,
+            score_factor: 1.0,
+        }
+    }
 }
 
 impl<D: Device> Attention<D> {
@@ -62,6 +83,11 @@ impl<D: Device> Attention<D> {
             layout: self.layout(),
             qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k, self.eps)),
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
+            softmax: AttnSoftmax {
+                window: self.variant.window,
+                sinks: self.variant.sinks.as_ref(),
+                score_factor: self.variant.score_factor,
+            },
         };
         if self.gated {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.mid)?;

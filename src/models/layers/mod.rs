@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod gdn;
+pub mod gpt_oss_moe;
 pub mod mamba2;
 pub mod mlp;
 pub mod moe;
@@ -16,8 +17,9 @@ use super::{ModelError, Weights};
 use crate::kernels::Device;
 use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
 
-pub use attention::Attention;
+pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
+pub use gpt_oss_moe::GptOssMoe;
 pub use mamba2::Mamba2;
 pub use mlp::Mlp;
 pub use moe::Moe;
@@ -86,6 +88,7 @@ pub enum Sublayer<D: Device> {
     Moe(Moe<D>),
     /// Nemotron 3's MoE block (group-limited sigmoid router, relu² experts).
     NemotronMoe(NemotronMoe<D>),
+    GptOssMoe(GptOssMoe<D>),
     GatedDeltaNet(GatedDeltaNet<D>),
     Mamba2(Mamba2<D>),
 }
@@ -98,6 +101,7 @@ impl<D: Device> Sublayer<D> {
             Self::Mlp(m) => m.forward(dev, s),
             Self::Moe(m) => m.forward(dev, s),
             Self::NemotronMoe(m) => m.forward(dev, s),
+            Self::GptOssMoe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
         }
@@ -109,6 +113,7 @@ impl<D: Device> Sublayer<D> {
             Self::Mlp(m) => m.widths(),
             Self::Moe(m) => m.widths(),
             Self::NemotronMoe(m) => m.widths(),
+            Self::GptOssMoe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Mamba2(m) => m.widths(),
         }

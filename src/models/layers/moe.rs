@@ -6,9 +6,10 @@
 //! expert's output scaled by `sigmoid(shared_expert_gate(x))`.
 
 use super::mlp::Mlp;
-use super::{Scratch, Widths};
+use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{DevResult, DeviceError};
+use crate::kernels::routing::Routing;
 
 /// One routed expert: stacked `[gate | up]` and `down`.
 pub struct Expert<D: Device> {
@@ -52,24 +53,16 @@ impl<D: Device> Moe<D> {
             .ok_or_else(|| DeviceError::Invalid("MoE block without MoE buffers".into()))?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let routing = dev.moe_route(&m.logits, self.top_k, self.norm_topk_prob)?;
-        let n = routing.rows.len();
-        dev.moe_gather(&s.normed, &routing, &mut m.rows)?;
-        check_routing(&routing, n, &self.experts)?;
-        let hidden = self.hidden;
-        let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
-        dev.resize(&mut m.gate_up, n, 2 * self.inter)?;
-        for (expert, rows) in self.experts.iter().zip(spans.clone()) {
-            if !rows.is_empty() {
-                dev.matmul_rows(&m.rows, rows, &expert.gate_up, &mut m.gate_up)?;
-            }
-        }
-        dev.silu_mul(&m.gate_up, &mut m.act)?;
-        dev.resize(&mut m.out, n, hidden)?;
-        for (expert, rows) in self.experts.iter().zip(spans) {
-            if !rows.is_empty() {
-                dev.matmul_rows(&m.act, rows, &expert.down, &mut m.out)?;
-            }
-        }
+        let sizes = (self.inter, self.hidden);
+        run_experts(
+            dev,
+            &s.normed,
+            &routing,
+            &self.experts,
+            sizes,
+            m,
+            |d, gu, act| d.silu_mul(gu, act),
+        )?;
         let shared = match &self.shared {
             Some(sh) => {
                 let wide = (&mut s.wide, &mut s.act);
@@ -83,11 +76,40 @@ impl<D: Device> Moe<D> {
     }
 }
 
-fn check_routing<D: Device>(
-    routing: &crate::kernels::routing::Routing,
-    n: usize,
+/// The routed experts of a MoE block: `x`'s rows gathered into expert order (`m.rows`), each
+/// expert's `[gate | up]` GEMM on its rows, `act` over all rows at once (`m.gate_up` →
+/// `m.act`), each expert's down GEMM: the experts' outputs in `m.out`, in expert order. An
+/// expert no token chose is skipped.
+pub(super) fn run_experts<D: Device>(
+    dev: &D,
+    x: &D::Buf,
+    routing: &Routing,
     experts: &[Expert<D>],
+    (inter, hidden): (usize, usize),
+    m: &mut MoeScratch<D>,
+    act: impl FnOnce(&D, &D::Buf, &mut D::Buf) -> DevResult<()>,
 ) -> DevResult<()> {
+    let n = routing.rows.len();
+    dev.moe_gather(x, routing, &mut m.rows)?;
+    check_routing(routing, n, experts)?;
+    let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
+    dev.resize(&mut m.gate_up, n, 2 * inter)?;
+    for (expert, rows) in experts.iter().zip(spans.clone()) {
+        if !rows.is_empty() {
+            dev.matmul_rows(&m.rows, rows, &expert.gate_up, &mut m.gate_up)?;
+        }
+    }
+    act(dev, &m.gate_up, &mut m.act)?;
+    dev.resize(&mut m.out, n, hidden)?;
+    for (expert, rows) in experts.iter().zip(spans) {
+        if !rows.is_empty() {
+            dev.matmul_rows(&m.act, rows, &expert.down, &mut m.out)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_routing<D: Device>(routing: &Routing, n: usize, experts: &[Expert<D>]) -> DevResult<()> {
     if routing.offsets.len() != experts.len() + 1 || routing.offsets.last() != Some(&n) {
         return Err(DeviceError::Invalid(format!(
             "routing of {n} rows over {} experts has {} offsets",

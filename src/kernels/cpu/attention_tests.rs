@@ -1,0 +1,226 @@
+//! The CPU attention against a naive f64 reference, chunking / CPU-path invariance.
+
+use super::*;
+use crate::kernels::cpu::kv_cache::KvCache;
+use crate::kernels::plan::PlanLimits;
+use crate::kernels::{Batch, SeqChunk};
+
+fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+#[test]
+fn exp_neg_is_accurate() {
+    for i in 0..1990 {
+        let x = -(i as f32) * 0.0437;
+        let got = exp_neg(x) as f64;
+        let want = (x as f64).exp();
+        assert!(((got - want) / want).abs() < 3e-7, "x={x}: {got} vs {want}");
+    }
+}
+
+/// Runs `attention` for one sequence of `len` tokens split into `chunks` (each a separate
+/// call, as chunked prefill does) and returns the output rows in order.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    shape: AttnShape,
+    softmax: Softmax<'_>,
+    len: usize,
+    chunks: &[usize],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    portable: bool,
+) -> Vec<f32> {
+    let (hd, qd, kvd) = (
+        shape.head_dim,
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let bs = 4;
+    let mut cache = KvCache::new(1, len.div_ceil(bs) + 3, bs, kvd).unwrap();
+    // A scrambled block table.
+    let nb = len.div_ceil(bs);
+    let table: Vec<u32> = (0..nb as u32)
+        .map(|b| (b * 5 + 2) % (nb as u32 + 3))
+        .collect();
+    let lim = PlanLimits {
+        vocab: 10,
+        max_positions: 100_000,
+        num_blocks: nb + 3,
+        block_size: bs,
+    };
+    let mut all = Vec::new();
+    let mut start = 0;
+    for &n in chunks {
+        let ids = vec![0u32; n];
+        let seqs = [SeqChunk {
+            start,
+            len: n,
+            block_table: table.clone(),
+            sample: false,
+            state_slot: None,
+        }];
+        let plan = BatchPlan::new(
+            &Batch {
+                token_ids: &ids,
+                seqs: &seqs,
+            },
+            &lim,
+        )
+        .unwrap();
+        cache.write(
+            0,
+            &plan.slots,
+            &k[start * kvd..(start + n) * kvd],
+            &v[start * kvd..(start + n) * kvd],
+        );
+        let (kc, vc) = cache.layer(0);
+        let qs = &q[start * qd..(start + n) * qd];
+        let mut out = Vec::new();
+        if portable {
+            out.resize(qs.len(), 0.0);
+            let group = shape.heads / shape.kv_heads;
+            let ctx = Ctx {
+                q: qs,
+                kc,
+                vc,
+                plan: &plan,
+                shape,
+                group,
+                softmax,
+                out: OutPtr(out.as_mut_ptr()),
+            };
+            let mut s = Scratch::default();
+            for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
+                prepare(&ctx, &task, &mut s);
+                task_portable(&ctx, &task, &mut s);
+            }
+        } else {
+            attention(qs, kc, vc, &plan, shape, softmax, &mut out);
+        }
+        all.extend_from_slice(&out);
+        start += n;
+    }
+    let _ = hd;
+    all
+}
+
+/// Softmax over the keys in the window (and the sink, whose weight is dropped), in f64.
+fn naive(
+    shape: AttnShape,
+    softmax: Softmax<'_>,
+    len: usize,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+) -> Vec<f64> {
+    let (hd, h, kvh) = (shape.head_dim, shape.heads, shape.kv_heads);
+    let group = h / kvh;
+    let mut out = vec![0.0f64; len * h * hd];
+    for t in 0..len {
+        for head in 0..h {
+            let kh = head / group;
+            let qv = &q[(t * h + head) * hd..][..hd];
+            let lo = softmax.window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let s: Vec<f64> = (lo..=t)
+                .map(|j| {
+                    let kv = &k[(j * kvh + kh) * hd..][..hd];
+                    qv.iter()
+                        .zip(kv)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * shape.scale as f64
+                })
+                .collect();
+            let sink = softmax.sinks.map(|s| s[head] as f64);
+            let m = s
+                .iter()
+                .chain(&sink)
+                .cloned()
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
+            for d in 0..hd {
+                out[(t * h + head) * hd + d] = (lo..=t)
+                    .map(|j| e[j - lo] * v[(j * kvh + kh) * hd + d] as f64)
+                    .sum::<f64>()
+                    / sum;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn matches_naive_and_is_invariant_to_chunking_and_cpu() {
+    check_variant(3, |_| Softmax::default());
+}
+
+/// gpt-oss's softmax: a sliding window (shorter and longer than the chunks, 1, and wider than
+/// the sequence) and per-head sinks, alone and together.
+#[test]
+fn window_and_sinks_match_naive_and_are_invariant() {
+    let sinks: Vec<f32> = (0..40).map(|h| (h as f32 * 0.77).sin() * 3.0).collect();
+    for (seed, window, with_sinks) in [
+        (5, Some(7), false),
+        (6, None, true),
+        (7, Some(5), true),
+        (8, Some(1), true),
+        (9, Some(64), true),
+        (10, Some(1000), false),
+    ] {
+        check_variant(seed, |heads| Softmax {
+            window,
+            sinks: with_sinks.then(|| &sinks[..heads]),
+        });
+    }
+}
+
+/// The kernel against [`naive`] (1e-5) and itself across chunkings and CPU paths (bits).
+fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
+    for (heads, kv_heads, hd, len) in [
+        (4, 2, 16, 37),
+        (16, 4, 64, 70),
+        (8, 2, 24, 21),
+        (3, 3, 5, 9),
+        (8, 2, 64, 300),
+        (40, 1, 8, 20),
+    ] {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: (hd as f64).powf(-0.5) as f32,
+        };
+        let q = rnd(len * heads * hd, &mut seed);
+        let k = rnd(len * kv_heads * hd, &mut seed);
+        let v = rnd(len * kv_heads * hd, &mut seed);
+        let sm = softmax(heads);
+        let want = naive(shape, sm, len, (&q, &k, &v));
+        let whole = run(shape, sm, len, &[len], &q, &k, &v, false);
+        for (a, b) in whole.iter().zip(&want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
+            let got = run(shape, sm, len, &chunks, &q, &k, &v, false);
+            assert_eq!(
+                bits(&got),
+                bits(&whole),
+                "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
+            );
+        }
+        let portable = run(shape, sm, len, &[len], &q, &k, &v, true);
+        assert_eq!(
+            bits(&portable),
+            bits(&whole),
+            "portable vs fast {heads}/{kv_heads}/{hd}"
+        );
+    }
+}
