@@ -38,21 +38,23 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    /// Every architecture, in the order the supported list names them.
+    pub const ALL: [Self; 11] = [
+        Self::Llama,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Mistral,
+        Self::Qwen3_5,
+        Self::Qwen3Next,
+        Self::NemotronH,
+        Self::Qwen3Moe,
+        Self::Mixtral,
+        Self::Qwen3_5Moe,
+        Self::GptOss,
+    ];
+
     fn from_hf(name: &str) -> Option<Self> {
-        match name {
-            "LlamaForCausalLM" => Some(Self::Llama),
-            "Qwen2ForCausalLM" => Some(Self::Qwen2),
-            "Qwen3ForCausalLM" => Some(Self::Qwen3),
-            "MistralForCausalLM" => Some(Self::Mistral),
-            "Qwen3_5ForCausalLM" => Some(Self::Qwen3_5),
-            "Qwen3NextForCausalLM" => Some(Self::Qwen3Next),
-            "NemotronHForCausalLM" => Some(Self::NemotronH),
-            "Qwen3MoeForCausalLM" => Some(Self::Qwen3Moe),
-            "MixtralForCausalLM" => Some(Self::Mixtral),
-            "Qwen3_5MoeForCausalLM" => Some(Self::Qwen3_5Moe),
-            "GptOssForCausalLM" => Some(Self::GptOss),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| a.hf_name() == name)
     }
 
     /// The class name as written in `config.json`'s `architectures`.

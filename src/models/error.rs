@@ -25,11 +25,8 @@ pub enum ModelError {
         message: String,
     },
     #[error(
-        "{path}: unsupported architecture `{name}` (supported: LlamaForCausalLM, \
-         Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen3_5ForCausalLM, \
-         Qwen3NextForCausalLM, NemotronHForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
-         Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, \
-         Qwen3_5MoeForConditionalGeneration)"
+        "{path}: unsupported architecture `{name}` (supported: {})",
+        supported_architectures()
     )]
     UnsupportedArchitecture { path: PathBuf, name: String },
     #[error("{path}: unsupported model feature: {what}")]
@@ -60,4 +57,14 @@ impl From<crate::kernels::DeviceError> for ModelError {
     fn from(e: crate::kernels::DeviceError) -> Self {
         ModelError::Device(e.to_string())
     }
+}
+
+/// The `architectures` classes hsx loads: every [`super::Architecture`], then the multimodal
+/// exports it runs text-only.
+fn supported_architectures() -> String {
+    let text = super::Architecture::ALL.into_iter().map(|a| a.hf_name());
+    let exports = super::export_config::TEXT_OF_MULTIMODAL
+        .iter()
+        .map(|(e, _)| *e);
+    text.chain(exports).collect::<Vec<_>>().join(", ")
 }

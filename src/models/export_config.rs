@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::ModelError;
 
 /// Multimodal exports run text-only: (export class, the text model's class).
-const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
+pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
     (
         "Qwen3_5MoeForConditionalGeneration",

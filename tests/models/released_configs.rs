@@ -55,15 +55,9 @@ const CASES: &[(&str, Expect)] = &[
         "nemotron-3-nano-30b-a3b.json",
         Accepted("NemotronHForCausalLM", 52, Some(NANO)),
     ),
-    // The MXFP4 check comes before the architecture's.
-    (
-        "gpt-oss-20b.json",
-        Refused("quantized checkpoint (quantization_config, quant_method `mxfp4`)"),
-    ),
-    (
-        "gpt-oss-120b.json",
-        Refused("quantized checkpoint (quantization_config, quant_method `mxfp4`)"),
-    ),
+    // MXFP4 experts, dequantised at load.
+    ("gpt-oss-20b.json", Accepted("GptOssForCausalLM", 24, None)),
+    ("gpt-oss-120b.json", Accepted("GptOssForCausalLM", 36, None)),
     (
         "mixtral-8x7b-v0.1.json",
         Accepted("MixtralForCausalLM", 32, Some("*")),
