@@ -115,6 +115,9 @@ pub struct ModelSpec {
     /// dense ones (an attention-only MoE model has every layer `Attention`). For hybrids the
     /// attention fields above describe the full-attention layers.
     pub hybrid: Option<HybridSpec>,
+    /// Mistral / Mixtral: every attention layer sees keys `pos - window + 1 ..= pos` (a
+    /// `sliding_window` smaller than the context; `None`: full causal attention).
+    pub sliding_window: Option<usize>,
     /// gpt-oss's windows, sinks and experts; `None` for other architectures.
     pub gpt_oss: Option<GptOssSpec>,
 }
@@ -196,9 +199,9 @@ impl ModelSpec {
             max_position_embeddings,
             dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
             hybrid: super::moe_config::attention_moe(&cfg, architecture, head_dim)?,
+            sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
             gpt_oss: None,
         };
-        cfg.check_sliding_window(architecture, max_position_embeddings)?;
         spec.validate(path)?;
         Ok(spec)
     }
@@ -381,16 +384,23 @@ impl<'a> Cfg<'a> {
         Ok(None)
     }
 
-    /// Mistral `sliding_window`, Qwen2/3 `use_sliding_window` / `layer_types`: a window smaller
-    /// than the context is not supported (a window >= max_position_embeddings is full attention).
-    pub(super) fn check_sliding_window(
+    /// The sliding window of every layer: Mistral's and Mixtral's `sliding_window` when it is
+    /// smaller than the context (transformers masks keys older than `pos - window + 1` there).
+    /// Qwen2/3's `use_sliding_window` / sliding `layer_types` (windows on some layers only,
+    /// off in every released config) are refused.
+    pub(super) fn sliding_window(
         &self,
         arch: Architecture,
         max_pos: usize,
-    ) -> Result<(), ModelError> {
-        let window = self.usize_opt("sliding_window")?;
-        let uses_window = match arch {
-            Architecture::Mistral | Architecture::Mixtral => true,
+    ) -> Result<Option<usize>, ModelError> {
+        let window = self.usize_opt("sliding_window")?.filter(|&w| w < max_pos);
+        let refused = match arch {
+            Architecture::Mistral | Architecture::Mixtral => {
+                if window == Some(0) {
+                    return Err(self.err("sliding_window", "must be at least 1"));
+                }
+                return Ok(window);
+            }
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
                 self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
             }
@@ -398,7 +408,7 @@ impl<'a> Cfg<'a> {
             // Hybrid configs are checked in `hybrid_config`.
             _ => self.bool_or("use_sliding_window", false)?,
         };
-        if let Some(w) = window.filter(|&w| uses_window && w < max_pos) {
+        if let Some(w) = window.filter(|_| refused) {
             return Err(ModelError::Unsupported {
                 path: self.path_buf(),
                 what: format!(
@@ -406,7 +416,7 @@ impl<'a> Cfg<'a> {
                 ),
             });
         }
-        Ok(())
+        Ok(None)
     }
 
     fn has_sliding_layer_types(&self) -> bool {
@@ -619,9 +629,20 @@ mod tests {
         let mut v = base();
         v["architectures"] = json!(["MistralForCausalLM"]);
         v["sliding_window"] = json!(1024);
-        assert!(matches!(parse(&v), Err(ModelError::Unsupported { .. })));
+        assert_eq!(parse(&v).unwrap().sliding_window, Some(1024));
         v["sliding_window"] = json!(4096);
-        assert!(parse(&v).is_ok());
+        assert_eq!(parse(&v).unwrap().sliding_window, None);
+        v["sliding_window"] = json!(0);
+        assert!(
+            parse(&v)
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window")
+        );
+        v["architectures"] = json!(["Qwen2ForCausalLM"]);
+        v["sliding_window"] = json!(1024);
+        v["use_sliding_window"] = json!(true);
+        assert!(matches!(parse(&v), Err(ModelError::Unsupported { .. })));
         let mut v = base();
         v.as_object_mut().unwrap().remove("hidden_size");
         let e = parse(&v).unwrap_err().to_string();

@@ -85,7 +85,10 @@ fn load_layer<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer: i,
-        variant: AttnVariant::causal(),
+        variant: AttnVariant {
+            window: spec.sliding_window,
+            ..AttnVariant::causal()
+        },
     };
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     let ffn = match moe {

@@ -81,6 +81,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         )?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         hybrid: None,
+        sliding_window: None,
         gpt_oss: Some(gpt_oss),
     })
 }

@@ -301,6 +301,7 @@ fn parse_qwen(
             mamba: None,
             nemotron_moe: None,
         }),
+        sliding_window: None,
         gpt_oss: None,
     })
 }
@@ -429,6 +430,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             mamba: Some(mamba),
             nemotron_moe,
         }),
+        sliding_window: None,
         gpt_oss: None,
     })
 }

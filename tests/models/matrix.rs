@@ -95,6 +95,7 @@ matrix! {
     llama => "llama",
     llama_bf16 => "llama_bf16",
     mistral => "mistral",
+    mistral_swa => "mistral_swa",
     qwen2 => "qwen2",
     qwen3 => "qwen3",
     qwen3_5 => "qwen3_5",

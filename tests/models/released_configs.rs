@@ -26,9 +26,10 @@ const NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
 const CASES: &[(&str, Expect)] = &[
     ("llama-3.1-8b.json", Accepted("LlamaForCausalLM", 32, None)),
+    // Every layer attends to a window of 4096 keys.
     (
         "mistral-7b-instruct-v0.1.json",
-        Refused("sliding-window attention (sliding_window 4096 < max_position_embeddings 32768)"),
+        Accepted("MistralForCausalLM", 32, None),
     ),
     ("qwen3-8b.json", Accepted("Qwen3ForCausalLM", 36, None)),
     (
