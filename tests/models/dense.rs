@@ -510,7 +510,11 @@ fn load_errors_are_clear() {
         "{e}"
     );
 
-    let window = edited_copy("mistral", |c| c["sliding_window"] = serde_json::json!(128));
+    // Qwen2's per-layer windows are refused (Mistral's all-layer window runs: mistral_swa).
+    let window = edited_copy("qwen2", |c| {
+        c["sliding_window"] = serde_json::json!(128);
+        c["use_sliding_window"] = serde_json::json!(true);
+    });
     let e = ModelSpec::from_dir(window.path()).unwrap_err();
     assert!(
         matches!(e, ModelError::Unsupported { .. }) && e.to_string().contains("sliding"),
