@@ -42,20 +42,17 @@ pub fn load_with<D: Device>(
     })
 }
 
-fn load_layer<D: Device>(
+/// Layer `i`'s `model.layers.{i}.self_attn` (q/k/v/o, q/k norms when the spec has them, RoPE)
+/// with the mask and softmax of `variant`.
+pub(super) fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     i: usize,
-) -> Result<Layer<D>, ModelError> {
-    let p = format!("model.layers.{i}");
+    variant: AttnVariant<D>,
+) -> Result<Attention<D>, ModelError> {
+    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let (qd, kvd, inter) = (
-        spec.num_heads * hd,
-        spec.num_kv_heads * hd,
-        spec.intermediate_size,
-    );
-    let attn = |n: &str| format!("{p}.self_attn.{n}");
-    let mlp = |n: &str| format!("{p}.mlp.{n}");
+    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let qk_norm = match spec.qk_norm {
         true => Some((
             ld.vector(&attn("q_norm.weight"), hd)?,
@@ -74,7 +71,7 @@ fn load_layer<D: Device>(
     )?;
     // Sized by head_dim: made once the projections' shapes have confirmed it.
     let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
-    let attention = Attention {
+    Ok(Attention {
         qkv,
         o: ld.linear1(&attn("o_proj"), h, qd, spec.o_bias)?,
         qk_norm,
@@ -85,11 +82,23 @@ fn load_layer<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer: i,
-        variant: AttnVariant {
-            window: spec.sliding_window,
-            ..AttnVariant::causal()
-        },
+        variant,
+    })
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
+    let mlp = |n: &str| format!("{p}.mlp.{n}");
+    let variant = AttnVariant {
+        window: spec.sliding_window,
+        ..AttnVariant::causal()
     };
+    let attention = load_attention(ld, spec, i, variant)?;
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     let ffn = match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, &p, m)?),

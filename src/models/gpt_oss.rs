@@ -59,37 +59,13 @@ fn load_attention<D: Device>(
     g: &GptOssSpec,
     i: usize,
 ) -> Result<Attention<D>, ModelError> {
-    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
-    let (h, hd, nh) = (spec.hidden_size, spec.head_dim, spec.num_heads);
-    let (qd, kvd) = (nh * hd, spec.num_kv_heads * hd);
-    let qkv = ld.linear(
-        &[
-            (attn("q_proj"), qd),
-            (attn("k_proj"), kvd),
-            (attn("v_proj"), kvd),
-        ],
-        h,
-        spec.qkv_bias,
-    )?;
-    // Sized by head_dim: made once the projections' shapes have confirmed it.
-    let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
-    Ok(Attention {
-        qkv,
-        o: ld.linear1(&attn("o_proj"), h, qd, spec.o_bias)?,
-        qk_norm: None,
-        rope: Some((ld.dev.rope_table(&rope)?, hd)),
-        gated: false,
-        heads: nh,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer: i,
-        variant: AttnVariant {
-            window: g.windows[i],
-            sinks: Some(ld.vector(&attn("sinks"), nh)?),
-            score_factor: Rope::score_factor(spec.rope_scaling),
-        },
-    })
+    let sinks = format!("model.layers.{i}.self_attn.sinks");
+    let variant = AttnVariant {
+        window: g.windows[i],
+        sinks: Some(ld.vector(&sinks, spec.num_heads)?),
+        score_factor: Rope::score_factor(spec.rope_scaling),
+    };
+    super::dense::load_attention(ld, spec, i, variant)
 }
 
 fn load_moe<D: Device>(
