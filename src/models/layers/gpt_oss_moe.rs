@@ -7,9 +7,9 @@
 //! zero. There is no shared expert.
 
 use super::moe::{Expert, run_experts};
-use super::{Scratch, Widths};
+use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{DevResult, DeviceError};
+use crate::kernels::device::DevResult;
 
 pub struct GptOssMoe<D: Device> {
     /// `[experts, hidden]` + bias.
@@ -32,10 +32,7 @@ impl<D: Device> GptOssMoe<D> {
     }
 
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
-        let m = s
-            .moe
-            .as_mut()
-            .ok_or_else(|| DeviceError::Invalid("MoE block without MoE buffers".into()))?;
+        let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let routing = dev.moe_route(&m.logits, self.top_k, true)?;
         let sizes = (self.inter, self.hidden);

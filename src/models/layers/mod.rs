@@ -15,7 +15,7 @@ pub mod nemotron_moe;
 
 use super::{ModelError, Weights};
 use crate::kernels::Device;
-use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, HostMatrix};
+use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix};
 
 pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
@@ -191,6 +191,14 @@ pub struct MoeScratch<D: Device> {
     pub out: D::Buf,
     pub shared: D::Buf,
     pub gate: D::Buf,
+}
+
+impl<D: Device> MoeScratch<D> {
+    /// The MoE buffers a MoE block runs in (made with the scratch when a layer has experts).
+    pub(super) fn of(moe: &mut Option<Self>) -> DevResult<&mut Self> {
+        moe.as_mut()
+            .ok_or_else(|| DeviceError::Invalid("MoE block without MoE buffers".into()))
+    }
 }
 
 impl<D: Device> Scratch<D> {

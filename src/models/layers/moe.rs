@@ -47,10 +47,7 @@ impl<D: Device> Moe<D> {
     }
 
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
-        let m = s
-            .moe
-            .as_mut()
-            .ok_or_else(|| DeviceError::Invalid("MoE block without MoE buffers".into()))?;
+        let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let routing = dev.moe_route(&m.logits, self.top_k, self.norm_topk_prob)?;
         let sizes = (self.inter, self.hidden);

@@ -5,7 +5,7 @@
 //! relu² shared expert — the order transformers adds them in.
 
 use super::mlp::Mlp;
-use super::{Scratch, Widths};
+use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{DevResult, DeviceError};
 use crate::kernels::routing::GroupedTopK;
@@ -44,10 +44,7 @@ impl<D: Device> NemotronMoe<D> {
     }
 
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
-        let m = s
-            .moe
-            .as_mut()
-            .ok_or_else(|| DeviceError::Invalid("MoE block without MoE buffers".into()))?;
+        let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let routing = dev.moe_route_grouped(&m.logits, &self.bias, &self.choice)?;
         let tokens = routing.tok_pos.len() / self.choice.top_k;
