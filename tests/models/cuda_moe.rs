@@ -9,23 +9,26 @@
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 use crate::common::backends::cuda_usable;
-use hsx::kernels::cpu::moe::route_top_k;
 use hsx::kernels::cuda::CudaDevice;
 use hsx::kernels::device::BufKind;
 use hsx::kernels::routing::Routing;
-use hsx::kernels::{Device, WeightDtype};
+use hsx::kernels::{Bf16Kernel, CpuDevice, Device, WeightDtype};
 
-/// Routing of `logits` (`[t, experts]`) on the CUDA device.
-fn cuda_route(dev: &CudaDevice, logits: &[f32], experts: usize, k: usize, renorm: bool) -> Routing {
+/// Routing of `logits` (`[t, experts]`) on `dev`.
+fn route<D: Device>(dev: &D, logits: &[f32], experts: usize, k: usize, renorm: bool) -> Routing {
     let t = logits.len() / experts;
     let mut buf = dev.buffer(t, experts, BufKind::F32).unwrap();
     dev.upload(logits, experts, &mut buf).unwrap();
     dev.moe_route(&buf, k, renorm).unwrap()
 }
 
+fn cuda_route(dev: &CudaDevice, logits: &[f32], experts: usize, k: usize, renorm: bool) -> Routing {
+    route(dev, logits, experts, k, renorm)
+}
+
 fn cpu_route(logits: &[f32], experts: usize, k: usize, renorm: bool) -> Routing {
-    let (ids, w) = route_top_k(logits, experts, k, renorm);
-    Routing::build(&ids, &w, logits.len() / experts, k, experts).unwrap()
+    let cpu = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+    route(&cpu, logits, experts, k, renorm)
 }
 
 #[test]
