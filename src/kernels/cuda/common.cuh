@@ -73,6 +73,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Warp arg-max of (value v, index i) carrying a payload p: every lane ends with the largest v,
+// the lower i among equal ones (the MoE routers' tie rule on every device), and its payload.
+// A lane with i == 0x7fffffff holds nothing and never wins.
+__device__ __forceinline__ void warp_argmax(float& v, int& i, float& p) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(HSX_FULL_MASK, v, o);
+        const float op = __shfl_xor_sync(HSX_FULL_MASK, p, o);
+        const int oi = __shfl_xor_sync(HSX_FULL_MASK, i, o);
+        if (oi != 0x7fffffff && (i == 0x7fffffff || ov > v || (ov == v && oi < i))) {
+            v = ov;
+            p = op;
+            i = oi;
+        }
+    }
+}
+
 // Sum of one double per thread over the whole block (blockDim.x a multiple of 32, <= 1024), in
 // a fixed order; every thread gets the result. `scratch` holds 32 doubles of shared memory.
 __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {

@@ -65,14 +65,8 @@ extern "C" __global__ void moe_route_f32(
                 be = e;
             }
         }
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(HSX_FULL_MASK, bv, off);
-            const int oe = __shfl_xor_sync(HSX_FULL_MASK, be, off);
-            if (ov > bv || (ov == bv && oe < be)) {
-                bv = ov;
-                be = oe;
-            }
-        }
+        float unused = 0.0f;
+        warp_argmax(bv, be, unused);
         if ((be & 31) == lane) {
             taken |= 1u << (be >> 5);
         }

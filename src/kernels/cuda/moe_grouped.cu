@@ -86,16 +86,7 @@ extern "C" __global__ void moe_route_grouped_f32(
                 be = e;
             }
         }
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(HSX_FULL_MASK, bv, off);
-            const float os = __shfl_xor_sync(HSX_FULL_MASK, bs, off);
-            const int oe = __shfl_xor_sync(HSX_FULL_MASK, be, off);
-            if (oe != 0x7fffffff && (be == 0x7fffffff || ov > bv || (ov == bv && oe < be))) {
-                bv = ov;
-                bs = os;
-                be = oe;
-            }
-        }
+        warp_argmax(bv, be, bs);
         if ((be & 31) == lane) {
             taken |= 1u << (be >> 5);
         }
