@@ -97,8 +97,9 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
     })
 }
 
-/// Compiles [`nvrtc::PROBE_SOURCE`] for the device and loads it, so that an NVRTC or driver
-/// that cannot serve this GPU is named at start (with the versions found), before any model.
+/// Compiles [`nvrtc::PROBE_SOURCE`] for the device (once per process, as every module: the
+/// probe runs again when the device opens) and loads it, so that an NVRTC or driver that
+/// cannot serve this GPU is named at start (with the versions found), before any model.
 fn probe_kernel(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(), CudaUnavailable> {
     let fail = |stage, message: String| CudaUnavailable::ProbeKernel {
         stage,
@@ -106,8 +107,7 @@ fn probe_kernel(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(), CudaUnavai
         versions: versions().describe(),
         message,
     };
-    let image =
-        nvrtc::compile("probe", nvrtc::PROBE_SOURCE, cc).map_err(|e| fail("compiled", e))?;
+    let image = nvrtc::image("probe", nvrtc::PROBE_SOURCE, cc).map_err(|e| fail("compiled", e))?;
     let module = ctx
         .load_module(cudarc::nvrtc::Ptx::from_binary(image))
         .map_err(|e| fail("loaded", e.to_string()))?;
