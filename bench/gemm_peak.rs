@@ -1,6 +1,8 @@
 //! Machine FMA peak and the GEMM rate hsx gets at the benchmark model's shapes.
 //!
-//! `cargo run --release --example gemm_peak -- [--threads 2] [--rows 2048] [--json]`
+//! `cargo run --release --example gemm_peak -- [--threads 2] [--rows 2048] [--json]
+//! [--only amx|avx512bf16|f32]` (`--only`: that bf16 path alone, no peaks or f32 GEMM: for
+//! profiling one kernel)
 //!
 //! - Peaks (`peaks.rs`): register-only probes of each unit the CPU has — AVX2 FMA, AVX-512
 //!   FMA, AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps` — on 1 and on `--threads` threads; the f32
@@ -81,6 +83,12 @@ fn main() {
     let rows = arg("--rows", 2048);
     let json = std::env::args().any(|a| a == "--json");
     let iters = arg("--iters", 20_000_000);
+    let args: Vec<String> = std::env::args().collect();
+    let only: Option<Bf16Kernel> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| serde_json::from_value(serde_json::json!(v)).expect("--only: a bf16 path"));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -89,7 +97,7 @@ fn main() {
     let mut units = serde_json::Map::new();
     let mut peak_of = std::collections::HashMap::new();
     for unit in ["avx2", "avx512", "avx512bf16", "amx"] {
-        let Some(p) = peaks::probe(unit) else {
+        let Some(p) = peaks::probe(unit).filter(|_| only.is_none()) else {
             continue;
         };
         // AMX does ~250x the flops of one FMA chain step per iteration.
@@ -108,6 +116,9 @@ fn main() {
     };
     let (p1, pn) = peak_of.get(fma).copied().unwrap_or((0.0, 0.0));
     let (gemm, per) = rates(rows, |k, n| {
+        if only.is_some() {
+            return f64::NAN;
+        }
         let (a, w) = operands(rows, k, n);
         let mut c = Vec::new();
         best_secs(|| pool.install(|| matmul_wt(&a, rows, k, &w, n, &mut c, threads)))
@@ -115,7 +126,7 @@ fn main() {
     // bf16 weights on each path this CPU has, against the peak of the unit it runs on.
     let mut bf16 = Vec::new();
     for path in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16, Bf16Kernel::F32] {
-        if !path.available() {
+        if !path.available() || only.is_some_and(|o| o != path) {
             continue;
         }
         let unit = match path {

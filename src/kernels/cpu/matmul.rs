@@ -24,7 +24,7 @@
 
 use gemm::Parallelism;
 
-use super::bf16::{Bf16Kernel, PackedBf16, matmul_bf16};
+use super::bf16::{Bf16Kernel, PackedBf16, Tile, matmul_bf16};
 
 /// Smallest M handed to gemm (see the module docs).
 pub const MIN_ROWS: usize = 65;
@@ -75,7 +75,7 @@ impl Linear {
 
 thread_local! {
     /// The activations rounded to bf16, reused by every call on this thread.
-    static BF16_SCRATCH: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    static BF16_SCRATCH: std::cell::RefCell<Vec<Tile>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `c[m, n] = a[m, k] · w[n, k]ᵀ`, row-invariant (see the module docs). `threads` is the
