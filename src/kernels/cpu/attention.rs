@@ -38,6 +38,10 @@ pub use crate::kernels::device::AttnShape;
 
 /// Query rows per task (tokens × query heads of one kv head), at most.
 const TILE_ROWS: usize = 16;
+/// Query rows per task of the AMX path (4 tiles of 16 rows), at most.
+const AMX_ROWS: usize = 64;
+/// The AMX path's keys per PV step (an A tile's 32 inputs); steps start at absolute multiples.
+const AMX_KEY_ALIGN: usize = 32;
 /// f32 lanes of one AVX register.
 const LANES: usize = 8;
 /// Keys per score block and rows per value block of the AVX2 kernels (6 × 2 registers of
@@ -99,6 +103,9 @@ pub struct Softmax<'a> {
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
+/// `bf16_tiles`: a bf16 model on the `amx` path, whose attention runs on AMX tiles where the
+/// CPU and head dim allow (`attention_amx.rs`); otherwise the f32 kernels.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     kc: &[f32],
@@ -107,6 +114,7 @@ pub fn attention(
     shape: AttnShape,
     softmax: Softmax<'_>,
     out: &mut Vec<f32>,
+    bf16_tiles: bool,
 ) {
     let t = plan.num_tokens();
     let hd = shape.head_dim;
@@ -122,7 +130,12 @@ pub fn attention(
     );
     out.clear();
     out.resize(q.len(), 0.0);
-    let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    let amx = bf16_tiles && amx::usable(hd);
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    let amx = bf16_tiles && false;
+    let rows = if amx { AMX_ROWS } else { TILE_ROWS };
+    let tasks = plan_tasks(plan, shape.kv_heads, (rows / group).max(1));
     let ctx = Ctx {
         q,
         kc,
@@ -134,17 +147,25 @@ pub fn attention(
         out: OutPtr(out.as_mut_ptr()),
     };
     let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
-    tasks.par_iter().for_each_init(Scratch::default, |s, task| {
-        prepare(&ctx, task, s);
-        #[cfg(target_arch = "x86_64")]
-        if fast {
-            // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
-            unsafe { task_avx2(&ctx, task, s) };
-            return;
-        }
-        let _ = fast;
-        task_portable(&ctx, task, s);
-    });
+    tasks
+        .par_iter()
+        .for_each_init(<(Scratch, AmxScratch)>::default, |(s, _a), task| {
+            prepare(&ctx, task, s, amx);
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if amx {
+                // SAFETY: `usable` held for this head dim; prepare ran with the AMX alignment.
+                unsafe { amx::run(&ctx, task, s, _a) };
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if fast {
+                // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
+                unsafe { task_avx2(&ctx, task, s) };
+                return;
+            }
+            let _ = fast;
+            task_portable(&ctx, task, s);
+        });
 }
 
 /// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens, × kv heads.
@@ -179,15 +200,17 @@ fn use_avx2_fma() -> bool {
 }
 
 /// Fills the task's key offsets, row lengths and transposed queries.
-fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
+fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool) {
     let (hd, group) = (ctx.shape.head_dim, ctx.group);
     let plan = ctx.plan;
     let rows = task.n * group;
-    let rp = rows.div_ceil(LANES) * LANES;
+    // The AMX task works on whole tiles of 16 rows and pairs keys from multiples of 32.
+    let (row_pad, key_align) = if amx { (16, AMX_KEY_ALIGN) } else { (LANES, 1) };
+    let rp = rows.div_ceil(row_pad) * row_pad;
     let len = plan.positions[task.t0 + task.n - 1] + 1;
     // A row at position p sees keys lo(p)..=p.
     let lo = |p: usize| ctx.softmax.window.map_or(0, |w| (p + 1).saturating_sub(w));
-    let first = lo(plan.positions[task.t0]);
+    let first = lo(plan.positions[task.t0]) / key_align * key_align;
     // Key offsets first..len in position order.
     let table = plan.tables[plan.seq_of[task.t0]];
     let (bs, row) = (plan.block_size, ctx.shape.kv_heads * hd);
@@ -394,43 +417,7 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             }
             j += nk;
         }
-        // Softmax over keys, 8 rows per vector.
-        let sinks = ctx.softmax.sinks.is_some();
-        for c in (0..rp).step_by(LANES) {
-            let lens = _mm256_loadu_si256(s.lens.as_ptr().add(c) as *const __m256i);
-            let starts = _mm256_loadu_si256(s.starts.as_ptr().add(c) as *const __m256i);
-            // start <= j < len.
-            let live = |j: usize| {
-                let j = _mm256_set1_epi32(j as i32);
-                let before = _mm256_cmpgt_epi32(starts, j);
-                _mm256_castsi256_ps(_mm256_andnot_si256(before, _mm256_cmpgt_epi32(lens, j)))
-            };
-            let sink = _mm256_loadu_ps(s.sinks.as_ptr().add(c));
-            let mut m = match sinks {
-                true => sink,
-                false => _mm256_set1_ps(f32::NEG_INFINITY),
-            };
-            for j in 0..len {
-                let v = _mm256_loadu_ps(st.add(j * rp + c));
-                let mx = _mm256_max_ps(m, v);
-                m = _mm256_blendv_ps(m, mx, live(j));
-            }
-            let mut sum = _mm256_setzero_ps();
-            for j in 0..len {
-                let p = st.add(j * rp + c);
-                let e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(p), m));
-                let e = _mm256_and_ps(e, live(j));
-                _mm256_storeu_ps(p, e);
-                sum = _mm256_add_ps(sum, e);
-            }
-            if sinks {
-                sum = _mm256_add_ps(sum, exp_neg_avx2(_mm256_sub_ps(sink, m)));
-            }
-            _mm256_storeu_ps(
-                s.inv.as_mut_ptr().add(c),
-                _mm256_div_ps(_mm256_set1_ps(1.0), sum),
-            );
-        }
+        softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
         // Weighted values: BLOCK rows × 16 dims (or × 8) per block, fma-chain over keys, in
         // runs of VALUE_KEYS keys so that the values and probabilities a run reads stay in L1
         // across the blocks; between runs the partial sums wait in the output rows (an exact
@@ -503,6 +490,56 @@ unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
                 }
             }
             kb = ke;
+        }
+    }
+}
+
+/// Softmax of the scores `st` (`[len][rp]`, scaled), 8 rows per vector: `st` becomes the
+/// unnormalised probabilities (0 outside each row's keys) and `s.inv` holds `1 / sum`.
+///
+/// # Safety
+/// AVX2 and FMA present; `st` holds `len * rp` floats; `prepare` ran (lens, starts, sinks, inv
+/// have `rp` entries, `rp % 8 == 0`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(st: *mut f32, rp: usize, len: usize, s: &mut Scratch, sinks: bool) {
+    // SAFETY: (caller) every index below is < len * rp in st, < rp in the row arrays.
+    unsafe {
+        // Softmax over keys, 8 rows per vector.
+        for c in (0..rp).step_by(LANES) {
+            let lens = _mm256_loadu_si256(s.lens.as_ptr().add(c) as *const __m256i);
+            let starts = _mm256_loadu_si256(s.starts.as_ptr().add(c) as *const __m256i);
+            // start <= j < len.
+            let live = |j: usize| {
+                let j = _mm256_set1_epi32(j as i32);
+                let before = _mm256_cmpgt_epi32(starts, j);
+                _mm256_castsi256_ps(_mm256_andnot_si256(before, _mm256_cmpgt_epi32(lens, j)))
+            };
+            let sink = _mm256_loadu_ps(s.sinks.as_ptr().add(c));
+            let mut m = match sinks {
+                true => sink,
+                false => _mm256_set1_ps(f32::NEG_INFINITY),
+            };
+            for j in 0..len {
+                let v = _mm256_loadu_ps(st.add(j * rp + c));
+                let mx = _mm256_max_ps(m, v);
+                m = _mm256_blendv_ps(m, mx, live(j));
+            }
+            let mut sum = _mm256_setzero_ps();
+            for j in 0..len {
+                let p = st.add(j * rp + c);
+                let e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(p), m));
+                let e = _mm256_and_ps(e, live(j));
+                _mm256_storeu_ps(p, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            if sinks {
+                sum = _mm256_add_ps(sum, exp_neg_avx2(_mm256_sub_ps(sink, m)));
+            }
+            _mm256_storeu_ps(
+                s.inv.as_mut_ptr().add(c),
+                _mm256_div_ps(_mm256_set1_ps(1.0), sum),
+            );
         }
     }
 }
@@ -619,6 +656,17 @@ unsafe fn values_block<const C: usize>(
         }
     }
 }
+
+/// The AMX task's per-worker buffers (none where there is no AMX path).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[derive(Default)]
+struct AmxScratch;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+use amx::AmxScratch;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[path = "attention_amx.rs"]
+mod amx;
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

@@ -26,6 +26,16 @@ fn exp_neg_is_accurate() {
     }
 }
 
+/// Which kernel [`run`] calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Portable,
+    /// AVX2 where the CPU has it.
+    Fast,
+    /// The AMX tiles (bf16 models), where the CPU has them.
+    Amx,
+}
+
 /// Runs `attention` for one sequence of `len` tokens split into `chunks` (each a separate
 /// call, as chunked prefill does) and returns the output rows in order.
 #[allow(clippy::too_many_arguments)]
@@ -37,7 +47,7 @@ fn run(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    portable: bool,
+    path: Path,
 ) -> Vec<f32> {
     let (hd, qd, kvd) = (
         shape.head_dim,
@@ -85,7 +95,7 @@ fn run(
         let (kc, vc) = cache.layer(0);
         let qs = &q[start * qd..(start + n) * qd];
         let mut out = Vec::new();
-        if portable {
+        if path == Path::Portable {
             out.resize(qs.len(), 0.0);
             let group = shape.heads / shape.kv_heads;
             let ctx = Ctx {
@@ -100,11 +110,20 @@ fn run(
             };
             let mut s = Scratch::default();
             for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
-                prepare(&ctx, &task, &mut s);
+                prepare(&ctx, &task, &mut s, false);
                 task_portable(&ctx, &task, &mut s);
             }
         } else {
-            attention(qs, kc, vc, &plan, shape, softmax, &mut out);
+            attention(
+                qs,
+                kc,
+                vc,
+                &plan,
+                shape,
+                softmax,
+                &mut out,
+                path == Path::Amx,
+            );
         }
         all.extend_from_slice(&out);
         start += n;
@@ -203,24 +222,84 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
         let v = rnd(len * kv_heads * hd, &mut seed);
         let sm = softmax(heads);
         let want = naive(shape, sm, len, (&q, &k, &v));
-        let whole = run(shape, sm, len, &[len], &q, &k, &v, false);
+        let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Fast);
         for (a, b) in whole.iter().zip(&want) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
         }
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
-            let got = run(shape, sm, len, &chunks, &q, &k, &v, false);
+            let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::Fast);
             assert_eq!(
                 bits(&got),
                 bits(&whole),
                 "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
             );
         }
-        let portable = run(shape, sm, len, &[len], &q, &k, &v, true);
+        let portable = run(shape, sm, len, &[len], &q, &k, &v, Path::Portable);
         assert_eq!(
             bits(&portable),
             bits(&whole),
             "portable vs fast {heads}/{kv_heads}/{hd}"
         );
     }
+}
+
+/// The AMX tile task (bf16 models): against [`naive`] within bf16 rounding of q, k, v and
+/// the probabilities, and bit-identical across chunkings, with and without window and sinks.
+#[test]
+fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if !super::amx::usable(32) {
+        println!("skip: this CPU has no AMX-BF16 (or AVX-512F): the AMX attention did not run");
+        return;
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        println!("skip: no AMX attention on this target");
+        return;
+    }
+    let sinks: Vec<f32> = (0..64).map(|h| (h as f32 * 0.77).sin() * 3.0).collect();
+    let mut seed = 11;
+    let mut worst = 0.0f64;
+    for (heads, kv_heads, hd, len, window, with_sinks) in [
+        (16, 4, 64, 70, None, false),
+        (8, 2, 64, 300, None, false),
+        (4, 4, 32, 37, Some(7), true),
+        (2, 1, 128, 90, None, true),
+        (8, 1, 64, 130, Some(40), false),
+        (64, 64, 32, 20, None, false),
+    ] {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: (hd as f64).powf(-0.5) as f32,
+        };
+        let q = rnd(len * heads * hd, &mut seed);
+        let k = rnd(len * kv_heads * hd, &mut seed);
+        let v = rnd(len * kv_heads * hd, &mut seed);
+        let sm = Softmax {
+            window,
+            sinks: with_sinks.then(|| &sinks[..heads]),
+        };
+        let want = naive(shape, sm, len, (&q, &k, &v));
+        let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Amx);
+        for (a, b) in whole.iter().zip(&want) {
+            worst = worst.max((*a as f64 - b).abs());
+            assert!(
+                (*a as f64 - b).abs() < 4e-2,
+                "{heads}/{kv_heads}/{hd}: {a} vs {b}"
+            );
+        }
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
+            let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::Amx);
+            assert_eq!(
+                bits(&got),
+                bits(&whole),
+                "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
+            );
+        }
+    }
+    println!("amx attention: worst |error| vs f64 {worst:.2e}");
 }

@@ -2,6 +2,8 @@
 //! device's rayon pool. Activations are f32; bf16 weights stay bf16 and are multiplied by the
 //! [`Bf16Kernel`] chosen at start (f16 weights are widened to f32 at load).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::ops::Range;
 
 use super::attention::{self, attention};
@@ -27,6 +29,9 @@ pub struct CpuDevice {
     pool: rayon::ThreadPool,
     threads: usize,
     bf16: Bf16Kernel,
+    /// A bf16 weight was loaded: the model is bf16, so its attention may round to bf16 too
+    /// (the AMX attention task).
+    bf16_weights: AtomicBool,
 }
 
 impl CpuDevice {
@@ -47,6 +52,7 @@ impl CpuDevice {
             pool,
             threads,
             bf16,
+            bf16_weights: AtomicBool::new(false),
         })
     }
 
@@ -130,6 +136,7 @@ impl Device for CpuDevice {
         let (out, inp) = (weight.rows, weight.cols);
         let w = self.pool.install(|| match weight.dtype {
             WeightDtype::Bf16 => {
+                self.bf16_weights.store(true, Ordering::Relaxed);
                 let packed = match bytemuck::try_cast_slice::<u8, u16>(&weight.data) {
                     Ok(bits) => PackedBf16::pack(bits, out, inp),
                     // Unaligned in the mapped file: one copy first.
@@ -337,7 +344,8 @@ impl Device for CpuDevice {
             window: sm.window,
             sinks: sm.sinks.map(|s| &s[..]),
         };
-        attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data);
+        let tiles = self.bf16 == Bf16Kernel::Amx && self.bf16_weights.load(Ordering::Relaxed);
+        attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, tiles);
         set(out, qd);
         Ok(())
     }

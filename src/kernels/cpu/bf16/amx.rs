@@ -21,6 +21,8 @@ pub(super) fn run(job: &super::Job<'_>) {
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) use imp::with_tiles;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) use imp::{ready, run};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -105,11 +107,24 @@ mod imp {
     /// Bytes of A per outer row block.
     const A_BLOCK_BYTES: usize = 1 << 20;
 
-    pub fn run(job: &Job<'_>) {
+    /// Runs `f` with the 8 tiles configured as 16 rows × 64 bytes on this thread, then
+    /// releases the tile state (the attention kernel's tile products run inside).
+    pub fn with_tiles<R>(f: impl FnOnce() -> R) -> R {
         assert!(ready(), "AMX kernel called without AMX");
         let cfg = TileConfig::full();
         // SAFETY: AMX is present and permitted (ready); the config is 64 aligned bytes.
         unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
+        let r = f();
+        // SAFETY: releases this thread's tile state.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        r
+    }
+
+    pub fn run(job: &Job<'_>) {
+        with_tiles(|| run_tiles(job));
+    }
+
+    fn run_tiles(job: &Job<'_>) {
         let (kbs, mp) = (job.w.k_tiles(), job.mp());
         let cols = PAIRS * 32;
         let stride = cols * 4;
@@ -123,8 +138,6 @@ mod imp {
             c.resize(mc * cols / 16, CLine([0.0; 16]));
             blocks(job, bytemuck::cast_slice_mut(c), mc, stride);
         });
-        // SAFETY: releases this thread's tile state.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
     /// 16 f32 on a cache-line boundary: C's tile rows (64 bytes) must not straddle two lines

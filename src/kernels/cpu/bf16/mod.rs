@@ -21,6 +21,9 @@
 
 mod amx;
 mod avx512;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) use amx::with_tiles as with_amx_tiles;
 mod portable;
 mod widen;
 
@@ -223,7 +226,7 @@ pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<Tile
 }
 
 /// `out[i] = bf16(src[i])`, round to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
-fn round_into(src: &[f32], out: &mut [u16]) {
+pub(crate) fn round_into(src: &[f32], out: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() == TILE_K && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; both slices hold 32 elements.

@@ -1,0 +1,366 @@
+//! The attention task on AMX-BF16 tiles, for bf16 models on the `amx` path
+//! (`cpu_bf16_kernel`): QKᵀ and PV as tile products with f32 accumulation, and the f32
+//! kernel's softmax ([`softmax_avx2`]) in between — as torch's CPU flash attention does for
+//! bf16: q, k, v and the probabilities rounded to bf16 (nearest even), scores, softmax and
+//! sums in f32.
+//!
+//! # Per task (up to `AMX_ROWS` query rows of one kv head)
+//! 1. K of the task's keys rounded to bf16, one row per key (the A operand of `S = K · Qᵀ`,
+//!    16 keys × 32 dims per tile); Q in VNNI pairs (the B operand); V in VNNI pairs of keys
+//!    (the B operand of `O = P · V`).
+//! 2. `Sᵀ [keys][rows]` tile by tile into the scores, `× scale`; the f32 softmax over them.
+//! 3. P rounded to bf16 into A tiles (16 rows × 32 keys) and `O = P · V`, `× 1 / sum`.
+//!
+//! # Row invariance (DESIGN.md §7 a)
+//! A score is one dot product over the head dim in tile order, whatever the other rows of the
+//! tile. The keys of a PV step are pairs from absolute multiples of [`KEY_ALIGN`] (the task's
+//! first key is rounded down to one), and a key outside a row's window or length has
+//! probability 0, whose products add exactly 0: a row's output has the same bits in any task,
+//! batch or chunking. (With a NaN in a later position's value, `0 · NaN` would reach earlier
+//! rows of the same sequence; such a request already carries NaN states.)
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, softmax_avx2};
+use crate::kernels::cpu::bf16::{round_into, with_amx_tiles};
+
+/// Rows per tile.
+const T: usize = 16;
+
+/// 64 bytes on a cache line: a tile row (a tile row straddling two lines loads at a third of
+/// the rate, see `bf16::Tile`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u32; 16]);
+
+// SAFETY: a plain u32 array of 64 bytes (its alignment): no padding, any bits valid.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above.
+unsafe impl bytemuck::Pod for Line {}
+
+/// Per-worker tile buffers.
+#[derive(Default)]
+pub(super) struct AmxScratch {
+    /// K rows in bf16, `[keys][hd]`.
+    k: Vec<Line>,
+    /// V in B tiles: `[keys / 32][hd / 16][16 key pairs]` lines of 16 dims.
+    v: Vec<Line>,
+    /// Q in B tiles: `[row tile][hd / 32][16 dim pairs]` lines of 16 rows.
+    q: Vec<Line>,
+    /// P in A tiles: `[row tile][keys / 32][16 rows]` lines of 16 key pairs.
+    p: Vec<Line>,
+    /// Scores then probabilities, f32 `[keys][rp]`.
+    st: Vec<Line>,
+    /// One C tile (16 rows × 16 f32).
+    c: Vec<Line>,
+}
+
+/// Whether this CPU runs the AMX task for this head dim.
+pub(super) fn usable(hd: usize) -> bool {
+    hd.is_multiple_of(32)
+        && crate::kernels::Bf16Kernel::Amx.available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+}
+
+/// `v` with the bf16 of each lane (nearest even; NaN stays NaN, quiet) in its upper 16 bits;
+/// the lower 16 bits are not meaningful.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bf16_hi(x: __m512) -> __m512i {
+    let x = _mm512_castps_si512(x);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    let rounded = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);
+    let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
+    let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+    _mm512_mask_blend_epi32(
+        nan,
+        rounded,
+        _mm512_or_si512(x, _mm512_set1_epi32(0x40_0000)),
+    )
+}
+
+/// 16 VNNI words: bf16(`lo`) in the low half, bf16(`hi`) in the high half of each lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pairs(lo: __m512, hi: __m512) -> __m512i {
+    let mask = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    _mm512_or_si512(
+        _mm512_and_si512(bf16_hi(hi), mask),
+        _mm512_srli_epi32(bf16_hi(lo), 16),
+    )
+}
+
+/// `len` lines, reused (no zeroing of what is rewritten below).
+fn lines(v: &mut Vec<Line>, len: usize) -> *mut Line {
+    if v.len() < len {
+        v.resize(len, Line([0; 16]));
+    }
+    v.as_mut_ptr()
+}
+
+/// The task (see the module docs).
+///
+/// # Safety
+/// [`usable`] holds for the head dim; `prepare` ran with the AMX alignment (rows padded to
+/// 16, first key a multiple of [`KEY_ALIGN`]).
+pub(super) unsafe fn run(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch) {
+    // SAFETY: (caller) the features are present.
+    with_amx_tiles(|| unsafe { run_tiles(ctx, task, s, a) })
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch) {
+    let hd = ctx.shape.head_dim;
+    let rp = s.lens.len();
+    let len = s.offsets.len();
+    let keys = len.div_ceil(KEY_ALIGN) * KEY_ALIGN;
+    // SAFETY: every buffer below is sized for `keys` keys, `rp` rows and `hd` dims first.
+    unsafe {
+        pack_k(ctx, s, a, keys);
+        pack_v(ctx, s, a, keys);
+        pack_q(s, a, hd, rp);
+        let st = lines(&mut a.st, keys * rp / T).cast::<f32>();
+        scores(a, st, keys, hd, rp);
+        let scale = _mm512_set1_ps(ctx.shape.scale);
+        for i in (0..len * rp).step_by(T) {
+            _mm512_store_ps(st.add(i), _mm512_mul_ps(_mm512_load_ps(st.add(i)), scale));
+        }
+        softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
+        // Keys len..keys hold the scores of zero keys (0): probability 0 as for masked keys.
+        std::ptr::write_bytes(st.add(len * rp), 0, (keys - len) * rp);
+        pack_p(a, st, keys, rp);
+        values(ctx, task, s, a, keys, rp);
+    }
+}
+
+/// K of keys `0..len` (from the cache) rounded to bf16, zero rows up to `keys`.
+unsafe fn pack_k(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
+    let hd = ctx.shape.head_dim;
+    let k = lines(&mut a.k, keys * hd / 32);
+    // SAFETY: `keys * hd` bf16 in `k`.
+    let bits = unsafe { std::slice::from_raw_parts_mut(k.cast::<u16>(), keys * hd) };
+    for (j, &off) in s.offsets.iter().enumerate() {
+        for c in (0..hd).step_by(32) {
+            round_into(
+                &ctx.kc[off + c..off + c + 32],
+                &mut bits[j * hd + c..j * hd + c + 32],
+            );
+        }
+    }
+    bits[s.offsets.len() * hd..].fill(0);
+}
+
+/// V in B tiles: line `(kb, dt, kk)` = dims `16 dt..` of keys `32 kb + 2 kk` (low halves) and
+/// `+ 1` (high halves); keys past `len` are zero.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_v(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
+    let (hd, len) = (ctx.shape.head_dim, s.offsets.len());
+    let v = lines(&mut a.v, keys * hd / 32);
+    let row = |j: usize, d: usize| match j < len {
+        // SAFETY: offsets[j] + hd lies inside the value cache (checked plan).
+        true => unsafe { _mm512_loadu_ps(ctx.vc.as_ptr().add(s.offsets[j] + d)) },
+        false => _mm512_setzero_ps(),
+    };
+    let dts = hd / T;
+    for kb in 0..keys / KEY_ALIGN {
+        for dt in 0..dts {
+            for kk in 0..T {
+                let j = kb * KEY_ALIGN + 2 * kk;
+                let w = pairs(row(j, dt * T), row(j + 1, dt * T));
+                // SAFETY: line (kb * dts + dt) * 16 + kk < keys / 32 * dts * 16.
+                unsafe { _mm512_store_si512(v.add((kb * dts + dt) * T + kk).cast(), w) };
+            }
+        }
+    }
+}
+
+/// Q (transposed in `s.qt`, `[hd][rp]`) in B tiles: line `(rt, c, kk)` = rows `16 rt..` of dims
+/// `32 c + 2 kk` (low) and `+ 1` (high).
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_q(s: &Scratch, a: &mut AmxScratch, hd: usize, rp: usize) {
+    let q = lines(&mut a.q, rp / T * hd / 2);
+    let qt = s.qt.as_ptr();
+    let cs = hd / 32;
+    for rt in 0..rp / T {
+        for c in 0..cs {
+            for kk in 0..T {
+                let d = c * 32 + 2 * kk;
+                // SAFETY: qt is [hd][rp]; the line index is < rp / 16 * cs * 16.
+                unsafe {
+                    let lo = _mm512_loadu_ps(qt.add(d * rp + rt * T));
+                    let hi = _mm512_loadu_ps(qt.add((d + 1) * rp + rt * T));
+                    _mm512_store_si512(q.add((rt * cs + c) * T + kk).cast(), pairs(lo, hi));
+                }
+            }
+        }
+    }
+}
+
+/// Tile `$c` (C) += tile 4 (A) · tile `$b` (B loaded from `$p`).
+macro_rules! dp {
+    ($c:literal, $b:literal, $p:expr) => {
+        asm!(
+            concat!("tileloadd ", $b, ", [{p} + {s}*1]"),
+            concat!("tdpbf16ps ", $c, ", tmm4, ", $b),
+            p = in(reg) $p, s = in(reg) 64usize, options(nostack, readonly)
+        )
+    };
+}
+
+/// C tile `i` (0..4) += tile 4 · the B tile at `p` (64-byte rows), B in a rotating register.
+///
+/// # Safety
+/// Tiles configured; `p` addresses a 1 KiB tile.
+#[inline(always)]
+unsafe fn dp_into(i: usize, p: *const Line) {
+    // SAFETY: (caller).
+    unsafe {
+        match i {
+            0 => dp!("tmm0", "tmm5", p),
+            1 => dp!("tmm1", "tmm6", p),
+            2 => dp!("tmm2", "tmm7", p),
+            _ => dp!("tmm3", "tmm5", p),
+        }
+    }
+}
+
+/// C tile `i` (0..4) zeroed.
+#[inline(always)]
+unsafe fn zero(i: usize) {
+    // SAFETY: tiles configured (caller of the kernels).
+    unsafe {
+        match i {
+            0 => asm!("tilezero tmm0", options(nostack, nomem)),
+            1 => asm!("tilezero tmm1", options(nostack, nomem)),
+            2 => asm!("tilezero tmm2", options(nostack, nomem)),
+            _ => asm!("tilezero tmm3", options(nostack, nomem)),
+        }
+    }
+}
+
+/// C tile `i` (0..4) stored at `p`, row stride `stride` bytes.
+#[inline(always)]
+unsafe fn store(i: usize, p: *mut f32, stride: usize) {
+    // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`, cache-line aligned.
+    unsafe {
+        match i {
+            0 => {
+                asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) p, s = in(reg) stride, options(nostack))
+            }
+            1 => {
+                asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) p, s = in(reg) stride, options(nostack))
+            }
+            2 => {
+                asm!("tilestored [{p} + {s}*1], tmm2", p = in(reg) p, s = in(reg) stride, options(nostack))
+            }
+            _ => {
+                asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) p, s = in(reg) stride, options(nostack))
+            }
+        }
+    }
+}
+
+/// Tile 4 loaded from `p` (row stride `stride` bytes).
+#[inline(always)]
+unsafe fn load_a(p: *const u8, stride: usize) {
+    // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`.
+    unsafe {
+        asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride,
+             options(nostack, readonly))
+    };
+}
+
+/// `Sᵀ [keys][rp] = K · Qᵀ`: per 16 keys, up to 4 row tiles at once.
+unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize) {
+    let (k, q) = (a.k.as_ptr().cast::<u8>(), a.q.as_ptr());
+    let (cs, rts) = (hd / 32, rp / T);
+    // SAFETY: K is [keys][hd] bf16, Q [rts][cs] tiles, st [keys][rp] f32, all line aligned.
+    unsafe {
+        for jb in (0..keys).step_by(T) {
+            for rg in (0..rts).step_by(4) {
+                let n = (rts - rg).min(4);
+                (0..n).for_each(|i| zero(i));
+                for c in 0..cs {
+                    load_a(k.add((jb * hd + c * 32) * 2), hd * 2);
+                    for i in 0..n {
+                        dp_into(i, q.add(((rg + i) * cs + c) * T));
+                    }
+                }
+                for i in 0..n {
+                    store(i, st.add(jb * rp + (rg + i) * T), rp * 4);
+                }
+            }
+        }
+    }
+}
+
+/// P (`st`, `[keys][rp]`) rounded to bf16 into A tiles: row r of tile `(rt, kb)` = the 16 key
+/// pairs `32 kb + 2 w, + 1` of row `16 rt + r`.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_p(a: &mut AmxScratch, st: *const f32, keys: usize, rp: usize) {
+    let kbs = keys / KEY_ALIGN;
+    let p = lines(&mut a.p, rp / T * kbs * T);
+    // Lane r writes word w of line r: a 16 × 16 transpose by scatter.
+    let rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(16),
+    );
+    for rt in 0..rp / T {
+        for kb in 0..kbs {
+            // SAFETY: the tile's 16 lines lie inside `p`; st rows < keys, lanes < rp.
+            unsafe {
+                let tile = p.add((rt * kbs + kb) * T).cast::<i32>();
+                for w in 0..T {
+                    let j = kb * KEY_ALIGN + 2 * w;
+                    let lo = _mm512_load_ps(st.add(j * rp + rt * T));
+                    let hi = _mm512_load_ps(st.add((j + 1) * rp + rt * T));
+                    let idx = _mm512_add_epi32(rows, _mm512_set1_epi32(w as i32));
+                    _mm512_i32scatter_epi32::<4>(tile.cast(), idx, pairs(lo, hi));
+                }
+            }
+        }
+    }
+}
+
+/// `O = P · V` per row tile, up to 4 dim tiles at once, `× 1 / sum` into the output rows.
+#[target_feature(enable = "avx512f")]
+unsafe fn values(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    s: &Scratch,
+    a: &mut AmxScratch,
+    keys: usize,
+    rp: usize,
+) {
+    let (hd, rows) = (ctx.shape.head_dim, task.n * ctx.group);
+    let (kbs, dts) = (keys / KEY_ALIGN, hd / T);
+    let c = lines(&mut a.c, T).cast::<f32>();
+    let (p, v) = (a.p.as_ptr().cast::<u8>(), a.v.as_ptr());
+    // SAFETY: P [rts][kbs] and V [kbs][dts] tiles, C one tile; output rows < rows.
+    unsafe {
+        for rt in 0..rp / T {
+            for dg in (0..dts).step_by(4) {
+                let n = (dts - dg).min(4);
+                (0..n).for_each(|i| zero(i));
+                for kb in 0..kbs {
+                    load_a(p.add((rt * kbs + kb) * T * 64), 64);
+                    for i in 0..n {
+                        dp_into(i, v.add((kb * dts + dg + i) * T));
+                    }
+                }
+                for i in 0..n {
+                    store(i, c, 64);
+                    for r in 0..T.min(rows.saturating_sub(rt * T)) {
+                        let row = rt * T + r;
+                        let o = out_row(ctx, task, row).add((dg + i) * T);
+                        let x = _mm512_load_ps(c.add(r * T));
+                        _mm512_storeu_ps(o, _mm512_mul_ps(x, _mm512_set1_ps(s.inv[row])));
+                    }
+                }
+            }
+        }
+    }
+}
