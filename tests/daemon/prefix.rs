@@ -182,41 +182,112 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
     hybrid_conversation("nemotron_h").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_turns_with_reuse_on_stay_exact() {
-    for model in ["llama", "qwen3_5"] {
-        concurrent_turns(model).await;
+/// Posts these prompts (turn lengths of the conversation) all at once over HTTP and returns
+/// the tokens computed and each one's file, by position in `turns`.
+async fn send_at_once(d: &TestDaemon, turns: &[usize]) -> (u64, Vec<HsFile>) {
+    let conv = conversation();
+    let before = status(d).await["tokens_computed"].as_u64().unwrap();
+    let mut posts = tokio::task::JoinSet::new();
+    for (i, &n) in turns.iter().enumerate() {
+        let body = json!({"prompt": &conv[..n], "max_tokens": 1}).to_string();
+        let addr = d.http;
+        posts.spawn(async move {
+            let (code, text) =
+                daemon_support::http(addr, "POST", "/v1/completions", Some(&body)).await;
+            assert_eq!(code, 200, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            let path = v["kv_transfer_params"]["hidden_states_path"]
+                .as_str()
+                .unwrap();
+            (i, HsFile::read(&PathBuf::from(path)))
+        });
     }
+    let mut files: Vec<(usize, HsFile)> = posts.join_all().await;
+    files.sort_by_key(|f| f.0);
+    let after = status(d).await["tokens_computed"].as_u64().unwrap();
+    (after - before, files.into_iter().map(|f| f.1).collect())
 }
 
-/// The 5 turns sent at once, twice, with reuse on: every file equals a cold run.
+async fn start_daemon(dir: &std::path::Path, model: &str, cache_bytes: usize) -> TestDaemon {
+    let mut cfg = daemon_config(dir);
+    cfg.model.path = common::model_dir(model);
+    cfg.engine.prefix_cache_bytes = cache_bytes;
+    TestDaemon::start(&cfg).await
+}
+
+/// The 5 turns sent at once: requests running at the same time share the blocks one of them
+/// computes (the others wait for them), so the conversation costs at most 1.25× its longest
+/// row, as one after the other; then again with every block cached; every file equals a cold
+/// run. Then, under a bound of 5 blocks' rows (and, for hybrid models, 3 snapshots), blocks
+/// are evicted while requests run and the files stay exact.
 async fn concurrent_turns(model: &str) {
     let cold = cold_files(model, &[0, 2, 4]).await;
+    let by_turn = |files: Vec<HsFile>| TURNS.iter().copied().zip(files).collect();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = daemon_config(dir.path());
-    cfg.model.path = common::model_dir(model);
-    cfg.engine.prefix_cache_bytes = 4 << 20;
-    let d = TestDaemon::start(&cfg).await;
-    let conv = conversation();
-    // Twice: the second round runs while the first round's blocks are cached.
+    let d = start_daemon(dir.path(), model, 4 << 20).await;
+    let mut snapshot_bytes = 0;
     for round in 0..2 {
-        let mut posts = tokio::task::JoinSet::new();
-        for n in TURNS {
-            let body = json!({"prompt": &conv[..n], "max_tokens": 1}).to_string();
-            let addr = d.http;
-            posts.spawn(async move {
-                let (code, text) =
-                    daemon_support::http(addr, "POST", "/v1/completions", Some(&body)).await;
-                assert_eq!(code, 200, "{text}");
-                let v: Value = serde_json::from_str(&text).unwrap();
-                let path = v["kv_transfer_params"]["hidden_states_path"]
-                    .as_str()
-                    .unwrap();
-                (n, HsFile::read(&PathBuf::from(path)))
-            });
-        }
-        let files: HashMap<usize, HsFile> = posts.join_all().await.into_iter().collect();
-        assert_same(&files, &cold, &format!("{model} concurrent round {round}"));
+        let (computed, files) = send_at_once(&d, &TURNS).await;
+        assert_same(
+            &by_turn(files),
+            &cold,
+            &format!("{model} at once, round {round}"),
+        );
+        let s = status(&d).await;
+        assert!(
+            computed * 4 <= 301 * 5,
+            "{model} at once, round {round}: {computed} tokens computed ({s})"
+        );
+        assert_eq!(s["prefix_cache_blocks"], 18, "{s}");
+        let snapshots = s["prefix_cache_snapshots"].as_u64().unwrap();
+        let bytes = s["prefix_cache_bytes"].as_u64().unwrap();
+        snapshot_bytes = (bytes - 18 * BLOCK_ROWS)
+            .checked_div(snapshots)
+            .unwrap_or(0);
+        eprintln!("{model} at once, round {round}: {computed} tokens computed (longest 301)");
     }
+    d.stop().await;
+    let bound = (5 * BLOCK_ROWS + 3 * snapshot_bytes) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start_daemon(dir.path(), model, bound).await;
+    let (computed, files) = send_at_once(&d, &TURNS).await;
+    assert_same(&by_turn(files), &cold, &format!("{model} at once, bounded"));
+    let s = status(&d).await;
+    assert!(
+        s["prefix_cache_bytes"].as_u64().unwrap() as usize <= bound,
+        "{s}"
+    );
+    eprintln!("{model} at once, bounded: {computed} tokens computed ({s})");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_share_blocks_while_they_run_dense() {
+    concurrent_turns("llama").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_share_blocks_while_they_run_gated_deltanet() {
+    concurrent_turns("qwen3_5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_share_blocks_while_they_run_mamba2() {
+    concurrent_turns("nemotron_h").await;
+}
+
+/// Two identical prompts at once: one computes, the other waits and reuses every full block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_prompts_at_once_are_computed_once() {
+    let cold = cold_files("llama", &[0, 2, 4]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start_daemon(dir.path(), "llama", 4 << 20).await;
+    let (computed, files) = send_at_once(&d, &[301, 301]).await;
+    for f in &files {
+        assert!(f.raw == cold[&301].raw, "differs from a cold run");
+        assert_eq!(f.token_ids, cold[&301].token_ids);
+    }
+    // 301 once, plus the second's tokens past its 18 reused blocks (288 tokens).
+    assert_eq!(computed, 301 + 13, "{}", status(&d).await);
     d.stop().await;
 }

@@ -231,7 +231,8 @@ pub struct SchedulerState {
     doomed: HashMap<RequestId, String>,
     tokens_computed: u64,
     prompt_tokens_computed: u64,
-    /// Blocks granted to requests that could not be admitted (not at the queue head).
+    /// Blocks granted to requests that could not be admitted (no longer queued, or planned
+    /// while a step was in flight).
     unused_grants: Vec<RequestId>,
     /// Hidden-state bytes of each admitted request the connector has not released yet (a list:
     /// a finished id may be submitted again before its file's bytes are released).
@@ -426,36 +427,41 @@ impl SchedulerState {
         Some(plan)
     }
 
+    /// Moves the granted requests from the queue to running, in queue order. They are
+    /// the candidates up to the first that did not fit, less those waiting for blocks a
+    /// running request is computing (they stay queued, in place).
     fn admit(&mut self, granted: Vec<(RequestId, Grant)>) {
-        let mut blocks: HashMap<RequestId, Grant> = granted.into_iter().collect();
-        while let Some(front) = self.waiting.front() {
-            let Some(b) = blocks.remove(&front.id) else {
-                break;
-            };
-            let req = self.waiting.pop_front().expect("front exists");
-            if self.held_back.as_ref() == Some(&req.id) {
-                self.held_back = None;
+        let mut grants: HashMap<RequestId, Grant> = granted.into_iter().collect();
+        let mut queue = VecDeque::with_capacity(self.waiting.len());
+        for req in std::mem::take(&mut self.waiting) {
+            match grants.remove(&req.id) {
+                Some(grant) => self.start(req, grant),
+                None => queue.push_back(req),
             }
-            self.hold(&req);
-            let mut grant = b;
-            if grant.cached_tokens > 0 {
-                let rows = std::mem::take(&mut grant.prefix_rows);
-                let tokens = grant.cached_tokens;
-                self.prefix_rows.push(PrefixRows {
-                    id: req.id.clone(),
-                    rows: tokens,
-                    blocks: rows,
-                });
-            }
-            self.running.push(Running {
-                computed: grant.cached_tokens,
-                req,
-                generated: Vec::new(),
-                grant,
-                announced: false,
+        }
+        self.waiting = queue;
+        self.unused_grants.extend(grants.into_keys());
+    }
+
+    fn start(&mut self, req: Request, mut grant: Grant) {
+        if self.held_back.as_ref() == Some(&req.id) {
+            self.held_back = None;
+        }
+        self.hold(&req);
+        if grant.cached_tokens > 0 {
+            self.prefix_rows.push(PrefixRows {
+                id: req.id.clone(),
+                rows: grant.cached_tokens,
+                blocks: std::mem::take(&mut grant.prefix_rows),
             });
         }
-        self.unused_grants.extend(blocks.into_keys());
+        self.running.push(Running {
+            computed: grant.cached_tokens,
+            req,
+            generated: Vec::new(),
+            grant,
+            announced: false,
+        });
     }
 
     /// Whether `req` can be admitted with `held` bytes already held for admitted requests.
@@ -620,3 +626,7 @@ impl SchedulerState {
 #[cfg(test)]
 #[path = "state_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "prefix_wait_tests.rs"]
+mod prefix_wait_tests;
