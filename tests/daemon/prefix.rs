@@ -17,13 +17,24 @@ use serde_json::{Value, json};
 
 const TURNS: [usize; 5] = [60, 120, 180, 240, 301];
 
+/// The conversation of the tests (seed 16); others for a second conversation.
+const CONVERSATION: u64 = 16;
+
 fn conversation() -> Vec<u32> {
-    common::random_prompt(16, 301, 512)
+    conversation_of(CONVERSATION)
+}
+
+fn conversation_of(seed: u64) -> Vec<u32> {
+    common::random_prompt(seed, 301, 512)
 }
 
 /// Files of a cold run (prefix reuse off, fresh engine) of each turn's prompt, by length.
 async fn cold_files(model: &str, layers: &[usize]) -> HashMap<usize, HsFile> {
-    let conv = conversation();
+    cold_files_of(model, layers, CONVERSATION).await
+}
+
+async fn cold_files_of(model: &str, layers: &[usize], seed: u64) -> HashMap<usize, HsFile> {
+    let conv = conversation_of(seed);
     let reqs: Vec<_> = TURNS
         .iter()
         .map(|&n| common::spec(&format!("cold{n}"), &conv[..n]))
@@ -182,10 +193,10 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
     hybrid_conversation("nemotron_h").await;
 }
 
-/// Posts these prompts (turn lengths of the conversation) all at once over HTTP and returns
-/// the tokens computed and each one's file, by position in `turns`.
-async fn send_at_once(d: &TestDaemon, turns: &[usize]) -> (u64, Vec<HsFile>) {
-    let conv = conversation();
+/// Posts these prompts (turn lengths of the conversation of `seed`) all at once over HTTP and
+/// returns the tokens computed and each one's file, by position in `turns`.
+async fn send_at_once(d: &TestDaemon, seed: u64, turns: &[usize]) -> (u64, Vec<HsFile>) {
+    let conv = conversation_of(seed);
     let before = status(d).await["tokens_computed"].as_u64().unwrap();
     let mut posts = tokio::task::JoinSet::new();
     for (i, &n) in turns.iter().enumerate() {
@@ -227,7 +238,7 @@ async fn concurrent_turns(model: &str) {
     let d = start_daemon(dir.path(), model, 4 << 20).await;
     let mut snapshot_bytes = 0;
     for round in 0..2 {
-        let (computed, files) = send_at_once(&d, &TURNS).await;
+        let (computed, files) = send_at_once(&d, CONVERSATION, &TURNS).await;
         assert_same(
             &by_turn(files),
             &cold,
@@ -244,20 +255,51 @@ async fn concurrent_turns(model: &str) {
         snapshot_bytes = (bytes - 18 * BLOCK_ROWS)
             .checked_div(snapshots)
             .unwrap_or(0);
-        eprintln!("{model} at once, round {round}: {computed} tokens computed (longest 301)");
+        let waited = &s["prefix_cache_waited_tokens"];
+        eprintln!(
+            "{model} at once, round {round}: {computed} tokens computed (longest 301), {waited} reused after waiting"
+        );
     }
     d.stop().await;
     let bound = (5 * BLOCK_ROWS + 3 * snapshot_bytes) as usize;
+    bounded_concurrent_turns(model, bound, &cold).await;
+}
+
+/// Under `bound`, the conversation at once, then a second conversation at once (whose blocks
+/// evict the first's while its requests run), then the first's shortest turn alone: every
+/// file equals a cold run, the cache stays under the bound, and the first conversation's
+/// blocks were evicted.
+async fn bounded_concurrent_turns(model: &str, bound: usize, cold: &HashMap<usize, HsFile>) {
+    const OTHER: u64 = 17;
+    let cold_other = cold_files_of(model, &[0, 2, 4], OTHER).await;
+    let by_turn = |files: Vec<HsFile>| TURNS.iter().copied().zip(files).collect();
     let dir = tempfile::tempdir().unwrap();
     let d = start_daemon(dir.path(), model, bound).await;
-    let (computed, files) = send_at_once(&d, &TURNS).await;
-    assert_same(&by_turn(files), &cold, &format!("{model} at once, bounded"));
-    let s = status(&d).await;
+    for (seed, cold) in [(CONVERSATION, cold), (OTHER, &cold_other)] {
+        let (computed, files) = send_at_once(&d, seed, &TURNS).await;
+        assert_same(
+            &by_turn(files),
+            cold,
+            &format!("{model} at once, bounded, {seed}"),
+        );
+        let s = status(&d).await;
+        assert!(
+            s["prefix_cache_bytes"].as_u64().unwrap() as usize <= bound,
+            "{s}"
+        );
+        eprintln!(
+            "{model} at once, bounded, conversation {seed}: {computed} tokens computed ({s})"
+        );
+    }
+    let (computed, files) = send_at_once(&d, CONVERSATION, &[60]).await;
     assert!(
-        s["prefix_cache_bytes"].as_u64().unwrap() as usize <= bound,
-        "{s}"
+        files[0].raw == cold[&60].raw,
+        "{model}: turn 60 after evictions"
     );
-    eprintln!("{model} at once, bounded: {computed} tokens computed ({s})");
+    assert_eq!(
+        computed, 60,
+        "{model}: the first conversation's blocks were evicted"
+    );
     d.stop().await;
 }
 
@@ -282,12 +324,15 @@ async fn identical_prompts_at_once_are_computed_once() {
     let cold = cold_files("llama", &[0, 2, 4]).await;
     let dir = tempfile::tempdir().unwrap();
     let d = start_daemon(dir.path(), "llama", 4 << 20).await;
-    let (computed, files) = send_at_once(&d, &[301, 301]).await;
+    let (computed, files) = send_at_once(&d, CONVERSATION, &[301, 301]).await;
     for f in &files {
         assert!(f.raw == cold[&301].raw, "differs from a cold run");
         assert_eq!(f.token_ids, cold[&301].token_ids);
     }
-    // 301 once, plus the second's tokens past its 18 reused blocks (288 tokens).
-    assert_eq!(computed, 301 + 13, "{}", status(&d).await);
+    // 301 once, plus the second's tokens past its 18 reused blocks (288 tokens), for which
+    // it waited: the first was computing them when the second could start.
+    let s = status(&d).await;
+    assert_eq!(computed, 301 + 13, "{s}");
+    assert_eq!(s["prefix_cache_waited_tokens"], 288, "{s}");
     d.stop().await;
 }
