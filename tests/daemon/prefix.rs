@@ -1,9 +1,10 @@
 //! Prefix reuse across requests (`engine.prefix_cache_bytes`): a 5-turn conversation sent over
 //! HTTP as 5 requests, each a prefix of the next, in growing and in shrinking order, computes
 //! at most 1.25× its longest row, and every file equals a cold run of the same prompt (tensor
-//! bytes; the header's metadata order is per process). Also the byte bound, and hybrid models
+//! bytes; the header's metadata order is per process). Also the byte bound, hybrid models
 //! (Gated DeltaNet, Mamba-2), whose recurrent state is restored from snapshots at block
-//! boundaries.
+//! boundaries, and requests running at the same time (the turns sent at once), which share
+//! blocks as they are computed.
 
 use crate::common;
 use crate::daemon_support;
@@ -89,9 +90,7 @@ async fn conversation_turns_computed_once_in_either_order() {
     shrinking.reverse();
     for (what, order) in [("growing", TURNS), ("shrinking", shrinking)] {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = daemon_config(dir.path());
-        cfg.engine.prefix_cache_bytes = 4 << 20;
-        let d = TestDaemon::start(&cfg).await;
+        let d = start_daemon(dir.path(), "llama", 4 << 20).await;
         let (computed, files) = run_turns(&d, &order).await;
         // Growing: 60 + 72 + 68 + 64 + 61; shrinking: 301 + 16 + 4 + 8 + 12 (full blocks of
         // 16 reused, the last token of a prompt always computed).
@@ -113,11 +112,9 @@ async fn conversation_turns_computed_once_in_either_order() {
 async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
     let cold = cold_files("llama", &[0, 2, 4]).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = daemon_config(dir.path());
     // Rows of 5 blocks of 16 tokens (K 3 × H 64 × f32 per row).
     let bound = 5 * 16 * 3 * 64 * 4;
-    cfg.engine.prefix_cache_bytes = bound;
-    let d = TestDaemon::start(&cfg).await;
+    let d = start_daemon(dir.path(), "llama", bound).await;
     let (computed, files) = run_turns(&d, &TURNS).await;
     assert_same(&files, &cold, "bounded");
     let s = status(&d).await;
@@ -146,10 +143,7 @@ async fn hybrid_conversation(model: &str) {
     let mut snapshot_bytes = 0;
     for (what, order) in [("growing", TURNS), ("shrinking", shrinking)] {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = daemon_config(dir.path());
-        cfg.model.path = common::model_dir(model);
-        cfg.engine.prefix_cache_bytes = 4 << 20;
-        let d = TestDaemon::start(&cfg).await;
+        let d = start_daemon(dir.path(), model, 4 << 20).await;
         let (computed, files) = run_turns(&d, &order).await;
         assert_same(&files, &cold, &format!("{model} {what}"));
         let s = status(&d).await;
@@ -170,10 +164,7 @@ async fn hybrid_conversation(model: &str) {
     }
     let bound = 5 * BLOCK_ROWS + 3 * snapshot_bytes;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = daemon_config(dir.path());
-    cfg.model.path = common::model_dir(model);
-    cfg.engine.prefix_cache_bytes = bound as usize;
-    let d = TestDaemon::start(&cfg).await;
+    let d = start_daemon(dir.path(), model, bound as usize).await;
     let (computed, files) = run_turns(&d, &TURNS).await;
     assert_same(&files, &cold, &format!("{model} bounded"));
     let s = status(&d).await;

@@ -1,6 +1,7 @@
 //! Model runner: owns the backend (device, weights, cache memory) on its own OS thread, fed
 //! plans through a bounded flume channel. For each step it sends the captured rows of every
-//! request straight to the connector, then reports the committed output to the scheduler.
+//! request straight to the connector (and, with prefix reuse, the rows of each completed
+//! prompt block to the block manager), then reports the committed output to the scheduler.
 
 mod block_rows;
 mod state;
