@@ -89,8 +89,10 @@ pub struct BlockPool {
     owned: HashMap<RequestId, Owned>,
     /// Prefix reuse; `None` when off.
     cache: Option<PrefixCache>,
-    /// Requests told to wait for in-flight blocks (metrics: the tokens they then reuse).
-    waited: HashSet<RequestId>,
+    /// Requests told to wait for in-flight blocks: their prompt and its hash chain, kept so
+    /// that a waiter asking again each step is not hashed again (and, for metrics, the tokens
+    /// they then reuse).
+    waiting: HashMap<RequestId, (Arc<[u32]>, Vec<Link>)>,
 }
 
 impl BlockPool {
@@ -107,7 +109,7 @@ impl BlockPool {
             free_snapshots: Vec::new(),
             owned: HashMap::new(),
             cache: None,
-            waited: HashSet::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -163,13 +165,10 @@ impl BlockPool {
         if self.owned.contains_key(id) {
             return Err(NotGranted::Duplicate);
         }
-        let links = match &self.cache {
-            Some(_) => chain(prompt, self.block_size),
-            None => Vec::new(),
-        };
+        let (links, was_waiting) = self.links_of(id, prompt);
         let hit = match self.cache.as_ref().map(|c| c.lookup(prompt, &links)) {
             Some(Lookup::InFlight) => {
-                self.waited.insert(id.clone());
+                self.waiting.insert(id.clone(), (prompt.clone(), links));
                 return Err(NotGranted::InFlight);
             }
             Some(Lookup::Hit(hit)) => hit,
@@ -178,15 +177,17 @@ impl BlockPool {
         let slot_missing = self.total_slots > 0 && self.free_slots.is_empty();
         let need = self.blocks_for(tokens).saturating_sub(hit.blocks.len());
         if slot_missing || !self.make_free(need, &hit.hashes) {
+            if was_waiting {
+                self.waiting.insert(id.clone(), (prompt.clone(), links));
+            }
             return Err(NotGranted::NoRoom);
         }
         let done = hit.blocks.len();
         if let Some(c) = self.cache.as_mut() {
-            c.take_hit(&hit, self.waited.remove(id));
+            c.take_hit(&hit, was_waiting);
             c.expect(&links[done..]);
         }
         let fresh = self.free.split_off(self.free.len() - need);
-        let snapshots = self.take_snapshot_slots(prompt, done);
         let grant = Grant {
             blocks: (hit.blocks.iter().copied())
                 .chain(fresh.into_iter().rev())
@@ -195,7 +196,7 @@ impl BlockPool {
             cached_tokens: done * self.block_size,
             prefix_rows: hit.rows,
             restore_from: hit.state,
-            snapshots,
+            snapshots: self.take_snapshot_slots(prompt, done),
         };
         let owned = Owned {
             grant: grant.clone(),
@@ -209,6 +210,19 @@ impl BlockPool {
         Ok(grant)
     }
 
+    /// The hash chain of `prompt` (empty without prefix reuse), kept from the last time if
+    /// `id` was told to wait, and whether it was.
+    fn links_of(&mut self, id: &RequestId, prompt: &Arc<[u32]>) -> (Vec<Link>, bool) {
+        let waited = self.waiting.remove(id);
+        let was_waiting = waited.is_some();
+        let links = match (&self.cache, waited) {
+            (None, _) => Vec::new(),
+            (Some(_), Some((p, links))) if Arc::ptr_eq(&p, prompt) => links,
+            (Some(_), _) => chain(prompt, self.block_size),
+        };
+        (links, was_waiting)
+    }
+
     /// Blocks for each candidate, in order, stopping at the first that does not fit (so a
     /// large request is not starved by smaller ones behind it). A candidate whose next block
     /// is in flight is skipped: it waits for that block, needing no room, and later
@@ -216,7 +230,7 @@ impl BlockPool {
     pub fn reserve(&mut self, candidates: &[Candidate]) -> Vec<(RequestId, Grant)> {
         // Waiting marks of requests no longer candidates (aborted while waiting) go.
         let ids: HashSet<&RequestId> = candidates.iter().map(|c| &c.id).collect();
-        self.waited.retain(|id| ids.contains(id));
+        self.waiting.retain(|id, _| ids.contains(id));
         let mut granted = Vec::new();
         for c in candidates {
             match self.allocate(&c.id, c.tokens, &c.prompt) {

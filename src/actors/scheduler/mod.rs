@@ -2,6 +2,7 @@
 //! whose blocks the block manager grants), hands it to the model runner, and applies the
 //! committed output when it comes back. It never touches tensors.
 
+mod limits;
 mod state;
 
 use kameo::error::Infallible;
