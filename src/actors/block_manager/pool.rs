@@ -312,7 +312,9 @@ impl BlockPool {
             let link = o.links[k];
             cache.settle(&[link]);
             let end = (k + 1) * bs;
-            let state = (o.grant.snapshots.iter()).find(|s| s.0 == end).map(|s| s.1);
+            // Snapshots are ascending by position.
+            let snaps = &o.grant.snapshots;
+            let state = (snaps.binary_search_by_key(&end, |s| s.0).ok()).map(|i| snaps[i].1);
             let block = o.grant.blocks[k];
             let tokens = &o.prompt[k * bs..end];
             let p = cache.publish(Computed {
