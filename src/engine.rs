@@ -150,7 +150,7 @@ impl Engine {
         };
         let caching = pool.caches_prefixes();
         let blocks = BlockManagerHandle::spawn(pool, MAILBOX);
-        let connector = ConnectorHandle::spawn_caching(
+        let connector = ConnectorHandle::spawn_reporting(
             layout,
             ConnectorOptions {
                 lock_files: cfg.output.lock_files,
@@ -159,7 +159,6 @@ impl Engine {
             },
             events.clone(),
             Some(release_tx),
-            caching.then(|| blocks.clone()),
         )?;
         let (plan_tx, plan_rx) = flume::bounded(1);
         let limits = SchedulerLimits {
@@ -188,6 +187,7 @@ impl Engine {
         let runner_links = RunnerLinks {
             scheduler: scheduler.actor().clone(),
             connector: connector.clone(),
+            blocks: caching.then(|| (blocks.clone(), e.block_size)),
         };
         let runner = model_runner::spawn(backend, shape, plan_rx, runner_links)
             .map_err(EngineError::Thread)?;

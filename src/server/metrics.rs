@@ -8,8 +8,8 @@
 //! `files_saved_total`, `files_failed_total{kind}`, `connector_pending_bytes`,
 //! `pending_hidden_bytes`, `admission_memory_waits_total`,
 //! `kv_blocks_used`, `kv_blocks_total`, `events_published_total`, `subscribers_dropped_total`,
-//! `socket_connections`, `prefix_cache_hit_tokens_total`, `prefix_cache_blocks`,
-//! `prefix_cache_bytes`, `prefix_cache_snapshots`.
+//! `socket_connections`, `prefix_cache_hit_tokens_total`, `prefix_cache_waited_tokens_total`,
+//! `prefix_cache_blocks`, `prefix_cache_bytes`, `prefix_cache_snapshots`.
 
 use std::sync::OnceLock;
 
@@ -74,6 +74,11 @@ fn describe() {
     describe_counter!(
         "hsx_prefix_cache_hit_tokens_total",
         "Prompt tokens reused from the prefix cache (KV and captured rows), not computed"
+    );
+    describe_counter!(
+        "hsx_prefix_cache_waited_tokens_total",
+        "Of the prefix-cache hit tokens, those served to requests that waited for a running \
+         request to compute them"
     );
     describe_gauge!(
         "hsx_prefix_cache_blocks",

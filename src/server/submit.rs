@@ -294,6 +294,7 @@ impl Shared {
             "kv_blocks_total": blocks.map_or(0, |b| b.total),
             "kv_blocks_used": blocks.map_or(0, |b| b.total - b.free),
             "prefix_cache_hit_tokens": blocks.map_or(0, |b| b.prefix.hit_tokens),
+            "prefix_cache_waited_tokens": blocks.map_or(0, |b| b.prefix.waited_tokens),
             "prefix_cache_blocks": blocks.map_or(0, |b| b.prefix.cached_blocks),
             "prefix_cache_bytes": blocks.map_or(0, |b| b.prefix.bytes),
             "prefix_cache_snapshots": blocks.map_or(0, |b| b.prefix.snapshots),

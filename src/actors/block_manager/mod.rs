@@ -1,8 +1,9 @@
 //! Block manager actor: owns the KV-block bookkeeping (ids only; the model runner owns the
-//! memory). One `Reserve` per step, `Release` on every exit path (abort, error),
-//! `ReleaseFinished` for finished requests; with prefix reuse ([`prefix`]) finished requests'
-//! full blocks and their captured rows (`CacheRows`, from the connector) are kept for later
-//! requests that start with the same tokens.
+//! memory). One `Reserve` per step, `Release` on every exit path (finish, abort, error). With
+//! prefix reuse ([`prefix`]) the model runner reports each step's completed prompt blocks with
+//! their captured rows (`BlocksComputed`, sent before the scheduler hears of the step): they
+//! are kept for later requests, and for requests running at the same time, that start with
+//! the same tokens.
 
 mod pool;
 pub mod prefix;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 
 use kameo::prelude::*;
 
-pub use pool::{BlockPool, Grant, PoolStats, SnapshotSlots};
+pub use pool::{BlockPool, Grant, NotGranted, PoolStats, SnapshotSlots};
 
 use crate::actors::messages::RequestId;
 
@@ -24,14 +25,13 @@ pub struct Candidate {
     pub prompt: Arc<[u32]>,
 }
 
-/// Reserve blocks for each candidate, in order, stopping at the first that does not fit (so
-/// a large request is not starved by smaller ones behind it).
+/// Reserve blocks for each candidate ([`BlockPool::reserve`]).
 #[derive(Debug, Clone)]
 pub struct Reserve {
     pub candidates: Vec<Candidate>,
 }
 
-/// Blocks granted to a prefix of the candidates.
+/// Blocks granted to candidates, in their order.
 #[derive(Debug, Clone, Default, Reply)]
 pub struct Reservation {
     pub granted: Vec<(RequestId, Grant)>,
@@ -41,18 +41,16 @@ pub struct Reservation {
 #[derive(Debug, Clone)]
 pub struct Release(pub Vec<RequestId>);
 
-/// These requests computed every token: their prompts' full blocks may be kept for reuse.
-#[derive(Debug, Clone)]
-pub struct ReleaseFinished(pub Vec<RequestId>);
+/// Prompt blocks a step completed (KV written, rows captured, state snapshotted), per
+/// request: blocks `first..first + rows.len()`, the captured rows of each.
+#[derive(Debug, Clone, Default)]
+pub struct BlocksComputed(pub Vec<ComputedBlocks>);
 
-/// A finished request's captured rows for prefix reuse: `row_bytes` per token of `tokens`, in
-/// the connector's chunks (shared, not copied: only the blocks kept are copied, within the
-/// cache's byte bound).
 #[derive(Debug, Clone)]
-pub struct CacheRows {
-    pub tokens: Vec<u32>,
-    pub chunks: Arc<[Vec<u8>]>,
-    pub row_bytes: usize,
+pub struct ComputedBlocks {
+    pub id: RequestId,
+    pub first: usize,
+    pub rows: Vec<Arc<[u8]>>,
 }
 
 /// Current pool occupancy.
@@ -67,16 +65,13 @@ pub struct BlockManager {
 impl Message<Reserve> for BlockManager {
     type Reply = Reservation;
     async fn handle(&mut self, msg: Reserve, _: &mut Context<Self, Self::Reply>) -> Reservation {
-        let mut granted = Vec::new();
-        let hits_before = self.pool.stats().prefix.hit_tokens;
-        for c in msg.candidates {
-            match self.pool.allocate(&c.id, c.tokens, &c.prompt) {
-                Some(grant) => granted.push((c.id, grant)),
-                None => break,
-            }
-        }
-        let hits = self.pool.stats().prefix.hit_tokens - hits_before;
-        metrics::counter!("hsx_prefix_cache_hit_tokens_total").increment(hits);
+        let hits_before = self.pool.stats().prefix;
+        let granted = self.pool.reserve(&msg.candidates);
+        let after = self.pool.stats().prefix;
+        metrics::counter!("hsx_prefix_cache_hit_tokens_total")
+            .increment(after.hit_tokens - hits_before.hit_tokens);
+        metrics::counter!("hsx_prefix_cache_waited_tokens_total")
+            .increment(after.waited_tokens - hits_before.waited_tokens);
         self.record_gauges();
         Reservation { granted }
     }
@@ -86,27 +81,18 @@ impl Message<Release> for BlockManager {
     type Reply = ();
     async fn handle(&mut self, msg: Release, _: &mut Context<Self, Self::Reply>) {
         for id in &msg.0 {
-            self.pool.free(id, false);
+            self.pool.free(id);
         }
         self.record_gauges();
     }
 }
 
-impl Message<ReleaseFinished> for BlockManager {
+impl Message<BlocksComputed> for BlockManager {
     type Reply = ();
-    async fn handle(&mut self, msg: ReleaseFinished, _: &mut Context<Self, Self::Reply>) {
-        for id in &msg.0 {
-            self.pool.free(id, true);
+    async fn handle(&mut self, msg: BlocksComputed, _: &mut Context<Self, Self::Reply>) {
+        for c in msg.0 {
+            self.pool.computed(&c.id, c.first, c.rows);
         }
-        self.record_gauges();
-    }
-}
-
-impl Message<CacheRows> for BlockManager {
-    type Reply = ();
-    async fn handle(&mut self, msg: CacheRows, _: &mut Context<Self, Self::Reply>) {
-        self.pool
-            .offer_rows(&msg.tokens, &msg.chunks, msg.row_bytes);
         self.record_gauges();
     }
 }
@@ -156,15 +142,11 @@ impl BlockManagerHandle {
         }
     }
 
-    pub async fn release_finished(&self, ids: Vec<RequestId>) {
-        if !ids.is_empty() {
-            let _ = self.actor.tell(ReleaseFinished(ids)).await;
-        }
-    }
-
-    /// Offers a finished request's rows for prefix reuse.
-    pub async fn cache_rows(&self, rows: CacheRows) {
-        let _ = self.actor.tell(rows).await;
+    /// Reports a step's completed prompt blocks from a plain OS thread (the model runner),
+    /// blocking while the mailbox is full. Must not be called from an async task.
+    pub fn computed_blocking(&self, blocks: BlocksComputed) {
+        // A stopped block manager only happens at shutdown: nothing is reused any more.
+        let _ = self.actor.tell(blocks).blocking_send();
     }
 
     pub async fn stats(&self) -> Option<PoolStats> {

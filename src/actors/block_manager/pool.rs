@@ -1,10 +1,13 @@
 //! The plain block pool: a free list of block ids and each request's blocks.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::prefix::{BlockHash, PrefixCache, PrefixStats, Rejected};
+use super::Candidate;
+use super::prefix::{
+    BlockHash, Computed, Evicted, Link, Lookup, PrefixCache, PrefixHit, PrefixStats, chain,
+};
 use crate::actors::messages::RequestId;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, kameo::Reply)]
 pub struct PoolStats {
@@ -25,7 +28,7 @@ pub struct PoolStats {
 /// block): the request starts at `cached_tokens`. Hybrid models also get the snapshot slot
 /// to restore their state slot from (`restore_from`, the state at `cached_tokens`), and
 /// snapshot slots to copy their state into when a chunk ends at a position of `snapshots`
-/// (block boundaries of the prompt, ascending), kept for later requests when they finish.
+/// (block boundaries of the prompt, ascending), published with the block ending there.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Grant {
     pub blocks: Vec<u32>,
@@ -34,6 +37,18 @@ pub struct Grant {
     pub prefix_rows: Vec<Arc<[u8]>>,
     pub restore_from: Option<u32>,
     pub snapshots: Vec<(usize, u32)>,
+}
+
+/// Why a request got no blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotGranted {
+    /// Not enough free or evictable blocks, or no state slot: later requests wait too.
+    NoRoom,
+    /// Its next block is being computed by a running request: it waits for that block to be
+    /// published (later requests may go first).
+    InFlight,
+    /// The id already holds a grant.
+    Duplicate,
 }
 
 /// The recurrent-state slots a hybrid model's backend keeps for prefix reuse: `count` slots
@@ -45,12 +60,19 @@ pub struct SnapshotSlots {
     pub bytes: usize,
 }
 
-/// A request's grant, its prompt (to hash its blocks at release) and the cache entries it uses.
+/// A request's grant, and with prefix reuse what it computes for the cache.
 #[derive(Debug)]
 struct Owned {
     grant: Grant,
     prompt: Arc<[u32]>,
-    shared: Vec<BlockHash>,
+    /// The hash chain of the prompt's full blocks (empty without prefix reuse).
+    links: Vec<Link>,
+    /// Blocks `0..done` are computed: cached at the start, or published since.
+    done: usize,
+    /// Cache entries this request references.
+    refs: Vec<BlockHash>,
+    /// Its blocks that belong to the cache (not freed with the request).
+    in_cache: HashSet<usize>,
 }
 
 #[derive(Debug)]
@@ -67,6 +89,10 @@ pub struct BlockPool {
     owned: HashMap<RequestId, Owned>,
     /// Prefix reuse; `None` when off.
     cache: Option<PrefixCache>,
+    /// Requests told to wait for in-flight blocks: their prompt and its hash chain, kept so
+    /// that a waiter asking again each step is not hashed again (and, for metrics, the tokens
+    /// they then reuse).
+    waiting: HashMap<RequestId, (Arc<[u32]>, Vec<Link>)>,
 }
 
 impl BlockPool {
@@ -83,6 +109,7 @@ impl BlockPool {
             free_snapshots: Vec::new(),
             owned: HashMap::new(),
             cache: None,
+            waiting: HashMap::new(),
         }
     }
 
@@ -112,6 +139,10 @@ impl BlockPool {
         tokens.div_ceil(self.block_size)
     }
 
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// Whether a request of `tokens` could ever fit (the whole pool free).
     pub fn could_ever_fit(&self, tokens: usize) -> bool {
         self.blocks_for(tokens) <= self.total
@@ -123,52 +154,92 @@ impl BlockPool {
     }
 
     /// Blocks covering `tokens` positions (and a state slot, for hybrid pools) for a new
-    /// request of `prompt`, reusing cached leading blocks, or `None` if not enough are free
-    /// or evictable (nothing is taken then). A request already holding a grant gets none.
+    /// request of `prompt`, reusing cached leading blocks. Nothing is taken when it is not
+    /// granted: not enough blocks free or evictable, or its next block in flight.
     pub fn allocate(
         &mut self,
         id: &RequestId,
         tokens: usize,
         prompt: &Arc<[u32]>,
-    ) -> Option<Grant> {
-        let slot_missing = self.total_slots > 0 && self.free_slots.is_empty();
-        if slot_missing || self.owned.contains_key(id) {
-            return None;
+    ) -> Result<Grant, NotGranted> {
+        if self.owned.contains_key(id) {
+            return Err(NotGranted::Duplicate);
         }
-        let hit = self
-            .cache
-            .as_mut()
-            .map(|c| c.lookup(prompt))
-            .unwrap_or_default();
-        let need = self.blocks_for(tokens).saturating_sub(hit.blocks.len());
-        if !self.make_free(need) {
-            if let Some(c) = self.cache.as_mut() {
-                c.forget_hit(&hit);
+        let (links, was_waiting) = self.links_of(id, prompt);
+        let hit = match self.cache.as_ref().map(|c| c.lookup(prompt, &links)) {
+            Some(Lookup::InFlight) => {
+                self.waiting.insert(id.clone(), (prompt.clone(), links));
+                return Err(NotGranted::InFlight);
             }
-            return None;
+            Some(Lookup::Hit(hit)) => hit,
+            None => PrefixHit::default(),
+        };
+        let slot_missing = self.total_slots > 0 && self.free_slots.is_empty();
+        let need = self.blocks_for(tokens).saturating_sub(hit.blocks.len());
+        if slot_missing || !self.make_free(need, &hit.hashes) {
+            if was_waiting {
+                self.waiting.insert(id.clone(), (prompt.clone(), links));
+            }
+            return Err(NotGranted::NoRoom);
+        }
+        let done = hit.blocks.len();
+        if let Some(c) = self.cache.as_mut() {
+            c.take_hit(&hit, was_waiting);
+            c.expect(&links[done..]);
         }
         let fresh = self.free.split_off(self.free.len() - need);
-        let snapshots = self.take_snapshot_slots(prompt, hit.blocks.len());
         let grant = Grant {
-            blocks: hit
-                .blocks
-                .iter()
-                .copied()
+            blocks: (hit.blocks.iter().copied())
                 .chain(fresh.into_iter().rev())
                 .collect(),
             state_slot: self.free_slots.pop(),
-            cached_tokens: hit.blocks.len() * self.block_size,
+            cached_tokens: done * self.block_size,
             prefix_rows: hit.rows,
             restore_from: hit.state,
-            snapshots,
+            snapshots: self.take_snapshot_slots(prompt, done),
         };
         let owned = Owned {
             grant: grant.clone(),
             prompt: prompt.clone(),
-            shared: hit.hashes,
+            links,
+            done,
+            in_cache: (0..done).collect(),
+            refs: hit.hashes,
         };
         self.owned.insert(id.clone(), owned);
-        Some(grant)
+        Ok(grant)
+    }
+
+    /// The hash chain of `prompt` (empty without prefix reuse), kept from the last time if
+    /// `id` was told to wait, and whether it was.
+    fn links_of(&mut self, id: &RequestId, prompt: &Arc<[u32]>) -> (Vec<Link>, bool) {
+        let waited = self.waiting.remove(id);
+        let was_waiting = waited.is_some();
+        let links = match (&self.cache, waited) {
+            (None, _) => Vec::new(),
+            (Some(_), Some((p, links))) if Arc::ptr_eq(&p, prompt) => links,
+            (Some(_), _) => chain(prompt, self.block_size),
+        };
+        (links, was_waiting)
+    }
+
+    /// Blocks for each candidate, in order, stopping at the first that does not fit (so a
+    /// large request is not starved by smaller ones behind it). A candidate whose next block
+    /// is in flight is skipped: it waits for that block, needing no room, and later
+    /// candidates may go first.
+    pub fn reserve(&mut self, candidates: &[Candidate]) -> Vec<(RequestId, Grant)> {
+        // Waiting marks of requests no longer candidates (aborted while waiting) go.
+        let ids: HashSet<&RequestId> = candidates.iter().map(|c| &c.id).collect();
+        self.waiting.retain(|id, _| ids.contains(id));
+        let mut granted = Vec::new();
+        for c in candidates {
+            match self.allocate(&c.id, c.tokens, &c.prompt) {
+                Ok(grant) => granted.push((c.id.clone(), grant)),
+                Err(NotGranted::InFlight) => continue,
+                Err(NotGranted::NoRoom | NotGranted::Duplicate) => break,
+            }
+        }
+        granted
     }
 
     /// Snapshot slots for the block boundaries of `prompt` after its first `cached` blocks, as
@@ -182,7 +253,7 @@ impl BlockPool {
         for k in (cached + 1..=prompt.len() / self.block_size).rev() {
             let slot = match self.free_snapshots.pop() {
                 Some(slot) => slot,
-                None => match cache.evict_state(&HashSet::new()) {
+                None => match cache.evict_state() {
                     Some(freed) => {
                         self.free.extend(freed.block);
                         freed.state.expect("evicted for its snapshot")
@@ -196,72 +267,97 @@ impl BlockPool {
         out
     }
 
-    /// Gives back what the cache did not keep or evicted.
-    fn take_back(&mut self, r: Rejected) {
-        self.free.extend(r.blocks.into_iter().rev());
-        self.free_snapshots.extend(r.states);
+    /// Gives back what the cache evicted.
+    fn take_back(&mut self, e: Evicted) {
+        self.free.extend(e.blocks.into_iter().rev());
+        self.free_snapshots.extend(e.states);
     }
 
-    /// Evicts unused cached blocks until `need` are free; false if they cannot be.
-    fn make_free(&mut self, need: usize) -> bool {
-        let evictable = self.cache.as_ref().map_or(0, |c| c.evictable_blocks());
-        if need > self.free.len() + evictable {
+    /// Evicts unused cached blocks until `need` are free; false if they cannot be (then
+    /// nothing is evicted). `hit`: entries about to be used, not evictable.
+    fn make_free(&mut self, need: usize, hit: &[BlockHash]) -> bool {
+        if need <= self.free.len() {
+            return true;
+        }
+        let Some(cache) = self.cache.as_mut() else {
             return false;
+        };
+        // Referenced for the count so that the hit's own blocks are not counted (or evicted).
+        cache.pin(hit);
+        let enough = need <= self.free.len() + cache.evictable_blocks();
+        while enough && self.free.len() < need {
+            let f = cache.evict_block().expect("counted as evictable");
+            self.free.extend(f.block);
+            self.free_snapshots.extend(f.state);
         }
-        while self.free.len() < need {
-            match self.cache.as_mut().and_then(|c| c.evict_block()) {
-                Some(f) => {
-                    self.free.extend(f.block);
-                    self.free_snapshots.extend(f.state);
-                }
-                None => return false,
-            }
-        }
-        true
+        cache.unref(hit);
+        enough
     }
 
-    /// Returns the request's blocks and slot; freeing twice is a no-op. Returns the blocks
-    /// given back (to the free list, or kept for reuse when `finished`: its prompt's full
-    /// blocks hold valid KV then).
-    pub fn free(&mut self, id: &RequestId, finished: bool) -> usize {
-        let Some(Owned {
-            grant,
-            prompt,
-            shared,
-        }) = self.owned.remove(id)
-        else {
+    /// The request computed the next blocks of its prompt (from its `first` uncached one),
+    /// their captured rows `rows` (one entry per block): each is published for reuse, with
+    /// the snapshot taken at its end (hybrid). Blocks out of order are ignored.
+    pub fn computed(&mut self, id: &RequestId, first: usize, rows: Vec<Arc<[u8]>>) {
+        let (Some(cache), Some(o)) = (self.cache.as_mut(), self.owned.get_mut(id)) else {
+            return;
+        };
+        if first != o.done || first + rows.len() > o.links.len() {
+            tracing::warn!(%id, first, done = o.done, "computed blocks out of order, not cached");
+            return;
+        }
+        let bs = self.block_size;
+        let mut evicted = Evicted::default();
+        let mut unused_states = Vec::new();
+        for (k, rows) in (first..).zip(rows) {
+            let link = o.links[k];
+            cache.settle(&[link]);
+            let end = (k + 1) * bs;
+            // Snapshots are ascending by position.
+            let snaps = &o.grant.snapshots;
+            let state = (snaps.binary_search_by_key(&end, |s| s.0).ok()).map(|i| snaps[i].1);
+            let block = o.grant.blocks[k];
+            let tokens = &o.prompt[k * bs..end];
+            let p = cache.publish(Computed {
+                link,
+                tokens,
+                block,
+                rows,
+                state,
+            });
+            o.done = k + 1;
+            if p.took_block {
+                o.in_cache.insert(k);
+            }
+            o.refs.extend(p.referenced);
+            unused_states.extend(state.filter(|_| !p.took_state));
+            evicted.blocks.extend(p.evicted.blocks);
+            evicted.states.extend(p.evicted.states);
+        }
+        self.free_snapshots.extend(unused_states);
+        self.take_back(evicted);
+    }
+
+    /// Returns the request's blocks and slots; freeing twice is a no-op. Blocks published for
+    /// reuse stay in the cache (no longer used by it). Returns how many blocks it held.
+    pub fn free(&mut self, id: &RequestId) -> usize {
+        let Some(o) = self.owned.remove(id) else {
             return 0;
         };
-        let n = grant.blocks.len();
-        self.free_slots.extend(grant.state_slot);
-        let Some(cache) = self.cache.as_mut() else {
-            self.free.extend(grant.blocks.into_iter().rev());
-            return n;
-        };
-        cache.unref(&shared);
-        let unused = if finished {
-            let bs = self.block_size;
-            let states: Vec<(usize, u32)> = (grant.snapshots.iter())
-                .map(|&(pos, slot)| (pos / bs - 1, slot))
-                .collect();
-            cache.offer_blocks(&prompt, &grant.blocks, shared.len(), &states)
-        } else {
-            Rejected {
-                blocks: grant.blocks[shared.len()..].to_vec(),
-                states: grant.snapshots.iter().map(|s| s.1).collect(),
-            }
-        };
-        self.take_back(unused);
-        n
-    }
-
-    /// Keeps the captured rows of a finished request's full blocks of `tokens` for reuse
-    /// (`row_bytes` per token), within the cache's byte bound.
-    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) {
+        let n = o.grant.blocks.len();
+        self.free_slots.extend(o.grant.state_slot);
         if let Some(cache) = self.cache.as_mut() {
-            let freed = cache.offer_rows(tokens, rows, row_bytes);
-            self.take_back(freed);
+            cache.release(&o.refs);
+            cache.settle(&o.links[o.done..]);
         }
+        let own = (o.grant.blocks.iter().enumerate())
+            .filter(|(k, _)| !o.in_cache.contains(k))
+            .map(|(_, &b)| b);
+        self.free.extend(own.rev());
+        // Snapshots at boundaries past the computed blocks were never published.
+        let done_end = o.done * self.block_size;
+        let unused = (o.grant.snapshots.iter()).filter(|s| s.0 > done_end);
+        self.free_snapshots.extend(unused.map(|s| s.1));
+        n
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -296,17 +392,17 @@ mod tests {
         assert_eq!(b.blocks, vec![0, 1, 2]);
         assert_eq!(b.state_slot, None);
         assert_eq!(p.stats().free, 7);
-        assert_eq!(p.free(&id("a"), false), 3);
+        assert_eq!(p.free(&id("a")), 3);
         assert_eq!(p.stats().free, 10);
     }
 
     #[test]
     fn exhaustion_takes_nothing() {
         let mut p = BlockPool::new(4, 4, 0);
-        assert!(p.allocate(&id("a"), 12, &prompt(12)).is_some());
-        assert!(p.allocate(&id("b"), 8, &prompt(8)).is_none());
+        assert!(p.allocate(&id("a"), 12, &prompt(12)).is_ok());
+        assert!(p.allocate(&id("b"), 8, &prompt(8)).is_err());
         assert_eq!(p.stats().free, 1);
-        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_some());
+        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_ok());
         assert_eq!(p.stats().free, 0);
     }
 
@@ -314,9 +410,9 @@ mod tests {
     fn double_free_and_double_allocate_are_harmless() {
         let mut p = BlockPool::new(4, 4, 0);
         p.allocate(&id("a"), 4, &prompt(4)).unwrap();
-        assert!(p.allocate(&id("a"), 4, &prompt(4)).is_none());
-        assert_eq!(p.free(&id("a"), false), 1);
-        assert_eq!(p.free(&id("a"), false), 0);
+        assert!(p.allocate(&id("a"), 4, &prompt(4)).is_err());
+        assert_eq!(p.free(&id("a")), 1);
+        assert_eq!(p.free(&id("a")), 0);
         assert_eq!(p.stats().free, 4);
     }
 
@@ -325,7 +421,7 @@ mod tests {
         let mut p = BlockPool::new(6, 2, 0);
         let a = p.allocate(&id("a"), 4, &prompt(4)).unwrap();
         let b = p.allocate(&id("b"), 4, &prompt(4)).unwrap();
-        p.free(&id("a"), false);
+        p.free(&id("a"));
         let c = p.allocate(&id("c"), 8, &prompt(8)).unwrap();
         let mut all: Vec<u32> = b.blocks.iter().chain(&c.blocks).copied().collect();
         all.sort_unstable();
@@ -341,9 +437,9 @@ mod tests {
         let b = p.allocate(&id("b"), 4, &prompt(4)).unwrap();
         assert_eq!((a.state_slot, b.state_slot), (Some(0), Some(1)));
         // Blocks are plentiful but slots are not: admission waits for a slot.
-        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_none());
+        assert!(p.allocate(&id("c"), 4, &prompt(4)).is_err());
         assert_eq!(p.stats().free, 98);
-        p.free(&id("a"), false);
+        p.free(&id("a"));
         assert_eq!(
             p.allocate(&id("c"), 4, &prompt(4)).unwrap().state_slot,
             Some(0)

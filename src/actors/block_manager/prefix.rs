@@ -1,34 +1,43 @@
 //! Prefix reuse bookkeeping (DESIGN.md §2, BlockManager): full KV blocks keyed by a hash chain
 //! over their tokens (as vLLM's prefix caching), each with the captured rows of its positions,
 //! so that a request whose leading blocks were computed before starts after them and its file
-//! still holds every row. A block is reusable only when it has both its KV block and its rows;
-//! the two arrive separately (the scheduler releases a finished request's blocks, the connector
-//! sends its rows) and in either order.
+//! still holds every row.
+//!
+//! A block is published the step it is computed: the model runner hands the block manager the
+//! block's captured rows before the scheduler hears of the step, so an entry always has its KV
+//! block and its rows together. The request that computed it keeps using it (a reference);
+//! later requests, even ones running at the same time, reuse it. Blocks a running request will
+//! compute are *in flight*: a request whose next block is in flight waits (is not admitted)
+//! rather than compute it a second time, until the block is published, or its owner ends
+//! without publishing it (failed or aborted): then it computes the block itself.
 //!
 //! Hybrid models (recurrent layers) also need the recurrent state at the hit's end: there a
 //! block is reusable as the end of a hit only when it also holds a snapshot of the state after
 //! its last position (a snapshot slot, written by the model runner when the request that
 //! computed the block ended a chunk there). A hit is cut back to its last block with one.
 //!
-//! Bounded: entries not used by a running request are evicted least recently used first, when
-//! the pool needs a block or a snapshot slot, or the rows and snapshots would pass `max_bytes`.
+//! Bounded: entries no running request uses are evicted least recently used first, when the
+//! pool needs a block or a snapshot slot, or the rows and snapshots would pass `max_bytes`.
 //! Plain state, no channels.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 /// A block's place in a chain: the hash of every token up to its end.
 pub type BlockHash = u64;
 
+/// A block's link in a chain: its parent's hash (none for the first block) and its own.
+pub type Link = (Option<BlockHash>, BlockHash);
+
 #[derive(Debug)]
 struct Entry {
     parent: Option<BlockHash>,
     tokens: Box<[u32]>,
-    /// KV block holding these positions (owned by the cache while set).
-    block: Option<u32>,
+    /// KV block holding these positions (owned by the cache).
+    block: u32,
     /// The captured rows of these positions, `[block_size, K, H]` in the file dtype.
-    rows: Option<Arc<[u8]>>,
+    rows: Arc<[u8]>,
     /// Snapshot slot holding the recurrent state after the block's last position (hybrid).
     state: Option<u32>,
     /// Running requests using the block: not evictable while > 0.
@@ -47,6 +56,15 @@ pub struct PrefixHit {
     pub state: Option<u32>,
 }
 
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// Reuse these blocks (possibly none) and compute the rest.
+    Hit(PrefixHit),
+    /// The next block is being computed by a running request: wait for it.
+    InFlight,
+}
+
 /// What an eviction gave back: the entry's KV block and snapshot slot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Freed {
@@ -54,12 +72,43 @@ pub struct Freed {
     pub state: Option<u32>,
 }
 
-/// What the cache did not take of a finished request's blocks and snapshots: the caller frees
-/// them.
+/// KV blocks and snapshot slots the cache gave back (evicted): the caller frees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Rejected {
+pub struct Evicted {
     pub blocks: Vec<u32>,
     pub states: Vec<u32>,
+}
+
+impl Evicted {
+    fn add(&mut self, f: Freed) {
+        self.blocks.extend(f.block);
+        self.states.extend(f.state);
+    }
+}
+
+/// A block a running request computed, offered to the cache.
+#[derive(Debug, Clone)]
+pub struct Computed<'a> {
+    pub link: Link,
+    pub tokens: &'a [u32],
+    pub block: u32,
+    pub rows: Arc<[u8]>,
+    /// Snapshot slot with the state after the block (hybrid), if the request has one there.
+    pub state: Option<u32>,
+}
+
+/// What the cache did with a computed block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The cache took the KV block (the request no longer frees it).
+    pub took_block: bool,
+    /// The cache took the snapshot slot.
+    pub took_state: bool,
+    /// The entry of this hash the request now references (its own block or an equal one
+    /// published before); `None` when nothing was kept.
+    pub referenced: Option<BlockHash>,
+    /// What was evicted to make room.
+    pub evicted: Evicted,
 }
 
 /// Counters for metrics.
@@ -73,6 +122,8 @@ pub struct PrefixStats {
     pub snapshots: usize,
     /// Prompt tokens served from the cache so far.
     pub hit_tokens: u64,
+    /// The part of `hit_tokens` served to requests that waited for in-flight blocks.
+    pub waited_tokens: u64,
 }
 
 #[derive(Debug)]
@@ -83,12 +134,15 @@ pub struct PrefixCache {
     /// Bytes of one recurrent-state snapshot; `None` for dense models (no state needed).
     state_bytes: Option<usize>,
     entries: HashMap<BlockHash, Entry>,
+    /// Blocks running requests will compute and publish, with how many requests will.
+    in_flight: HashMap<BlockHash, usize>,
     tick: u64,
     hit_tokens: u64,
+    waited_tokens: u64,
 }
 
 /// The hash chain of the full blocks of `tokens`.
-pub fn chain(tokens: &[u32], block_size: usize) -> Vec<(Option<BlockHash>, BlockHash)> {
+pub fn chain(tokens: &[u32], block_size: usize) -> Vec<Link> {
     let mut parent = None;
     tokens
         .chunks_exact(block_size)
@@ -112,8 +166,10 @@ impl PrefixCache {
             bytes: 0,
             state_bytes: None,
             entries: HashMap::new(),
+            in_flight: HashMap::new(),
             tick: 0,
             hit_tokens: 0,
+            waited_tokens: 0,
         }
     }
 
@@ -129,16 +185,12 @@ impl PrefixCache {
     }
 
     pub fn stats(&self) -> PrefixStats {
-        let cached_blocks = self
-            .entries
-            .values()
-            .filter(|e| e.block.is_some() && e.rows.is_some())
-            .count();
         PrefixStats {
-            cached_blocks,
+            cached_blocks: self.entries.len(),
             bytes: self.bytes,
             snapshots: self.entries.values().filter(|e| e.state.is_some()).count(),
             hit_tokens: self.hit_tokens,
+            waited_tokens: self.waited_tokens,
         }
     }
 
@@ -147,32 +199,32 @@ impl PrefixCache {
         self.tick
     }
 
-    fn entry_matches(&self, parent: Option<BlockHash>, hash: BlockHash, tokens: &[u32]) -> bool {
+    fn entry_matches(&self, (parent, hash): Link, tokens: &[u32]) -> bool {
         self.entries
             .get(&hash)
             .is_some_and(|e| e.parent == parent && *e.tokens == *tokens)
     }
 
-    /// The leading reusable blocks of `prompt`, leaving at least its last token to compute
-    /// (its logits are sampled); each is referenced until [`Self::unref`].
-    pub fn lookup(&mut self, prompt: &[u32]) -> PrefixHit {
-        let usable = &prompt[..prompt.len().saturating_sub(1)];
+    /// The leading reusable blocks of `prompt` (whose chain is `links`), leaving at least its
+    /// last token to compute (its logits are sampled); or [`Lookup::InFlight`] when the block
+    /// after them is one a running request is computing. Takes nothing: see
+    /// [`Self::take_hit`].
+    pub fn lookup(&self, prompt: &[u32], links: &[Link]) -> Lookup {
+        let usable = prompt.len().saturating_sub(1) / self.block_size;
         let mut hit = PrefixHit::default();
         let mut last_state = 0;
-        for ((parent, hash), tokens) in chain(usable, self.block_size)
-            .into_iter()
-            .zip(usable.chunks_exact(self.block_size))
-        {
-            if !self.entry_matches(parent, hash, tokens) {
+        for (i, &link) in links.iter().enumerate().take(usable) {
+            let tokens = &prompt[i * self.block_size..(i + 1) * self.block_size];
+            if !self.entry_matches(link, tokens) {
+                if self.in_flight.contains_key(&link.1) {
+                    return Lookup::InFlight;
+                }
                 break;
             }
-            let e = &self.entries[&hash];
-            let (Some(block), Some(rows)) = (e.block, e.rows.clone()) else {
-                break;
-            };
-            hit.hashes.push(hash);
-            hit.blocks.push(block);
-            hit.rows.push(rows);
+            let e = &self.entries[&link.1];
+            hit.hashes.push(link.1);
+            hit.blocks.push(e.block);
+            hit.rows.push(e.rows.clone());
             if e.state.is_some() {
                 hit.state = e.state;
                 last_state = hit.hashes.len();
@@ -186,12 +238,19 @@ impl PrefixCache {
         } else {
             hit.state = None;
         }
-        for h in &hit.hashes {
-            self.entries.get_mut(h).expect("found above").refs += 1;
-        }
+        Lookup::Hit(hit)
+    }
+
+    /// A granted request uses the blocks of `hit` until [`Self::unref`]; `waited`: it had
+    /// waited for some of them (metrics).
+    pub fn take_hit(&mut self, hit: &PrefixHit, waited: bool) {
+        self.pin(&hit.hashes);
         self.touch_chain(&hit.hashes);
-        self.hit_tokens += (hit.hashes.len() * self.block_size) as u64;
-        hit
+        let tokens = (hit.hashes.len() * self.block_size) as u64;
+        self.hit_tokens += tokens;
+        if waited {
+            self.waited_tokens += tokens;
+        }
     }
 
     /// Marks a chain used now, its first block last: chains are evicted from their tails.
@@ -204,6 +263,22 @@ impl PrefixCache {
         }
     }
 
+    /// Keeps these blocks from eviction until [`Self::unref`].
+    pub fn pin(&mut self, hashes: &[BlockHash]) {
+        for h in hashes {
+            if let Some(e) = self.entries.get_mut(h) {
+                e.refs += 1;
+            }
+        }
+    }
+
+    /// A request that used these blocks (in chain order) ended: they are unused by it and
+    /// recently used, its first block last (chains are evicted from their tails).
+    pub fn release(&mut self, hashes: &[BlockHash]) {
+        self.unref(hashes);
+        self.touch_chain(hashes);
+    }
+
     /// A running request no longer uses these blocks.
     pub fn unref(&mut self, hashes: &[BlockHash]) {
         for h in hashes {
@@ -213,216 +288,129 @@ impl PrefixCache {
         }
     }
 
-    /// Undoes the hit count of a lookup whose request was not admitted.
-    pub fn forget_hit(&mut self, hit: &PrefixHit) {
-        self.unref(&hit.hashes);
-        self.hit_tokens -= (hit.hashes.len() * self.block_size) as u64;
+    /// A running request will compute and publish these blocks.
+    pub fn expect(&mut self, links: &[Link]) {
+        for l in links {
+            *self.in_flight.entry(l.1).or_default() += 1;
+        }
     }
 
-    fn entry(&mut self, parent: Option<BlockHash>, hash: BlockHash, tokens: &[u32]) -> &mut Entry {
-        let t = self.touch();
-        let e = self.entries.entry(hash).or_insert_with(|| Entry {
-            parent,
-            tokens: tokens.into(),
-            block: None,
-            rows: None,
-            state: None,
-            refs: 0,
-            last_used: t,
-        });
-        e.last_used = t;
-        e
-    }
-
-    /// Offers the KV blocks of a finished request: block `i` of `blocks` holds positions
-    /// `i * block_size..` of `tokens`; the first `shared` came from the cache (the caller
-    /// unrefs them) and are not offered again. `states` are snapshot slots `(i, slot)` holding
-    /// the recurrent state after block `i`. Returns what the cache did not take (partial
-    /// blocks, blocks or snapshots already cached under the same hash, hash collisions,
-    /// snapshots past the byte bound, all snapshots of a dense cache) and what it evicted to
-    /// make room: the caller frees them.
-    pub fn offer_blocks(
-        &mut self,
-        tokens: &[u32],
-        blocks: &[u32],
-        shared: usize,
-        states: &[(usize, u32)],
-    ) -> Rejected {
-        let full = (tokens.len() / self.block_size).min(blocks.len());
-        let mut out = Rejected {
-            blocks: blocks[full.max(shared).min(blocks.len())..].to_vec(),
-            states: Vec::new(),
-        };
-        let links = chain(&tokens[..full * self.block_size], self.block_size);
-        let own: HashSet<BlockHash> = links.iter().map(|l| l.1).collect();
-        let blocks_tokens = tokens[..full * self.block_size].chunks_exact(self.block_size);
-        // Tail first: the first block ends most recently used, so chains are evicted from
-        // their tails.
-        let offered = links
-            .iter()
-            .zip(blocks_tokens)
-            .zip(&blocks[..full])
-            .enumerate()
-            .skip(shared);
-        for (_, ((&(parent, hash), block_tokens), &block)) in offered.rev() {
-            let clash =
-                self.entries.contains_key(&hash) && !self.entry_matches(parent, hash, block_tokens);
-            let e = self.entry(parent, hash, block_tokens);
-            if clash || e.block.is_some() {
-                out.blocks.push(block);
-            } else {
-                e.block = Some(block);
+    /// A running request computed these blocks, or will not (it ended).
+    pub fn settle(&mut self, links: &[Link]) {
+        for l in links {
+            if let Some(n) = self.in_flight.get_mut(&l.1) {
+                *n -= 1;
+                if *n == 0 {
+                    self.in_flight.remove(&l.1);
+                }
             }
         }
-        for &(i, slot) in states {
-            let kept = links.get(i).is_some_and(|&(parent, hash)| {
-                let block_tokens = &tokens[i * self.block_size..(i + 1) * self.block_size];
-                self.keep_state(parent, hash, block_tokens, slot, &own, &mut out)
-            });
-            if !kept {
-                out.states.push(slot);
-            }
+    }
+
+    /// Offers a block a running request has just computed (after settling it). A new hash is
+    /// kept with the request's KV block and rows (and snapshot) if its parent is kept and the
+    /// bytes fit, evicting unused entries; an equal entry published before is referenced
+    /// instead (the request keeps its own block) and takes the snapshot if it has none.
+    pub fn publish(&mut self, c: Computed<'_>) -> Published {
+        let (parent, hash) = c.link;
+        let mut out = Published::default();
+        let parent_kept = parent.is_none_or(|p| self.entries.contains_key(&p));
+        if self.entry_matches(c.link, c.tokens) {
+            out.referenced = Some(hash);
+        } else if !self.entries.contains_key(&hash)
+            && parent_kept
+            && self.make_room(c.rows.len(), &mut out.evicted)
+        {
+            self.bytes += c.rows.len();
+            let entry = Entry {
+                parent,
+                tokens: c.tokens.into(),
+                block: c.block,
+                rows: c.rows,
+                state: None,
+                refs: 0,
+                last_used: 0,
+            };
+            self.entries.insert(hash, entry);
+            out.took_block = true;
+            out.referenced = Some(hash);
+        }
+        let Some(hash) = out.referenced else {
+            return out;
+        };
+        let t = self.touch();
+        let e = self.entries.get_mut(&hash).expect("referenced");
+        e.refs += 1;
+        e.last_used = t;
+        if let Some(slot) = c.state {
+            out.took_state = self.keep_state(hash, slot, &mut out.evicted);
         }
         out
     }
 
     /// Attaches snapshot `slot` to the entry of `hash` if it has none, within the byte bound
-    /// (evicting unused entries of other chains into `freed`); false if not taken.
-    fn keep_state(
-        &mut self,
-        parent: Option<BlockHash>,
-        hash: BlockHash,
-        tokens: &[u32],
-        slot: u32,
-        own: &HashSet<BlockHash>,
-        freed: &mut Rejected,
-    ) -> bool {
+    /// (evicting unused entries into `evicted`); false if not taken.
+    fn keep_state(&mut self, hash: BlockHash, slot: u32, evicted: &mut Evicted) -> bool {
         let Some(per) = self.state_bytes else {
             return false;
         };
-        let wanted = self.entry_matches(parent, hash, tokens)
-            && self.entries.get(&hash).is_some_and(|e| e.state.is_none());
-        if !wanted || !self.make_room(per, own, freed) {
+        let wanted = self.entries.get(&hash).is_some_and(|e| e.state.is_none());
+        if !wanted || !self.make_room(per, evicted) {
             return false;
         }
         self.bytes += per;
-        self.entries.get_mut(&hash).expect("matched above").state = Some(slot);
+        self.entries.get_mut(&hash).expect("checked above").state = Some(slot);
         true
     }
 
-    /// Evicts unused entries outside `keep` until `bytes` more fit under `max_bytes`, adding
-    /// what they held to `freed`; false if they cannot.
-    fn make_room(&mut self, bytes: usize, keep: &HashSet<BlockHash>, freed: &mut Rejected) -> bool {
+    /// Evicts unused entries until `bytes` more fit under `max_bytes`, adding what they held
+    /// to `evicted`; false if they cannot.
+    fn make_room(&mut self, bytes: usize, evicted: &mut Evicted) -> bool {
         while self.bytes + bytes > self.max_bytes {
-            match self.evict_lru(keep, |_| true) {
-                Some(f) => {
-                    freed.blocks.extend(f.block);
-                    freed.states.extend(f.state);
-                }
+            match self.evict_lru(|_| true) {
+                Some(f) => evicted.add(f),
                 None => return false,
             }
         }
         true
     }
 
-    /// Offers the captured rows of `tokens` (`row_bytes` per token, the concatenation of
-    /// `rows`; only full blocks are kept).
-    /// Rows past `max_bytes` evict unused entries, least recently used first; the KV blocks and
-    /// snapshot slots of evicted entries are returned for the caller to free.
-    pub fn offer_rows(&mut self, tokens: &[u32], rows: &[Vec<u8>], row_bytes: usize) -> Rejected {
-        let per_block = self.block_size * row_bytes;
-        let mut freed = Rejected::default();
-        let links = chain(tokens, self.block_size);
-        let hashes: Vec<BlockHash> = links.iter().map(|l| l.1).collect();
-        let own: HashSet<BlockHash> = hashes.iter().copied().collect();
-        for (i, ((parent, hash), block_tokens)) in links
-            .into_iter()
-            .zip(tokens.chunks_exact(self.block_size))
-            .enumerate()
-        {
-            if self.entries.contains_key(&hash) && !self.entry_matches(parent, hash, block_tokens) {
-                continue;
-            }
-            if self.entries.get(&hash).is_some_and(|e| e.rows.is_some()) {
-                self.entry(parent, hash, block_tokens);
-                continue;
-            }
-            // Room is made from other chains only: evicting this chain's own head to keep its
-            // tail would leave nothing reusable.
-            if !self.make_room(per_block, &own, &mut freed) {
-                break;
-            }
-            let Some(block_rows) = gather(rows, i * per_block, per_block) else {
-                break;
-            };
-            self.bytes += per_block;
-            self.entry(parent, hash, block_tokens).rows = Some(block_rows.into());
-        }
-        self.touch_chain(&hashes);
-        freed
-    }
-
-    /// Evicts the least recently used entry no running request uses, none of `keep`, among
-    /// those `wanted`; returns what it held, or `None` when nothing can be evicted. A linear
-    /// scan: entries are at most the pool's blocks plus the rows the byte bound admits.
-    fn evict_lru(
-        &mut self,
-        keep: &HashSet<BlockHash>,
-        wanted: impl Fn(&Entry) -> bool,
-    ) -> Option<Freed> {
+    /// Evicts the least recently used entry no running request uses, among those `wanted`;
+    /// returns what it held, or `None` when nothing can be evicted. A linear scan: entries
+    /// are at most the pool's blocks.
+    fn evict_lru(&mut self, wanted: impl Fn(&Entry) -> bool) -> Option<Freed> {
         let (&hash, _) = self
             .entries
             .iter()
-            .filter(|(h, e)| e.refs == 0 && !keep.contains(h) && wanted(e))
+            .filter(|(_, e)| e.refs == 0 && wanted(e))
             .min_by_key(|(_, e)| e.last_used)?;
         let e = self.entries.remove(&hash)?;
-        self.bytes -= e.rows.as_ref().map_or(0, |r| r.len());
+        self.bytes -= e.rows.len();
         if e.state.is_some() {
             self.bytes -= self.state_bytes.unwrap_or(0);
         }
         Some(Freed {
-            block: e.block,
+            block: Some(e.block),
             state: e.state,
         })
     }
 
     /// Blocks held by entries no running request uses (what [`Self::evict_block`] can free).
     pub fn evictable_blocks(&self) -> usize {
-        self.entries
-            .values()
-            .filter(|e| e.refs == 0 && e.block.is_some())
-            .count()
+        self.entries.values().filter(|e| e.refs == 0).count()
     }
 
-    /// Frees one KV block for the pool: evicts the least recently used unused entry holding
-    /// one (and its snapshot, if any).
+    /// Frees one KV block for the pool: evicts the least recently used unused entry (and its
+    /// snapshot, if any).
     pub fn evict_block(&mut self) -> Option<Freed> {
-        self.evict_lru(&HashSet::new(), |e| e.block.is_some())
+        self.evict_lru(|_| true)
     }
 
     /// Frees one snapshot slot for the pool: evicts the least recently used unused entry
-    /// holding one (and its KV block), none of `keep`.
-    pub fn evict_state(&mut self, keep: &HashSet<BlockHash>) -> Option<Freed> {
-        self.evict_lru(keep, |e| e.state.is_some())
+    /// holding one (and its KV block).
+    pub fn evict_state(&mut self) -> Option<Freed> {
+        self.evict_lru(|e| e.state.is_some())
     }
-}
-
-/// Bytes `start..start + len` of the concatenation of `parts`; `None` past their end.
-fn gather(parts: &[Vec<u8>], mut start: usize, len: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(len);
-    for p in parts {
-        if start >= p.len() {
-            start -= p.len();
-            continue;
-        }
-        let take = (p.len() - start).min(len - out.len());
-        out.extend_from_slice(&p[start..start + take]);
-        start = 0;
-        if out.len() == len {
-            return Some(out);
-        }
-    }
-    (len == 0).then_some(out)
 }
 
 #[cfg(test)]

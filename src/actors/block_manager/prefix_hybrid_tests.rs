@@ -43,11 +43,17 @@ fn positions(g: &Grant) -> Vec<usize> {
     g.snapshots.iter().map(|s| s.0).collect()
 }
 
-/// Allocates, finishes and offers the rows of a request of `prompt`.
+/// Allocates a request of `prompt`, publishes every full block past its hit (with the
+/// snapshots at their ends), and releases it.
 fn finish(p: &mut BlockPool, name: &str, prompt: &Arc<[u32]>) -> Grant {
     let g = p.allocate(&id(name), prompt.len(), prompt).expect("fits");
-    p.free(&id(name), true);
-    p.offer_rows(prompt, &[rows(prompt.len())], ROW);
+    let all = rows(prompt.len());
+    let first = g.cached_tokens / BS;
+    let blocks = (first..prompt.len() / BS)
+        .map(|k| Arc::from(&all[k * BS * ROW..(k + 1) * BS * ROW]))
+        .collect();
+    p.computed(&id(name), first, blocks);
+    p.free(&id(name));
     g
 }
 
@@ -93,14 +99,12 @@ fn snapshot_slots_come_back_on_abort_and_are_never_handed_out_twice() {
     // Every slot taken and none cached: a second request snapshots nothing.
     let b = p.allocate(&id("b"), 9, &other_tokens(9)).unwrap();
     assert!(b.snapshots.is_empty());
-    p.free(&id("a"), false);
-    p.free(&id("b"), false);
+    p.free(&id("a"));
+    p.free(&id("b"));
     assert_eq!(p.stats().prefix.snapshots, 0);
-    let c = p.allocate(&id("c"), 17, &tokens(17)).unwrap();
+    let c = finish(&mut p, "c", &tokens(17));
     let slots: HashSet<u32> = c.snapshots.iter().map(|s| s.1).collect();
     assert_eq!(slots, (FIRST..FIRST + 4).collect());
-    p.free(&id("c"), true);
-    p.offer_rows(&tokens(17), &[rows(17)], ROW);
     // Cached snapshots are evicted (with their blocks) for a new request's boundaries.
     let d = p.allocate(&id("d"), 9, &other_tokens(9)).unwrap();
     assert_eq!(positions(&d), vec![4, 8]);

@@ -7,7 +7,6 @@ use kameo::prelude::*;
 use tokio::sync::{Semaphore, oneshot};
 
 use super::{CompleteHiddenStates, ConnectorError, ConnectorOptions, ConnectorState, FileLayout};
-use crate::actors::block_manager::BlockManagerHandle;
 use crate::actors::events::EventHubHandle;
 use crate::actors::messages::{
     CapturedChunk, EventKind, FinishedRequest, HiddenStatesReleased, ReleaseSender, RequestId,
@@ -24,8 +23,6 @@ pub struct Connector {
     /// Where to report that a request's hidden states are no longer held (the scheduler's
     /// `max_pending_bytes` accounting).
     releases: Option<ReleaseSender>,
-    /// Where finished requests' rows go for prefix reuse (when it is on).
-    row_cache: Option<BlockManagerHandle>,
 }
 
 /// Reports a request's hidden states as released when dropped: shared by the writes of a
@@ -106,9 +103,6 @@ impl Message<Finish> for Connector {
         let id = req.id.clone();
         match self.state.finish(req) {
             Ok(mut complete) => {
-                if let Some(cache) = &self.row_cache {
-                    cache.cache_rows(complete.cache_rows()).await;
-                }
                 let release = Arc::new(ReleaseOnDrop {
                     releases: self.releases.clone(),
                     id,
@@ -286,18 +280,6 @@ impl ConnectorHandle {
         events: EventHubHandle,
         releases: Option<ReleaseSender>,
     ) -> Result<Self, ConnectorError> {
-        Self::spawn_caching(layout, options, events, releases, None)
-    }
-
-    /// As [`Self::spawn_reporting`], also offering every finished request's rows to the block
-    /// manager's prefix cache.
-    pub fn spawn_caching(
-        layout: FileLayout,
-        options: ConnectorOptions,
-        events: EventHubHandle,
-        releases: Option<ReleaseSender>,
-        row_cache: Option<BlockManagerHandle>,
-    ) -> Result<Self, ConnectorError> {
         let state = ConnectorState::new(layout.clone(), options.lock_files)?;
         let connector = Connector {
             state,
@@ -307,7 +289,6 @@ impl ConnectorHandle {
             writing_bytes: 0,
             drain_waiters: Vec::new(),
             releases,
-            row_cache,
         };
         // A zero-capacity tokio channel panics; one slot is the smallest bounded mailbox.
         let mailbox = mailbox::bounded(options.mailbox.max(1));

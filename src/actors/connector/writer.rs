@@ -12,7 +12,6 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, View};
 
 use super::FileLayout;
-use crate::actors::block_manager::CacheRows;
 use crate::actors::messages::{EventKind, FinishedRequest, OutputDtype, PrefixOutput, RequestId};
 use crate::kernels::fp8::SCALE_BYTES;
 
@@ -160,15 +159,6 @@ impl CompleteHiddenStates {
             left -= n;
         }
         parts
-    }
-
-    /// This file's tokens and rows (concatenated) for the block manager's prefix cache.
-    pub fn cache_rows(&self) -> CacheRows {
-        CacheRows {
-            tokens: self.token_ids.clone(),
-            chunks: Arc::clone(&self.chunks),
-            row_bytes: self.layout.row_bytes(),
-        }
     }
 
     /// fp8 rows (`width` codes then a 4-byte scale each) split into the `hidden_states` codes

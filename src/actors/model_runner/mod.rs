@@ -1,7 +1,9 @@
 //! Model runner: owns the backend (device, weights, cache memory) on its own OS thread, fed
 //! plans through a bounded flume channel. For each step it sends the captured rows of every
-//! request straight to the connector, then reports the committed output to the scheduler.
+//! request straight to the connector (and, with prefix reuse, the rows of each completed
+//! prompt block to the block manager), then reports the committed output to the scheduler.
 
+mod block_rows;
 mod state;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,6 +13,7 @@ use kameo::actor::ActorRef;
 
 pub use state::{PlanError, PreparedStep, RowShape, RunnerState};
 
+use crate::actors::block_manager::{BlockManagerHandle, BlocksComputed};
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::messages::{SlotCopy, StepPlan};
 use crate::actors::scheduler::{Scheduler, StepResult};
@@ -20,6 +23,8 @@ use crate::kernels::{Backend, BackendError, Batch};
 pub struct RunnerLinks {
     pub scheduler: ActorRef<Scheduler>,
     pub connector: ConnectorHandle,
+    /// With prefix reuse: the block manager, and its block size.
+    pub blocks: Option<(BlockManagerHandle, usize)>,
 }
 
 /// Starts the runner thread; it ends when every sender of `plans` is dropped.
@@ -32,7 +37,10 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("hsx-runner".into())
         .spawn(move || {
-            let mut state = RunnerState::default();
+            let mut state = match &links.blocks {
+                Some((_, block_size)) => RunnerState::with_block_rows(*block_size, shape.bytes()),
+                None => RunnerState::default(),
+            };
             while let Ok(plan) = plans.recv() {
                 let result = run_step(&mut state, backend.as_mut(), shape, &plan, &links);
                 if links.scheduler.tell(result).blocking_send().is_err() {
@@ -92,6 +100,14 @@ fn run_step(
     };
     if let Err(e) = copy_slots(backend, &plan.snapshots) {
         return failed(format!("snapshotting recurrent state: {e}"));
+    }
+    // Completed prompt blocks are published before the scheduler hears of the step, so the
+    // admission it plans next sees them (and a request it releases has published them).
+    if let Some((blocks, _)) = &links.blocks {
+        let computed = state.computed_blocks(&captures);
+        if !computed.is_empty() {
+            blocks.computed_blocking(BlocksComputed(computed));
+        }
     }
     // Captures are queued before the scheduler hears of the step, so the connector always
     // holds a request's rows before the scheduler's `Finish` for it.

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
+use super::block_rows::BlockRows;
+use crate::actors::block_manager::ComputedBlocks;
 use crate::actors::messages::{CapturedChunk, OutputDtype, RequestId, StepOutput, StepPlan};
 use crate::kernels::{BadRow, BatchOutput, SeqChunk};
 
@@ -62,7 +64,7 @@ pub struct RowShape {
 impl RowShape {
     /// Bytes of one token's captured row (fp8: with its scale). The connector's layout
     /// validated that this does not overflow.
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.dtype
             .row_bytes(self.layers, self.hidden)
             .unwrap_or(usize::MAX)
@@ -72,9 +74,29 @@ impl RowShape {
 #[derive(Debug, Default)]
 pub struct RunnerState {
     seqs: HashMap<RequestId, Seq>,
+    /// Prefix reuse: full prompt blocks' rows for the block manager.
+    block_rows: Option<BlockRows>,
 }
 
 impl RunnerState {
+    /// Also cuts the captured rows of full prompt blocks (prefix reuse), `row_bytes` per
+    /// row: see [`Self::computed_blocks`].
+    pub fn with_block_rows(block_size: usize, row_bytes: usize) -> Self {
+        Self {
+            block_rows: Some(BlockRows::new(block_size, row_bytes)),
+            ..Self::default()
+        }
+    }
+
+    /// The full prompt blocks completed by these captured chunks, with their rows (empty
+    /// without prefix reuse).
+    pub fn computed_blocks(&mut self, captures: &[CapturedChunk]) -> Vec<ComputedBlocks> {
+        self.block_rows
+            .as_mut()
+            .map(|b| b.cut(captures))
+            .unwrap_or_default()
+    }
+
     pub fn num_requests(&self) -> usize {
         self.seqs.len()
     }
@@ -83,8 +105,14 @@ impl RunnerState {
     pub fn prepare(&mut self, plan: &StepPlan) -> Result<PreparedStep, PlanError> {
         for id in &plan.released {
             self.seqs.remove(id);
+            if let Some(b) = self.block_rows.as_mut() {
+                b.forget(id);
+            }
         }
         for new in &plan.new_requests {
+            if let Some(b) = self.block_rows.as_mut() {
+                b.start(&new.id, new.prompt.len(), new.cached_tokens);
+            }
             let seq = Seq {
                 tokens: new.prompt.to_vec(),
                 blocks: new.block_ids.clone(),

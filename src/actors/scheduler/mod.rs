@@ -2,6 +2,7 @@
 //! whose blocks the block manager grants), hands it to the model runner, and applies the
 //! committed output when it comes back. It never touches tensors.
 
+mod limits;
 mod state;
 
 use kameo::error::Infallible;
@@ -217,21 +218,14 @@ impl Scheduler {
     /// Sends the effects of a state change to the other actors.
     async fn execute(&mut self, fx: Effects) {
         // A stopped connector or hub only happens at shutdown; nothing is left to tell then.
-        let finished: std::collections::HashSet<RequestId> =
-            fx.finished.iter().map(|f| f.id.clone()).collect();
         for f in fx.finished {
             let _ = self.links.connector.finish(f).await;
         }
         for id in fx.discard {
             let _ = self.links.connector.discard(id).await;
         }
-        // Finished requests computed all their tokens: their blocks may be kept for reuse.
-        let (done, other) = fx
-            .release_blocks
-            .into_iter()
-            .partition(|id| finished.contains(id));
-        self.links.blocks.release_finished(done).await;
-        self.links.blocks.release(other).await;
+        // Blocks published for reuse while the request ran stay cached.
+        self.links.blocks.release(fx.release_blocks).await;
         for (id, error) in fx.failed {
             let _ = self
                 .links

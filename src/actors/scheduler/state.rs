@@ -3,109 +3,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use thiserror::Error;
-
+pub use super::limits::{SchedulerLimits, SubmitError};
 use crate::actors::block_manager::{Candidate, Grant};
 use crate::actors::messages::{
     FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, SlotCopy, StepOutput,
     StepPlan,
 };
-
-#[derive(Debug, Clone)]
-pub struct SchedulerLimits {
-    pub max_num_batched_tokens: usize,
-    pub max_num_seqs: usize,
-    pub max_waiting: usize,
-    /// Longest prompt + generated tokens.
-    pub max_model_len: usize,
-    pub vocab_size: usize,
-    /// Tokens the whole KV cache can hold (blocks × block size).
-    pub kv_capacity_tokens: usize,
-    /// Bytes of one captured row in host memory (`K × H ×` output dtype size), as the
-    /// connector holds it.
-    pub row_bytes: usize,
-    /// Bound on the hidden-state bytes held for admitted requests (`engine.max_pending_bytes`):
-    /// rows accumulating in the connector plus finished files not yet written.
-    pub max_pending_bytes: usize,
-}
-
-impl SchedulerLimits {
-    /// Host bytes the connector holds for a request's file (`T × K × H × dtype size`).
-    pub fn hidden_bytes(&self, req: &Request) -> usize {
-        req.expected_rows().saturating_mul(self.row_bytes)
-    }
-
-    /// Whether a request can ever run under these limits (the checks `submit` makes first).
-    pub fn validate(&self, req: &Request) -> Result<(), SubmitError> {
-        if req.prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        let len = req.prompt.len() + req.max_tokens as usize;
-        if len > self.max_model_len {
-            let max = self.max_model_len;
-            return Err(SubmitError::TooLong { len, max });
-        }
-        let vocab = self.vocab_size;
-        if let Some((position, &token)) = req
-            .prompt
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= vocab)
-        {
-            return Err(SubmitError::TokenOutOfRange {
-                token,
-                position,
-                vocab,
-            });
-        }
-        let capacity = self.kv_capacity_tokens;
-        if req.total_forward_tokens() > capacity {
-            let len = req.total_forward_tokens();
-            return Err(SubmitError::TooLargeForCache { len, capacity });
-        }
-        // A request that could never fit under the bound is refused rather than left waiting
-        // forever (or admitted past the bound): the bound is a real bound.
-        let bytes = self.hidden_bytes(req);
-        if bytes > self.max_pending_bytes {
-            let (rows, max) = (req.expected_rows(), self.max_pending_bytes);
-            return Err(SubmitError::TooLargeForHostMemory { rows, bytes, max });
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum SubmitError {
-    #[error("overloaded: {0} requests are already waiting")]
-    Overloaded(usize),
-    #[error("request id {0} is already queued or running")]
-    DuplicateId(RequestId),
-    #[error("empty prompt: token_ids must hold at least one token")]
-    EmptyPrompt,
-    #[error("request of {len} tokens (prompt + max_tokens) exceeds max_model_len {max}")]
-    TooLong { len: usize, max: usize },
-    #[error("token id {token} at position {position} is out of range (vocab size {vocab})")]
-    TokenOutOfRange {
-        token: u32,
-        position: usize,
-        vocab: usize,
-    },
-    #[error("request of {len} tokens does not fit in the KV cache ({capacity} tokens)")]
-    TooLargeForCache { len: usize, capacity: usize },
-    #[error(
-        "request of {rows} rows needs {bytes} bytes of host memory for its hidden states, more \
-         than engine.max_pending_bytes ({max})"
-    )]
-    TooLargeForHostMemory {
-        rows: usize,
-        bytes: usize,
-        max: usize,
-    },
-    #[error("the engine is shutting down")]
-    ShuttingDown,
-    #[error("the engine admits nothing more: {0}")]
-    DeviceLost(String),
-}
 
 /// What the actor must do after a state change: messages to the other actors.
 #[derive(Debug, Default)]
@@ -231,7 +134,8 @@ pub struct SchedulerState {
     doomed: HashMap<RequestId, String>,
     tokens_computed: u64,
     prompt_tokens_computed: u64,
-    /// Blocks granted to requests that could not be admitted (not at the queue head).
+    /// Blocks granted to requests that could not be admitted (no longer queued, or planned
+    /// while a step was in flight).
     unused_grants: Vec<RequestId>,
     /// Hidden-state bytes of each admitted request the connector has not released yet (a list:
     /// a finished id may be submitted again before its file's bytes are released).
@@ -426,36 +330,41 @@ impl SchedulerState {
         Some(plan)
     }
 
+    /// Moves the granted requests from the queue to running, in queue order. They are
+    /// the candidates up to the first that did not fit, less those waiting for blocks a
+    /// running request is computing (they stay queued, in place).
     fn admit(&mut self, granted: Vec<(RequestId, Grant)>) {
-        let mut blocks: HashMap<RequestId, Grant> = granted.into_iter().collect();
-        while let Some(front) = self.waiting.front() {
-            let Some(b) = blocks.remove(&front.id) else {
-                break;
-            };
-            let req = self.waiting.pop_front().expect("front exists");
-            if self.held_back.as_ref() == Some(&req.id) {
-                self.held_back = None;
+        let mut grants: HashMap<RequestId, Grant> = granted.into_iter().collect();
+        let mut queue = VecDeque::with_capacity(self.waiting.len());
+        for req in std::mem::take(&mut self.waiting) {
+            match grants.remove(&req.id) {
+                Some(grant) => self.start(req, grant),
+                None => queue.push_back(req),
             }
-            self.hold(&req);
-            let mut grant = b;
-            if grant.cached_tokens > 0 {
-                let rows = std::mem::take(&mut grant.prefix_rows);
-                let tokens = grant.cached_tokens;
-                self.prefix_rows.push(PrefixRows {
-                    id: req.id.clone(),
-                    rows: tokens,
-                    blocks: rows,
-                });
-            }
-            self.running.push(Running {
-                computed: grant.cached_tokens,
-                req,
-                generated: Vec::new(),
-                grant,
-                announced: false,
+        }
+        self.waiting = queue;
+        self.unused_grants.extend(grants.into_keys());
+    }
+
+    fn start(&mut self, req: Request, mut grant: Grant) {
+        if self.held_back.as_ref() == Some(&req.id) {
+            self.held_back = None;
+        }
+        self.hold(&req);
+        if grant.cached_tokens > 0 {
+            self.prefix_rows.push(PrefixRows {
+                id: req.id.clone(),
+                rows: grant.cached_tokens,
+                blocks: std::mem::take(&mut grant.prefix_rows),
             });
         }
-        self.unused_grants.extend(blocks.into_keys());
+        self.running.push(Running {
+            computed: grant.cached_tokens,
+            req,
+            generated: Vec::new(),
+            grant,
+            announced: false,
+        });
     }
 
     /// Whether `req` can be admitted with `held` bytes already held for admitted requests.
@@ -620,3 +529,7 @@ impl SchedulerState {
 #[cfg(test)]
 #[path = "state_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "prefix_wait_tests.rs"]
+mod prefix_wait_tests;

@@ -362,12 +362,18 @@ fn denied_reservation_keeps_request_waiting() {
     s.submit(req("b", 3, 0)).unwrap();
     let cands = s.admission_candidates();
     assert_eq!(cands.len(), 2);
-    // Only "b" granted: FIFO admission stops at the head, nothing runs.
-    assert!(s.plan_step(vec![(id("b"), grant(1))]).is_none());
-    assert_eq!(s.stats().waiting, 2);
-    assert_eq!(s.take_unused_grants(), vec![id("b")]);
+    // Only "b" granted ("a" waits for blocks in flight): b runs, a keeps its place.
+    let p = s.plan_step(vec![(id("b"), grant(1))]).unwrap();
+    assert_eq!(chunk_shape(&p), vec![("b".into(), 0, 3, false)]);
+    assert_eq!(s.stats().waiting, 1);
+    assert!(s.take_unused_grants().is_empty());
+    s.apply(&output_for(&p));
     let p = s.plan_step(vec![(id("a"), grant(0))]).unwrap();
     assert_eq!(p.chunks.len(), 1);
+    // A grant for a request no longer queued is handed back.
+    s.apply(&output_for(&p));
+    assert!(s.plan_step(vec![(id("zz"), grant(2))]).is_none());
+    assert_eq!(s.take_unused_grants(), vec![id("zz")]);
 }
 
 // ------------------------------------------------------- engine.max_pending_bytes accounting
