@@ -259,27 +259,23 @@ pub fn gated_delta_rule(
                 let g = p.neg_a[h] * softplus(a[r * nv + h] + p.dt_bias[h]);
                 let decay = g.exp();
                 let beta = sigmoid(b[r * nv + h]);
-                for s in st.iter_mut() {
-                    *s *= decay;
-                }
+                // Two passes over the state (decay + kᵀS, then the update + qᵀS), each
+                // element's operations in the order of the four-pass form: the same bits.
                 kv_mem.fill(0.0);
-                for (ki, srow) in k.iter().zip(st.chunks_exact(dv)) {
-                    for (m, &s) in kv_mem.iter_mut().zip(srow) {
-                        *m += s * ki;
+                for (ki, srow) in k.iter().zip(st.chunks_exact_mut(dv)) {
+                    for (m, s) in kv_mem.iter_mut().zip(srow.iter_mut()) {
+                        *s *= decay;
+                        *m += *s * ki;
                     }
                 }
                 for (m, &vj) in kv_mem.iter_mut().zip(v) {
                     *m = (vj - *m) * beta; // delta
                 }
-                for (ki, srow) in k.iter().zip(st.chunks_exact_mut(dv)) {
-                    for (s, &d) in srow.iter_mut().zip(kv_mem.iter()) {
-                        *s += ki * d;
-                    }
-                }
                 let o = &mut res[i * dv..(i + 1) * dv];
-                for (qi, srow) in q.iter().zip(st.chunks_exact(dv)) {
-                    for (oj, &s) in o.iter_mut().zip(srow) {
-                        *oj += s * qi;
+                for ((ki, qi), srow) in k.iter().zip(&q).zip(st.chunks_exact_mut(dv)) {
+                    for ((s, &d), oj) in srow.iter_mut().zip(kv_mem.iter()).zip(o.iter_mut()) {
+                        *s += ki * d;
+                        *oj += *s * qi;
                     }
                 }
             }
