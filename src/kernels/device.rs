@@ -518,6 +518,18 @@ pub trait Device: Send + Sync + Sized + 'static {
     ) -> DevResult<()>;
     /// `out[t, i] = silu(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`.
     fn silu_mul(&self, gate_up: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
+    /// `out = silu_mul(x · Wᵀ)` for a stacked `[gate | up]` weight `w`: [`Device::matmul`]
+    /// into `wide` then [`Device::silu_mul`], unless the device fuses the two (the same bits).
+    fn matmul_silu_mul(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Linear,
+        wide: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> DevResult<()> {
+        self.matmul(x, w, wide)?;
+        self.silu_mul(wide, out)
+    }
     /// gpt-oss's experts: for `gu` `[T, 2I]` (gate then up), `g = min(gate, limit)`,
     /// `u = clamp(up, -limit, limit)`, `out = (u + 1) · g · sigmoid(alpha · g)`.
     fn swiglu_clamped(

@@ -367,6 +367,21 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn matmul_silu_mul(
+        &self,
+        x: &CpuBuf,
+        w: &Linear,
+        wide: &mut CpuBuf,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        if w.forward_silu_mul(&x.data, x.rows(), &mut out.data, self.threads) {
+            set(out, w.out / 2);
+            return Ok(());
+        }
+        self.matmul(x, w, wide)?;
+        self.silu_mul(wide, out)
+    }
+
     fn swiglu_clamped(
         &self,
         gate_up: &CpuBuf,

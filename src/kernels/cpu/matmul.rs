@@ -24,7 +24,7 @@
 
 use gemm::Parallelism;
 
-use super::bf16::{Bf16Kernel, PackedBf16, Tile, matmul_bf16};
+use super::bf16::{Bf16Kernel, PackedBf16, Tile, matmul_bf16, matmul_bf16_silu_mul};
 
 /// Smallest M handed to gemm (see the module docs).
 pub const MIN_ROWS: usize = 65;
@@ -61,6 +61,23 @@ impl Linear {
                     *v += *bi;
                 }
             }
+        }
+    }
+
+    /// `y[m, out / 2] = silu(gate) · up` of `x · Wᵀ` for a stacked `[gate | up]` weight,
+    /// fused into the GEMM where its path allows (bf16 on AMX, no bias, `out / 2` a multiple
+    /// of 32: the `[m, out]` projection is never written); false: not done here, run
+    /// [`Linear::forward`] and `ops::silu_mul` (the same bits).
+    pub fn forward_silu_mul(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) -> bool {
+        match &self.w {
+            Weight::Bf16 {
+                w,
+                kernel: Bf16Kernel::Amx,
+            } if self.b.is_none() && self.out.is_multiple_of(64) => {
+                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul(x, m, w, y, threads, s));
+                true
+            }
+            _ => false,
         }
     }
 

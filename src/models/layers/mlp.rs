@@ -43,10 +43,12 @@ impl<D: Device> Mlp<D> {
         (wide, act): (&mut D::Buf, &mut D::Buf),
         out: &mut D::Buf,
     ) -> DevResult<()> {
-        dev.matmul(x, &self.up, wide)?;
         match self.act {
-            Activation::SwiGlu => dev.silu_mul(wide, act)?,
-            Activation::Relu2 => dev.relu2(wide, act)?,
+            Activation::SwiGlu => dev.matmul_silu_mul(x, &self.up, wide, act)?,
+            Activation::Relu2 => {
+                dev.matmul(x, &self.up, wide)?;
+                dev.relu2(wide, act)?
+            }
         }
         dev.matmul(act, &self.down, out)
     }

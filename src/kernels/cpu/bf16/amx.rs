@@ -158,10 +158,10 @@ mod imp {
     /// The job in blocks of `mc` rows, C through the scratch `c` (`[mc][stride / 4]`).
     fn blocks(job: &Job<'_>, c: &mut [f32], mc: usize, stride: usize) {
         let (kbs, mp, cols) = (job.w.k_tiles(), job.mp(), stride / 4);
-        let pairs: Vec<usize> = job.pairs.clone().collect();
+        let groups = groups(job);
         for m0 in (0..mp).step_by(mc) {
             let m1 = (m0 + mc).min(mp);
-            for group in pairs.chunks(PAIRS) {
+            for group in groups.iter().map(|(g, n)| &g[..*n]) {
                 for k0 in (0..kbs).step_by(K_CHUNK) {
                     let k1 = (k0 + K_CHUNK).min(kbs);
                     for mb in (m0..m1).step_by(32 * BANDS) {
@@ -177,13 +177,38 @@ mod imp {
                         }
                     }
                 }
-                for (g, &p) in group.iter().enumerate() {
-                    for (r, row) in c.chunks_exact(cols).enumerate().take(m1 - m0) {
+                let rows = c.chunks_exact(cols).enumerate().take(m1 - m0);
+                if job.silu_mul {
+                    for (r, row) in rows {
+                        job.store_silu_mul(m0 + r, 2 * group[0] * TILE_N, &row[..32], &row[32..64]);
+                    }
+                    continue;
+                }
+                for (r, row) in rows {
+                    for (g, &p) in group.iter().enumerate() {
                         job.store_row(m0 + r, 2 * p * TILE_N, &row[g * 32..g * 32 + 32]);
                     }
                 }
             }
         }
+    }
+
+    /// The column pairs computed together (C of one group shares the scratch): consecutive
+    /// pairs, or for the fused SwiGLU a gate pair with its up pair (`n / 64` pairs later).
+    fn groups(job: &Job<'_>) -> Vec<([usize; PAIRS], usize)> {
+        if job.silu_mul {
+            let half = job.w.n / 64;
+            return job.pairs.clone().map(|p| ([p, p + half], 2)).collect();
+        }
+        let pairs: Vec<usize> = job.pairs.clone().collect();
+        pairs
+            .chunks(PAIRS)
+            .map(|g| {
+                let mut a = [0; PAIRS];
+                a[..g.len()].copy_from_slice(g);
+                (a, g.len())
+            })
+            .collect()
     }
 
     /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1` (scratch at `top`,

@@ -280,6 +280,9 @@ pub(crate) struct Job<'a> {
     pub w: &'a PackedBf16,
     pub pairs: std::ops::Range<usize>,
     out: OutPtr,
+    /// The fused SwiGLU epilogue: `pairs` are pairs of the gate half of a `[gate | up]`
+    /// weight; C is `silu(gate) · up`, `[m, n / 2]`.
+    pub silu_mul: bool,
 }
 
 impl Job<'_> {
@@ -323,6 +326,29 @@ impl Job<'_> {
         }
     }
 
+    /// Writes `silu(g[i]) · u[i]` (32 values) at row `r`, columns `c0..` of the `[m, n / 2]`
+    /// output of the fused epilogue.
+    pub fn store_silu_mul(&self, r: usize, c0: usize, g: &[f32], u: &[f32]) {
+        let width = self.w.n / 2;
+        if r >= self.m {
+            return;
+        }
+        let mut vals = [0f32; 32];
+        for ((v, &g), &u) in vals.iter_mut().zip(g).zip(u) {
+            *v = crate::kernels::cpu::ops::silu_times(g, u);
+        }
+        debug_assert!(c0 + 32 <= width);
+        // SAFETY: row r < m and columns c0..c0 + 32 <= n / 2 lie inside C [m, n / 2]; only
+        // this job writes the columns of its gate pairs.
+        unsafe {
+            self.out
+                .0
+                .add(r * width + c0)
+                .cast::<[f32; 32]>()
+                .write_unaligned(vals)
+        };
+    }
+
     /// Writes the `16 × 16` tile `vals` (row stride 16) at rows `r0..`, columns `c0..`,
     /// clipped to `[m, n]`.
     pub fn store_tile(&self, r0: usize, c0: usize, vals: &[f32; 256]) {
@@ -357,8 +383,67 @@ pub fn matmul_bf16(
         return;
     }
     round_tiles(a, m, k, w.k_tiles(), scratch);
+    run_jobs(
+        scratch,
+        m,
+        w,
+        c,
+        w.column_tiles() / 2,
+        (threads, kernel),
+        false,
+    );
+}
+
+/// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
+/// in the AMX kernel's epilogue: the `[m, n]` projection is never written. The same bits as
+/// [`matmul_bf16`] then [`silu_mul`](crate::kernels::cpu::ops::silu_mul). Needs the AMX path
+/// and `n / 2` a multiple of 32.
+pub fn matmul_bf16_silu_mul(
+    a: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut Vec<f32>,
+    threads: usize,
+    scratch: &mut Vec<Tile>,
+) {
+    let (inter, k) = (w.n / 2, w.k);
+    assert!(
+        w.n.is_multiple_of(2 * PAD_N) && Bf16Kernel::Amx.available(),
+        "matmul_bf16_silu_mul: needs AMX and n / 2 a multiple of 32"
+    );
+    assert_eq!(a.len(), m * k, "matmul_bf16_silu_mul: lhs is not [m, k]");
+    if c.len() != m * inter {
+        c.clear();
+        c.resize(m * inter, 0.0);
+    }
+    if m == 0 || k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    round_tiles(a, m, k, w.k_tiles(), scratch);
+    run_jobs(
+        scratch,
+        m,
+        w,
+        c,
+        inter / PAD_N,
+        (threads, Bf16Kernel::Amx),
+        true,
+    );
+}
+
+/// Splits column pairs `0..pairs` among `threads` workers running `kernel` on the rounded
+/// `scratch`.
+fn run_jobs(
+    scratch: &[Tile],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut [f32],
+    pairs: usize,
+    (threads, kernel): (usize, Bf16Kernel),
+    silu_mul: bool,
+) {
     let out = OutPtr(c.as_mut_ptr());
-    let pairs = w.column_tiles() / 2;
     let workers = threads.clamp(1, pairs.max(1));
     let run = |i: usize| {
         let job = Job {
@@ -367,6 +452,7 @@ pub fn matmul_bf16(
             w,
             pairs: pairs * i / workers..pairs * (i + 1) / workers,
             out,
+            silu_mul,
         };
         match kernel {
             Bf16Kernel::Amx => amx::run(&job),
@@ -393,6 +479,7 @@ pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
         w,
         pairs: 0..w.column_tiles() / 2,
         out: OutPtr(c.as_mut_ptr()),
+        silu_mul: false,
     };
     portable::run(&job);
 }

@@ -155,3 +155,26 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
         }
     }
 }
+
+/// The fused SwiGLU epilogue of the AMX kernel gives the bits of the GEMM then `silu_mul`,
+/// for any row count and thread count.
+#[test]
+fn fused_silu_mul_equals_gemm_then_silu_mul() {
+    if !Bf16Kernel::Amx.available() {
+        println!("skip: fused SwiGLU epilogue (this CPU has no AMX)");
+        return;
+    }
+    let mut s = 9;
+    let (inter, k) = (96, 70);
+    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
+    for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3)] {
+        let a = rnd(m * k, &mut s);
+        let wide = run(Bf16Kernel::Amx, &a, m, &w, threads);
+        let mut want = Vec::new();
+        crate::kernels::cpu::ops::silu_mul(&wide, inter, &mut want);
+        let (mut got, mut scratch) = (vec![f32::NAN; 5], Vec::new());
+        pool().install(|| matmul_bf16_silu_mul(&a, m, &w, &mut got, threads, &mut scratch));
+        let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(b(&got), b(&want), "m {m}, threads {threads}");
+    }
+}
