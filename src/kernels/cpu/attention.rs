@@ -564,7 +564,7 @@ mod amx;
 
 #[path = "attention_softmax.rs"]
 mod softmax;
-use softmax::exp_neg;
+use crate::kernels::cpu::exp::exp_neg;
 #[cfg(target_arch = "x86_64")]
 use softmax::softmax_avx2;
 

@@ -1,4 +1,4 @@
-//! The attention's softmax: a fixed `exp` polynomial ([`exp_neg`]) and the vector softmax over
+//! The attention's softmax, on the fixed `exp` polynomial of `exp.rs`: the vector softmax over
 //! a task's scores, the same operations per lane on every CPU path (module docs of
 //! `attention.rs`).
 
@@ -7,62 +7,8 @@ use std::arch::x86_64::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::{LANES, Scratch};
-
-/// Cephes-style `exp(x)` for `x <= 0` (clamped below at -87.3), ~1 ulp; every step is a
-/// plain or fused f32 operation that [`exp_neg_avx2`] repeats lane by lane.
-#[inline(always)]
-pub(super) fn exp_neg(x: f32) -> f32 {
-    let x = if x > EXP_LO { x } else { EXP_LO };
-    let n = x.mul_add(std::f32::consts::LOG2_E, 0.5).floor();
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = EXP_P[0];
-    for &c in &EXP_P[1..] {
-        p = p.mul_add(r, c);
-    }
-    let y = p.mul_add(r * r, r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
-}
-
-const EXP_LO: f32 = -87.3;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_P: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
-/// [`exp_neg`] on 8 lanes.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn exp_neg_avx2(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
-    let n = _mm256_floor_ps(_mm256_fmadd_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-        _mm256_set1_ps(0.5),
-    ));
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    let mut p = _mm256_set1_ps(EXP_P[0]);
-    for &c in &EXP_P[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(
-        _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-        _mm256_set1_ps(1.0),
-    );
-    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    _mm256_mul_ps(y, _mm256_castsi256_ps(e))
-}
+use crate::kernels::cpu::exp::{exp_neg_avx2, exp_neg_avx512};
 
 /// Softmax of the scores `st` (`[len][rp]`, scaled), 8 rows per vector: `st` becomes the
 /// unnormalised probabilities (0 outside each row's keys) and `s.inv` holds `1 / sum`.
@@ -133,34 +79,6 @@ pub(super) unsafe fn softmax_avx2(
 fn avx512() -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WIDE.get_or_init(|| is_x86_feature_detected!("avx512f"))
-}
-
-/// [`exp_neg`] on 16 lanes (the operations of [`exp_neg_avx2`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn exp_neg_avx512(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-        _mm512_set1_ps(0.5),
-    ));
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-    let mut p = _mm512_set1_ps(EXP_P[0]);
-    for &c in &EXP_P[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let y = _mm512_add_ps(
-        _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
-        _mm512_set1_ps(1.0),
-    );
-    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    ));
-    _mm512_mul_ps(y, _mm512_castsi512_ps(e))
 }
 
 /// Rows `c..c + 16` of [`softmax_avx2`] on AVX-512, the same operations per lane.

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod bf16;
 pub mod capture;
 pub mod device;
+pub mod exp;
 pub mod kv_cache;
 pub mod matmul;
 pub mod moe;

@@ -61,13 +61,15 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 
 /// `out[t, i] = silu(gu[t, i]) * gu[t, I + i]` for `gu` of shape `[T, 2I]` (gate then up).
 pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
-    glu(gu, inter, out, silu_times);
-}
-
-/// `silu(g) · u`, the one expression of [`silu_mul`] and of the AMX GEMM's fused epilogue.
-#[inline]
-pub fn silu_times(g: f32, u: f32) -> f32 {
-    (g / (1.0 + (-g).exp())) * u
+    let t = gu.len() / (2 * inter);
+    out.clear();
+    out.resize(t * inter, 0.0);
+    out.par_chunks_mut(inter)
+        .zip(gu.par_chunks(2 * inter))
+        .for_each(|(o, row)| {
+            let (g, u) = row.split_at(inter);
+            super::exp::silu_mul_into(g, u, o);
+        });
 }
 
 /// gpt-oss's clamped SwiGLU (transformers `GptOssExperts._apply_gate`, in f32):

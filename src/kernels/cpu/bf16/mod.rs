@@ -334,9 +334,7 @@ impl Job<'_> {
             return;
         }
         let mut vals = [0f32; 32];
-        for ((v, &g), &u) in vals.iter_mut().zip(g).zip(u) {
-            *v = crate::kernels::cpu::ops::silu_times(g, u);
-        }
+        crate::kernels::cpu::exp::silu_mul_into(g, u, &mut vals);
         debug_assert!(c0 + 32 <= width);
         // SAFETY: row r < m and columns c0..c0 + 32 <= n / 2 lie inside C [m, n / 2]; only
         // this job writes the columns of its gate pairs.
