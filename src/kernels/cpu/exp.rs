@@ -34,6 +34,9 @@ const EXP_P: [f32; 6] = [
 ];
 
 /// [`exp_neg`] on 8 lanes.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -62,6 +65,9 @@ pub fn exp_neg_avx2(x: __m256) -> __m256 {
 }
 
 /// [`exp_neg`] on 16 lanes (the operations of [`exp_neg_avx2`]).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -134,6 +140,34 @@ pub fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
     for j in i..n {
         out[j] = silu_times(g[j], u[j]);
+    }
+}
+
+/// `x[i] = silu(x[i])` (exactly [`silu_times`]`(x, 1)`), on the lanes of [`silu_mul_into`].
+pub fn silu_inplace(x: &mut [f32]) {
+    const ONES: [f32; 16] = [1.0; 16];
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F present; 16 lanes at i + 16 <= n (read before written).
+            while i + 16 <= n {
+                unsafe { silu16(p.add(i), ONES.as_ptr(), p.add(i)) };
+                i += 16;
+            }
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 + FMA present; 8 lanes at i + 8 <= n.
+            while i + 8 <= n {
+                unsafe { silu8(p.add(i), ONES.as_ptr(), p.add(i)) };
+                i += 8;
+            }
+        }
+    }
+    for v in &mut x[i..] {
+        *v = silu_times(*v, 1.0);
     }
 }
 

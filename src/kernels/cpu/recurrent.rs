@@ -149,8 +149,9 @@ pub fn causal_conv_silu(
             if let Some(b) = bias {
                 acc += b[c];
             }
-            *oc = silu(acc);
+            *oc = acc;
         }
+        super::exp::silu_inplace(o);
     });
     // Advance each slot's window to the last k-1 inputs.
     for s in seqs {
