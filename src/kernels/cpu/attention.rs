@@ -128,7 +128,7 @@ pub fn attention(
         softmax.sinks.is_none_or(|s| s.len() == shape.heads),
         "attention: sinks are not [heads]"
     );
-    out.clear();
+    // Every element is written by a task: resizing zeroes only growth, not the reused part.
     out.resize(q.len(), 0.0);
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     let amx = bf16_tiles && amx::usable(hd);

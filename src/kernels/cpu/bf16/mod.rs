@@ -369,10 +369,8 @@ pub fn matmul_bf16(
 ) {
     let (n, k) = (w.n, w.k);
     assert_eq!(a.len(), m * k, "matmul_bf16: lhs is not [m, k]");
-    if c.len() != m * n {
-        c.clear();
-        c.resize(m * n, 0.0);
-    }
+    // Every element is written below: resizing zeroes only growth, not the reused part.
+    c.resize(m * n, 0.0);
     if m == 0 || n == 0 {
         return;
     }
@@ -410,10 +408,8 @@ pub fn matmul_bf16_silu_mul(
         "matmul_bf16_silu_mul: needs AMX and n / 2 a multiple of 32"
     );
     assert_eq!(a.len(), m * k, "matmul_bf16_silu_mul: lhs is not [m, k]");
-    if c.len() != m * inter {
-        c.clear();
-        c.resize(m * inter, 0.0);
-    }
+    // Every element is written below: resizing zeroes only growth, not the reused part.
+    c.resize(m * inter, 0.0);
     if m == 0 || k == 0 {
         c.fill(0.0);
         return;
