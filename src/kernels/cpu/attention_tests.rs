@@ -201,6 +201,25 @@ fn window_and_sinks_match_naive_and_are_invariant() {
     }
 }
 
+/// The shape `(heads, kv_heads, head_dim)` (scale `hd^-0.5`) and random q, k, v of `len`
+/// tokens.
+fn inputs(
+    (heads, kv_heads, hd): (usize, usize, usize),
+    len: usize,
+    seed: &mut u64,
+) -> (AttnShape, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let shape = AttnShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        scale: (hd as f64).powf(-0.5) as f32,
+    };
+    let q = rnd(len * heads * hd, seed);
+    let k = rnd(len * kv_heads * hd, seed);
+    let v = rnd(len * kv_heads * hd, seed);
+    (shape, q, k, v)
+}
+
 /// The kernel against [`naive`] (1e-5) and itself across chunkings and CPU paths (bits).
 fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
     for (heads, kv_heads, hd, len) in [
@@ -211,15 +230,7 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
         (8, 2, 64, 300),
         (40, 1, 8, 20),
     ] {
-        let shape = AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
-        };
-        let q = rnd(len * heads * hd, &mut seed);
-        let k = rnd(len * kv_heads * hd, &mut seed);
-        let v = rnd(len * kv_heads * hd, &mut seed);
+        let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = softmax(heads);
         let want = naive(shape, sm, len, (&q, &k, &v));
         let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Fast);
@@ -269,15 +280,7 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
         (8, 1, 64, 130, Some(40), false),
         (64, 64, 32, 20, None, false),
     ] {
-        let shape = AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-            scale: (hd as f64).powf(-0.5) as f32,
-        };
-        let q = rnd(len * heads * hd, &mut seed);
-        let k = rnd(len * kv_heads * hd, &mut seed);
-        let v = rnd(len * kv_heads * hd, &mut seed);
+        let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = Softmax {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),

@@ -61,15 +61,7 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 
 /// `out[t, i] = silu(gu[t, i]) * gu[t, I + i]` for `gu` of shape `[T, 2I]` (gate then up).
 pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
-    let t = gu.len() / (2 * inter);
-    out.clear();
-    out.resize(t * inter, 0.0);
-    out.par_chunks_mut(inter)
-        .zip(gu.par_chunks(2 * inter))
-        .for_each(|(o, row)| {
-            let (g, u) = row.split_at(inter);
-            super::exp::silu_mul_into(g, u, o);
-        });
+    glu_rows(gu, inter, out, super::exp::silu_mul_into);
 }
 
 /// gpt-oss's clamped SwiGLU (transformers `GptOssExperts._apply_gate`, in f32):
@@ -84,16 +76,28 @@ pub fn swiglu_clamped(gu: &[f32], inter: usize, (alpha, limit): (f32, f32), out:
 
 /// `out[t, i] = f(gu[t, i], gu[t, I + i])` over rows of `[gate (I) | up (I)]`.
 fn glu(gu: &[f32], inter: usize, out: &mut Vec<f32>, f: impl Fn(f32, f32) -> f32 + Sync) {
+    glu_rows(gu, inter, out, |g, u, o| {
+        for ((oi, &gi), &ui) in o.iter_mut().zip(g).zip(u) {
+            *oi = f(gi, ui);
+        }
+    });
+}
+
+/// `row(gate, up, out)` over the rows of `gu` `[T, 2I]` into `out` `[T, I]`.
+fn glu_rows(
+    gu: &[f32],
+    inter: usize,
+    out: &mut Vec<f32>,
+    row: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) {
     let t = gu.len() / (2 * inter);
     out.clear();
     out.resize(t * inter, 0.0);
     out.par_chunks_mut(inter)
         .zip(gu.par_chunks(2 * inter))
-        .for_each(|(o, row)| {
-            let (g, u) = row.split_at(inter);
-            for ((oi, &gi), &ui) in o.iter_mut().zip(g).zip(u) {
-                *oi = f(gi, ui);
-            }
+        .for_each(|(o, r)| {
+            let (g, u) = r.split_at(inter);
+            row(g, u, o);
         });
 }
 
