@@ -2,10 +2,17 @@
 //! 1.95; the instructions assemble fine).
 //!
 //! Kernel: 2 A tiles (32 rows × 32 inputs) × 2 B tiles (32 inputs × 32 columns) → 4 C tiles
-//! (tmm0–3). k is taken in chunks of [`K_CHUNK`] tiles: a column pair's B chunk (16 KiB)
-//! stays in L1 while every 32-row band of A streams by from L2, and the band's C tiles are
-//! stored to a per-job f32 scratch between chunks (exact, so each output still sums its k
-//! pairs in one fixed order). Tiles of A and B are 1 KiB contiguous (row stride 64 bytes).
+//! (tmm0–3), over the whole of k: C stays in the tiles from `tilezero` to one `tilestored`,
+//! straight into the output where the 32 × 32 block lies inside it (through a small scratch
+//! at the edges and for the fused SwiGLU). Each output sums its k pairs in one fixed order.
+//! Blocking: a block of column pairs whose B (~[`B_BLOCK_BYTES`]) stays in L2 while every
+//! 32-row band of A passes by. Tiles of A and B are 1 KiB contiguous (row stride 64 bytes).
+//!
+//! Why whole k (measured on a Sapphire Rapids VM, 1 thread, the dense bench model's shapes,
+//! 2048 rows): spilling C to a scratch every 8 k tiles (the previous kernel, B chunk in L1)
+//! cost ~45% against the same loop with C kept in the tiles — 1,450 vs 2,600 GFLOP/s with
+//! every operand in L1 — and the whole GEMM ran at 580–820 GFLOP/s; whole k with A and B from
+//! L2 runs at 1,100–1,250 (each tile store still drains the tile pipeline: ~20%).
 //!
 //! Linux refuses tile instructions until the process asks for the tile state
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`ready`] asks once.
@@ -23,7 +30,7 @@ pub(super) fn run(job: &super::Job<'_>) {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use imp::with_tiles;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(super) use imp::{ready, run};
+pub(super) use imp::{CTiles, ready, run};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
@@ -80,32 +87,19 @@ mod imp {
         }
     }
 
-    /// C tile `$tmm` loaded from / stored to the scratch at `$base` (row stride `$stride`).
+    /// C tile `$tmm` stored at `$base` (row stride `$stride` bytes).
     macro_rules! c_tile {
-        (load $tmm:literal, $base:expr, $stride:expr) => {
-            asm!(concat!("tileloadd ", $tmm, ", [{p} + {s}*1]"), p = in(reg) $base,
-                 s = in(reg) $stride, options(nostack, readonly))
-        };
         (store $tmm:literal, $base:expr, $stride:expr) => {
             asm!(concat!("tilestored [{p} + {s}*1], ", $tmm), p = in(reg) $base,
                  s = in(reg) $stride, options(nostack))
         };
     }
 
-    /// k tiles per chunk, 32-row bands per block and column pairs per block: a block's A
-    /// (4 × 8 tiles) and B (2 × 2 × 8 tiles) are 64 KiB, in L2 (mostly L1), each tile loaded
-    /// serving two products. Measured on a Sapphire Rapids VM (512 × 1024 × 1536, 1 thread):
-    /// every choice of (4..64, 1..8, 1..4) ran at 470–550 GFLOP/s, ~20% of the register-only
-    /// tile peak, with operands at 16 bytes past a cache line (malloc's alignment): each
-    /// 64-byte tile row then straddles two lines. On 64-byte aligned tiles ([`super::super::Tile`])
-    /// the same shapes run at ~770 GFLOP/s with the activation rounding and the copy into
-    /// `C` included (2048 rows, 1 thread); A_BLOCK_BYTES 256 KiB..1 MiB × K_CHUNK 8 / 16 all
-    /// within 10% of each other.
-    const K_CHUNK: usize = 8;
-    const BANDS: usize = 2;
-    const PAIRS: usize = 2;
-    /// Bytes of A per outer row block.
-    const A_BLOCK_BYTES: usize = 1 << 20;
+    /// Bytes of B per block of column pairs (kept in L2 while the bands of A pass). 512 KiB,
+    /// 1 MiB and 1.5 MiB ran within the run-to-run spread of each other on the bench shapes
+    /// (1 and 2 threads), 256 KiB ~15% slower; over L2 (a block of 16 pairs at k = 2816, 2.8
+    /// MiB) ~30% slower.
+    const B_BLOCK_BYTES: usize = 512 << 10;
 
     /// Runs `f` with the 8 tiles configured as 16 rows × 64 bytes on this thread, then
     /// releases the tile state (the attention kernel's tile products run inside).
@@ -125,19 +119,51 @@ mod imp {
     }
 
     fn run_tiles(job: &Job<'_>) {
-        let (kbs, mp) = (job.w.k_tiles(), job.mp());
-        let cols = PAIRS * 32;
-        let stride = cols * 4;
-        // Rows per outer block: A's block (~1 MiB) stays in L2 while all the job's columns
-        // pass, so A is read from memory once per call rather than once per column group.
-        let mc = ((A_BLOCK_BYTES / (kbs * 64 * 32)).max(1) * 32).min(mp);
-        // C of a block of rows × a group of column pairs, [mc][cols] f32 (kept per thread:
-        // a fresh allocation of this size is a page-faulting mmap on every call).
-        C_SCRATCH.with_borrow_mut(|c| {
-            c.clear();
-            c.resize(mc * cols / 16, CLine([0.0; 16]));
-            blocks(job, bytemuck::cast_slice_mut(c), mc, stride);
-        });
+        let groups = groups(job);
+        let pairs_per_group = if job.silu_mul { 2 } else { 1 };
+        let pair_bytes = job.w.k_tiles() * 2 * std::mem::size_of::<super::super::Tile>();
+        let per_block = (B_BLOCK_BYTES / (pair_bytes * pairs_per_group)).max(1);
+        // 32 rows × 64 f32: one group's C at the edges or for the epilogue.
+        let mut scratch = [CLine([0.0; 16]); 128];
+        let c: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch);
+        for block in groups.chunks(per_block) {
+            for band in 0..job.mp() / 32 {
+                for &group in block {
+                    band_group(job, band * 32, group, c);
+                }
+            }
+        }
+    }
+
+    /// C's rows `r0..r0 + 32` × the columns of `group` (a pair, or a gate pair with its up
+    /// pair), through `c` (32 rows × 64 f32) where not stored directly.
+    fn band_group(job: &Job<'_>, r0: usize, group: Group, c: &mut [f32]) {
+        let mt = r0 / 16;
+        let rows = r0..(r0 + 32).min(job.m);
+        match group {
+            Group::Pair(p) => {
+                if let Some(out) = job.direct_out(r0, p) {
+                    // SAFETY: the tiles stay inside A, the packed weight and C.
+                    unsafe { product(job, mt, 2 * p, out) };
+                    return;
+                }
+                // SAFETY: as above, C's block in the scratch.
+                unsafe { product(job, mt, 2 * p, CTiles::at(c.as_mut_ptr(), 64 * 4)) };
+                for (r, row) in rows.zip(c.chunks_exact(64)) {
+                    job.store_row(r, 2 * p * TILE_N, &row[..32]);
+                }
+            }
+            Group::GateUp(gate, up) => {
+                // SAFETY: as above, the gate and up blocks side by side in the scratch.
+                unsafe {
+                    product(job, mt, 2 * gate, CTiles::at(c.as_mut_ptr(), 64 * 4));
+                    product(job, mt, 2 * up, CTiles::at(c.as_mut_ptr().add(32), 64 * 4));
+                }
+                for (r, row) in rows.zip(c.chunks_exact(64)) {
+                    job.store_silu_mul(r, 2 * gate * TILE_N, &row[..32], &row[32..]);
+                }
+            }
+        }
     }
 
     /// 16 f32 on a cache-line boundary: C's tile rows (64 bytes) must not straddle two lines
@@ -151,98 +177,57 @@ mod imp {
     // SAFETY: as above.
     unsafe impl bytemuck::Pod for CLine {}
 
-    thread_local! {
-        static C_SCRATCH: std::cell::RefCell<Vec<CLine>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The columns one product group computes.
+    #[derive(Clone, Copy)]
+    enum Group {
+        /// A column pair of a plain GEMM.
+        Pair(usize),
+        /// The fused SwiGLU: a gate pair and its up pair (`n / 64` pairs later).
+        GateUp(usize, usize),
     }
 
-    /// The job in blocks of `mc` rows, C through the scratch `c` (`[mc][stride / 4]`).
-    fn blocks(job: &Job<'_>, c: &mut [f32], mc: usize, stride: usize) {
-        let (kbs, mp, cols) = (job.w.k_tiles(), job.mp(), stride / 4);
-        let groups = groups(job);
-        for m0 in (0..mp).step_by(mc) {
-            let m1 = (m0 + mc).min(mp);
-            for group in groups.iter().map(|(g, n)| &g[..*n]) {
-                for k0 in (0..kbs).step_by(K_CHUNK) {
-                    let k1 = (k0 + K_CHUNK).min(kbs);
-                    for mb in (m0..m1).step_by(32 * BANDS) {
-                        for m2 in (mb..(mb + 32 * BANDS).min(m1)).step_by(32) {
-                            for (g, &p) in group.iter().enumerate() {
-                                let top = c[(m2 - m0) * cols + g * 32..].as_mut_ptr();
-                                // SAFETY: inside the scratch (rows m2 - m0 .. + 32 of [mc][cols]).
-                                let bot = unsafe { top.add(16 * cols) };
-                                // SAFETY: the tiles stay inside A, the packed weight and the
-                                // scratch.
-                                unsafe { product(job, m2 / 16, 2 * p, k0..k1, top, bot, stride) };
-                            }
-                        }
-                    }
-                }
-                let rows = c.chunks_exact(cols).enumerate().take(m1 - m0);
-                if job.silu_mul {
-                    for (r, row) in rows {
-                        job.store_silu_mul(m0 + r, 2 * group[0] * TILE_N, &row[..32], &row[32..64]);
-                    }
-                    continue;
-                }
-                for (r, row) in rows {
-                    for (g, &p) in group.iter().enumerate() {
-                        job.store_row(m0 + r, 2 * p * TILE_N, &row[g * 32..g * 32 + 32]);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The column pairs computed together (C of one group shares the scratch): consecutive
-    /// pairs, or for the fused SwiGLU a gate pair with its up pair (`n / 64` pairs later).
-    fn groups(job: &Job<'_>) -> Vec<([usize; PAIRS], usize)> {
+    fn groups(job: &Job<'_>) -> Vec<Group> {
         if job.silu_mul {
             let half = job.w.n / 64;
-            return job.pairs.clone().map(|p| ([p, p + half], 2)).collect();
+            return job
+                .pairs
+                .clone()
+                .map(|p| Group::GateUp(p, p + half))
+                .collect();
         }
-        let pairs: Vec<usize> = job.pairs.clone().collect();
-        pairs
-            .chunks(PAIRS)
-            .map(|g| {
-                let mut a = [0; PAIRS];
-                a[..g.len()].copy_from_slice(g);
-                (a, g.len())
-            })
-            .collect()
+        job.pairs.clone().map(Group::Pair).collect()
     }
 
-    /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1` (scratch at `top`,
-    /// lower half at `bot`) += the k tiles `ks`; zero first when `ks` starts at 0.
+    /// Where C tiles are stored: the upper 16 rows at `top`, the lower at
+    /// `top + 16 rows`, row stride `stride` bytes.
+    #[derive(Clone, Copy)]
+    pub struct CTiles {
+        top: *mut f32,
+        stride: usize,
+    }
+
+    impl CTiles {
+        pub fn at(top: *mut f32, stride: usize) -> Self {
+            Self { top, stride }
+        }
+    }
+
+    /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1` = the product over
+    /// all k tiles, stored to `store`.
     ///
     /// # Safety
-    /// AMX configured on this thread; `top` / `bot` address 16 rows × 32 f32 at `stride`.
-    unsafe fn product(
-        job: &Job<'_>,
-        mt: usize,
-        nb: usize,
-        ks: std::ops::Range<usize>,
-        top: *mut f32,
-        bot: *mut f32,
-        stride: usize,
-    ) {
-        // SAFETY: (caller) the scratch tiles; the A / B tiles are 1 KiB each.
+    /// AMX configured on this thread; `store` addresses 32 rows × 32 f32.
+    unsafe fn product(job: &Job<'_>, mt: usize, nb: usize, store: CTiles) {
+        // SAFETY: (caller) the C tiles; the A / B tiles are 1 KiB each.
         unsafe {
-            let (c01, c11) = (top.add(16), bot.add(16));
-            if ks.start == 0 {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                );
-            } else {
-                c_tile!(load "tmm0", top, stride);
-                c_tile!(load "tmm1", c01, stride);
-                c_tile!(load "tmm2", bot, stride);
-                c_tile!(load "tmm3", c11, stride);
-            }
-            for kb in ks {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            for kb in 0..job.w.k_tiles() {
                 asm!(
                     "tileloadd tmm4, [{a0} + {s}*1]",
                     "tileloadd tmm6, [{b0} + {s}*1]",
@@ -260,10 +245,12 @@ mod imp {
                     options(nostack, readonly)
                 );
             }
+            let CTiles { top, stride } = store;
+            let bot = top.byte_add(16 * stride);
             c_tile!(store "tmm0", top, stride);
-            c_tile!(store "tmm1", c01, stride);
+            c_tile!(store "tmm1", top.add(16), stride);
             c_tile!(store "tmm2", bot, stride);
-            c_tile!(store "tmm3", c11, stride);
+            c_tile!(store "tmm3", bot.add(16), stride);
         }
     }
 }

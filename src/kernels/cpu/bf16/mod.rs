@@ -304,6 +304,23 @@ impl Job<'_> {
         u32::from(t[i]) | (u32::from(t[i + 1]) << 16)
     }
 
+    /// C's 32 × 32 block at rows `r0..r0 + 32`, columns of pair `p`, as a tile target (row
+    /// stride `4 n` bytes), when it lies wholly inside `C [m, n]` and C holds this GEMM's
+    /// columns (not the fused epilogue's); `None` otherwise.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    pub(crate) fn direct_out(&self, r0: usize, p: usize) -> Option<amx::CTiles> {
+        let n = self.w.n;
+        if self.silu_mul || r0 + 32 > self.m || (p + 1) * PAD_N > n {
+            return None;
+        }
+        // SAFETY: rows r0..r0 + 32 <= m and columns 32 p..32 p + 32 <= n lie inside C [m, n];
+        // only this job writes the columns of pair p.
+        Some(amx::CTiles::at(
+            unsafe { self.out.0.add(r0 * n + p * PAD_N) },
+            n * 4,
+        ))
+    }
+
     /// Writes `vals` at row `r`, columns `c0..`, clipped to `[m, n]`.
     pub fn store_row(&self, r: usize, c0: usize, vals: &[f32]) {
         let n = self.w.n;

@@ -60,11 +60,18 @@ fn packing_keeps_every_weight() {
 
 /// Each bf16 path against an f64 product of the same bf16-rounded operands, and against the
 /// scalar reference of the same pair order; the f32 path against `matmul_wt` on the widened
-/// weights, bit for bit.
+/// weights, bit for bit. (66, 96, 4000): several AMX blocks of column pairs, bands stored
+/// straight into C and an edge band through the scratch.
 #[test]
 fn every_path_matches_its_reference() {
     let mut s = 11;
-    for &(m, n, k) in &[(1, 16, 32), (5, 37, 45), (40, 96, 300), (70, 64, 1024)] {
+    for &(m, n, k) in &[
+        (1, 16, 32),
+        (5, 37, 45),
+        (40, 96, 300),
+        (70, 64, 1024),
+        (66, 96, 4000),
+    ] {
         let a = rnd(m * k, &mut s);
         let wb = bits(&rnd(n * k, &mut s));
         let p = PackedBf16::pack(&wb, n, k);
