@@ -21,10 +21,10 @@ pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
     }
 }
 
-/// RMSNorm over every `w.len()`-wide row of `x` into `out` (resized).
+/// RMSNorm over every `w.len()`-wide row of `x` into `out` (resized; every element is
+/// written, so the reused part is not cleared first).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut Vec<f32>) {
     let d = w.len();
-    out.clear();
     out.resize(x.len(), 0.0);
     out.par_chunks_mut(d * ROWS_PER_TASK)
         .zip(x.par_chunks(d * ROWS_PER_TASK))

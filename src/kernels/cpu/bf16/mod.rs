@@ -203,9 +203,9 @@ impl PackedBf16 {
 /// `a [m, k]` (f32) rounded to bf16 (nearest even, as torch) into tiles of 16 rows × 32
 /// inputs, `[m padded to 32 / 16][kbs][16][32]`, zero padding: one A tile is 1 KiB contiguous
 /// (no cache-set conflicts from a power-of-two row stride) and cache-line aligned ([`Tile`]).
+/// Every element is written (the padding with zeros), so `out` is reused without clearing.
 pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<Tile>) {
     let mp = m.div_ceil(PAD_M) * PAD_M;
-    out.clear();
     out.resize(mp / 16 * kbs, Tile([0; TILE_ELEMS]));
     bytemuck::cast_slice_mut::<Tile, u16>(out)
         .par_chunks_mut(kbs * TILE_ELEMS)
@@ -213,13 +213,18 @@ pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<Tile
         .for_each(|(mt, band)| {
             for r in 0..16 {
                 let row = mt * 16 + r;
-                if row >= m {
-                    break;
-                }
-                let src = &a[row * k..(row + 1) * k];
-                for (kb, chunk) in src.chunks(TILE_K).enumerate() {
+                let src = if row < m {
+                    &a[row * k..(row + 1) * k]
+                } else {
+                    &[]
+                };
+                for kb in 0..kbs {
                     let at = kb * TILE_ELEMS + r * TILE_K;
-                    round_into(chunk, &mut band[at..at + chunk.len()]);
+                    let chunk =
+                        &src[(kb * TILE_K).min(src.len())..((kb + 1) * TILE_K).min(src.len())];
+                    let (vals, pad) = band[at..at + TILE_K].split_at_mut(chunk.len());
+                    round_into(chunk, vals);
+                    pad.fill(0);
                 }
             }
         });

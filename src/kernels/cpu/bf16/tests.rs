@@ -39,7 +39,8 @@ fn pool() -> rayon::ThreadPool {
 
 fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedBf16, threads: usize) -> Vec<f32> {
     let mut c = vec![f32::NAN; 3];
-    let mut scratch = Vec::new();
+    // A reused scratch holds stale bits (NaN here): the rounding must overwrite the padding.
+    let mut scratch = vec![Tile([0xffff; TILE_ELEMS]); 64];
     pool().install(|| matmul_bf16(a, m, w, &mut c, threads, k, &mut scratch));
     c
 }
