@@ -203,10 +203,21 @@ impl PackedBf16 {
 /// `a [m, k]` (f32) rounded to bf16 (nearest even, as torch) into tiles of 16 rows × 32
 /// inputs, `[m padded to 32 / 16][kbs][16][32]`, zero padding: one A tile is 1 KiB contiguous
 /// (no cache-set conflicts from a power-of-two row stride) and cache-line aligned ([`Tile`]).
-/// Every element is written (the padding with zeros), so `out` is reused without clearing.
-pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<Tile>) {
-    let mp = m.div_ceil(PAD_M) * PAD_M;
-    out.resize(mp / 16 * kbs, Tile([0; TILE_ELEMS]));
+/// Every element is written (the padding with zeros) and `out` only grows: it is reused
+/// without clearing (a GEMM of k = 1024 after one of k = 2816 would otherwise zero the
+/// difference again on every call). Returns the tiles of this call, the front of `out`.
+pub fn round_tiles<'a>(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    kbs: usize,
+    out: &'a mut Vec<Tile>,
+) -> &'a [Tile] {
+    let tiles = m.div_ceil(PAD_M) * PAD_M / 16 * kbs;
+    if out.len() < tiles {
+        out.resize(tiles, Tile([0; TILE_ELEMS]));
+    }
+    let out = &mut out[..tiles];
     bytemuck::cast_slice_mut::<Tile, u16>(out)
         .par_chunks_mut(kbs * TILE_ELEMS)
         .enumerate()
@@ -228,6 +239,7 @@ pub fn round_tiles(a: &[f32], m: usize, k: usize, kbs: usize, out: &mut Vec<Tile
                 }
             }
         });
+    out
 }
 
 /// `out[i] = bf16(src[i])`, round to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
@@ -400,9 +412,9 @@ pub fn matmul_bf16(
         widen::matmul(a, m, w, c, threads);
         return;
     }
-    round_tiles(a, m, k, w.k_tiles(), scratch);
+    let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);
     run_jobs(
-        scratch,
+        tiles,
         m,
         w,
         c,
@@ -436,9 +448,9 @@ pub fn matmul_bf16_silu_mul(
         c.fill(0.0);
         return;
     }
-    round_tiles(a, m, k, w.k_tiles(), scratch);
+    let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);
     run_jobs(
-        scratch,
+        tiles,
         m,
         w,
         c,
@@ -486,11 +498,11 @@ fn run_jobs(
 /// The reference of the bf16 paths (tests): same rounding, same pair order, scalar.
 pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
     let mut scratch = Vec::new();
-    round_tiles(a, m, w.k, w.k_tiles(), &mut scratch);
+    let tiles = round_tiles(a, m, w.k, w.k_tiles(), &mut scratch);
     c.clear();
     c.resize(m * w.n, 0.0);
     let job = Job {
-        a: bytemuck::cast_slice(&scratch),
+        a: bytemuck::cast_slice(tiles),
         m,
         w,
         pairs: 0..w.column_tiles() / 2,
