@@ -134,8 +134,6 @@ pub fn attention(
     let amx = bf16_tiles && amx::usable(hd);
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     let amx = bf16_tiles && false;
-    let rows = if amx { AMX_ROWS } else { TILE_ROWS };
-    let tasks = plan_tasks(plan, shape.kv_heads, (rows / group).max(1));
     let ctx = Ctx {
         q,
         kc,
@@ -146,26 +144,73 @@ pub fn attention(
         softmax,
         out: OutPtr(out.as_mut_ptr()),
     };
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if amx {
+        let tile = (AMX_ROWS / group).max(1);
+        let chains = amx_chains(plan, shape.kv_heads, tile, softmax.window.is_some());
+        chains
+            .par_iter()
+            .for_each_init(<(Scratch, AmxScratch)>::default, |(s, a), chain| {
+                // SAFETY: `usable` held for this head dim; chains are not empty.
+                unsafe { amx::run_chain(&ctx, chain, s, a) };
+            });
+        return;
+    }
+    let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
     let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
-    tasks
-        .par_iter()
-        .for_each_init(<(Scratch, AmxScratch)>::default, |(s, _a), task| {
-            prepare(&ctx, task, s, amx);
-            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-            if amx {
-                // SAFETY: `usable` held for this head dim; prepare ran with the AMX alignment.
-                unsafe { amx::run(&ctx, task, s, _a) };
-                return;
-            }
-            #[cfg(target_arch = "x86_64")]
-            if fast {
-                // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
-                unsafe { task_avx2(&ctx, task, s) };
-                return;
-            }
-            let _ = fast;
-            task_portable(&ctx, task, s);
+    tasks.par_iter().for_each_init(Scratch::default, |s, task| {
+        prepare(&ctx, task, s, amx);
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
+            unsafe { task_avx2(&ctx, task, s) };
+            return;
+        }
+        let _ = fast;
+        task_portable(&ctx, task, s);
+    });
+}
+
+/// AMX tasks per chain at most: enough to pay for packing K and V once per chain, few enough
+/// that a long prompt still splits over the workers.
+const AMX_CHAIN: usize = 8;
+
+/// The AMX path's tasks (tiles of `tile` tokens × kv heads) in chains of up to [`AMX_CHAIN`]
+/// consecutive tiles of one run and kv head, which share their keys' packed K and V. With a
+/// window the tiles' first keys differ: one task per chain.
+fn amx_chains(
+    plan: &BatchPlan<'_>,
+    kv_heads: usize,
+    tile: usize,
+    windowed: bool,
+) -> Vec<Vec<Task>> {
+    let mut runs: Vec<Vec<(usize, usize)>> = Vec::new();
+    for (start, end) in plan.tiles(tile) {
+        let joins = runs.last().is_some_and(|run| {
+            let (first, prev_end) = (run[0].0, run[run.len() - 1].1);
+            !windowed
+                && run.len() < AMX_CHAIN
+                && prev_end == start
+                && plan.seq_of[start] == plan.seq_of[first]
+                && plan.positions[start] == plan.positions[start - 1] + 1
         });
+        match runs.last_mut() {
+            Some(run) if joins => run.push((start, end)),
+            _ => runs.push(vec![(start, end)]),
+        }
+    }
+    let chain = |run: &[(usize, usize)], kv_head| {
+        run.iter()
+            .map(|&(t0, end)| Task {
+                t0,
+                n: end - t0,
+                kv_head,
+            })
+            .collect()
+    };
+    runs.iter()
+        .flat_map(|run| (0..kv_heads).map(move |h| chain(run, h)))
+        .collect()
 }
 
 /// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens, × kv heads.

@@ -4,10 +4,12 @@
 //! bf16: q, k, v and the probabilities rounded to bf16 (nearest even), scores, softmax and
 //! sums in f32.
 //!
-//! # Per task (up to `AMX_ROWS` query rows of one kv head)
-//! 1. K of the task's keys rounded to bf16, one row per key (the A operand of `S = K · Qᵀ`,
-//!    16 keys × 32 dims per tile); Q in VNNI pairs (the B operand); V in VNNI pairs of keys
-//!    (the B operand of `O = P · V`).
+//! # Per chain of tasks (one run of positions and kv head) and per task (up to `AMX_ROWS`
+//! query rows)
+//! 1. Once per chain, K of its keys rounded to bf16, one row per key (the A operand of
+//!    `S = K · Qᵀ`, 16 keys × 32 dims per tile) and V in VNNI pairs of keys (the B operand of
+//!    `O = P · V`): packing them per task cost as much as the task's tile products. Per task,
+//!    Q in VNNI pairs (the B operand).
 //! 2. `Sᵀ [keys][rows]` tile by tile into the scores, `× scale`; the f32 softmax over them.
 //! 3. P rounded to bf16 into A tiles (16 rows × 32 keys) and `O = P · V`, `× 1 / sum`.
 //!
@@ -22,7 +24,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, softmax_avx2};
+use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, prepare, softmax_avx2};
 use crate::kernels::cpu::bf16::{round_into, with_amx_tiles};
 
 /// Rows per tile.
@@ -101,16 +103,28 @@ fn lines(v: &mut Vec<Line>, len: usize) -> *mut Line {
     v.as_mut_ptr()
 }
 
-/// The task (see the module docs).
+/// The tasks of one chain ([`super::amx_chains`]: one run of positions and one kv head, in
+/// position order). K and V are packed once, for the last task's keys: each task's keys are
+/// a prefix of them (no window), and its keys past its own length get probability 0.
 ///
 /// # Safety
-/// [`usable`] holds for the head dim; `prepare` ran with the AMX alignment (rows padded to
-/// 16, first key a multiple of [`KEY_ALIGN`]).
-pub(super) unsafe fn run(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch) {
+/// [`usable`] holds for the head dim; the chain is not empty.
+pub(super) unsafe fn run_chain(ctx: &Ctx<'_>, chain: &[Task], s: &mut Scratch, a: &mut AmxScratch) {
+    let Some(last) = chain.last() else { return };
     // SAFETY: (caller) the features are present.
-    with_amx_tiles(|| unsafe { run_tiles(ctx, task, s, a) })
+    with_amx_tiles(|| unsafe {
+        prepare(ctx, last, s, true);
+        let keys = s.offsets.len().div_ceil(KEY_ALIGN) * KEY_ALIGN;
+        pack_k(ctx, s, a, keys);
+        pack_v(ctx, s, a, keys);
+        for task in chain {
+            prepare(ctx, task, s, true);
+            run_tiles(ctx, task, s, a);
+        }
+    })
 }
 
+/// One task on K and V packed for at least its keys (see the module docs).
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch) {
     let hd = ctx.shape.head_dim;
@@ -119,8 +133,6 @@ unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScra
     let keys = len.div_ceil(KEY_ALIGN) * KEY_ALIGN;
     // SAFETY: every buffer below is sized for `keys` keys, `rp` rows and `hd` dims first.
     unsafe {
-        pack_k(ctx, s, a, keys);
-        pack_v(ctx, s, a, keys);
         pack_q(s, a, hd, rp);
         let st = lines(&mut a.st, keys * rp / T).cast::<f32>();
         scores(a, st, keys, hd, rp);
@@ -129,7 +141,8 @@ unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScra
             _mm512_store_ps(st.add(i), _mm512_mul_ps(_mm512_load_ps(st.add(i)), scale));
         }
         softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
-        // Keys len..keys hold the scores of zero keys (0): probability 0 as for masked keys.
+        // Keys len..keys (zero keys, or later keys of the chain): probability 0, as for
+        // masked keys; their values add exact zeros.
         std::ptr::write_bytes(st.add(len * rp), 0, (keys - len) * rp);
         pack_p(a, st, keys, rp);
         values(ctx, task, s, a, keys, rp);

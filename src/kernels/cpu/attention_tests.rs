@@ -306,3 +306,55 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
     }
     println!("amx attention: worst |error| vs f64 {worst:.2e}");
 }
+
+/// AMX chains: consecutive tiles of one sequence and kv head, at most `AMX_CHAIN`, never across
+/// sequences; one task per chain with a window.
+#[test]
+fn amx_chains_join_tiles_of_one_sequence_only() {
+    let lim = PlanLimits {
+        vocab: 10,
+        max_positions: 100_000,
+        num_blocks: 200,
+        block_size: 4,
+    };
+    let seq = |start, len, first_block: u32| SeqChunk {
+        start,
+        len,
+        block_table: (first_block..first_block + 100).collect(),
+        sample: false,
+        state_slot: None,
+    };
+    // Sequence 0: positions 3..43 (40 tokens), sequence 1: positions 0..7.
+    let seqs = [seq(3, 40, 0), seq(0, 7, 100)];
+    let ids = vec![0u32; 47];
+    let plan = BatchPlan::new(
+        &Batch {
+            token_ids: &ids,
+            seqs: &seqs,
+        },
+        &lim,
+    )
+    .unwrap();
+    let spans = |chains: &[Vec<Task>]| -> Vec<(usize, Vec<(usize, usize)>)> {
+        chains
+            .iter()
+            .map(|c| (c[0].kv_head, c.iter().map(|t| (t.t0, t.n)).collect()))
+            .collect()
+    };
+    // Tiles of 4 tokens: sequence 0 has 10 tiles (chains of 8 and 2), sequence 1 has 2.
+    let chains = amx_chains(&plan, 2, 4, false);
+    let want_runs: Vec<Vec<(usize, usize)>> = vec![
+        (0..8).map(|i| (4 * i, 4)).collect(),
+        vec![(32, 4), (36, 4)],
+        vec![(40, 4), (44, 3)],
+    ];
+    let want: Vec<_> = want_runs
+        .iter()
+        .flat_map(|run| (0..2).map(move |h| (h, run.clone())))
+        .collect();
+    assert_eq!(spans(&chains), want);
+    // With a window every task is its own chain.
+    let windowed = amx_chains(&plan, 2, 4, true);
+    assert_eq!(windowed.len(), 12 * 2);
+    assert!(windowed.iter().all(|c| c.len() == 1));
+}
