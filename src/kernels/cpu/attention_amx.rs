@@ -316,25 +316,54 @@ unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize
 unsafe fn pack_p(a: &mut AmxScratch, st: *const f32, keys: usize, rp: usize) {
     let kbs = keys / KEY_ALIGN;
     let p = lines(&mut a.p, rp / T * kbs * T);
-    // Lane r writes word w of line r: a 16 × 16 transpose by scatter.
-    let rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(16),
-    );
     for rt in 0..rp / T {
         for kb in 0..kbs {
             // SAFETY: the tile's 16 lines lie inside `p`; st rows < keys, lanes < rp.
             unsafe {
-                let tile = p.add((rt * kbs + kb) * T).cast::<i32>();
-                for w in 0..T {
+                // Word w of every row (lane r), then rows as lines: a 16 × 16 transpose.
+                let mut words = [_mm512_setzero_si512(); T];
+                for (w, word) in words.iter_mut().enumerate() {
                     let j = kb * KEY_ALIGN + 2 * w;
                     let lo = _mm512_load_ps(st.add(j * rp + rt * T));
                     let hi = _mm512_load_ps(st.add((j + 1) * rp + rt * T));
-                    let idx = _mm512_add_epi32(rows, _mm512_set1_epi32(w as i32));
-                    _mm512_i32scatter_epi32::<4>(tile.cast(), idx, pairs(lo, hi));
+                    *word = pairs(lo, hi);
+                }
+                transpose16(&mut words);
+                let tile = p.add((rt * kbs + kb) * T);
+                for (r, line) in words.iter().enumerate() {
+                    _mm512_store_si512(tile.add(r).cast(), *line);
                 }
             }
         }
+    }
+}
+
+/// `x[i]` lane `j` ↔ `x[j]` lane `i` (32-bit lanes): interleaves of 32 and 64 bits, then of
+/// 128-bit quarters.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(x: &mut [__m512i; T]) {
+    let mut t = [_mm512_setzero_si512(); T];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+    }
+    for i in 0..4 {
+        x[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        x[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        x[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        x[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for i in 0..2 {
+        for j in 0..4 {
+            let (a, b) = (x[8 * i + j], x[8 * i + j + 4]);
+            t[8 * i + j] = _mm512_shuffle_i32x4::<0x88>(a, b);
+            t[8 * i + j + 4] = _mm512_shuffle_i32x4::<0xdd>(a, b);
+        }
+    }
+    for j in 0..8 {
+        x[j] = _mm512_shuffle_i32x4::<0x88>(t[j], t[j + 8]);
+        x[j + 8] = _mm512_shuffle_i32x4::<0xdd>(t[j], t[j + 8]);
     }
 }
 

@@ -339,8 +339,7 @@ impl Device for CpuDevice {
         }
         let plan = step.plan;
         if let Some((rope, rot)) = call.rope {
-            apply_rope(rope, &mut kv.q, &plan.positions, hd, rot);
-            apply_rope(rope, &mut kv.k, &plan.positions, hd, rot);
+            apply_rope(rope, (&mut kv.q, &mut kv.k), &plan.positions, hd, rot);
         }
         kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
         let (kc, vc) = kv.cache.layer(call.kv_layer);

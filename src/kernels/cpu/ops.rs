@@ -115,11 +115,11 @@ pub fn argmax(x: &[f32]) -> usize {
 }
 
 /// Rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first `rotary_dim` dims of
-/// every `head_dim`-wide head of each row of `x` at `positions[t]`; the rest pass through
-/// (partial rotary when `rotary_dim < head_dim`).
+/// every `head_dim`-wide head of each row of `q` and of `k` at `positions[t]`; the rest pass
+/// through (partial rotary when `rotary_dim < head_dim`). One cos / sin per token serves both.
 pub fn apply_rope(
     rope: &Rope,
-    x: &mut [f32],
+    (q, k): (&mut [f32], &mut [f32]),
     positions: &[usize],
     head_dim: usize,
     rotary_dim: usize,
@@ -128,17 +128,22 @@ pub fn apply_rope(
     if positions.is_empty() {
         return;
     }
-    let row = x.len() / positions.len();
-    x.par_chunks_mut(row)
+    let (qrow, krow) = (q.len() / positions.len(), k.len() / positions.len());
+    q.par_chunks_mut(qrow)
+        .zip(k.par_chunks_mut(krow.max(1)))
         .zip(positions.par_iter())
-        .for_each(|(xr, &pos)| {
-            let mut cos = vec![0.0f32; half];
-            let mut sin = vec![0.0f32; half];
-            rope.cos_sin(pos, &mut cos, &mut sin);
-            for head in xr.chunks_exact_mut(head_dim) {
-                rotate_half(&mut head[..rotary_dim], &cos, &sin);
-            }
-        });
+        .for_each_init(
+            || (vec![0.0f32; half], vec![0.0f32; half]),
+            |(cos, sin), ((qr, kr), &pos)| {
+                rope.cos_sin(pos, cos, sin);
+                for head in qr
+                    .chunks_exact_mut(head_dim)
+                    .chain(kr.chunks_exact_mut(head_dim))
+                {
+                    rotate_half(&mut head[..rotary_dim], cos, sin);
+                }
+            },
+        );
 }
 
 /// `x * cos + rotate_half(x) * sin` for one head.
@@ -162,13 +167,15 @@ mod tests {
     fn rope_position_zero_is_identity_and_norm_preserving() {
         let rope = Rope::new(8, 10000.0, RopeScaling::None);
         let orig: Vec<f32> = (0..16).map(|i| i as f32 - 3.0).collect();
-        let mut x = orig.clone();
-        apply_rope(&rope, &mut x, &[0], 8, 8);
-        assert_eq!(x, orig);
-        apply_rope(&rope, &mut x, &[5], 8, 8);
+        let (mut x, mut k) = (orig.clone(), orig[..8].to_vec());
+        apply_rope(&rope, (&mut x, &mut k), &[0], 8, 8);
+        assert_eq!((&x[..], &k[..]), (&orig[..], &orig[..8]));
+        apply_rope(&rope, (&mut x, &mut k), &[5], 8, 8);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-3);
+        // k's head got the same rotation as q's first head.
+        assert_eq!(k, x[..8]);
     }
 
     #[test]
