@@ -159,7 +159,7 @@ pub fn attention(
     let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
     let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
     tasks.par_iter().for_each_init(Scratch::default, |s, task| {
-        prepare(&ctx, task, s, amx);
+        prepare(&ctx, task, s, false, true);
         #[cfg(target_arch = "x86_64")]
         if fast {
             // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
@@ -245,7 +245,9 @@ fn use_avx2_fma() -> bool {
 }
 
 /// Fills the task's key offsets, row lengths and transposed queries.
-fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool) {
+/// Returns the task's key count (`len - first`). `with_offsets`: also the keys' cache offsets
+/// (the AMX chain computes them once, for its last task, where they are packed).
+fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets: bool) -> usize {
     let (hd, group) = (ctx.shape.head_dim, ctx.group);
     let plan = ctx.plan;
     let rows = task.n * group;
@@ -260,10 +262,12 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool) {
     let table = plan.tables[plan.seq_of[task.t0]];
     let (bs, row) = (plan.block_size, ctx.shape.kv_heads * hd);
     let head_off = task.kv_head * hd;
-    s.offsets.clear();
-    for j in first..len {
-        let slot = table[j / bs] as usize * bs + j % bs;
-        s.offsets.push(slot * row + head_off);
+    if with_offsets {
+        s.offsets.clear();
+        s.offsets.extend((first..len).map(|j| {
+            let slot = table[j / bs] as usize * bs + j % bs;
+            slot * row + head_off
+        }));
     }
     s.lens.clear();
     s.lens.resize(rp, 0);
@@ -298,6 +302,7 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool) {
     }
     s.inv.clear();
     s.inv.resize(rp, 0.0);
+    keys
 }
 
 /// Pointer to `out[t0 + r / group, (kv_head * group + r % group) * hd]`.

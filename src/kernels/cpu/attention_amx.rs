@@ -113,23 +113,21 @@ pub(super) unsafe fn run_chain(ctx: &Ctx<'_>, chain: &[Task], s: &mut Scratch, a
     let Some(last) = chain.last() else { return };
     // SAFETY: (caller) the features are present.
     with_amx_tiles(|| unsafe {
-        prepare(ctx, last, s, true);
-        let keys = s.offsets.len().div_ceil(KEY_ALIGN) * KEY_ALIGN;
+        let keys = prepare(ctx, last, s, true, true).div_ceil(KEY_ALIGN) * KEY_ALIGN;
         pack_k(ctx, s, a, keys);
         pack_v(ctx, s, a, keys);
         for task in chain {
-            prepare(ctx, task, s, true);
-            run_tiles(ctx, task, s, a);
+            let len = prepare(ctx, task, s, true, false);
+            run_tiles(ctx, task, s, a, len);
         }
     })
 }
 
-/// One task on K and V packed for at least its keys (see the module docs).
+/// One task of `len` keys on K and V packed for at least its keys (see the module docs).
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch) {
+unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch, len: usize) {
     let hd = ctx.shape.head_dim;
     let rp = s.lens.len();
-    let len = s.offsets.len();
     let keys = len.div_ceil(KEY_ALIGN) * KEY_ALIGN;
     // SAFETY: every buffer below is sized for `keys` keys, `rp` rows and `hd` dims first.
     unsafe {

@@ -110,7 +110,7 @@ fn run(
             };
             let mut s = Scratch::default();
             for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
-                prepare(&ctx, &task, &mut s, false);
+                prepare(&ctx, &task, &mut s, false, true);
                 task_portable(&ctx, &task, &mut s);
             }
         } else {
