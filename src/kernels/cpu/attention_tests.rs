@@ -5,6 +5,14 @@ use crate::kernels::cpu::kv_cache::KvCache;
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::{Batch, SeqChunk};
 
+fn plan_of<'a>(ids: &'a [u32], seqs: &'a [SeqChunk], lim: &PlanLimits) -> BatchPlan<'a> {
+    let batch = Batch {
+        token_ids: ids,
+        seqs,
+    };
+    BatchPlan::new(&batch, lim).unwrap()
+}
+
 fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
     (0..n)
         .map(|_| {
@@ -78,14 +86,7 @@ fn run(
             sample: false,
             state_slot: None,
         }];
-        let plan = BatchPlan::new(
-            &Batch {
-                token_ids: &ids,
-                seqs: &seqs,
-            },
-            &lim,
-        )
-        .unwrap();
+        let plan = plan_of(&ids, &seqs, &lim);
         cache.write(
             0,
             &plan.slots,
@@ -327,14 +328,7 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
     // Sequence 0: positions 3..43 (40 tokens), sequence 1: positions 0..7.
     let seqs = [seq(3, 40, 0), seq(0, 7, 100)];
     let ids = vec![0u32; 47];
-    let plan = BatchPlan::new(
-        &Batch {
-            token_ids: &ids,
-            seqs: &seqs,
-        },
-        &lim,
-    )
-    .unwrap();
+    let plan = plan_of(&ids, &seqs, &lim);
     let spans = |chains: &[Vec<Task>]| -> Vec<(usize, Vec<(usize, usize)>)> {
         chains
             .iter()
