@@ -359,7 +359,16 @@ fn header(
         .collect();
     let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
     let meta = Metadata::new(Some(metadata), infos).map_err(|e| invalid(e.to_string()))?;
-    let mut json = serde_json::to_vec(&meta).map_err(|e| invalid(e.to_string()))?;
+    let mut value = serde_json::to_value(&meta).map_err(|e| invalid(e.to_string()))?;
+    // safetensors keeps `__metadata__` in a HashMap, whose order changes from run to run:
+    // sorted keys make the same file the same bytes on every run (checksums, dedup).
+    if let Some(m) = value
+        .get_mut("__metadata__")
+        .and_then(|m| m.as_object_mut())
+    {
+        m.sort_keys();
+    }
+    let mut json = serde_json::to_vec(&value).map_err(|e| invalid(e.to_string()))?;
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());

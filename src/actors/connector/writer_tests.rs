@@ -203,6 +203,27 @@ fn same_content_as_safetensors_serialize() {
     assert_eq!(ours[data_start(&ours)..], theirs[data_start(&theirs)..]);
 }
 
+/// The same content gives the same bytes, whichever order the metadata map iterates in (a
+/// fresh HashMap per write: different orders with high probability), keys sorted.
+#[test]
+fn same_content_same_bytes_on_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<Vec<u8>> = (0..4)
+        .map(|i| {
+            let path = dir.path().join(format!("{i}.safetensors"));
+            complete(OutputDtype::Bf16, &path, &[3, 3], false)
+                .write()
+                .unwrap();
+            fs::read(&path).unwrap()
+        })
+        .collect();
+    assert!(files.iter().all(|f| f == &files[0]));
+    let len = u64::from_le_bytes(files[0][..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&files[0][8..8 + len]).unwrap();
+    let keys: Vec<&String> = header["__metadata__"].as_object().unwrap().keys().collect();
+    assert!(keys.len() > 3 && keys.is_sorted(), "{keys:?}");
+}
+
 #[test]
 fn replaces_stale_tmp_and_old_file() {
     let dir = tempfile::tempdir().unwrap();
