@@ -530,6 +530,19 @@ pub trait Device: Send + Sync + Sized + 'static {
         self.matmul(x, w, wide)?;
         self.silu_mul(wide, out)
     }
+    /// The SwiGLU MLP `out = down(silu_mul(x · Wᵀ))` for a stacked `[gate | up]` weight `w`:
+    /// [`Device::matmul_silu_mul`] into `act` (through `wide`) then [`Device::matmul`] by
+    /// `down`, unless the device fuses them (the same bits).
+    fn swiglu_mlp(
+        &self,
+        x: &Self::Buf,
+        (w, down): (&Self::Linear, &Self::Linear),
+        (wide, act): (&mut Self::Buf, &mut Self::Buf),
+        out: &mut Self::Buf,
+    ) -> DevResult<()> {
+        self.matmul_silu_mul(x, w, wide, act)?;
+        self.matmul(act, down, out)
+    }
     /// gpt-oss's experts: for `gu` `[T, 2I]` (gate then up), `g = min(gate, limit)`,
     /// `u = clamp(up, -limit, limit)`, `out = (u + 1) · g · sigmoid(alpha · g)`.
     fn swiglu_clamped(

@@ -393,6 +393,21 @@ impl Device for CpuDevice {
         self.silu_mul(wide, out)
     }
 
+    fn swiglu_mlp(
+        &self,
+        x: &CpuBuf,
+        (w, down): (&Linear, &Linear),
+        (wide, act): (&mut CpuBuf, &mut CpuBuf),
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        if w.forward_swiglu_down(down, &x.data, x.rows(), &mut out.data, self.threads) {
+            set(out, down.out);
+            return Ok(());
+        }
+        self.matmul_silu_mul(x, w, wide, act)?;
+        self.matmul(act, down, out)
+    }
+
     fn swiglu_clamped(
         &self,
         gate_up: &CpuBuf,

@@ -24,7 +24,9 @@
 
 use gemm::Parallelism;
 
-use super::bf16::{Bf16Kernel, PackedBf16, Tile, matmul_bf16, matmul_bf16_silu_mul};
+use super::bf16::{
+    Bf16Kernel, PackedBf16, Tile, matmul_bf16, matmul_bf16_silu_mul, matmul_bf16_swiglu_down,
+};
 
 /// Smallest M handed to gemm (see the module docs).
 pub const MIN_ROWS: usize = 65;
@@ -81,6 +83,44 @@ impl Linear {
         }
     }
 
+    /// The SwiGLU MLP `y[m, down.out] = down(silu(gate) · up)` of `x · Wᵀ` for a stacked
+    /// `[gate | up]` weight, with `silu(gate) · up` going from the first GEMM's epilogue
+    /// straight into the second's bf16 tiles where both are bf16 on AMX without bias and
+    /// `out / 2` is a multiple of 32; false: not done here, run [`Linear::forward_silu_mul`]
+    /// (or its unfused form) then `down.forward` (the same bits).
+    pub fn forward_swiglu_down(
+        &self,
+        down: &Linear,
+        x: &[f32],
+        m: usize,
+        y: &mut Vec<f32>,
+        threads: usize,
+    ) -> bool {
+        let (Some(gate_up), Some(dw)) = (self.amx_bf16(), down.amx_bf16()) else {
+            return false;
+        };
+        if !self.out.is_multiple_of(64) || down.inp != self.out / 2 {
+            return false;
+        }
+        BF16_SCRATCH.with_borrow_mut(|s| {
+            ACT_TILES.with_borrow_mut(|act| {
+                matmul_bf16_swiglu_down(x, m, (gate_up, dw), y, threads, (s, act))
+            })
+        });
+        true
+    }
+
+    /// The packed weight, when it is bf16 on the AMX path and there is no bias.
+    fn amx_bf16(&self) -> Option<&PackedBf16> {
+        match &self.w {
+            Weight::Bf16 {
+                w,
+                kernel: Bf16Kernel::Amx,
+            } if self.b.is_none() => Some(w),
+            _ => None,
+        }
+    }
+
     /// Row `r` of the weight (an embedding row), widened into `out[..inp]`.
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
         match &self.w {
@@ -93,6 +133,8 @@ impl Linear {
 thread_local! {
     /// The activations rounded to bf16, reused by every call on this thread.
     static BF16_SCRATCH: std::cell::RefCell<Vec<Tile>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The fused SwiGLU's output in bf16 tiles, the down projection's input.
+    static ACT_TILES: std::cell::RefCell<Vec<Tile>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `c[m, n] = a[m, k] · w[n, k]ᵀ`, row-invariant (see the module docs). `threads` is the

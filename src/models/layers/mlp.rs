@@ -44,13 +44,13 @@ impl<D: Device> Mlp<D> {
         out: &mut D::Buf,
     ) -> DevResult<()> {
         match self.act {
-            Activation::SwiGlu => dev.matmul_silu_mul(x, &self.up, wide, act)?,
+            Activation::SwiGlu => dev.swiglu_mlp(x, (&self.up, &self.down), (wide, act), out),
             Activation::Relu2 => {
                 dev.matmul(x, &self.up, wide)?;
-                dev.relu2(wide, act)?
+                dev.relu2(wide, act)?;
+                dev.matmul(act, &self.down, out)
             }
         }
-        dev.matmul(act, &self.down, out)
     }
 
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {

@@ -120,7 +120,7 @@ mod imp {
 
     fn run_tiles(job: &Job<'_>) {
         let groups = groups(job);
-        let pairs_per_group = if job.silu_mul { 2 } else { 1 };
+        let pairs_per_group = if job.fused() { 2 } else { 1 };
         let pair_bytes = job.w.k_tiles() * 2 * std::mem::size_of::<super::super::Tile>();
         let per_block = (B_BLOCK_BYTES / (pair_bytes * pairs_per_group)).max(1);
         // 32 rows × 64 f32: one group's C at the edges or for the epilogue.
@@ -139,7 +139,6 @@ mod imp {
     /// pair), through `c` (32 rows × 64 f32) where not stored directly.
     fn band_group(job: &Job<'_>, r0: usize, group: Group, c: &mut [f32]) {
         let mt = r0 / 16;
-        let rows = r0..(r0 + 32).min(job.m);
         match group {
             Group::Pair(p) => {
                 if let Some(out) = job.direct_out(r0, p) {
@@ -149,7 +148,7 @@ mod imp {
                 }
                 // SAFETY: as above, C's block in the scratch.
                 unsafe { product(job, mt, 2 * p, CTiles::at(c.as_mut_ptr(), 64 * 4)) };
-                for (r, row) in rows.zip(c.chunks_exact(64)) {
+                for (r, row) in (r0..(r0 + 32).min(job.m)).zip(c.chunks_exact(64)) {
                     job.store_row(r, 2 * p * TILE_N, &row[..32]);
                 }
             }
@@ -159,7 +158,7 @@ mod imp {
                     product(job, mt, 2 * gate, CTiles::at(c.as_mut_ptr(), 64 * 4));
                     product(job, mt, 2 * up, CTiles::at(c.as_mut_ptr().add(32), 64 * 4));
                 }
-                for (r, row) in rows.zip(c.chunks_exact(64)) {
+                for (r, row) in job.epilogue_rows(r0).zip(c.chunks_exact(64)) {
                     job.store_silu_mul(r, 2 * gate * TILE_N, &row[..32], &row[32..]);
                 }
             }
@@ -187,7 +186,7 @@ mod imp {
     }
 
     fn groups(job: &Job<'_>) -> Vec<Group> {
-        if job.silu_mul {
+        if job.fused() {
             let half = job.w.n / 64;
             return job
                 .pairs

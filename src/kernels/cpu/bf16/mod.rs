@@ -25,7 +25,10 @@ mod avx512;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use amx::with_tiles as with_amx_tiles;
 mod portable;
+mod swiglu;
 mod widen;
+
+pub use swiglu::{matmul_bf16_silu_mul, matmul_bf16_swiglu_down};
 
 use std::fmt;
 
@@ -296,11 +299,27 @@ pub(crate) struct Job<'a> {
     pub m: usize,
     pub w: &'a PackedBf16,
     pub pairs: std::ops::Range<usize>,
-    out: OutPtr,
-    /// The fused SwiGLU epilogue: `pairs` are pairs of the gate half of a `[gate | up]`
-    /// weight; C is `silu(gate) · up`, `[m, n / 2]`.
-    pub silu_mul: bool,
+    out: Out,
 }
+
+/// Where a job writes C.
+#[derive(Clone, Copy)]
+enum Out {
+    /// C itself, f32 `[m, n]`.
+    Plain(OutPtr),
+    /// The fused SwiGLU epilogue (`swiglu.rs`): `pairs` are pairs of the gate half of a
+    /// `[gate | up]` weight; C is `silu(gate) · up`, f32 `[m, n / 2]`.
+    SiluMul(OutPtr),
+    /// As `SiluMul`, rounded to bf16 into the A tiles of a GEMM with k = n / 2.
+    SiluMulTiles(TilesPtr),
+}
+
+/// A tiles ([`round_tiles`]' layout), written by workers at disjoint k tiles.
+#[derive(Clone, Copy)]
+struct TilesPtr(*mut Tile);
+// SAFETY: each worker writes only the k tiles of its own gate pairs (see `swiglu.rs`).
+unsafe impl Send for TilesPtr {}
+unsafe impl Sync for TilesPtr {}
 
 impl Job<'_> {
     /// Rows padded to [`PAD_M`].
@@ -327,13 +346,16 @@ impl Job<'_> {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     pub(crate) fn direct_out(&self, r0: usize, p: usize) -> Option<amx::CTiles> {
         let n = self.w.n;
-        if self.silu_mul || r0 + 32 > self.m || (p + 1) * PAD_N > n {
+        let Out::Plain(out) = self.out else {
+            return None;
+        };
+        if r0 + 32 > self.m || (p + 1) * PAD_N > n {
             return None;
         }
         // SAFETY: rows r0..r0 + 32 <= m and columns 32 p..32 p + 32 <= n lie inside C [m, n];
         // only this job writes the columns of pair p.
         Some(amx::CTiles::at(
-            unsafe { self.out.0.add(r0 * n + p * PAD_N) },
+            unsafe { out.0.add(r0 * n + p * PAD_N) },
             n * 4,
         ))
     }
@@ -342,13 +364,16 @@ impl Job<'_> {
     pub fn store_row(&self, r: usize, c0: usize, vals: &[f32]) {
         let n = self.w.n;
         let cols = n.saturating_sub(c0).min(vals.len());
+        let Out::Plain(out) = self.out else {
+            unreachable!("store_row on a fused epilogue's job");
+        };
         if r >= self.m || cols == 0 {
             return;
         }
         // SAFETY: row r < m and columns c0..c0 + cols <= n lie inside C [m, n]; only this
         // job writes the columns of its tile pairs.
         unsafe {
-            let dst = self.out.0.add(r * n + c0);
+            let dst = out.0.add(r * n + c0);
             if cols == 32 {
                 // A whole column pair, as a fixed-size copy (inlined moves, not a memmove call
                 // per 128 bytes).
@@ -358,27 +383,6 @@ impl Job<'_> {
                 std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, cols);
             }
         }
-    }
-
-    /// Writes `silu(g[i]) · u[i]` (32 values) at row `r`, columns `c0..` of the `[m, n / 2]`
-    /// output of the fused epilogue.
-    pub fn store_silu_mul(&self, r: usize, c0: usize, g: &[f32], u: &[f32]) {
-        let width = self.w.n / 2;
-        if r >= self.m {
-            return;
-        }
-        let mut vals = [0f32; 32];
-        crate::kernels::cpu::exp::silu_mul_into(g, u, &mut vals);
-        debug_assert!(c0 + 32 <= width);
-        // SAFETY: row r < m and columns c0..c0 + 32 <= n / 2 lie inside C [m, n / 2]; only
-        // this job writes the columns of its gate pairs.
-        unsafe {
-            self.out
-                .0
-                .add(r * width + c0)
-                .cast::<[f32; 32]>()
-                .write_unaligned(vals)
-        };
     }
 
     /// Writes the `16 × 16` tile `vals` (row stride 16) at rows `r0..`, columns `c0..`,
@@ -413,65 +417,20 @@ pub fn matmul_bf16(
         return;
     }
     let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);
-    run_jobs(
-        tiles,
-        m,
-        w,
-        c,
-        w.column_tiles() / 2,
-        (threads, kernel),
-        false,
-    );
-}
-
-/// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
-/// in the AMX kernel's epilogue: the `[m, n]` projection is never written. The same bits as
-/// [`matmul_bf16`] then [`silu_mul`](crate::kernels::cpu::ops::silu_mul). Needs the AMX path
-/// and `n / 2` a multiple of 32.
-pub fn matmul_bf16_silu_mul(
-    a: &[f32],
-    m: usize,
-    w: &PackedBf16,
-    c: &mut Vec<f32>,
-    threads: usize,
-    scratch: &mut Vec<Tile>,
-) {
-    let (inter, k) = (w.n / 2, w.k);
-    assert!(
-        w.n.is_multiple_of(2 * PAD_N) && Bf16Kernel::Amx.available(),
-        "matmul_bf16_silu_mul: needs AMX and n / 2 a multiple of 32"
-    );
-    assert_eq!(a.len(), m * k, "matmul_bf16_silu_mul: lhs is not [m, k]");
-    // Every element is written below: resizing zeroes only growth, not the reused part.
-    c.resize(m * inter, 0.0);
-    if m == 0 || k == 0 {
-        c.fill(0.0);
-        return;
-    }
-    let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);
-    run_jobs(
-        tiles,
-        m,
-        w,
-        c,
-        inter / PAD_N,
-        (threads, Bf16Kernel::Amx),
-        true,
-    );
+    let out = Out::Plain(OutPtr(c.as_mut_ptr()));
+    run_jobs(tiles, m, w, out, w.column_tiles() / 2, (threads, kernel));
 }
 
 /// Splits column pairs `0..pairs` among `threads` workers running `kernel` on the rounded
-/// `scratch`.
+/// `scratch`, writing to `out`.
 fn run_jobs(
     scratch: &[Tile],
     m: usize,
     w: &PackedBf16,
-    c: &mut [f32],
+    out: Out,
     pairs: usize,
     (threads, kernel): (usize, Bf16Kernel),
-    silu_mul: bool,
 ) {
-    let out = OutPtr(c.as_mut_ptr());
     let workers = threads.clamp(1, pairs.max(1));
     let run = |i: usize| {
         let job = Job {
@@ -480,7 +439,6 @@ fn run_jobs(
             w,
             pairs: pairs * i / workers..pairs * (i + 1) / workers,
             out,
-            silu_mul,
         };
         match kernel {
             Bf16Kernel::Amx => amx::run(&job),
@@ -506,8 +464,7 @@ pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
         m,
         w,
         pairs: 0..w.column_tiles() / 2,
-        out: OutPtr(c.as_mut_ptr()),
-        silu_mul: false,
+        out: Out::Plain(OutPtr(c.as_mut_ptr())),
     };
     portable::run(&job);
 }

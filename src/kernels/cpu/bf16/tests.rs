@@ -186,3 +186,34 @@ fn fused_silu_mul_equals_gemm_then_silu_mul() {
         assert_eq!(b(&got), b(&want), "m {m}, threads {threads}");
     }
 }
+
+/// The whole fused MLP (the epilogue rounding `silu(gate) · up` into the down projection's
+/// tiles) gives the bits of the fused SwiGLU then the down GEMM, with both reused buffers
+/// starting from stale NaN bits (the padding rows of the tiles must be written).
+#[test]
+fn fused_mlp_equals_swiglu_then_down() {
+    if !Bf16Kernel::Amx.available() {
+        println!("skip: fused SwiGLU MLP (this CPU has no AMX)");
+        return;
+    }
+    let mut s = 21;
+    let (inter, k, n) = (96, 70, 50);
+    let gate_up = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
+    let down = PackedBf16::pack(&bits(&rnd(n * inter, &mut s)), n, inter);
+    let stale = || vec![Tile([0xffff; TILE_ELEMS]); 40];
+    let (mut scratch, mut act) = (stale(), stale());
+    for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3), (64, 1)] {
+        let a = rnd(m * k, &mut s);
+        let mut mid = Vec::new();
+        let mut s2 = Vec::new();
+        pool().install(|| matmul_bf16_silu_mul(&a, m, &gate_up, &mut mid, threads, &mut s2));
+        let want = run(Bf16Kernel::Amx, &mid, m, &down, threads);
+        let mut got = vec![f32::NAN; 3];
+        pool().install(|| {
+            let (w, bufs) = ((&gate_up, &down), (&mut scratch, &mut act));
+            matmul_bf16_swiglu_down(&a, m, w, &mut got, threads, bufs)
+        });
+        let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(b(&got), b(&want), "m {m}, threads {threads}");
+    }
+}
