@@ -305,8 +305,19 @@ impl Device for CpuDevice {
         eps: f64,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        ops::add_inplace(&mut x.data, &y.data);
-        self.rms_norm(x, w, eps, out)
+        if x.data.len() != y.data.len() || x.width != w.len() {
+            return Err(DeviceError::Invalid(format!(
+                "add_rms_norm: x [{}, {}], y [{}, {}], weight {}",
+                x.rows(),
+                x.width,
+                y.rows(),
+                y.width,
+                w.len()
+            )));
+        }
+        ops::add_rms_norm(&mut x.data, &y.data, w, eps, &mut out.data);
+        set(out, x.width);
+        Ok(())
     }
 
     fn add(&self, x: &mut CpuBuf, y: &CpuBuf) -> DevResult<()> {

@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use super::ops::inv_rms;
 use crate::kernels::plan::SeqState;
 
 /// Conv state (`[k - 1, channels]` per slot) and recurrent state (f32) of one layer.
@@ -372,14 +373,6 @@ pub fn mamba2_scan(
         })
         .collect();
     scatter(results, seqs, nh, hd, t, out);
-}
-
-/// Mean of squares of a row, accumulated in f64 and rounded to f32 (as `ops::rms_norm_row`).
-#[inline]
-fn inv_rms(x: &[f32], eps: f64) -> f32 {
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let var = (sum / x.len() as f64) as f32;
-    (1.0 / ((var as f64 + eps).sqrt())) as f32
 }
 
 /// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
