@@ -37,15 +37,10 @@ impl StateCache {
     pub fn new(shapes: &[(usize, usize)], slots: usize) -> Result<Self, String> {
         let alloc = |n: usize| -> Result<Vec<f32>, String> {
             let total = n.checked_mul(slots).ok_or("state cache size overflows")?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(total).map_err(|e| {
-                format!(
-                    "cannot allocate {} bytes of recurrent state: {e}",
-                    total * 4
-                )
-            })?;
-            v.resize(total, 0.0);
-            Ok(v)
+            // Zeroed by the allocator: pages become resident when a slot is first used (as
+            // the KV cache).
+            bytemuck::allocation::try_zeroed_vec::<f32>(total)
+                .map_err(|()| format!("cannot allocate {} bytes of recurrent state", total * 4))
         };
         let layers = shapes
             .iter()
