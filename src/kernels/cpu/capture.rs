@@ -2,11 +2,15 @@
 //! the finite-and-non-empty guard checked in the same pass over each row.
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use crate::kernels::RowFault;
 use crate::kernels::device::{CaptureSpec, Captured, DevResult, DeviceError, row_fault};
 use crate::kernels::dtype::OutputDtype;
 use crate::kernels::fp8::{SCALE_BYTES, quantize_row};
+
+/// Rows per rayon task of the capture pass.
+const ROWS_PER_TASK: usize = 32;
 
 /// Captured rows in the file dtype and what the guard refused.
 pub struct CpuCapture {
@@ -48,18 +52,34 @@ impl CpuCapture {
         }
         let es = staged_size(self.dtype);
         let rows = x.len() / h;
-        if self.data.len() < rows * k * h * es {
-            self.data.resize(rows * k * h * es, 0);
+        let bytes = rows * k * h * es;
+        if self.data.is_empty() {
+            // A fresh buffer each step (finish hands it over): calloc'd pages are zero
+            // without a memset pass over tens of MB.
+            self.data = vec![0; bytes];
+        } else if self.data.len() < bytes {
+            self.data.resize(bytes, 0);
         }
-        let zero_check = self.guard.as_ref().map(|g| g[slot]);
-        let dsts = self.data.chunks_exact_mut(k * h * es);
-        for (r, (row, dst)) in x.chunks_exact(h).zip(dsts).enumerate() {
-            let out = &mut dst[slot * h * es..(slot + 1) * h * es];
-            let (bad, nonzero) = encode_into(row, self.dtype, out);
-            if let Some(fault) = zero_check.and_then(|z| row_fault(bad, nonzero, z)) {
-                self.refused.push((r, slot, fault));
-            }
-        }
+        let (dtype, zero_check) = (self.dtype, self.guard.as_ref().map(|g| g[slot]));
+        // Rows in parallel (this pass was serial on the pool's first thread).
+        let refused: Vec<_> = self.data[..bytes]
+            .par_chunks_mut(k * h * es * ROWS_PER_TASK)
+            .zip(x.par_chunks(h * ROWS_PER_TASK))
+            .enumerate()
+            .flat_map_iter(|(task, (dsts, src))| {
+                let mut refused = Vec::new();
+                let dsts = dsts.chunks_exact_mut(k * h * es);
+                for (i, (row, dst)) in src.chunks_exact(h).zip(dsts).enumerate() {
+                    let out = &mut dst[slot * h * es..(slot + 1) * h * es];
+                    let (bad, nonzero) = encode_into(row, dtype, out);
+                    if let Some(fault) = zero_check.and_then(|z| row_fault(bad, nonzero, z)) {
+                        refused.push((task * ROWS_PER_TASK + i, slot, fault));
+                    }
+                }
+                refused
+            })
+            .collect();
+        self.refused.extend(refused);
         Ok(())
     }
 

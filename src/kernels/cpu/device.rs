@@ -242,11 +242,12 @@ impl Device for CpuDevice {
 
     fn embed(&self, step: &CpuStep<'_>, table: &Linear, out: &mut CpuBuf) -> DevResult<()> {
         let h = table.inp;
-        out.data.clear();
+        // Every element is written below: resizing zeroes only growth. Rows in parallel.
         out.data.resize(step.tokens.len() * h, 0.0);
-        for (&t, row) in step.tokens.iter().zip(out.data.chunks_exact_mut(h)) {
-            table.row_into(t as usize, row);
-        }
+        out.data
+            .par_chunks_mut(h.max(1))
+            .zip(step.tokens.par_iter())
+            .for_each(|(row, &t)| table.row_into(t as usize, row));
         set(out, h);
         Ok(())
     }
