@@ -253,7 +253,7 @@ fn round_row(src: &[f32], r: usize, band: &mut [u16]) {
         unsafe { round_row_avx512(src, r, band) };
         return;
     }
-    round_row_with(src, r, band, round_into);
+    round_row_portable(src, r, band);
 }
 
 /// [`round_row`] on AVX-512F: one feature check per row, the 32-value rounding inlined
@@ -261,24 +261,31 @@ fn round_row(src: &[f32], r: usize, band: &mut [u16]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn round_row_avx512(src: &[f32], r: usize, band: &mut [u16]) {
-    round_row_with(src, r, band, |chunk, vals| {
-        if chunk.len() == TILE_K {
-            round32_avx512(chunk, vals);
+    let whole = src.len() / TILE_K;
+    for (kb, tile) in band.chunks_exact_mut(TILE_ELEMS).enumerate() {
+        let row = &mut tile[r * TILE_K..(r + 1) * TILE_K];
+        if kb < whole {
+            round32_avx512(&src[kb * TILE_K..(kb + 1) * TILE_K], row);
         } else {
-            round_into(chunk, vals);
+            round_part(&src[(kb * TILE_K).min(src.len())..], row);
         }
-    });
+    }
 }
 
-#[inline(always)]
-fn round_row_with(src: &[f32], r: usize, band: &mut [u16], round: impl Fn(&[f32], &mut [u16])) {
+/// [`round_row`] on any CPU.
+fn round_row_portable(src: &[f32], r: usize, band: &mut [u16]) {
     for (kb, tile) in band.chunks_exact_mut(TILE_ELEMS).enumerate() {
         let lo = (kb * TILE_K).min(src.len());
         let chunk = &src[lo..(lo + TILE_K).min(src.len())];
-        let (vals, pad) = tile[r * TILE_K..(r + 1) * TILE_K].split_at_mut(chunk.len());
-        round(chunk, vals);
-        pad.fill(0);
+        round_part(chunk, &mut tile[r * TILE_K..(r + 1) * TILE_K]);
     }
+}
+
+/// `chunk` (at most 32 values) rounded into the front of `row`, zeros after it.
+fn round_part(chunk: &[f32], row: &mut [u16]) {
+    let (vals, pad) = row.split_at_mut(chunk.len());
+    round_into(chunk, vals);
+    pad.fill(0);
 }
 
 /// `out[i] = bf16(src[i])`, round to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
