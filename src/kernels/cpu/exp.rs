@@ -177,7 +177,7 @@ pub fn silu_inplace(x: &mut [f32]) {
 /// AVX-512F present; 16 floats at each pointer.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn silu16(g: *const f32, u: *const f32, out: *mut f32) {
+pub(crate) unsafe fn silu16(g: *const f32, u: *const f32, out: *mut f32) {
     // SAFETY: (caller).
     unsafe {
         let (g, u) = (_mm512_loadu_ps(g), _mm512_loadu_ps(u));

@@ -305,7 +305,7 @@ pub(crate) fn round_into(src: &[f32], out: &mut [u16]) {
 /// keeps its sign and top mantissa bits with the quiet bit set (as `half`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn round32_avx512(src: &[f32], out: &mut [u16]) {
+pub(super) fn round32_avx512(src: &[f32], out: &mut [u16]) {
     use std::arch::x86_64::*;
     for h in 0..2 {
         // SAFETY: 16 f32 in, 16 u16 out, at h * 16 inside the 32-element slices.

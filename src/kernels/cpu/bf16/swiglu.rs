@@ -8,6 +8,8 @@
 use super::{Bf16Kernel, Job, Out, OutPtr, PAD_M, PAD_N, PackedBf16, TILE_ELEMS, TILE_K};
 use super::{Tile, TilesPtr, round_into, round_tiles, run_jobs};
 use crate::kernels::cpu::exp::silu_mul_into;
+#[cfg(target_arch = "x86_64")]
+use {super::round32_avx512, crate::kernels::cpu::exp::silu16};
 
 impl Job<'_> {
     /// The job computes the SwiGLU epilogue (its pairs are gate pairs).
@@ -27,20 +29,19 @@ impl Job<'_> {
     }
 
     /// Writes `silu(g[i]) · u[i]` (32 values) at row `r`, columns `c0..c0 + 32` of the
-    /// `[m, n / 2]` output of the fused epilogue: f32, or bf16 in the next GEMM's A tiles.
+    /// `[m, n / 2]` output of the fused epilogue: f32, or bf16 in the next GEMM's A tiles
+    /// (zeros for a padding row).
     pub fn store_silu_mul(&self, r: usize, c0: usize, g: &[f32], u: &[f32]) {
         let width = self.w.n / 2;
         debug_assert!(c0 + 32 <= width && c0.is_multiple_of(TILE_K));
-        let mut vals = [0f32; 32];
-        if r < self.m {
-            silu_mul_into(g, u, &mut vals);
-        }
         match self.out {
             Out::Plain(_) => unreachable!("store_silu_mul on a plain GEMM's job"),
             Out::SiluMul(out) => {
                 if r >= self.m {
                     return;
                 }
+                let mut vals = [0f32; 32];
+                silu_mul_into(g, u, &mut vals);
                 // SAFETY: row r < m and columns c0..c0 + 32 <= n / 2 lie inside C [m, n / 2];
                 // only this job writes the columns of its gate pairs.
                 unsafe {
@@ -59,10 +60,50 @@ impl Job<'_> {
                 let row = unsafe {
                     std::slice::from_raw_parts_mut(tiles.0.cast::<u16>().add(at), TILE_K)
                 };
-                round_into(&vals, row);
+                if r >= self.m {
+                    row.fill(0);
+                } else {
+                    silu_mul_round(g, u, row);
+                }
             }
         }
     }
+}
+
+/// `silu(g) · u` of 32 values rounded to bf16 into `row` ([`silu_mul_into`] then
+/// [`round_into`]).
+fn silu_mul_round(g: &[f32], u: &[f32], row: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present; g, u and row hold 32 values.
+        unsafe { silu_mul_round32(g, u, row) };
+        return;
+    }
+    let mut vals = [0f32; 32];
+    silu_mul_into(g, u, &mut vals);
+    round_into(&vals, row);
+}
+
+/// `silu(g) · u` of 32 values rounded to bf16 into `out`, in registers: the operations of
+/// [`silu_mul_into`] then [`round_into`] on AVX-512 (the same bits), without the f32 round
+/// trip and the two calls per tile row.
+///
+/// # Safety
+/// AVX-512F present; `g`, `u` and `out` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_mul_round32(g: &[f32], u: &[f32], out: &mut [u16]) {
+    let mut vals = [0f32; 32];
+    // SAFETY: (caller) 32 values each.
+    unsafe {
+        silu16(g.as_ptr(), u.as_ptr(), vals.as_mut_ptr());
+        silu16(
+            g.as_ptr().add(16),
+            u.as_ptr().add(16),
+            vals.as_mut_ptr().add(16),
+        );
+    }
+    round32_avx512(&vals, out);
 }
 
 /// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
