@@ -275,8 +275,11 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
     s.starts.resize(rp, 0);
     s.sinks.clear();
     s.sinks.resize(rp, 0.0);
-    s.qt.clear();
-    s.qt.resize(hd * rp, 0.0);
+    // The AMX task packs Q from its rows itself.
+    if !amx {
+        s.qt.clear();
+        s.qt.resize(hd * rp, 0.0);
+    }
     let qrow = ctx.shape.heads * hd;
     for i in 0..task.n {
         let t = task.t0 + i;
@@ -287,6 +290,9 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
             s.starts[r] = (lo(p) - first) as u32;
             if let Some(sinks) = ctx.softmax.sinks {
                 s.sinks[r] = sinks[task.kv_head * group + g];
+            }
+            if amx {
+                continue;
             }
             let qh = &ctx.q[t * qrow + (task.kv_head * group + g) * hd..][..hd];
             for (d, &v) in qh.iter().enumerate() {
