@@ -164,12 +164,20 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
     }
 }
 
+/// Whether the AMX tests can run here; a skip line naming `what` where they cannot.
+fn amx_or_skip(what: &str) -> bool {
+    let amx = Bf16Kernel::Amx.available();
+    if !amx {
+        println!("skip: {what} (this CPU has no AMX)");
+    }
+    amx
+}
+
 /// The fused SwiGLU epilogue of the AMX kernel gives the bits of the GEMM then `silu_mul`,
 /// for any row count and thread count.
 #[test]
 fn fused_silu_mul_equals_gemm_then_silu_mul() {
-    if !Bf16Kernel::Amx.available() {
-        println!("skip: fused SwiGLU epilogue (this CPU has no AMX)");
+    if !amx_or_skip("fused SwiGLU epilogue") {
         return;
     }
     let mut s = 9;
@@ -192,8 +200,7 @@ fn fused_silu_mul_equals_gemm_then_silu_mul() {
 /// starting from stale NaN bits (the padding rows of the tiles must be written).
 #[test]
 fn fused_mlp_equals_swiglu_then_down() {
-    if !Bf16Kernel::Amx.available() {
-        println!("skip: fused SwiGLU MLP (this CPU has no AMX)");
+    if !amx_or_skip("fused SwiGLU MLP") {
         return;
     }
     let mut s = 21;
