@@ -10,6 +10,7 @@ use std::ops::Range;
 use super::attention::{self, attention};
 use super::bf16::{Bf16Kernel, PackedBf16};
 use super::capture::CpuCapture;
+use super::gdn;
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
@@ -479,7 +480,7 @@ impl Device for CpuDevice {
         gather_cols(beta, &mut states.first);
         gather_cols(alpha, &mut states.second);
         let d = p.dims;
-        let params = recurrent::GdnParams {
+        let params = gdn::GdnParams {
             nk: d.nk,
             nv: d.nv,
             dk: d.dk,
@@ -488,7 +489,7 @@ impl Device for CpuDevice {
             dt_bias: p.dt_bias,
         };
         let st = states.cache.layer_mut(state_layer);
-        recurrent::gated_delta_rule(
+        gdn::gated_delta_rule(
             &qkv.data,
             &states.first,
             &states.second,

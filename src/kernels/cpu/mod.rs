@@ -6,7 +6,8 @@
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, residual add, argmax.
 //! - [`kv_cache`]: the paged KV cache.
 //! - [`attention`]: causal GQA attention reading the cache only, in a fixed order.
-//! - [`recurrent`]: state slots, causal conv, gated delta rule, Mamba-2 scan (hybrid models).
+//! - [`recurrent`]: state slots, causal conv, Mamba-2 scan (hybrid models); [`gdn`]: the gated
+//!   delta rule; [`vector`]: plain loops compiled for AVX-512F / AVX2 at run time.
 //! - [`moe`]: the router's softmax top-k.
 //! - [`moe_grouped`]: the group-limited sigmoid router (Nemotron 3) and the experts' weighted sum.
 //! - [`capture`]: captured rows into the file dtype, the finite-and-non-empty guard.
@@ -16,11 +17,13 @@ pub mod bf16;
 pub mod capture;
 pub mod device;
 pub mod exp;
+pub mod gdn;
 pub mod kv_cache;
 pub mod matmul;
 pub mod moe;
 pub mod moe_grouped;
 pub mod ops;
 pub mod recurrent;
+pub mod vector;
 
 pub use device::CpuDevice;

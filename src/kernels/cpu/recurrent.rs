@@ -1,6 +1,6 @@
 //! Recurrent layers of the hybrid models: the per-request state cache, the causal depthwise
-//! conv1d, the gated delta rule (Gated DeltaNet), the Mamba-2 selective scan and their gated
-//! RMSNorms.
+//! conv1d, the Mamba-2 selective scan and the gated RMSNorms (the gated delta rule of Gated
+//! DeltaNet is in [`gdn`](super::gdn)).
 //!
 //! # Chunk invariance (DESIGN.md §7 c)
 //!
@@ -11,11 +11,13 @@
 //! batch: results are byte-identical across splits. The conv reads the last `k - 1` inputs from
 //! the slot's conv state, in the same fixed order. The cost: per token and head, about
 //! `4 · dk · dv` (GDN) or `3 · head_dim · d_state` (Mamba-2) flops done sequentially — no
-//! chunked matmul form — parallel only over requests × heads.
+//! chunked matmul form — parallel over requests × heads, each task's loops compiled for the
+//! widest vector unit the CPU has ([`vector`]; same bits on every unit).
 
 use rayon::prelude::*;
 
 use super::ops::inv_rms;
+use super::vector;
 use crate::kernels::plan::SeqState;
 
 /// Conv state (`[k - 1, channels]` per slot) and recurrent state (f32) of one layer.
@@ -124,29 +126,31 @@ pub fn causal_conv_silu(
     }
     out.clear();
     out.resize(x.len(), 0.0);
+    // The weight as `[k, ch]`: each tap is one contiguous row, so a row's channels vectorise.
+    let mut taps = vec![0.0f32; k * ch];
+    for (c, wc) in w.chunks_exact(k).enumerate() {
+        for (j, &wj) in wc.iter().enumerate() {
+            taps[j * ch + c] = wj;
+        }
+    }
     let state_ro: &[f32] = state;
     out.par_chunks_mut(ch).enumerate().for_each(|(r, o)| {
         let s = &seqs[row_seq[r]];
         let local = r - s.rows.start;
         let st = &state_ro[s.slot * hist * ch..(s.slot + 1) * hist * ch];
-        for (c, oc) in o.iter_mut().enumerate() {
-            let wc = &w[c * k..(c + 1) * k];
-            let mut acc = 0.0f32;
-            for (j, &wj) in wc.iter().enumerate() {
-                // input position local - (k-1) + j relative to the chunk start
-                let p = local + j;
-                let v = if p >= hist {
-                    x[(s.rows.start + p - hist) * ch + c]
-                } else {
-                    st[p * ch + c]
-                };
-                acc += wj * v;
+        // Tap j reads input position local - (k-1) + j relative to the chunk start.
+        let input = |j: usize| {
+            let p = local + j;
+            if p >= hist {
+                &x[(s.rows.start + p - hist) * ch..][..ch]
+            } else {
+                &st[p * ch..(p + 1) * ch]
             }
-            if let Some(b) = bias {
-                acc += b[c];
-            }
-            *oc = acc;
-        }
+        };
+        vector::widest(
+            #[inline(always)]
+            || conv_row(o, &taps, bias, input),
+        );
         super::exp::silu_inplace(o);
     });
     // Advance each slot's window to the last k-1 inputs.
@@ -167,8 +171,31 @@ pub fn causal_conv_silu(
     }
 }
 
+/// One output row of the conv before SiLU: per channel `0 + Σ_j taps[j]·input(j)` in tap
+/// order, then `+ bias` (the scalar order, whatever the vector width).
+#[inline(always)]
+fn conv_row<'a>(
+    o: &mut [f32],
+    taps: &[f32],
+    bias: Option<&[f32]>,
+    input: impl Fn(usize) -> &'a [f32],
+) {
+    let ch = o.len();
+    o.fill(0.0);
+    for (j, tap) in taps.chunks_exact(ch).enumerate() {
+        for ((oc, &wj), &v) in o.iter_mut().zip(tap).zip(input(j)) {
+            *oc += wj * v;
+        }
+    }
+    if let Some(b) = bias {
+        for (oc, &bc) in o.iter_mut().zip(b) {
+            *oc += bc;
+        }
+    }
+}
+
 /// Splits `state` (`[slots, heads, per]`) into one mutable block per (chunk, head) task.
-fn head_tasks<'a>(
+pub(super) fn head_tasks<'a>(
     state: &'a mut [f32],
     per: usize,
     heads: usize,
@@ -188,7 +215,7 @@ fn head_tasks<'a>(
 }
 
 /// Scatters per-task outputs (`[rows, dh]` each) into `out[T, heads * dh]`.
-fn scatter(
+pub(super) fn scatter(
     results: Vec<(usize, usize, Vec<f32>)>,
     seqs: &[SeqState],
     heads: usize,
@@ -205,86 +232,9 @@ fn scatter(
     }
 }
 
-/// Gated DeltaNet geometry and per-head parameters.
-pub struct GdnParams<'a> {
-    pub nk: usize,
-    pub nv: usize,
-    pub dk: usize,
-    pub dv: usize,
-    /// `-exp(A_log)` per value head.
-    pub neg_a: &'a [f32],
-    pub dt_bias: &'a [f32],
-}
-
-/// The gated delta rule, token by token. `qkv` is the conv output `[T, 2·nk·dk + nv·dv]`
-/// (q | k | v), `b` and `a` are `[T, nv]`; `state` is `[slots, nv, dk, dv]`. Writes the core
-/// output `[T, nv·dv]`. q and k are L2-normalised (eps 1e-6) and q is scaled by `dk^-0.5`;
-/// `g = -exp(A_log)·softplus(a + dt_bias)`, `beta = sigmoid(b)`; q/k head `h / (nv/nk)` serves
-/// value head h (transformers `repeat_interleave`).
-pub fn gated_delta_rule(
-    qkv: &[f32],
-    b: &[f32],
-    a: &[f32],
-    p: &GdnParams<'_>,
-    seqs: &[SeqState],
-    state: &mut [f32],
-    out: &mut Vec<f32>,
-) {
-    let (nk, nv, dk, dv) = (p.nk, p.nv, p.dk, p.dv);
-    let key_dim = nk * dk;
-    let row = 2 * key_dim + nv * dv;
-    let t = qkv.len() / row;
-    let rep = nv / nk;
-    let scale = 1.0 / (dk as f32).sqrt();
-    let tasks = head_tasks(state, dk * dv, nv, seqs);
-    let results: Vec<(usize, usize, Vec<f32>)> = tasks
-        .into_par_iter()
-        .map(|(si, h, st)| {
-            let kh = h / rep;
-            let rows = seqs[si].rows.clone();
-            let mut res = vec![0.0f32; rows.len() * dv];
-            let (mut q, mut k) = (vec![0.0f32; dk], vec![0.0f32; dk]);
-            let mut kv_mem = vec![0.0f32; dv];
-            for (i, r) in rows.enumerate() {
-                let x = &qkv[r * row..(r + 1) * row];
-                l2norm(&x[kh * dk..(kh + 1) * dk], &mut q);
-                l2norm(&x[key_dim + kh * dk..key_dim + (kh + 1) * dk], &mut k);
-                for v in q.iter_mut() {
-                    *v *= scale;
-                }
-                let v = &x[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
-                let g = p.neg_a[h] * softplus(a[r * nv + h] + p.dt_bias[h]);
-                let decay = g.exp();
-                let beta = sigmoid(b[r * nv + h]);
-                // Two passes over the state (decay + kᵀS, then the update + qᵀS), each
-                // element's operations in the order of the four-pass form: the same bits.
-                kv_mem.fill(0.0);
-                for (ki, srow) in k.iter().zip(st.chunks_exact_mut(dv)) {
-                    for (m, s) in kv_mem.iter_mut().zip(srow.iter_mut()) {
-                        *s *= decay;
-                        *m += *s * ki;
-                    }
-                }
-                for (m, &vj) in kv_mem.iter_mut().zip(v) {
-                    *m = (vj - *m) * beta; // delta
-                }
-                let o = &mut res[i * dv..(i + 1) * dv];
-                for ((ki, qi), srow) in k.iter().zip(&q).zip(st.chunks_exact_mut(dv)) {
-                    for ((s, &d), oj) in srow.iter_mut().zip(kv_mem.iter()).zip(o.iter_mut()) {
-                        *s += ki * d;
-                        *oj += *s * qi;
-                    }
-                }
-            }
-            (si, h, res)
-        })
-        .collect();
-    scatter(results, seqs, nv, dv, t, out);
-}
-
 /// Dot product with 8 independent accumulators combined in a fixed tree (vectorisable, and
 /// the same bits on every run and CPU: no FMA contraction, fixed order).
-#[inline]
+#[inline(always)]
 fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -299,15 +249,6 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
         tail += x * y;
     }
     ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
-}
-
-/// `x / sqrt(sum(x²) + 1e-6)` (transformers / FLA `l2norm`).
-fn l2norm(x: &[f32], out: &mut [f32]) {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
-    let inv = 1.0 / (ss + 1e-6).sqrt();
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = v * inv;
-    }
 }
 
 /// Mamba-2 geometry and per-head parameters.
@@ -336,38 +277,59 @@ pub fn mamba2_scan(
     state: &mut [f32],
     out: &mut Vec<f32>,
 ) {
-    let (nh, hd, n) = (p.heads, p.head_dim, p.d_state);
-    let inter = nh * hd;
-    let row = inter + 2 * p.groups * n;
+    let row = p.heads * p.head_dim + 2 * p.groups * p.d_state;
     let t = xbc.len() / row;
-    let per_group = nh / p.groups;
-    let tasks = head_tasks(state, hd * n, nh, seqs);
+    let tasks = head_tasks(state, p.head_dim * p.d_state, p.heads, seqs);
     let results: Vec<(usize, usize, Vec<f32>)> = tasks
         .into_par_iter()
         .map(|(si, h, st)| {
-            let g = h / per_group;
             let rows = seqs[si].rows.clone();
-            let mut res = vec![0.0f32; rows.len() * hd];
-            for (i, r) in rows.enumerate() {
-                let xr = &xbc[r * row..(r + 1) * row];
-                let x = &xr[h * hd..(h + 1) * hd];
-                let bm = &xr[inter + g * n..inter + (g + 1) * n];
-                let cm = &xr[inter + (p.groups + g) * n..inter + (p.groups + g + 1) * n];
-                let d = softplus(dt[r * nh + h] + p.dt_bias[h]).max(p.dt_min);
-                let da = (d * p.neg_a[h]).exp();
-                let o = &mut res[i * hd..(i + 1) * hd];
-                for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
-                    let xd = xj * d;
-                    for (s, &bv) in srow.iter_mut().zip(bm) {
-                        *s = *s * da + xd * bv;
-                    }
-                    *oj = dot_lanes(cm, srow) + p.d[h] * xj;
-                }
-            }
-            (si, h, res)
+            (
+                si,
+                h,
+                vector::widest(
+                    #[inline(always)]
+                    || mamba_head(xbc, dt, p, h, rows, st),
+                ),
+            )
         })
         .collect();
-    scatter(results, seqs, nh, hd, t, out);
+    scatter(results, seqs, p.heads, p.head_dim, t, out);
+}
+
+/// Head `h` of the scan over `rows` (one request's chunk), from and into its state `st`
+/// (`[head_dim, d_state]`); the head's output rows `[rows, head_dim]`.
+#[inline(always)]
+fn mamba_head(
+    xbc: &[f32],
+    dt: &[f32],
+    p: &MambaParams<'_>,
+    h: usize,
+    rows: std::ops::Range<usize>,
+    st: &mut [f32],
+) -> Vec<f32> {
+    let (nh, hd, n) = (p.heads, p.head_dim, p.d_state);
+    let inter = nh * hd;
+    let row = inter + 2 * p.groups * n;
+    let g = h / (nh / p.groups);
+    let mut res = vec![0.0f32; rows.len() * hd];
+    for (i, r) in rows.enumerate() {
+        let xr = &xbc[r * row..(r + 1) * row];
+        let x = &xr[h * hd..(h + 1) * hd];
+        let bm = &xr[inter + g * n..inter + (g + 1) * n];
+        let cm = &xr[inter + (p.groups + g) * n..inter + (p.groups + g + 1) * n];
+        let d = softplus(dt[r * nh + h] + p.dt_bias[h]).max(p.dt_min);
+        let da = (d * p.neg_a[h]).exp();
+        let o = &mut res[i * hd..(i + 1) * hd];
+        for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
+            let xd = xj * d;
+            for (s, &bv) in srow.iter_mut().zip(bm) {
+                *s = *s * da + xd * bv;
+            }
+            *oj = dot_lanes(cm, srow) + p.d[h] * xj;
+        }
+    }
+    res
 }
 
 /// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
@@ -463,5 +425,78 @@ mod tests {
         }
         assert_eq!(whole, parts);
         assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
+    }
+
+    /// The conv row and the Mamba-2 head give the same bits on every vector unit this CPU has,
+    /// and the conv those of the scalar per-channel loop.
+    #[test]
+    fn conv_and_scan_same_bits_on_every_vector_unit() {
+        use crate::kernels::cpu::vector::{self, Unit};
+        let vals = |n: usize, m: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * m % 101) as f32 - 50.0) * 0.037)
+                .collect()
+        };
+        let (ch, k) = (70, 4);
+        let (w, bias, x) = (vals(ch * k, 7), vals(ch, 3), vals(k * ch, 13));
+        let mut taps = vec![0.0f32; k * ch];
+        for c in 0..ch {
+            for j in 0..k {
+                taps[j * ch + c] = w[c * k + j];
+            }
+        }
+        let want: Vec<f32> = (0..ch)
+            .map(|c| {
+                let mut acc = 0.0f32;
+                for j in 0..k {
+                    acc += w[c * k + j] * x[j * ch + c];
+                }
+                acc + bias[c]
+            })
+            .collect();
+        let (nh, hd, n, groups, t) = (4, 8, 32, 2, 5);
+        let xbc = vals(t * (nh * hd + 2 * groups * n), 17);
+        let (dt, neg_a) = (vals(t * nh, 5), vec![-0.5, -1.0, -0.25, -2.0]);
+        let (d, dt_bias) = (vals(nh, 11), vals(nh, 19));
+        let p = MambaParams {
+            heads: nh,
+            head_dim: hd,
+            d_state: n,
+            groups,
+            neg_a: &neg_a,
+            d: &d,
+            dt_bias: &dt_bias,
+            dt_min: 0.0,
+        };
+        let scan = |unit| {
+            let mut st = vals(hd * n, 23);
+            let y = vector::on(unit, || mamba_head(&xbc, &dt, &p, 3, 0..t, &mut st));
+            (y, st)
+        };
+        let base = scan(Unit::Baseline);
+        for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
+            if !unit.available() {
+                println!("skip: conv and scan on {unit:?} (this CPU lacks it)");
+                continue;
+            }
+            let mut o = vec![f32::NAN; ch];
+            vector::on(unit, || {
+                conv_row(&mut o, &taps, Some(&bias), |j| &x[j * ch..(j + 1) * ch])
+            });
+            assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+            let got = scan(unit);
+            assert!(
+                got.0
+                    .iter()
+                    .zip(&base.0)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            assert!(
+                got.1
+                    .iter()
+                    .zip(&base.1)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+        }
     }
 }
