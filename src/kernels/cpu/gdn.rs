@@ -12,10 +12,7 @@
 //! their order (decay, `m +=`, update, `o +=`; sums over rows in row order), so the bits are
 //! those of the plain loops on every vector unit (tests below).
 
-use rayon::prelude::*;
-
-use super::recurrent::{head_tasks, scatter, sigmoid, softplus};
-use super::vector;
+use super::recurrent::{per_head, sigmoid, softplus};
 use crate::kernels::plan::SeqState;
 
 /// Value columns per strip of a sweep: one AVX-512 register of f32.
@@ -46,21 +43,18 @@ pub fn gated_delta_rule(
     state: &mut [f32],
     out: &mut Vec<f32>,
 ) {
-    let t = qkv.len() / (2 * p.nk * p.dk + p.nv * p.dv);
     let io = GdnIo { qkv, b, a };
-    let tasks = head_tasks(state, p.dk * p.dv, p.nv, seqs);
-    let results: Vec<(usize, usize, Vec<f32>)> = tasks
-        .into_par_iter()
-        .map(|(si, h, st)| {
-            let rows = seqs[si].rows.clone();
-            let o = vector::widest(
-                #[inline(always)]
-                || head(&io, p, h, rows, st),
-            );
-            (si, h, o)
-        })
-        .collect();
-    scatter(results, seqs, p.nv, p.dv, t, out);
+    let t = qkv.len() / (2 * p.nk * p.dk + p.nv * p.dv);
+    let dims = (p.nv, p.dk * p.dv, p.dv);
+    per_head(
+        state,
+        dims,
+        seqs,
+        t,
+        out,
+        #[inline(always)]
+        |h, rows, st| head(&io, p, h, rows, st),
+    );
 }
 
 /// The inputs of [`gated_delta_rule`].
@@ -228,7 +222,7 @@ fn l2norm(x: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::vector::Unit;
+    use crate::kernels::cpu::vector::{self, Unit};
 
     /// The plain form: per token, the decay and `m = Sᵀ k` pass, then the update and
     /// `o = Sᵀ q` pass, each element's operations in the four-pass order.

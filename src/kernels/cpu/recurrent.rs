@@ -14,6 +14,8 @@
 //! chunked matmul form — parallel over requests × heads, each task's loops compiled for the
 //! widest vector unit the CPU has ([`vector`]; same bits on every unit).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use super::ops::inv_rms;
@@ -194,8 +196,33 @@ fn conv_row<'a>(
     }
 }
 
+/// Runs `head(h, rows, state)` for every (chunk, head) of a recurrent layer, in parallel and
+/// compiled for the widest vector unit ([`vector::widest`]); `state` is `[slots, heads, per]`,
+/// each call's result (`[rows, dh]`) lands in `out[t, heads · dh]`.
+pub(super) fn per_head(
+    state: &mut [f32],
+    (heads, per, dh): (usize, usize, usize),
+    seqs: &[SeqState],
+    t: usize,
+    out: &mut Vec<f32>,
+    head: impl Fn(usize, Range<usize>, &mut [f32]) -> Vec<f32> + Sync,
+) {
+    let results: Vec<(usize, usize, Vec<f32>)> = head_tasks(state, per, heads, seqs)
+        .into_par_iter()
+        .map(|(si, h, st)| {
+            let rows = seqs[si].rows.clone();
+            let o = vector::widest(
+                #[inline(always)]
+                || head(h, rows, st),
+            );
+            (si, h, o)
+        })
+        .collect();
+    scatter(results, seqs, heads, dh, t, out);
+}
+
 /// Splits `state` (`[slots, heads, per]`) into one mutable block per (chunk, head) task.
-pub(super) fn head_tasks<'a>(
+fn head_tasks<'a>(
     state: &'a mut [f32],
     per: usize,
     heads: usize,
@@ -215,7 +242,7 @@ pub(super) fn head_tasks<'a>(
 }
 
 /// Scatters per-task outputs (`[rows, dh]` each) into `out[T, heads * dh]`.
-pub(super) fn scatter(
+fn scatter(
     results: Vec<(usize, usize, Vec<f32>)>,
     seqs: &[SeqState],
     heads: usize,
@@ -277,24 +304,17 @@ pub fn mamba2_scan(
     state: &mut [f32],
     out: &mut Vec<f32>,
 ) {
-    let row = p.heads * p.head_dim + 2 * p.groups * p.d_state;
-    let t = xbc.len() / row;
-    let tasks = head_tasks(state, p.head_dim * p.d_state, p.heads, seqs);
-    let results: Vec<(usize, usize, Vec<f32>)> = tasks
-        .into_par_iter()
-        .map(|(si, h, st)| {
-            let rows = seqs[si].rows.clone();
-            (
-                si,
-                h,
-                vector::widest(
-                    #[inline(always)]
-                    || mamba_head(xbc, dt, p, h, rows, st),
-                ),
-            )
-        })
-        .collect();
-    scatter(results, seqs, p.heads, p.head_dim, t, out);
+    let t = xbc.len() / (p.heads * p.head_dim + 2 * p.groups * p.d_state);
+    let dims = (p.heads, p.head_dim * p.d_state, p.head_dim);
+    per_head(
+        state,
+        dims,
+        seqs,
+        t,
+        out,
+        #[inline(always)]
+        |h, rows, st| mamba_head(xbc, dt, p, h, rows, st),
+    );
 }
 
 /// Head `h` of the scan over `rows` (one request's chunk), from and into its state `st`
@@ -305,7 +325,7 @@ fn mamba_head(
     dt: &[f32],
     p: &MambaParams<'_>,
     h: usize,
-    rows: std::ops::Range<usize>,
+    rows: Range<usize>,
     st: &mut [f32],
 ) -> Vec<f32> {
     let (nh, hd, n) = (p.heads, p.head_dim, p.d_state);
