@@ -259,21 +259,31 @@ fn scatter(
     }
 }
 
-/// Dot product with 8 independent accumulators combined in a fixed tree (vectorisable, and
-/// the same bits on every run and CPU: no FMA contraction, fixed order).
+/// One row of the scan's state in one pass: `s = s·da + xd·b` element by element, and the
+/// new row's dot product with `c` in 8 lanes (element i in lane i mod 8, the tail serially)
+/// added in a fixed tree. No FMA contraction and a fixed order: the same bits on every run,
+/// CPU and vector unit. Fixed-size lanes so LLVM keeps the sums in one register.
 #[inline(always)]
-fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+fn update_dot(s: &mut [f32], b: &[f32], c: &[f32], da: f32, xd: f32) -> f32 {
     let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for ((s, &xv), &yv) in acc.iter_mut().zip(x).zip(y) {
-            *s += xv * yv;
+    let mut s8 = s.chunks_exact_mut(8);
+    let (b8, c8) = (b.chunks_exact(8), c.chunks_exact(8));
+    let (bt, ct) = (b8.remainder(), c8.remainder());
+    for ((sv, bv), cv) in (&mut s8).zip(b8).zip(c8) {
+        // Copies in registers: the stores then cannot alias the loads, and the lanes vectorise.
+        let mut sl: [f32; 8] = (&*sv).try_into().expect("chunks of 8");
+        let bl: [f32; 8] = bv.try_into().expect("chunks of 8");
+        let cl: [f32; 8] = cv.try_into().expect("chunks of 8");
+        for l in 0..8 {
+            sl[l] = sl[l] * da + xd * bl[l];
+            acc[l] += cl[l] * sl[l];
         }
+        sv.copy_from_slice(&sl);
     }
     let mut tail = 0.0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
+    for ((sv, &bv), &cv) in s8.into_remainder().iter_mut().zip(bt).zip(ct) {
+        *sv = *sv * da + xd * bv;
+        tail += cv * *sv;
     }
     ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
 }
@@ -342,11 +352,7 @@ fn mamba_head(
         let da = (d * p.neg_a[h]).exp();
         let o = &mut res[i * hd..(i + 1) * hd];
         for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
-            let xd = xj * d;
-            for (s, &bv) in srow.iter_mut().zip(bm) {
-                *s = *s * da + xd * bv;
-            }
-            *oj = dot_lanes(cm, srow) + p.d[h] * xj;
+            *oj = update_dot(srow, bm, cm, da, xj * d) + p.d[h] * xj;
         }
     }
     res
@@ -474,7 +480,8 @@ mod tests {
                 acc + bias[c]
             })
             .collect();
-        let (nh, hd, n, groups, t) = (4, 8, 32, 2, 5);
+        // d_state 36: four lanes of 8 and a tail of 4.
+        let (nh, hd, n, groups, t) = (4, 8, 36, 2, 5);
         let xbc = vals(t * (nh * hd + 2 * groups * n), 17);
         let (dt, neg_a) = (vals(t * nh, 5), vec![-0.5, -1.0, -0.25, -2.0]);
         let (d, dt_bias) = (vals(nh, 11), vals(nh, 19));
@@ -494,6 +501,45 @@ mod tests {
             (y, st)
         };
         let base = scan(Unit::Baseline);
+        // The scan's documented order, spelled out: update the row, then its dot with C in 8
+        // lanes (element i in lane i mod 8), the tail serially, a fixed tree.
+        let mut st = vals(hd * n, 23);
+        let (row, inter, h, g) = (nh * hd + 2 * groups * n, nh * hd, 3, 3 / (nh / groups));
+        for r in 0..t {
+            let xr = &xbc[r * row..(r + 1) * row];
+            let (bm, cm) = (
+                &xr[inter + g * n..][..n],
+                &xr[inter + (groups + g) * n..][..n],
+            );
+            let dd = softplus(dt[r * nh + h] + dt_bias[h]).max(0.0);
+            let da = (dd * neg_a[h]).exp();
+            for j in 0..hd {
+                let (xj, srow) = (xr[h * hd + j], &mut st[j * n..(j + 1) * n]);
+                let (mut acc, mut tail) = ([0.0f32; 8], 0.0f32);
+                for i in 0..n {
+                    srow[i] = srow[i] * da + (xj * dd) * bm[i];
+                    if i < n / 8 * 8 {
+                        acc[i % 8] += cm[i] * srow[i];
+                    } else {
+                        tail += cm[i] * srow[i];
+                    }
+                }
+                let dot = ((acc[0] + acc[1]) + (acc[2] + acc[3]))
+                    + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+                    + tail;
+                let y = dot + d[h] * xj;
+                assert_eq!(
+                    y.to_bits(),
+                    base.0[r * hd + j].to_bits(),
+                    "row {r}, channel {j}"
+                );
+            }
+        }
+        assert!(
+            st.iter()
+                .zip(&base.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
         for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
             if !unit.available() {
                 println!("skip: conv and scan on {unit:?} (this CPU lacks it)");
