@@ -126,15 +126,9 @@ pub fn causal_conv_silu(
     for (i, s) in seqs.iter().enumerate() {
         row_seq[s.rows.clone()].fill(i);
     }
-    out.clear();
+    // `conv_row` writes every element of every row: resizing zeroes only growth.
     out.resize(x.len(), 0.0);
-    // The weight as `[k, ch]`: each tap is one contiguous row, so a row's channels vectorise.
-    let mut taps = vec![0.0f32; k * ch];
-    for (c, wc) in w.chunks_exact(k).enumerate() {
-        for (j, &wj) in wc.iter().enumerate() {
-            taps[j * ch + c] = wj;
-        }
-    }
+    let taps = taps_by_position(w, ch, k);
     let state_ro: &[f32] = state;
     out.par_chunks_mut(ch).enumerate().for_each(|(r, o)| {
         let s = &seqs[row_seq[r]];
@@ -171,6 +165,18 @@ pub fn causal_conv_silu(
         }
         st.copy_from_slice(&window);
     }
+}
+
+/// The conv weight `[ch, k]` as `[k, ch]`: each tap one contiguous row, so that a row's
+/// channels vectorise in [`conv_row`].
+fn taps_by_position(w: &[f32], ch: usize, k: usize) -> Vec<f32> {
+    let mut taps = vec![0.0f32; k * ch];
+    for (c, wc) in w.chunks_exact(k).enumerate() {
+        for (j, &wj) in wc.iter().enumerate() {
+            taps[j * ch + c] = wj;
+        }
+    }
+    taps
 }
 
 /// One output row of the conv before SiLU: per channel `0 + Σ_j taps[j]·input(j)` in tap
@@ -465,12 +471,7 @@ mod tests {
         };
         let (ch, k) = (70, 4);
         let (w, bias, x) = (vals(ch * k, 7), vals(ch, 3), vals(k * ch, 13));
-        let mut taps = vec![0.0f32; k * ch];
-        for c in 0..ch {
-            for j in 0..k {
-                taps[j * ch + c] = w[c * k + j];
-            }
-        }
+        let taps = taps_by_position(&w, ch, k);
         let want: Vec<f32> = (0..ch)
             .map(|c| {
                 let mut acc = 0.0f32;
