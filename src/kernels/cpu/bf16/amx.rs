@@ -2,17 +2,25 @@
 //! 1.95; the instructions assemble fine).
 //!
 //! Kernel: 2 A tiles (32 rows × 32 inputs) × 2 B tiles (32 inputs × 32 columns) → 4 C tiles
-//! (tmm0–3), over the whole of k: C stays in the tiles from `tilezero` to one `tilestored`,
-//! straight into the output where the 32 × 32 block lies inside it (through a small scratch
-//! at the edges and for the fused SwiGLU). Each output sums its k pairs in one fixed order.
-//! Blocking: a block of column pairs whose B (~[`B_BLOCK_BYTES`]) stays in L2 while every
-//! 32-row band of A passes by. Tiles of A and B are 1 KiB contiguous (row stride 64 bytes).
+//! (tmm0–3). Each output sums its k pairs in one fixed order, tile after tile along k.
 //!
-//! Why whole k (measured on a Sapphire Rapids VM, 1 thread, the dense bench model's shapes,
-//! 2048 rows): spilling C to a scratch every 8 k tiles (the previous kernel, B chunk in L1)
-//! cost ~45% against the same loop with C kept in the tiles — 1,450 vs 2,600 GFLOP/s with
-//! every operand in L1 — and the whole GEMM ran at 580–820 GFLOP/s; whole k with A and B from
-//! L2 runs at 1,100–1,250 (each tile store still drains the tile pipeline: ~20%).
+//! Blocking (outer to inner): a block of column pairs whose B (~[`B_BLOCK_BYTES`]) stays in L2;
+//! each 32-row band of A; a chunk of [`K_CHUNK`] k tiles, whose slice of the band (32 KiB)
+//! stays in L1; each column pair of the block. C goes out of the tiles after each chunk, into a
+//! per-group accumulator, and is loaded back for the next chunk (an exact f32 round trip: the
+//! same bits as C kept in the tiles over the whole of k); after the last chunk it goes straight
+//! into the output where the 32 × 32 block lies inside it (through the accumulator at the
+//! edges and for the fused SwiGLU). B is loaded with `tileloaddt1` (used once per band: kept
+//! out of L1, where A's slice is).
+//!
+//! Why (measured on a Sapphire Rapids VM, 1 thread, the dense bench model's shapes, 2048 rows,
+//! stand-alone lab kernels): any `tilestored` (even of a tile no `tdpbf16ps` writes) costs
+//! ~700–1,000 cycles while the tile loads around it stream from L2, and ~100–300 while A's side
+//! hits L1; at k = 1024 one product is ~2,000 cycles of `tdpbf16ps`. C over the whole of k
+//! with A and B from L2 ran at 1,150–1,250 GFLOP/s (k = 1024) and 800–990 (k = 2816); 16-tile
+//! chunks with A's slice in L1 at 1,350–1,460 and 1,100–1,230. Chunks of 8 or 32 tiles were
+//! slower, and so were software prefetches of the next slice of A; without the T1 hint on B,
+//! chunks gained nothing.
 //!
 //! Linux refuses tile instructions until the process asks for the tile state
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`ready`] asks once.
@@ -27,6 +35,13 @@ pub(super) fn run(job: &super::Job<'_>) {
     super::portable::run(job)
 }
 
+#[cfg(all(test, not(all(target_arch = "x86_64", target_os = "linux"))))]
+pub(super) fn run_chunked(job: &super::Job<'_>, _k_chunk: usize) {
+    super::portable::run(job)
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+pub(super) use imp::run_chunked;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use imp::with_tiles;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -35,6 +50,7 @@ pub(super) use imp::{CTiles, ready, run};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
     use std::arch::asm;
+    use std::ops::Range;
     use std::sync::OnceLock;
 
     use super::super::{Job, TILE_N};
@@ -87,19 +103,29 @@ mod imp {
         }
     }
 
-    /// C tile `$tmm` stored at `$base` (row stride `$stride` bytes).
+    /// C tile `$tmm` stored at / loaded from `$base` (row stride `$stride` bytes).
     macro_rules! c_tile {
         (store $tmm:literal, $base:expr, $stride:expr) => {
             asm!(concat!("tilestored [{p} + {s}*1], ", $tmm), p = in(reg) $base,
                  s = in(reg) $stride, options(nostack))
         };
+        (load $tmm:literal, $base:expr, $stride:expr) => {
+            asm!(concat!("tileloadd ", $tmm, ", [{p} + {s}*1]"), p = in(reg) $base,
+                 s = in(reg) $stride, options(nostack, readonly))
+        };
     }
 
-    /// Bytes of B per block of column pairs (kept in L2 while the bands of A pass). 512 KiB,
-    /// 1 MiB and 1.5 MiB ran within the run-to-run spread of each other on the bench shapes
-    /// (1 and 2 threads), 256 KiB ~15% slower; over L2 (a block of 16 pairs at k = 2816, 2.8
-    /// MiB) ~30% slower.
-    const B_BLOCK_BYTES: usize = 512 << 10;
+    /// Bytes of B per block of column pairs (kept in L2, 2 MiB here, while the bands of A
+    /// pass). With k chunks, 768 KiB – 1 MiB ran best on the bench shapes; 512 KiB was up to
+    /// ~10% slower and 2.8 MiB ~40%.
+    const B_BLOCK_BYTES: usize = 768 << 10;
+
+    /// k tiles per chunk: A's slice of a band, 2 × 16 tiles = 32 KiB, stays in the 48 KiB L1
+    /// while the pairs of a block pass.
+    const K_CHUNK: usize = 16;
+
+    /// Cache lines of one product's accumulator: C's 32 rows × 32 f32, contiguous.
+    const ACC_LINES: usize = 32 * 32 / 16;
 
     /// Runs `f` with the 8 tiles configured as 16 rows × 64 bytes on this thread, then
     /// releases the tile state (the attention kernel's tile products run inside).
@@ -115,51 +141,72 @@ mod imp {
     }
 
     pub fn run(job: &Job<'_>) {
-        with_tiles(|| run_tiles(job));
+        with_tiles(|| run_tiles(job, K_CHUNK));
     }
 
-    fn run_tiles(job: &Job<'_>) {
+    /// [`run`] with chunks of `k_chunk` k tiles (tests: the bits do not depend on it).
+    #[cfg(test)]
+    pub fn run_chunked(job: &Job<'_>, k_chunk: usize) {
+        with_tiles(|| run_tiles(job, k_chunk));
+    }
+
+    fn run_tiles(job: &Job<'_>, k_chunk: usize) {
         let groups = groups(job);
         let pairs_per_group = if job.fused() { 2 } else { 1 };
         let pair_bytes = job.w.k_tiles() * 2 * std::mem::size_of::<super::super::Tile>();
         let per_block = (B_BLOCK_BYTES / (pair_bytes * pairs_per_group)).max(1);
-        // 32 rows × 64 f32: one group's C at the edges or for the epilogue.
-        let mut scratch = [CLine([0.0; 16]); 128];
-        let c: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch);
+        let group_lines = pairs_per_group * ACC_LINES;
+        let mut acc = vec![CLine([0.0; 16]); per_block.min(groups.len()) * group_lines];
+        let kbs = job.w.k_tiles();
         for block in groups.chunks(per_block) {
             for band in 0..job.mp() / 32 {
-                for &group in block {
-                    band_group(job, band * 32, group, c);
+                for k0 in (0..kbs).step_by(k_chunk) {
+                    let ks = k0..(k0 + k_chunk).min(kbs);
+                    for (&group, acc) in block.iter().zip(acc.chunks_exact_mut(group_lines)) {
+                        let acc: &mut [f32] = bytemuck::cast_slice_mut(acc);
+                        band_group(job, band * 32, group, ks.clone(), acc);
+                    }
                 }
             }
         }
     }
 
-    /// C's rows `r0..r0 + 32` × the columns of `group` (a pair, or a gate pair with its up
-    /// pair), through `c` (32 rows × 64 f32) where not stored directly.
-    fn band_group(job: &Job<'_>, r0: usize, group: Group, c: &mut [f32]) {
+    /// k tiles `ks` of C's rows `r0..r0 + 32` × the columns of `group` (a pair, or a gate pair
+    /// with its up pair), accumulated in `acc` (per pair 32 rows × 32 f32) between chunks;
+    /// after the last chunk, C is stored into the output (or its epilogue run).
+    fn band_group(job: &Job<'_>, r0: usize, group: Group, ks: Range<usize>, acc: &mut [f32]) {
         let mt = r0 / 16;
+        let last = ks.end == job.w.k_tiles();
+        let (base, first) = (acc.as_mut_ptr(), ks.start == 0);
+        let at = |pair: usize| CTiles::at(base.wrapping_add(pair * 32 * 32), 32 * 4);
+        let from = |pair: usize| (!first).then(|| at(pair));
         match group {
             Group::Pair(p) => {
-                if let Some(out) = job.direct_out(r0, p) {
-                    // SAFETY: the tiles stay inside A, the packed weight and C.
-                    unsafe { product(job, mt, 2 * p, out) };
+                if let Some(out) = job.direct_out(r0, p).filter(|_| last) {
+                    // SAFETY: the tiles stay inside A, the packed weight, `acc` and C.
+                    unsafe { product(job, mt, 2 * p, ks, from(0), out) };
                     return;
                 }
-                // SAFETY: as above, C's block in the scratch.
-                unsafe { product(job, mt, 2 * p, CTiles::at(c.as_mut_ptr(), 64 * 4)) };
-                for (r, row) in (r0..(r0 + 32).min(job.m)).zip(c.chunks_exact(64)) {
-                    job.store_row(r, 2 * p * TILE_N, &row[..32]);
+                // SAFETY: as above, C's block in `acc`.
+                unsafe { product(job, mt, 2 * p, ks, from(0), at(0)) };
+                if last {
+                    for (r, row) in (r0..(r0 + 32).min(job.m)).zip(acc.chunks_exact(32)) {
+                        job.store_row(r, 2 * p * TILE_N, row);
+                    }
                 }
             }
             Group::GateUp(gate, up) => {
-                // SAFETY: as above, the gate and up blocks side by side in the scratch.
+                // SAFETY: as above, the gate block then the up block in `acc`.
                 unsafe {
-                    product(job, mt, 2 * gate, CTiles::at(c.as_mut_ptr(), 64 * 4));
-                    product(job, mt, 2 * up, CTiles::at(c.as_mut_ptr().add(32), 64 * 4));
+                    product(job, mt, 2 * gate, ks.clone(), from(0), at(0));
+                    product(job, mt, 2 * up, ks, from(1), at(1));
                 }
-                for (r, row) in job.epilogue_rows(r0).zip(c.chunks_exact(64)) {
-                    job.store_silu_mul(r, 2 * gate * TILE_N, &row[..32], &row[32..]);
+                if last {
+                    let (g, u) = acc.split_at(32 * 32);
+                    let rows = g.chunks_exact(32).zip(u.chunks_exact(32));
+                    for (r, (g, u)) in job.epilogue_rows(r0).zip(rows) {
+                        job.store_silu_mul(r, 2 * gate * TILE_N, g, u);
+                    }
                 }
             }
         }
@@ -209,29 +256,76 @@ mod imp {
         pub fn at(top: *mut f32, stride: usize) -> Self {
             Self { top, stride }
         }
+
+        /// Where tmm0 (upper left), tmm1 (upper right), tmm2, tmm3 (lower) lie.
+        fn corners(self) -> [*mut f32; 4] {
+            let Self { top, stride } = self;
+            let bot = top.wrapping_byte_add(16 * stride);
+            [top, top.wrapping_add(16), bot, bot.wrapping_add(16)]
+        }
+
+        /// Loads C's four tiles.
+        ///
+        /// # Safety
+        /// AMX configured on this thread; `self` addresses 32 rows × 32 f32.
+        unsafe fn load(self) {
+            let ([c0, c1, c2, c3], s) = (self.corners(), self.stride);
+            // SAFETY: (caller) the 32 × 32 block.
+            unsafe {
+                c_tile!(load "tmm0", c0, s);
+                c_tile!(load "tmm1", c1, s);
+                c_tile!(load "tmm2", c2, s);
+                c_tile!(load "tmm3", c3, s);
+            }
+        }
+
+        /// Stores C's four tiles.
+        ///
+        /// # Safety
+        /// As [`CTiles::load`].
+        unsafe fn store(self) {
+            let ([c0, c1, c2, c3], s) = (self.corners(), self.stride);
+            // SAFETY: (caller) the 32 × 32 block.
+            unsafe {
+                c_tile!(store "tmm0", c0, s);
+                c_tile!(store "tmm1", c1, s);
+                c_tile!(store "tmm2", c2, s);
+                c_tile!(store "tmm3", c3, s);
+            }
+        }
     }
 
-    /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1` = the product over
-    /// all k tiles, stored to `store`.
+    /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1`: `load` (zero when
+    /// `None`) plus the product over k tiles `ks`, stored to `store`.
     ///
     /// # Safety
-    /// AMX configured on this thread; `store` addresses 32 rows × 32 f32.
-    unsafe fn product(job: &Job<'_>, mt: usize, nb: usize, store: CTiles) {
+    /// AMX configured on this thread; `load` and `store` address 32 rows × 32 f32.
+    unsafe fn product(
+        job: &Job<'_>,
+        mt: usize,
+        nb: usize,
+        ks: Range<usize>,
+        load: Option<CTiles>,
+        store: CTiles,
+    ) {
         // SAFETY: (caller) the C tiles; the A / B tiles are 1 KiB each.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
-            for kb in 0..job.w.k_tiles() {
+            match load {
+                Some(c) => c.load(),
+                None => asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                ),
+            }
+            for kb in ks {
                 asm!(
                     "tileloadd tmm4, [{a0} + {s}*1]",
-                    "tileloadd tmm6, [{b0} + {s}*1]",
+                    "tileloaddt1 tmm6, [{b0} + {s}*1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tileloadd tmm7, [{b1} + {s}*1]",
+                    "tileloaddt1 tmm7, [{b1} + {s}*1]",
                     "tdpbf16ps tmm1, tmm4, tmm7",
                     "tileloadd tmm5, [{a1} + {s}*1]",
                     "tdpbf16ps tmm2, tmm5, tmm6",
@@ -244,12 +338,7 @@ mod imp {
                     options(nostack, readonly)
                 );
             }
-            let CTiles { top, stride } = store;
-            let bot = top.byte_add(16 * stride);
-            c_tile!(store "tmm0", top, stride);
-            c_tile!(store "tmm1", top.add(16), stride);
-            c_tile!(store "tmm2", bot, stride);
-            c_tile!(store "tmm3", bot.add(16), stride);
+            store.store();
         }
     }
 }

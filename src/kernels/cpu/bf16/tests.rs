@@ -164,6 +164,53 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
     }
 }
 
+/// The AMX kernel's k chunks (C out of the tiles and back between chunks) give the bits of C
+/// kept in the tiles over the whole of k, for ragged chunks, edge bands and column pairs, and
+/// several blocks of pairs; plain and fused.
+#[test]
+fn amx_chunks_of_k_keep_the_bits() {
+    if !amx_or_skip("AMX k chunks") {
+        return;
+    }
+    let mut s = 17;
+    for &(m, n, k, fused) in &[
+        (70, 96, 1100, false),
+        (33, 64, 2000, true),
+        (5, 2048, 700, false),
+    ] {
+        let a = rnd(m * k, &mut s);
+        let w = PackedBf16::pack(&bits(&rnd(n * k, &mut s)), n, k);
+        let mut scratch = Vec::new();
+        let tiles = round_tiles(&a, m, k, w.k_tiles(), &mut scratch);
+        let width = if fused { n / 2 } else { n };
+        let run_with = |k_chunk: usize| {
+            let mut c = vec![f32::NAN; m * width];
+            let out = OutPtr(c.as_mut_ptr());
+            let job = Job {
+                a: bytemuck::cast_slice(tiles),
+                m,
+                w: &w,
+                pairs: 0..width / PAD_N,
+                out: if fused {
+                    Out::SiluMul(out)
+                } else {
+                    Out::Plain(out)
+                },
+            };
+            amx::run_chunked(&job, k_chunk);
+            c.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let whole = run_with(w.k_tiles());
+        for k_chunk in [1, 3, 16] {
+            assert_eq!(
+                run_with(k_chunk),
+                whole,
+                "m {m} n {n} k {k} chunk {k_chunk}"
+            );
+        }
+    }
+}
+
 /// Whether the AMX tests can run here; a skip line naming `what` where they cannot.
 fn amx_or_skip(what: &str) -> bool {
     let amx = Bf16Kernel::Amx.available();
@@ -181,17 +228,23 @@ fn fused_silu_mul_equals_gemm_then_silu_mul() {
         return;
     }
     let mut s = 9;
-    let (inter, k) = (96, 70);
-    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
+    for k in [70, 1100] {
+        silu_mul_case(k, &mut s);
+    }
+}
+
+fn silu_mul_case(k: usize, s: &mut u64) {
+    let inter = 96;
+    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, s)), 2 * inter, k);
     for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3)] {
-        let a = rnd(m * k, &mut s);
+        let a = rnd(m * k, s);
         let wide = run(Bf16Kernel::Amx, &a, m, &w, threads);
         let mut want = Vec::new();
         crate::kernels::cpu::ops::silu_mul(&wide, inter, &mut want);
         let (mut got, mut scratch) = (vec![f32::NAN; 5], Vec::new());
         pool().install(|| matmul_bf16_silu_mul(&a, m, &w, &mut got, threads, &mut scratch));
         let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(b(&got), b(&want), "m {m}, threads {threads}");
+        assert_eq!(b(&got), b(&want), "k {k}, m {m}, threads {threads}");
     }
 }
 
