@@ -11,7 +11,8 @@
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
 //!   shapes with bf16 weights on each bf16 path this CPU has (`Bf16Kernel`), each against the
-//!   peak of the unit it runs on.
+//!   peak of the unit it runs on; on the amx / avx512bf16 paths also the kernel alone (the
+//!   call's time less that of rounding A to bf16 tiles, timed on its own).
 
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ fn arg(name: &str, default: usize) -> usize {
 mod peaks;
 
 use hsx::kernels::Bf16Kernel;
-use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16};
+use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16, round_tiles};
 
 /// The dense benchmark model's projections: (name, k, n).
 const SHAPES: [(&str, usize, usize); 4] = [
@@ -134,6 +135,7 @@ fn main() {
             Bf16Kernel::Avx512bf16 => "avx512bf16",
             _ => fma,
         };
+        let mut kernel_secs = Vec::new();
         let (mix, per) = rates(rows, |k, n| {
             let (a, w) = operands(rows, k, n);
             let bits: Vec<u16> = w
@@ -142,12 +144,27 @@ fn main() {
                 .collect();
             let packed = PackedBf16::pack(&bits, n, k);
             let (mut c, mut scratch) = (Vec::new(), Vec::new());
-            best_secs(|| {
+            let call = best_secs(|| {
                 pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, path, &mut scratch))
-            })
+            });
+            let kt = packed.k_tiles();
+            let round = best_secs(|| {
+                pool.install(|| {
+                    round_tiles(&a, rows, k, kt, &mut scratch);
+                })
+            });
+            kernel_secs.push((2.0 * (rows * k * n) as f64, call - round));
+            call
+        });
+        // The kernel alone: flops over the call's time less the rounding's (f32 path: none).
+        let kernel = (path != Bf16Kernel::F32).then(|| {
+            let (f, s) = kernel_secs
+                .iter()
+                .fold((0.0, 0.0), |(f, s), (fi, si)| (f + fi, s + si));
+            f / s / 1e9
         });
         let peak = peak_of.get(unit).map_or(0.0, |p| p.1);
-        bf16.push((path, unit, mix, peak, per));
+        bf16.push((path, unit, mix, peak, per, kernel));
     }
     if json {
         let shapes = |per: &[(&str, usize, usize, f64)]| {
@@ -160,9 +177,9 @@ fn main() {
             serde_json::json!({
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
                 "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
-                "bf16": bf16.iter().map(|(path, unit, mix, peak, per)| serde_json::json!({
+                "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
-                    "shapes": shapes(per)})).collect::<Vec<_>>(),
+                    "kernel_gflops": kernel, "shapes": shapes(per)})).collect::<Vec<_>>(),
             })
         );
         return;
@@ -183,12 +200,18 @@ fn main() {
         );
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
-    for (path, unit, mix, peak, per) in &bf16 {
+    for (path, unit, mix, peak, per, kernel) in &bf16 {
         report(
             &format!("bf16 weights, {path} [{unit} peak]"),
             per,
             *mix,
             *peak,
         );
+        if let Some(g) = kernel {
+            println!(
+                "bf16 weights, {path}: the kernel alone (less rounding A) {g:.1} GFLOP/s ({:.0}% of peak)",
+                100.0 * g / peak
+            );
+        }
     }
 }

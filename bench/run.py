@@ -370,8 +370,11 @@ def main() -> int:
         out.append("unit peaks (register-only probes, 1 thread / " + str(peak["threads"]) + "): " + "; ".join(
             f"{u} {v['peak_1t_gflops']:.0f} / {v['peak_gflops']:.0f} GFLOP/s" for u, v in units.items()))
     for b in peak.get("bf16", []):
+        kernel = (f"; the kernel alone, less rounding A: {b['kernel_gflops']:.0f} GFLOP/s "
+                  f"({100 * b['kernel_gflops'] / b['unit_peak_gflops']:.0f}%)"
+                  if b.get("kernel_gflops") and b["unit_peak_gflops"] else "")
         out.append(f"bf16 weights on the {b['path']} path ({peak['rows']} rows, the same shapes): {b['gflops']:.0f} GFLOP/s "
-                   f"({100 * b['gflops'] / b['unit_peak_gflops']:.0f}% of the {b['unit']} peak)"
+                   f"({100 * b['gflops'] / b['unit_peak_gflops']:.0f}% of the {b['unit']} peak{kernel})"
                    if b["unit_peak_gflops"] else f"bf16 weights on the {b['path']} path: {b['gflops']:.0f} GFLOP/s")
     # bf16 rows run on the path `cpu_bf16_kernel = "auto"` picks: the first of these.
     if bf16_path:
