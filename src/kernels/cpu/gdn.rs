@@ -12,7 +12,7 @@
 //! their order (decay, `m +=`, update, `o +=`; sums over rows in row order), so the bits are
 //! those of the plain loops on every vector unit (tests below).
 
-use super::recurrent::{per_head, sigmoid, softplus};
+use super::recurrent::{HeadRows, per_head, sigmoid, softplus};
 use crate::kernels::plan::SeqState;
 
 /// Value columns per strip of a sweep: one AVX-512 register of f32.
@@ -53,7 +53,7 @@ pub fn gated_delta_rule(
         t,
         out,
         #[inline(always)]
-        |h, rows, st| head(&io, p, h, rows, st),
+        |h, rows, st, o| head(&io, p, (h, rows, st), o),
     );
 }
 
@@ -103,21 +103,19 @@ impl Token {
 }
 
 /// Value head `h` over `rows` (one request's chunk), from and into its state `st`
-/// (`[dk, dv]`); the head's output rows `[rows, dv]`.
+/// (`[dk, dv]`); the head's output rows (`dv` each) into `out`.
 #[inline(always)]
 fn head(
     io: &GdnIo<'_>,
     p: &GdnParams<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    st: &mut [f32],
-) -> Vec<f32> {
+    (h, rows, st): (usize, std::ops::Range<usize>, &mut [f32]),
+    mut out: HeadRows<'_>,
+) {
     let dv = p.dv;
-    let mut res = vec![0.0f32; rows.len() * dv];
     let (mut cur, mut next) = (Token::new(p.dk), Token::new(p.dk));
     let (mut m, mut delta) = (vec![0.0f32; dv], vec![0.0f32; dv]);
     let Some(first) = rows.clone().next() else {
-        return res;
+        return;
     };
     let mut v = cur.load(io, p, h, first);
     sweep_any(st, dv, None, Some((cur.decay, &cur.k, &mut m)));
@@ -125,8 +123,7 @@ fn head(
         for ((d, &mj), &vj) in delta.iter_mut().zip(&m).zip(v) {
             *d = (vj - mj) * cur.beta;
         }
-        let o = &mut res[i * dv..(i + 1) * dv];
-        let update = Some((&cur.k[..], &delta[..], &cur.q[..], o));
+        let update = Some((&cur.k[..], &delta[..], &cur.q[..], out.row(i)));
         if r + 1 < rows.end {
             v = next.load(io, p, h, r + 1);
             sweep_any(st, dv, update, Some((next.decay, &next.k, &mut m)));
@@ -135,7 +132,6 @@ fn head(
             sweep_any(st, dv, update, None);
         }
     }
-    res
 }
 
 /// Token t's update: its k, δ, q, and where `o_t` goes.
@@ -222,6 +218,7 @@ fn l2norm(x: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::recurrent::collect_rows;
     use crate::kernels::cpu::vector::{self, Unit};
 
     /// The plain form: per token, the decay and `m = Sᵀ k` pass, then the update and
@@ -306,7 +303,12 @@ mod tests {
                         continue;
                     }
                     let mut st = start.clone();
-                    let got = vector::on(unit, || head(&io, &p, h, 0..t, &mut st));
+                    let run = |rows: std::ops::Range<usize>, st: &mut Vec<f32>| {
+                        vector::on(unit, || {
+                            collect_rows(rows.len(), dv, |o| head(&io, &p, (h, rows, st), o))
+                        })
+                    };
+                    let got = run(0..t, &mut st);
                     assert!(
                         got.iter()
                             .zip(&want)
@@ -318,8 +320,8 @@ mod tests {
                             .all(|(x, y)| x.to_bits() == y.to_bits())
                     );
                     let mut st = start.clone();
-                    let mut split = vector::on(unit, || head(&io, &p, h, 0..9, &mut st));
-                    split.extend(vector::on(unit, || head(&io, &p, h, 9..t, &mut st)));
+                    let mut split = run(0..9, &mut st);
+                    split.extend(run(9..t, &mut st));
                     assert!(
                         split
                             .iter()

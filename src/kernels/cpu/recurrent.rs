@@ -202,29 +202,117 @@ fn conv_row<'a>(
     }
 }
 
-/// Runs `head(h, rows, state)` for every (chunk, head) of a recurrent layer, in parallel and
-/// compiled for the widest vector unit ([`vector::widest`]); `state` is `[slots, heads, per]`,
-/// each call's result (`[rows, dh]`) lands in `out[t, heads · dh]`.
+/// Runs `head(h, rows, state, out)` for every (chunk, head) of a recurrent layer, in parallel
+/// and compiled for the widest vector unit ([`vector::widest`]); `state` is
+/// `[slots, heads, per]`; each task writes its rows of head `h` (`dh` values each) straight
+/// into `out [t, heads · dh]` through its [`HeadRows`].
 pub(super) fn per_head(
     state: &mut [f32],
     (heads, per, dh): (usize, usize, usize),
     seqs: &[SeqState],
     t: usize,
     out: &mut Vec<f32>,
-    head: impl Fn(usize, Range<usize>, &mut [f32]) -> Vec<f32> + Sync,
+    head: impl Fn(usize, Range<usize>, &mut [f32], HeadRows<'_>) + Sync,
 ) {
-    let results: Vec<(usize, usize, Vec<f32>)> = head_tasks(state, per, heads, seqs)
+    let covered = disjoint_rows(seqs, t);
+    // A reused buffer: only rows no chunk writes need zeros (none in a real batch).
+    out.resize(t * heads * dh, 0.0);
+    if !covered {
+        out.fill(0.0);
+    }
+    let base = OutBase(out.as_mut_ptr());
+    head_tasks(state, per, heads, seqs)
         .into_par_iter()
-        .map(|(si, h, st)| {
+        .for_each(|(si, h, st)| {
             let rows = seqs[si].rows.clone();
-            let o = vector::widest(
+            let o = HeadRows {
+                base: base.ptr(),
+                heads,
+                dh,
+                h,
+                rows: rows.clone(),
+                _out: std::marker::PhantomData,
+            };
+            vector::widest(
                 #[inline(always)]
-                || head(h, rows, st),
-            );
-            (si, h, o)
-        })
-        .collect();
-    scatter(results, seqs, heads, dh, t, out);
+                || head(h, rows, st, o),
+            )
+        });
+}
+
+/// Whether the chunks' rows cover `0..t`; panics unless they are disjoint and inside it (the
+/// tasks of [`per_head`] write through raw pointers on that ground).
+fn disjoint_rows(seqs: &[SeqState], t: usize) -> bool {
+    let mut ranges: Vec<Range<usize>> = seqs.iter().map(|s| s.rows.clone()).collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut end = 0;
+    let mut covered = true;
+    for r in &ranges {
+        assert!(
+            r.start >= end && r.end <= t,
+            "recurrent: chunk rows overlap or exceed {t}"
+        );
+        covered &= r.start == end;
+        end = r.end.max(r.start);
+    }
+    covered && end == t
+}
+
+/// `out`'s first element, shared by the tasks of [`per_head`].
+#[derive(Clone, Copy)]
+struct OutBase(*mut f32);
+
+impl OutBase {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not its field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: the tasks write disjoint parts of `out` (see `HeadRows::row`).
+unsafe impl Send for OutBase {}
+unsafe impl Sync for OutBase {}
+
+/// One task's output: head `h`'s `dh` values of each row of its chunk, in `out [t, heads, dh]`.
+pub(super) struct HeadRows<'a> {
+    base: *mut f32,
+    heads: usize,
+    dh: usize,
+    h: usize,
+    rows: Range<usize>,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl HeadRows<'_> {
+    /// The values of the chunk's `i`-th row.
+    pub fn row(&mut self, i: usize) -> &mut [f32] {
+        let r = self.rows.start + i;
+        assert!(r < self.rows.end, "HeadRows: row {i} outside the chunk");
+        // SAFETY: `per_head` checked that the chunks' rows are disjoint and inside `out`'s t
+        // rows of `heads · dh` values; tasks differ in chunk or head, so no two address the
+        // same values; `&mut self` hands out one row at a time.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.add((r * self.heads + self.h) * self.dh),
+                self.dh,
+            )
+        }
+    }
+}
+
+/// A head function's `rows` output rows of `dh` values, collected into a vector that starts as
+/// NaN (tests: every value must be written).
+#[cfg(test)]
+pub(super) fn collect_rows(rows: usize, dh: usize, head: impl FnOnce(HeadRows<'_>)) -> Vec<f32> {
+    let mut out = vec![f32::NAN; rows * dh];
+    head(HeadRows {
+        base: out.as_mut_ptr(),
+        heads: 1,
+        dh,
+        h: 0,
+        rows: 0..rows,
+        _out: std::marker::PhantomData,
+    });
+    out
 }
 
 /// Splits `state` (`[slots, heads, per]`) into one mutable block per (chunk, head) task.
@@ -245,24 +333,6 @@ fn head_tasks<'a>(
         }
     }
     tasks
-}
-
-/// Scatters per-task outputs (`[rows, dh]` each) into `out[T, heads * dh]`.
-fn scatter(
-    results: Vec<(usize, usize, Vec<f32>)>,
-    seqs: &[SeqState],
-    heads: usize,
-    dh: usize,
-    t: usize,
-    out: &mut Vec<f32>,
-) {
-    out.clear();
-    out.resize(t * heads * dh, 0.0);
-    for (si, h, vals) in results {
-        for (i, r) in seqs[si].rows.clone().enumerate() {
-            out[(r * heads + h) * dh..][..dh].copy_from_slice(&vals[i * dh..(i + 1) * dh]);
-        }
-    }
 }
 
 /// One row of the scan's state in one pass: `s = s·da + xd·b` element by element, and the
@@ -329,26 +399,24 @@ pub fn mamba2_scan(
         t,
         out,
         #[inline(always)]
-        |h, rows, st| mamba_head(xbc, dt, p, h, rows, st),
+        |h, rows, st, o| mamba_head(xbc, dt, p, (h, rows, st), o),
     );
 }
 
 /// Head `h` of the scan over `rows` (one request's chunk), from and into its state `st`
-/// (`[head_dim, d_state]`); the head's output rows `[rows, head_dim]`.
+/// (`[head_dim, d_state]`); the head's output rows (`head_dim` each) into `out`.
 #[inline(always)]
 fn mamba_head(
     xbc: &[f32],
     dt: &[f32],
     p: &MambaParams<'_>,
-    h: usize,
-    rows: Range<usize>,
-    st: &mut [f32],
-) -> Vec<f32> {
+    (h, rows, st): (usize, Range<usize>, &mut [f32]),
+    mut out: HeadRows<'_>,
+) {
     let (nh, hd, n) = (p.heads, p.head_dim, p.d_state);
     let inter = nh * hd;
     let row = inter + 2 * p.groups * n;
     let g = h / (nh / p.groups);
-    let mut res = vec![0.0f32; rows.len() * hd];
     for (i, r) in rows.enumerate() {
         let xr = &xbc[r * row..(r + 1) * row];
         let x = &xr[h * hd..(h + 1) * hd];
@@ -356,12 +424,11 @@ fn mamba_head(
         let cm = &xr[inter + (p.groups + g) * n..inter + (p.groups + g + 1) * n];
         let d = softplus(dt[r * nh + h] + p.dt_bias[h]).max(p.dt_min);
         let da = (d * p.neg_a[h]).exp();
-        let o = &mut res[i * hd..(i + 1) * hd];
+        let o = out.row(i);
         for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
             *oj = update_dot(srow, bm, cm, da, xj * d) + p.d[h] * xj;
         }
     }
-    res
 }
 
 /// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
@@ -407,163 +474,5 @@ pub fn gate_then_grouped_rms_norm(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::ops::Range;
-
-    fn seq(rows: Range<usize>, slot: usize, fresh: bool) -> SeqState {
-        SeqState { rows, slot, fresh }
-    }
-
-    /// Conv over one 10-token chunk == conv over chunks 3 + 1 + 6 (state carried), bit for bit.
-    #[test]
-    fn conv_carries_state_across_chunks() {
-        let (ch, k, t) = (3, 4, 10);
-        let x: Vec<f32> = (0..t * ch)
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3)
-            .collect();
-        let w: Vec<f32> = (0..ch * k).map(|i| (i as f32 - 4.0) * 0.1).collect();
-        let bias = vec![0.1, -0.2, 0.3];
-        let mut state = vec![0.0; 2 * (k - 1) * ch];
-        let mut whole = Vec::new();
-        causal_conv_silu(
-            &x,
-            ch,
-            &w,
-            Some(&bias),
-            k,
-            &[seq(0..t, 1, true)],
-            &mut state,
-            &mut whole,
-        );
-        let mut state2 = vec![0.0; 2 * (k - 1) * ch];
-        let mut parts = Vec::new();
-        let mut start = 0;
-        for len in [3, 1, 6] {
-            let mut o = Vec::new();
-            let xs = &x[start * ch..(start + len) * ch];
-            causal_conv_silu(
-                xs,
-                ch,
-                &w,
-                Some(&bias),
-                k,
-                &[seq(0..len, 0, start == 0)],
-                &mut state2,
-                &mut o,
-            );
-            parts.extend(o);
-            start += len;
-        }
-        assert_eq!(whole, parts);
-        assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
-    }
-
-    /// The conv row and the Mamba-2 head give the same bits on every vector unit this CPU has,
-    /// and the conv those of the scalar per-channel loop.
-    #[test]
-    fn conv_and_scan_same_bits_on_every_vector_unit() {
-        use crate::kernels::cpu::vector::{self, Unit};
-        let vals = |n: usize, m: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i * m % 101) as f32 - 50.0) * 0.037)
-                .collect()
-        };
-        let (ch, k) = (70, 4);
-        let (w, bias, x) = (vals(ch * k, 7), vals(ch, 3), vals(k * ch, 13));
-        let taps = taps_by_position(&w, ch, k);
-        let want: Vec<f32> = (0..ch)
-            .map(|c| {
-                let mut acc = 0.0f32;
-                for j in 0..k {
-                    acc += w[c * k + j] * x[j * ch + c];
-                }
-                acc + bias[c]
-            })
-            .collect();
-        // d_state 36: four lanes of 8 and a tail of 4.
-        let (nh, hd, n, groups, t) = (4, 8, 36, 2, 5);
-        let xbc = vals(t * (nh * hd + 2 * groups * n), 17);
-        let (dt, neg_a) = (vals(t * nh, 5), vec![-0.5, -1.0, -0.25, -2.0]);
-        let (d, dt_bias) = (vals(nh, 11), vals(nh, 19));
-        let p = MambaParams {
-            heads: nh,
-            head_dim: hd,
-            d_state: n,
-            groups,
-            neg_a: &neg_a,
-            d: &d,
-            dt_bias: &dt_bias,
-            dt_min: 0.0,
-        };
-        let scan = |unit| {
-            let mut st = vals(hd * n, 23);
-            let y = vector::on(unit, || mamba_head(&xbc, &dt, &p, 3, 0..t, &mut st));
-            (y, st)
-        };
-        let base = scan(Unit::Baseline);
-        // The scan's documented order, spelled out: update the row, then its dot with C in 8
-        // lanes (element i in lane i mod 8), the tail serially, a fixed tree.
-        let mut st = vals(hd * n, 23);
-        let (row, inter, h, g) = (nh * hd + 2 * groups * n, nh * hd, 3, 3 / (nh / groups));
-        for r in 0..t {
-            let xr = &xbc[r * row..(r + 1) * row];
-            let (bm, cm) = (
-                &xr[inter + g * n..][..n],
-                &xr[inter + (groups + g) * n..][..n],
-            );
-            let dd = softplus(dt[r * nh + h] + dt_bias[h]).max(0.0);
-            let da = (dd * neg_a[h]).exp();
-            for j in 0..hd {
-                let (xj, srow) = (xr[h * hd + j], &mut st[j * n..(j + 1) * n]);
-                let (mut acc, mut tail) = ([0.0f32; 8], 0.0f32);
-                for i in 0..n {
-                    srow[i] = srow[i] * da + (xj * dd) * bm[i];
-                    if i < n / 8 * 8 {
-                        acc[i % 8] += cm[i] * srow[i];
-                    } else {
-                        tail += cm[i] * srow[i];
-                    }
-                }
-                let dot = ((acc[0] + acc[1]) + (acc[2] + acc[3]))
-                    + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-                    + tail;
-                let y = dot + d[h] * xj;
-                assert_eq!(
-                    y.to_bits(),
-                    base.0[r * hd + j].to_bits(),
-                    "row {r}, channel {j}"
-                );
-            }
-        }
-        assert!(
-            st.iter()
-                .zip(&base.1)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
-        for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
-            if !unit.available() {
-                println!("skip: conv and scan on {unit:?} (this CPU lacks it)");
-                continue;
-            }
-            let mut o = vec![f32::NAN; ch];
-            vector::on(unit, || {
-                conv_row(&mut o, &taps, Some(&bias), |j| &x[j * ch..(j + 1) * ch])
-            });
-            assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
-            let got = scan(unit);
-            assert!(
-                got.0
-                    .iter()
-                    .zip(&base.0)
-                    .all(|(a, b)| a.to_bits() == b.to_bits())
-            );
-            assert!(
-                got.1
-                    .iter()
-                    .zip(&base.1)
-                    .all(|(a, b)| a.to_bits() == b.to_bits())
-            );
-        }
-    }
-}
+#[path = "recurrent_tests.rs"]
+mod tests;

@@ -1,0 +1,176 @@
+use super::*;
+use std::ops::Range;
+
+fn seq(rows: Range<usize>, slot: usize, fresh: bool) -> SeqState {
+    SeqState { rows, slot, fresh }
+}
+
+/// The tasks of `per_head` write through raw pointers: their chunks must be disjoint and
+/// inside the batch; a batch with a gap is zero-filled first.
+#[test]
+fn per_head_checks_the_chunks_rows() {
+    let covering = [seq(4..9, 0, true), seq(0..4, 1, false)];
+    assert!(disjoint_rows(&covering, 9));
+    assert!(!disjoint_rows(&[seq(0..3, 0, true), seq(5..9, 1, true)], 9));
+    assert!(!disjoint_rows(&covering, 10));
+    for bad in [
+        vec![seq(0..5, 0, true), seq(4..9, 1, true)],
+        vec![seq(0..10, 0, true)],
+    ] {
+        assert!(std::panic::catch_unwind(|| disjoint_rows(&bad, 9)).is_err());
+    }
+}
+
+/// Conv over one 10-token chunk == conv over chunks 3 + 1 + 6 (state carried), bit for bit.
+#[test]
+fn conv_carries_state_across_chunks() {
+    let (ch, k, t) = (3, 4, 10);
+    let x: Vec<f32> = (0..t * ch)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3)
+        .collect();
+    let w: Vec<f32> = (0..ch * k).map(|i| (i as f32 - 4.0) * 0.1).collect();
+    let bias = vec![0.1, -0.2, 0.3];
+    let mut state = vec![0.0; 2 * (k - 1) * ch];
+    let mut whole = Vec::new();
+    causal_conv_silu(
+        &x,
+        ch,
+        &w,
+        Some(&bias),
+        k,
+        &[seq(0..t, 1, true)],
+        &mut state,
+        &mut whole,
+    );
+    let mut state2 = vec![0.0; 2 * (k - 1) * ch];
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for len in [3, 1, 6] {
+        let mut o = Vec::new();
+        let xs = &x[start * ch..(start + len) * ch];
+        causal_conv_silu(
+            xs,
+            ch,
+            &w,
+            Some(&bias),
+            k,
+            &[seq(0..len, 0, start == 0)],
+            &mut state2,
+            &mut o,
+        );
+        parts.extend(o);
+        start += len;
+    }
+    assert_eq!(whole, parts);
+    assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
+}
+
+/// The conv row and the Mamba-2 head give the same bits on every vector unit this CPU has,
+/// and the conv those of the scalar per-channel loop.
+#[test]
+fn conv_and_scan_same_bits_on_every_vector_unit() {
+    use crate::kernels::cpu::vector::{self, Unit};
+    let vals = |n: usize, m: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * m % 101) as f32 - 50.0) * 0.037)
+            .collect()
+    };
+    let (ch, k) = (70, 4);
+    let (w, bias, x) = (vals(ch * k, 7), vals(ch, 3), vals(k * ch, 13));
+    let taps = taps_by_position(&w, ch, k);
+    let want: Vec<f32> = (0..ch)
+        .map(|c| {
+            let mut acc = 0.0f32;
+            for j in 0..k {
+                acc += w[c * k + j] * x[j * ch + c];
+            }
+            acc + bias[c]
+        })
+        .collect();
+    // d_state 36: four lanes of 8 and a tail of 4.
+    let (nh, hd, n, groups, t) = (4, 8, 36, 2, 5);
+    let xbc = vals(t * (nh * hd + 2 * groups * n), 17);
+    let (dt, neg_a) = (vals(t * nh, 5), vec![-0.5, -1.0, -0.25, -2.0]);
+    let (d, dt_bias) = (vals(nh, 11), vals(nh, 19));
+    let p = MambaParams {
+        heads: nh,
+        head_dim: hd,
+        d_state: n,
+        groups,
+        neg_a: &neg_a,
+        d: &d,
+        dt_bias: &dt_bias,
+        dt_min: 0.0,
+    };
+    let scan = |unit| {
+        let mut st = vals(hd * n, 23);
+        let y = vector::on(unit, || {
+            collect_rows(t, hd, |o| mamba_head(&xbc, &dt, &p, (3, 0..t, &mut st), o))
+        });
+        (y, st)
+    };
+    let base = scan(Unit::Baseline);
+    // The scan's documented order, spelled out: update the row, then its dot with C in 8
+    // lanes (element i in lane i mod 8), the tail serially, a fixed tree.
+    let mut st = vals(hd * n, 23);
+    let (row, inter, h, g) = (nh * hd + 2 * groups * n, nh * hd, 3, 3 / (nh / groups));
+    for r in 0..t {
+        let xr = &xbc[r * row..(r + 1) * row];
+        let (bm, cm) = (
+            &xr[inter + g * n..][..n],
+            &xr[inter + (groups + g) * n..][..n],
+        );
+        let dd = softplus(dt[r * nh + h] + dt_bias[h]).max(0.0);
+        let da = (dd * neg_a[h]).exp();
+        for j in 0..hd {
+            let (xj, srow) = (xr[h * hd + j], &mut st[j * n..(j + 1) * n]);
+            let (mut acc, mut tail) = ([0.0f32; 8], 0.0f32);
+            for i in 0..n {
+                srow[i] = srow[i] * da + (xj * dd) * bm[i];
+                if i < n / 8 * 8 {
+                    acc[i % 8] += cm[i] * srow[i];
+                } else {
+                    tail += cm[i] * srow[i];
+                }
+            }
+            let dot = ((acc[0] + acc[1]) + (acc[2] + acc[3]))
+                + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+                + tail;
+            let y = dot + d[h] * xj;
+            assert_eq!(
+                y.to_bits(),
+                base.0[r * hd + j].to_bits(),
+                "row {r}, channel {j}"
+            );
+        }
+    }
+    assert!(
+        st.iter()
+            .zip(&base.1)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+    for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
+        if !unit.available() {
+            println!("skip: conv and scan on {unit:?} (this CPU lacks it)");
+            continue;
+        }
+        let mut o = vec![f32::NAN; ch];
+        vector::on(unit, || {
+            conv_row(&mut o, &taps, Some(&bias), |j| &x[j * ch..(j + 1) * ch])
+        });
+        assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let got = scan(unit);
+        assert!(
+            got.0
+                .iter()
+                .zip(&base.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        assert!(
+            got.1
+                .iter()
+                .zip(&base.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    }
+}
