@@ -477,7 +477,9 @@ pub trait Device: Send + Sync + Sized + 'static {
         w: &Self::Linear,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// `out` = `n` rows of `width` (f32 zeros), ready for [`Device::matmul_rows`].
+    /// `out` = `n` rows of `width`, ready for [`Device::matmul_rows`] to fill: a reused buffer
+    /// keeps its old values (every row must be written before it is read; the MoE blocks'
+    /// experts' row spans cover all `n`).
     fn resize(&self, out: &mut Self::Buf, n: usize, width: usize) -> DevResult<()>;
     /// `out = rms_norm(x) · w` per row.
     fn rms_norm(

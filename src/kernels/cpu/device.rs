@@ -275,19 +275,18 @@ impl Device for CpuDevice {
                 out.width
             )));
         }
-        let mut y = Vec::new();
-        w.forward(
+        // Straight into the rows of `out`: no per-expert buffer, zeroing or copy.
+        w.forward_into(
             &x.data[rows.start * k..rows.end * k],
             m,
-            &mut y,
+            &mut out.data[rows.start * n..rows.end * n],
             self.threads,
         );
-        out.data[rows.start * n..rows.end * n].copy_from_slice(&y);
         Ok(())
     }
 
     fn resize(&self, out: &mut CpuBuf, n: usize, width: usize) -> DevResult<()> {
-        out.data.clear();
+        // Zeroes only growth (the trait's contract: every row is written before it is read).
         out.data.resize(n * width, 0.0);
         set(out, width);
         Ok(())

@@ -25,7 +25,7 @@
 use gemm::Parallelism;
 
 use super::bf16::{
-    Bf16Kernel, PackedBf16, Tile, matmul_bf16, matmul_bf16_silu_mul, matmul_bf16_swiglu_down,
+    Bf16Kernel, PackedBf16, Tile, matmul_bf16_into, matmul_bf16_silu_mul, matmul_bf16_swiglu_down,
 };
 
 /// Smallest M handed to gemm (see the module docs).
@@ -49,13 +49,20 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `y[m, out] = x[m, inp] · Wᵀ (+ b)`; `y` is resized to `m * out`. `scratch` holds the
-    /// bf16 copy of `x` on the bf16 paths.
+    /// `y[m, out] = x[m, inp] · Wᵀ (+ b)`; `y` is resized to `m * out` (every element is
+    /// written: resizing zeroes only growth).
     pub fn forward(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) {
+        y.resize(m * self.out, 0.0);
+        self.forward_into(x, m, y, threads);
+    }
+
+    /// [`Linear::forward`] into `y` (`m * out` values, every one written): rows of a larger
+    /// buffer (a MoE expert's rows) without a copy.
+    pub fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32], threads: usize) {
         match &self.w {
-            Weight::F32(w) => matmul_wt(x, m, self.inp, w, self.out, y, threads),
+            Weight::F32(w) => matmul_wt_into(x, m, self.inp, w, self.out, y, threads),
             Weight::Bf16 { w, kernel } => BF16_SCRATCH
-                .with_borrow_mut(|scratch| matmul_bf16(x, m, w, y, threads, *kernel, scratch)),
+                .with_borrow_mut(|scratch| matmul_bf16_into(x, m, w, y, threads, *kernel, scratch)),
         }
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out) {
@@ -148,14 +155,25 @@ pub fn matmul_wt(
     c: &mut Vec<f32>,
     threads: usize,
 ) {
+    // gemm overwrites all of `c` without reading it (`read_dst = false`), so a reused buffer
+    // is not zeroed first (resizing zeroes only growth): no pass over tens of MB per call.
+    c.resize(m * n, 0.0);
+    matmul_wt_into(a, m, k, w, n, c, threads);
+}
+
+/// [`matmul_wt`] into `c` (`m * n` values, every one written).
+pub fn matmul_wt_into(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    c: &mut [f32],
+    threads: usize,
+) {
     assert_eq!(a.len(), m * k, "matmul_wt: lhs is not [m, k]");
     assert_eq!(w.len(), n * k, "matmul_wt: weight is not [n, k]");
-    // gemm overwrites all of `c` without reading it (`read_dst = false`), so a buffer of the
-    // right length is reused as is: no zeroing pass over tens of MB per call.
-    if c.len() != m * n {
-        c.clear();
-        c.resize(m * n, 0.0);
-    }
+    assert_eq!(c.len(), m * n, "matmul_wt: output is not [m, n]");
     if m == 0 || n == 0 || k == 0 {
         c.fill(0.0);
         return;

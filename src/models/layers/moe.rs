@@ -88,7 +88,7 @@ pub(super) fn run_experts<D: Device>(
 ) -> DevResult<()> {
     let n = routing.rows.len();
     dev.moe_gather(x, routing, &mut m.rows)?;
-    check_routing(routing, n, experts)?;
+    check_routing(routing, n, experts.len())?;
     let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
     dev.resize(&mut m.gate_up, n, 2 * inter)?;
     for (expert, rows) in experts.iter().zip(spans.clone()) {
@@ -106,11 +106,12 @@ pub(super) fn run_experts<D: Device>(
     Ok(())
 }
 
-fn check_routing<D: Device>(routing: &Routing, n: usize, experts: &[Expert<D>]) -> DevResult<()> {
-    if routing.offsets.len() != experts.len() + 1 || routing.offsets.last() != Some(&n) {
+/// The routing has one row span per expert and its spans end at `n` (they start at 0 and
+/// follow each other by construction): together they cover every row.
+pub(super) fn check_routing(routing: &Routing, n: usize, experts: usize) -> DevResult<()> {
+    if routing.offsets.len() != experts + 1 || routing.offsets.last() != Some(&n) {
         return Err(DeviceError::Invalid(format!(
-            "routing of {n} rows over {} experts has {} offsets",
-            experts.len(),
+            "routing of {n} rows over {experts} experts has {} offsets",
             routing.offsets.len()
         )));
     }

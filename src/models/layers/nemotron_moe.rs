@@ -5,6 +5,7 @@
 //! relu² shared expert — the order transformers adds them in.
 
 use super::mlp::Mlp;
+use super::moe::check_routing;
 use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{DevResult, DeviceError};
@@ -64,6 +65,8 @@ impl<D: Device> NemotronMoe<D> {
             }
             None => dev.moe_gather(&s.normed, &routing, &mut m.rows)?,
         }
+        // The experts' row spans must cover all n rows: `resize` leaves old values.
+        check_routing(&routing, n, self.experts.len())?;
         let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
         dev.resize(&mut m.gate_up, n, self.inter)?;
         for (expert, rows) in self.experts.iter().zip(spans.clone()) {

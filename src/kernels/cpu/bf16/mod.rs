@@ -448,10 +448,24 @@ pub fn matmul_bf16(
     kernel: Bf16Kernel,
     scratch: &mut Vec<Tile>,
 ) {
+    // Every element is written: resizing zeroes only growth, not the reused part.
+    c.resize(m * w.n, 0.0);
+    matmul_bf16_into(a, m, w, c, threads, kernel, scratch);
+}
+
+/// [`matmul_bf16`] into `c` (`m * n` values, every one written).
+pub fn matmul_bf16_into(
+    a: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut [f32],
+    threads: usize,
+    kernel: Bf16Kernel,
+    scratch: &mut Vec<Tile>,
+) {
     let (n, k) = (w.n, w.k);
     assert_eq!(a.len(), m * k, "matmul_bf16: lhs is not [m, k]");
-    // Every element is written below: resizing zeroes only growth, not the reused part.
-    c.resize(m * n, 0.0);
+    assert_eq!(c.len(), m * n, "matmul_bf16: output is not [m, n]");
     if m == 0 || n == 0 {
         return;
     }
