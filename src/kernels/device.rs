@@ -477,6 +477,20 @@ pub trait Device: Send + Sync + Sized + 'static {
         w: &Self::Linear,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// Rows `rows` of `out` (`[n, I]`) = `silu_mul` of rows `rows` of `x · Wᵀ`, for a stacked
+    /// `[gate | up]` weight `w` (a MoE expert), where the device fuses the two (the same bits as
+    /// [`Device::matmul_rows`] then [`Device::silu_mul`]); false: not done, the caller runs
+    /// those.
+    fn matmul_rows_silu_mul(
+        &self,
+        x: &Self::Buf,
+        rows: Range<usize>,
+        w: &Self::Linear,
+        out: &mut Self::Buf,
+    ) -> DevResult<bool> {
+        let _ = (x, rows, w, out);
+        Ok(false)
+    }
     /// `out` = `n` rows of `width`, ready for [`Device::matmul_rows`] to fill: a reused buffer
     /// keeps its old values (every row must be written before it is read; the MoE blocks'
     /// experts' row spans cover all `n`).

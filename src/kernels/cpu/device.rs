@@ -285,6 +285,31 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn matmul_rows_silu_mul(
+        &self,
+        x: &CpuBuf,
+        rows: Range<usize>,
+        w: &Linear,
+        out: &mut CpuBuf,
+    ) -> DevResult<bool> {
+        let (k, n, m) = (w.inp, w.out / 2, rows.len());
+        if out.width != n || out.rows() < rows.end || x.width != k {
+            return Err(DeviceError::Invalid(format!(
+                "matmul_rows_silu_mul {rows:?}: input width {} (weight {k}), output [{}, {}] \
+                 (weight {n})",
+                x.width,
+                out.rows(),
+                out.width
+            )));
+        }
+        Ok(w.forward_silu_mul_into(
+            &x.data[rows.start * k..rows.end * k],
+            m,
+            &mut out.data[rows.start * n..rows.end * n],
+            self.threads,
+        ))
+    }
+
     fn resize(&self, out: &mut CpuBuf, n: usize, width: usize) -> DevResult<()> {
         // Zeroes only growth (the trait's contract: every row is written before it is read).
         out.data.resize(n * width, 0.0);

@@ -25,7 +25,8 @@
 use gemm::Parallelism;
 
 use super::bf16::{
-    Bf16Kernel, PackedBf16, Tile, matmul_bf16_into, matmul_bf16_silu_mul, matmul_bf16_swiglu_down,
+    Bf16Kernel, PackedBf16, Tile, matmul_bf16_into, matmul_bf16_silu_mul_into,
+    matmul_bf16_swiglu_down,
 };
 
 /// Smallest M handed to gemm (see the module docs).
@@ -78,16 +79,35 @@ impl Linear {
     /// of 32: the `[m, out]` projection is never written); false: not done here, run
     /// [`Linear::forward`] and `ops::silu_mul` (the same bits).
     pub fn forward_silu_mul(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) -> bool {
+        if !self.fuses_silu_mul() {
+            return false;
+        }
+        y.resize(m * self.out / 2, 0.0);
+        self.forward_silu_mul_into(x, m, y, threads)
+    }
+
+    /// [`Linear::forward_silu_mul`] into `y` (`m * out / 2` values, every one written when
+    /// true): a MoE expert's rows of the shared activation.
+    pub fn forward_silu_mul_into(
+        &self,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        threads: usize,
+    ) -> bool {
         match &self.w {
-            Weight::Bf16 {
-                w,
-                kernel: Bf16Kernel::Amx,
-            } if self.b.is_none() && self.out.is_multiple_of(64) => {
-                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul(x, m, w, y, threads, s));
+            Weight::Bf16 { w, .. } if self.fuses_silu_mul() => {
+                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul_into(x, m, w, y, threads, s));
                 true
             }
             _ => false,
         }
+    }
+
+    /// Whether the SwiGLU epilogue takes this weight: bf16 on AMX, no bias, `out / 2` a
+    /// multiple of 32.
+    fn fuses_silu_mul(&self) -> bool {
+        self.amx_bf16().is_some() && self.out.is_multiple_of(64)
     }
 
     /// The SwiGLU MLP `y[m, down.out] = down(silu(gate) · up)` of `x · Wᵀ` for a stacked

@@ -6,7 +6,7 @@
 //! down GEMM, and the combine that adds each token's experts in ascending expert order from
 //! zero. There is no shared expert.
 
-use super::moe::{Expert, run_experts};
+use super::moe::{Expert, ExpertAct, run_experts};
 use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::DevResult;
@@ -44,7 +44,9 @@ impl<D: Device> GptOssMoe<D> {
             &self.experts,
             sizes,
             m,
-            |d, gu, act| d.swiglu_clamped(gu, clamp, act),
+            ExpertAct::Other(|d: &D, gu: &D::Buf, act: &mut D::Buf| {
+                d.swiglu_clamped(gu, clamp, act)
+            }),
         )?;
         dev.moe_combine(&m.out, &routing, None, &mut s.proj)
     }

@@ -58,7 +58,7 @@ impl<D: Device> Moe<D> {
             &self.experts,
             sizes,
             m,
-            |d, gu, act| d.silu_mul(gu, act),
+            ExpertAct::<fn(&D, &D::Buf, &mut D::Buf) -> DevResult<()>>::SiluMul,
         )?;
         let shared = match &self.shared {
             Some(sh) => {
@@ -84,19 +84,28 @@ pub(super) fn run_experts<D: Device>(
     experts: &[Expert<D>],
     (inter, hidden): (usize, usize),
     m: &mut MoeScratch<D>,
-    act: impl FnOnce(&D, &D::Buf, &mut D::Buf) -> DevResult<()>,
+    act: ExpertAct<impl FnOnce(&D, &D::Buf, &mut D::Buf) -> DevResult<()>>,
 ) -> DevResult<()> {
     let n = routing.rows.len();
     dev.moe_gather(x, routing, &mut m.rows)?;
     check_routing(routing, n, experts.len())?;
     let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
-    dev.resize(&mut m.gate_up, n, 2 * inter)?;
-    for (expert, rows) in experts.iter().zip(spans.clone()) {
-        if !rows.is_empty() {
-            dev.matmul_rows(&m.rows, rows, &expert.gate_up, &mut m.gate_up)?;
+    let fused = match act {
+        ExpertAct::SiluMul => fused_silu_mul(dev, experts, spans.clone(), (n, inter), m)?,
+        ExpertAct::Other(_) => false,
+    };
+    if !fused {
+        dev.resize(&mut m.gate_up, n, 2 * inter)?;
+        for (expert, rows) in experts.iter().zip(spans.clone()) {
+            if !rows.is_empty() {
+                dev.matmul_rows(&m.rows, rows, &expert.gate_up, &mut m.gate_up)?;
+            }
+        }
+        match act {
+            ExpertAct::SiluMul => dev.silu_mul(&m.gate_up, &mut m.act)?,
+            ExpertAct::Other(f) => f(dev, &m.gate_up, &mut m.act)?,
         }
     }
-    act(dev, &m.gate_up, &mut m.act)?;
     dev.resize(&mut m.out, n, hidden)?;
     for (expert, rows) in experts.iter().zip(spans) {
         if !rows.is_empty() {
@@ -104,6 +113,35 @@ pub(super) fn run_experts<D: Device>(
         }
     }
     Ok(())
+}
+
+/// The experts' activation between their two GEMMs.
+pub(super) enum ExpertAct<F> {
+    /// `silu(gate) · up` ([`Device::silu_mul`]), fused into the gate_up GEMMs where the device
+    /// can.
+    SiluMul,
+    /// Any other, over all rows of `[gate | up]` at once.
+    Other(F),
+}
+
+/// Each expert's `silu(gate) · up` straight into its rows of `m.act`, where the device fuses
+/// it for every expert; false: not done (the unfused path recomputes every row).
+fn fused_silu_mul<D: Device>(
+    dev: &D,
+    experts: &[Expert<D>],
+    spans: impl Iterator<Item = std::ops::Range<usize>>,
+    (n, inter): (usize, usize),
+    m: &mut MoeScratch<D>,
+) -> DevResult<bool> {
+    dev.resize(&mut m.act, n, inter)?;
+    for (expert, rows) in experts.iter().zip(spans) {
+        if !rows.is_empty()
+            && !dev.matmul_rows_silu_mul(&m.rows, rows, &expert.gate_up, &mut m.act)?
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The routing has one row span per expert and its spans end at `n` (they start at 0 and

@@ -28,7 +28,7 @@ mod portable;
 mod swiglu;
 mod widen;
 
-pub use swiglu::{matmul_bf16_silu_mul, matmul_bf16_swiglu_down};
+pub use swiglu::{matmul_bf16_silu_mul, matmul_bf16_silu_mul_into, matmul_bf16_swiglu_down};
 
 use std::fmt;
 

@@ -118,9 +118,23 @@ pub fn matmul_bf16_silu_mul(
     threads: usize,
     scratch: &mut Vec<Tile>,
 ) {
-    let inter = check_gate_up(a, m, w);
     // Every element is written below: resizing zeroes only growth, not the reused part.
-    c.resize(m * inter, 0.0);
+    c.resize(m * (w.n / 2), 0.0);
+    matmul_bf16_silu_mul_into(a, m, w, c, threads, scratch);
+}
+
+/// [`matmul_bf16_silu_mul`] into `c` (`m * n / 2` values, every one written): a MoE expert's
+/// rows of the shared activation.
+pub fn matmul_bf16_silu_mul_into(
+    a: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    c: &mut [f32],
+    threads: usize,
+    scratch: &mut Vec<Tile>,
+) {
+    let inter = check_gate_up(a, m, w);
+    assert_eq!(c.len(), m * inter, "fused SwiGLU: output is not [m, n / 2]");
     if m == 0 || w.k == 0 {
         c.fill(0.0);
         return;

@@ -248,6 +248,45 @@ fn silu_mul_case(k: usize, s: &mut u64) {
     }
 }
 
+/// A MoE expert's fused SwiGLU into its rows of a shared activation buffer gives the bits of
+/// the unfused GEMM then `silu_mul`, and leaves the other rows alone.
+#[test]
+fn expert_rows_fused_equal_gemm_then_silu_mul() {
+    use crate::kernels::cpu::matmul::{Linear, Weight};
+    if !amx_or_skip("MoE expert's fused SwiGLU") {
+        return;
+    }
+    let mut s = 33;
+    let (inter, k, m) = (64, 96, 37);
+    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
+    let lin = Linear {
+        w: Weight::Bf16 {
+            w: w.clone(),
+            kernel: Bf16Kernel::Amx,
+        },
+        b: None,
+        out: 2 * inter,
+        inp: k,
+    };
+    let a = rnd(m * k, &mut s);
+    let mut wide = Vec::new();
+    let mut want = Vec::new();
+    pool().install(|| lin.forward(&a, m, &mut wide, 2));
+    crate::kernels::cpu::ops::silu_mul(&wide, inter, &mut want);
+    // The expert's rows 5..5 + m of a 50-row buffer of NaN.
+    let mut shared = vec![f32::NAN; 50 * inter];
+    let rows = &mut shared[5 * inter..(5 + m) * inter];
+    assert!(pool().install(|| lin.forward_silu_mul_into(&a, m, rows, 2)));
+    let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(b(&shared[5 * inter..(5 + m) * inter]), b(&want));
+    assert!(
+        shared[..5 * inter]
+            .iter()
+            .chain(&shared[(5 + m) * inter..])
+            .all(|v| v.is_nan())
+    );
+}
+
 /// The whole fused MLP (the epilogue rounding `silu(gate) · up` into the down projection's
 /// tiles) gives the bits of the fused SwiGLU then the down GEMM, with both reused buffers
 /// starting from stale NaN bits (the padding rows of the tiles must be written).
