@@ -127,6 +127,30 @@ fn set(out: &mut CpuBuf, width: usize) {
     out.width = width;
 }
 
+/// Rows `rows` of `x` (width `k`) and of `out` (width `n`), for an op `what` that writes the
+/// one from the other (a MoE expert's GEMM); an error unless the widths match and `out` holds
+/// the rows.
+fn expert_rows<'a>(
+    what: &str,
+    x: &'a CpuBuf,
+    rows: Range<usize>,
+    (k, n): (usize, usize),
+    out: &'a mut CpuBuf,
+) -> DevResult<(&'a [f32], &'a mut [f32])> {
+    if out.width != n || out.rows() < rows.end || x.width != k {
+        return Err(DeviceError::Invalid(format!(
+            "{what} {rows:?}: input width {} (weight {k}), output [{}, {}] (weight {n})",
+            x.width,
+            out.rows(),
+            out.width
+        )));
+    }
+    Ok((
+        &x.data[rows.start * k..rows.end * k],
+        &mut out.data[rows.start * n..rows.end * n],
+    ))
+}
+
 impl Device for CpuDevice {
     type Buf = CpuBuf;
     type Linear = Linear;
@@ -266,22 +290,9 @@ impl Device for CpuDevice {
         w: &Linear,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let (k, n, m) = (w.inp, w.out, rows.len());
-        if out.width != n || out.rows() < rows.end || x.width != k {
-            return Err(DeviceError::Invalid(format!(
-                "matmul_rows {rows:?}: input width {} (weight {k}), output [{}, {}] (weight {n})",
-                x.width,
-                out.rows(),
-                out.width
-            )));
-        }
+        let (xs, ys) = expert_rows("matmul_rows", x, rows.clone(), (w.inp, w.out), out)?;
         // Straight into the rows of `out`: no per-expert buffer, zeroing or copy.
-        w.forward_into(
-            &x.data[rows.start * k..rows.end * k],
-            m,
-            &mut out.data[rows.start * n..rows.end * n],
-            self.threads,
-        );
+        w.forward_into(xs, rows.len(), ys, self.threads);
         Ok(())
     }
 
@@ -292,22 +303,9 @@ impl Device for CpuDevice {
         w: &Linear,
         out: &mut CpuBuf,
     ) -> DevResult<bool> {
-        let (k, n, m) = (w.inp, w.out / 2, rows.len());
-        if out.width != n || out.rows() < rows.end || x.width != k {
-            return Err(DeviceError::Invalid(format!(
-                "matmul_rows_silu_mul {rows:?}: input width {} (weight {k}), output [{}, {}] \
-                 (weight {n})",
-                x.width,
-                out.rows(),
-                out.width
-            )));
-        }
-        Ok(w.forward_silu_mul_into(
-            &x.data[rows.start * k..rows.end * k],
-            m,
-            &mut out.data[rows.start * n..rows.end * n],
-            self.threads,
-        ))
+        let shape = (w.inp, w.out / 2);
+        let (xs, ys) = expert_rows("matmul_rows_silu_mul", x, rows.clone(), shape, out)?;
+        Ok(w.forward_silu_mul_into(xs, rows.len(), ys, self.threads))
     }
 
     fn resize(&self, out: &mut CpuBuf, n: usize, width: usize) -> DevResult<()> {

@@ -58,7 +58,7 @@ impl<D: Device> Moe<D> {
             &self.experts,
             sizes,
             m,
-            ExpertAct::<fn(&D, &D::Buf, &mut D::Buf) -> DevResult<()>>::SiluMul,
+            ExpertAct::<NoAct<D>>::SiluMul,
         )?;
         let shared = match &self.shared {
             Some(sh) => {
@@ -114,6 +114,9 @@ pub(super) fn run_experts<D: Device>(
     }
     Ok(())
 }
+
+/// The closure type of [`ExpertAct::SiluMul`], which carries none.
+type NoAct<D> = fn(&D, &<D as Device>::Buf, &mut <D as Device>::Buf) -> DevResult<()>;
 
 /// The experts' activation between their two GEMMs.
 pub(super) enum ExpertAct<F> {
