@@ -1,8 +1,8 @@
 //! The attention task on AMX-BF16 tiles, for bf16 models on the `amx` path
-//! (`cpu_bf16_kernel`): QKᵀ and PV as tile products with f32 accumulation, and the f32
-//! kernel's softmax ([`softmax_avx2`]) in between — as torch's CPU flash attention does for
-//! bf16: q, k, v and the probabilities rounded to bf16 (nearest even), scores, softmax and
-//! sums in f32.
+//! (`cpu_bf16_kernel`): QKᵀ and PV as tile products with f32 accumulation, and the
+//! operations of the f32 kernel's softmax (`softmax_avx2`) in between — as torch's CPU flash
+//! attention does for bf16: q, k, v and the probabilities rounded to bf16 (nearest even),
+//! scores, softmax and sums in f32.
 //!
 //! # Per chain of tasks (one run of positions and kv head) and per task (up to `AMX_ROWS`
 //! query rows)
@@ -10,8 +10,10 @@
 //!    `S = K · Qᵀ`, 16 keys × 32 dims per tile) and V in VNNI pairs of keys (the B operand of
 //!    `O = P · V`): packing them per task cost as much as the task's tile products. Per task,
 //!    Q in VNNI pairs (the B operand).
-//! 2. `Sᵀ [keys][rows]` tile by tile into the scores, `× scale`; the f32 softmax over them.
-//! 3. P rounded to bf16 into A tiles (16 rows × 32 keys) and `O = P · V`, `× 1 / sum`.
+//! 2. `Sᵀ [keys][rows]` tile by tile into the scores; the f32 softmax over them `× scale`,
+//!    its probabilities rounded to bf16 straight into P's A tiles (16 rows × 32 keys) in the
+//!    same pass (`attention_amx_softmax.rs`).
+//! 3. `O = P · V`, `× 1 / sum`.
 //!
 //! # Row invariance (DESIGN.md §7 a)
 //! A score is one dot product over the head dim in tile order, whatever the other rows of the
@@ -24,8 +26,14 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, prepare, softmax_avx2};
-use crate::kernels::cpu::bf16::{round_into, with_amx_tiles};
+use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, prepare};
+use crate::kernels::cpu::bf16::{
+    pairs_native, round_into, round_native, round32_native, with_amx_tiles,
+};
+use softmax::softmax_into_tiles;
+
+#[path = "attention_amx_softmax.rs"]
+mod softmax;
 
 /// Rows per tile.
 const T: usize = 16;
@@ -65,34 +73,7 @@ pub(super) fn usable(hd: usize) -> bool {
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
-}
-
-/// `v` with the bf16 of each lane (nearest even; NaN stays NaN, quiet) in its upper 16 bits;
-/// the lower 16 bits are not meaningful.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn bf16_hi(x: __m512) -> __m512i {
-    let x = _mm512_castps_si512(x);
-    let lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-    let rounded = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);
-    let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
-    let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
-    _mm512_mask_blend_epi32(
-        nan,
-        rounded,
-        _mm512_or_si512(x, _mm512_set1_epi32(0x40_0000)),
-    )
-}
-
-/// 16 VNNI words: bf16(`lo`) in the low half, bf16(`hi`) in the high half of each lane.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn pairs(lo: __m512, hi: __m512) -> __m512i {
-    let mask = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    _mm512_or_si512(
-        _mm512_and_si512(bf16_hi(hi), mask),
-        _mm512_srli_epi32(bf16_hi(lo), 16),
-    )
+        && round_native()
 }
 
 /// `len` lines, reused (no zeroing of what is rewritten below).
@@ -124,7 +105,7 @@ pub(super) unsafe fn run_chain(ctx: &Ctx<'_>, chain: &[Task], s: &mut Scratch, a
 }
 
 /// One task of `len` keys on K and V packed for at least its keys (see the module docs).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma")]
 unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch, len: usize) {
     let hd = ctx.shape.head_dim;
     let rp = s.lens.len();
@@ -134,15 +115,11 @@ unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScra
         pack_q(ctx, task, a, rp);
         let st = lines(&mut a.st, keys * rp / T).cast::<f32>();
         scores(a, st, keys, hd, rp);
-        let scale = _mm512_set1_ps(ctx.shape.scale);
-        for i in (0..len * rp).step_by(T) {
-            _mm512_store_ps(st.add(i), _mm512_mul_ps(_mm512_load_ps(st.add(i)), scale));
-        }
-        softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
-        // Keys len..keys (zero keys, or later keys of the chain): probability 0, as for
-        // masked keys; their values add exact zeros.
-        std::ptr::write_bytes(st.add(len * rp), 0, (keys - len) * rp);
-        pack_p(a, st, keys, rp);
+        // Keys len..keys (zero keys, or later keys of the chain) get probability 0, as masked
+        // keys do; their values add exact zeros.
+        let p = lines(&mut a.p, rp / T * keys / KEY_ALIGN * T);
+        let (scale, sinks) = (ctx.shape.scale, ctx.softmax.sinks.is_some());
+        softmax_into_tiles(st, (rp, len, keys), scale, s, sinks, p);
         values(ctx, task, s, a, keys, rp);
     }
 }
@@ -166,7 +143,7 @@ unsafe fn pack_k(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
 
 /// V in B tiles: line `(kb, dt, kk)` = dims `16 dt..` of keys `32 kb + 2 kk` (low halves) and
 /// `+ 1` (high halves); keys past `len` are zero.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn pack_v(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
     let (hd, len) = (ctx.shape.head_dim, s.offsets.len());
     let v = lines(&mut a.v, keys * hd / 32);
@@ -180,7 +157,7 @@ unsafe fn pack_v(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
         for dt in 0..dts {
             for kk in 0..T {
                 let j = kb * KEY_ALIGN + 2 * kk;
-                let w = pairs(row(j, dt * T), row(j + 1, dt * T));
+                let w = pairs_native(row(j, dt * T), row(j + 1, dt * T));
                 // SAFETY: line (kb * dts + dt) * 16 + kk < keys / 32 * dts * 16.
                 unsafe { _mm512_store_si512(v.add((kb * dts + dt) * T + kk).cast(), w) };
             }
@@ -192,7 +169,7 @@ unsafe fn pack_v(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
 /// `32 c + 2 kk` (low) and `+ 1` (high); rows past the task's are zero. A row's 32 dims
 /// rounded to bf16 are, in memory order, its 16 dim pairs: 16 rows of them transposed give
 /// the tile (no `[hd][rp]` transpose of Q first, which cost ~3% of a bf16 run).
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn pack_q(ctx: &Ctx<'_>, task: &Task, a: &mut AmxScratch, rp: usize) {
     let (hd, group) = (ctx.shape.head_dim, ctx.group);
     let rows = task.n * group;
@@ -216,11 +193,7 @@ unsafe fn pack_q(ctx: &Ctx<'_>, task: &Task, a: &mut AmxScratch, rp: usize) {
                         _mm512_loadu_ps(x.as_ptr().add(16)),
                     )
                 };
-                let (lo, hi) = (
-                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_hi(lo), 16)),
-                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_hi(hi), 16)),
-                );
-                *word = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                *word = round32_native(lo, hi);
             }
             transpose16(&mut words);
             let tile = q.wrapping_add((rt * cs + c) * T);
@@ -324,34 +297,6 @@ unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize
                 }
                 for i in 0..n {
                     store(i, st.add(jb * rp + (rg + i) * T), rp * 4);
-                }
-            }
-        }
-    }
-}
-
-/// P (`st`, `[keys][rp]`) rounded to bf16 into A tiles: row r of tile `(rt, kb)` = the 16 key
-/// pairs `32 kb + 2 w, + 1` of row `16 rt + r`.
-#[target_feature(enable = "avx512f")]
-unsafe fn pack_p(a: &mut AmxScratch, st: *const f32, keys: usize, rp: usize) {
-    let kbs = keys / KEY_ALIGN;
-    let p = lines(&mut a.p, rp / T * kbs * T);
-    for rt in 0..rp / T {
-        for kb in 0..kbs {
-            // SAFETY: the tile's 16 lines lie inside `p`; st rows < keys, lanes < rp.
-            unsafe {
-                // Word w of every row (lane r), then rows as lines: a 16 × 16 transpose.
-                let mut words = [_mm512_setzero_si512(); T];
-                for (w, word) in words.iter_mut().enumerate() {
-                    let j = kb * KEY_ALIGN + 2 * w;
-                    let lo = _mm512_load_ps(st.add(j * rp + rt * T));
-                    let hi = _mm512_load_ps(st.add((j + 1) * rp + rt * T));
-                    *word = pairs(lo, hi);
-                }
-                transpose16(&mut words);
-                let tile = p.add((rt * kbs + kb) * T);
-                for (r, line) in words.iter().enumerate() {
-                    _mm512_store_si512(tile.add(r).cast(), *line);
                 }
             }
         }

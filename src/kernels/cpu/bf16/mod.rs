@@ -25,9 +25,12 @@ mod avx512;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use amx::with_tiles as with_amx_tiles;
 mod portable;
+mod round;
 mod swiglu;
 mod widen;
 
+pub(crate) use round::{pairs_native, round_into, round_native, round32_native};
+use round::{round_row, round32_avx512};
 pub use swiglu::{matmul_bf16_silu_mul, matmul_bf16_silu_mul_into, matmul_bf16_swiglu_down};
 
 use std::fmt;
@@ -242,90 +245,6 @@ pub fn round_tiles<'a>(
             }
         });
     out
-}
-
-/// `src` (one row of A; empty for a padding row) rounded into row `r` of each k tile of
-/// `band` (`kbs` tiles), zeros past its end.
-fn round_row(src: &[f32], r: usize, band: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is present.
-        unsafe { round_row_avx512(src, r, band) };
-        return;
-    }
-    round_row_portable(src, r, band);
-}
-
-/// [`round_row`] on AVX-512F: one feature check per row, the 32-value rounding inlined
-/// (a call and a check per 32 values had made rounding ~4% of a bf16 run).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn round_row_avx512(src: &[f32], r: usize, band: &mut [u16]) {
-    let whole = src.len() / TILE_K;
-    for (kb, tile) in band.chunks_exact_mut(TILE_ELEMS).enumerate() {
-        let row = &mut tile[r * TILE_K..(r + 1) * TILE_K];
-        if kb < whole {
-            round32_avx512(&src[kb * TILE_K..(kb + 1) * TILE_K], row);
-        } else {
-            round_part(&src[(kb * TILE_K).min(src.len())..], row);
-        }
-    }
-}
-
-/// [`round_row`] on any CPU.
-fn round_row_portable(src: &[f32], r: usize, band: &mut [u16]) {
-    for (kb, tile) in band.chunks_exact_mut(TILE_ELEMS).enumerate() {
-        let lo = (kb * TILE_K).min(src.len());
-        let chunk = &src[lo..(lo + TILE_K).min(src.len())];
-        round_part(chunk, &mut tile[r * TILE_K..(r + 1) * TILE_K]);
-    }
-}
-
-/// `chunk` (at most 32 values) rounded into the front of `row`, zeros after it.
-fn round_part(chunk: &[f32], row: &mut [u16]) {
-    let (vals, pad) = row.split_at_mut(chunk.len());
-    round_into(chunk, vals);
-    pad.fill(0);
-}
-
-/// `out[i] = bf16(src[i])`, round to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
-pub(crate) fn round_into(src: &[f32], out: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if src.len() == TILE_K && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is present; both slices hold 32 elements.
-        unsafe { round32_avx512(src, out) };
-        return;
-    }
-    for (d, &v) in out.iter_mut().zip(src) {
-        *d = bf16::from_f32(v).to_bits();
-    }
-}
-
-/// 32 values, the integer form of round-to-nearest-even: `(x + 0x7fff + lsb) >> 16`; NaN
-/// keeps its sign and top mantissa bits with the quiet bit set (as `half`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(super) fn round32_avx512(src: &[f32], out: &mut [u16]) {
-    use std::arch::x86_64::*;
-    for h in 0..2 {
-        // SAFETY: 16 f32 in, 16 u16 out, at h * 16 inside the 32-element slices.
-        unsafe {
-            let x = _mm512_loadu_si512(src.as_ptr().add(h * 16).cast());
-            let lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-            let rounded = _mm512_srli_epi32(
-                _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb),
-                16,
-            );
-            let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
-            let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
-            let quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-            let v = _mm512_mask_blend_epi32(nan, rounded, quiet);
-            _mm256_storeu_si256(
-                out.as_mut_ptr().add(h * 16).cast(),
-                _mm512_cvtepi32_epi16(v),
-            );
-        }
-    }
 }
 
 /// The output, written by workers at disjoint columns.

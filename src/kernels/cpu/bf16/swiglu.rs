@@ -9,7 +9,11 @@ use super::{Bf16Kernel, Job, Out, OutPtr, PAD_M, PAD_N, PackedBf16, TILE_ELEMS, 
 use super::{Tile, TilesPtr, round_into, round_tiles, run_jobs};
 use crate::kernels::cpu::exp::silu_mul_into;
 #[cfg(target_arch = "x86_64")]
-use {super::round32_avx512, crate::kernels::cpu::exp::silu16};
+use {
+    super::{round_native, round32_avx512, round32_native},
+    crate::kernels::cpu::exp::silu16,
+    std::arch::x86_64::*,
+};
 
 impl Job<'_> {
     /// The job computes the SwiGLU epilogue (its pairs are gate pairs).
@@ -74,6 +78,12 @@ impl Job<'_> {
 /// [`round_into`]).
 fn silu_mul_round(g: &[f32], u: &[f32], row: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
+    if round_native() {
+        // SAFETY: AVX-512F, AVX512-BW and AVX512-BF16 are present; 32 values each.
+        unsafe { silu_mul_round32_native(g, u, row) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; g, u and row hold 32 values.
         unsafe { silu_mul_round32(g, u, row) };
@@ -84,15 +94,14 @@ fn silu_mul_round(g: &[f32], u: &[f32], row: &mut [u16]) {
     round_into(&vals, row);
 }
 
-/// `silu(g) · u` of 32 values rounded to bf16 into `out`, in registers: the operations of
-/// [`silu_mul_into`] then [`round_into`] on AVX-512 (the same bits), without the f32 round
-/// trip and the two calls per tile row.
+/// `silu(g) · u` of 32 values on AVX-512: the operations of [`silu_mul_into`] (the same bits),
+/// without the f32 round trip and the two calls per tile row.
 ///
 /// # Safety
-/// AVX-512F present; `g`, `u` and `out` hold 32 values.
+/// AVX-512F present; `g` and `u` hold 32 values.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn silu_mul_round32(g: &[f32], u: &[f32], out: &mut [u16]) {
+#[inline(always)]
+unsafe fn silu32(g: &[f32], u: &[f32]) -> [f32; 32] {
     let mut vals = [0f32; 32];
     // SAFETY: (caller) 32 values each.
     unsafe {
@@ -103,7 +112,36 @@ unsafe fn silu_mul_round32(g: &[f32], u: &[f32], out: &mut [u16]) {
             vals.as_mut_ptr().add(16),
         );
     }
-    round32_avx512(&vals, out);
+    vals
+}
+
+/// [`silu32`] rounded into `out` by [`round32_avx512`].
+///
+/// # Safety
+/// AVX-512F present; `g`, `u` and `out` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_mul_round32(g: &[f32], u: &[f32], out: &mut [u16]) {
+    // SAFETY: (caller).
+    round32_avx512(&unsafe { silu32(g, u) }, out);
+}
+
+/// [`silu32`] rounded into `out` by [`round32_native`].
+///
+/// # Safety
+/// AVX-512F, AVX512-BW and AVX512-BF16 present; `g`, `u` and `out` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn silu_mul_round32_native(g: &[f32], u: &[f32], out: &mut [u16]) {
+    // SAFETY: (caller) 32 values each.
+    unsafe {
+        let v = silu32(g, u);
+        let w = round32_native(
+            _mm512_loadu_ps(v.as_ptr()),
+            _mm512_loadu_ps(v.as_ptr().add(16)),
+        );
+        _mm512_storeu_si512(out.as_mut_ptr().cast(), w);
+    }
 }
 
 /// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
