@@ -7,7 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Line, Scratch, T, pairs_native, transpose16};
+use super::{Line, Scratch, T, transpose16};
+use crate::kernels::cpu::bf16::pairs_cvt;
 use crate::kernels::cpu::exp::exp_neg_avx512;
 
 /// Keys per P tile (16 pairs).
@@ -70,6 +71,16 @@ unsafe fn row_tiles<const G: usize>(
             let j = _mm512_set1_epi32(j as i32);
             _mm512_cmpgt_epi32_mask(lens[g], j) & !_mm512_cmpgt_epi32_mask(starts[g], j)
         };
+        // Keys live in every row of the tiles: no mask to compute there (most keys).
+        let everywhere = |gs: std::ops::Range<usize>| {
+            let rows = at(gs.start)..at(gs.end);
+            let lo = s.starts[rows.clone()]
+                .iter()
+                .max()
+                .map_or(0, |&v| v as usize);
+            let hi = s.lens[rows].iter().min().map_or(0, |&v| v as usize);
+            lo..hi
+        };
         let score =
             |g: usize, j: usize| _mm512_mul_ps(_mm512_loadu_ps(st.add(j * rp + at(g))), scale);
         let sink: [__m512; G] =
@@ -78,18 +89,27 @@ unsafe fn row_tiles<const G: usize>(
             true => sink[g],
             false => _mm512_set1_ps(f32::NEG_INFINITY),
         });
+        let all = everywhere(0..G);
         for j in 0..len {
             for (g, mg) in m.iter_mut().enumerate() {
-                *mg = _mm512_mask_blend_ps(live(g, j), *mg, _mm512_max_ps(*mg, score(g, j)));
+                let max = _mm512_max_ps(*mg, score(g, j));
+                *mg = match all.contains(&j) {
+                    true => max,
+                    false => _mm512_mask_blend_ps(live(g, j), *mg, max),
+                };
             }
         }
         let kbs = keys / KEYS;
         for g in 0..G {
             // Keys past `len` are never live: probability 0, adding +0 to the (non-negative)
             // sum changes no bit.
+            let all = everywhere(g..g + 1);
             let prob = |j: usize| {
                 let e = exp_neg_avx512(_mm512_sub_ps(score(g, j), m[g]));
-                _mm512_maskz_mov_ps(live(g, j), e)
+                match all.contains(&j) {
+                    true => e,
+                    false => _mm512_maskz_mov_ps(live(g, j), e),
+                }
             };
             let mut sum = _mm512_setzero_ps();
             for kb in 0..kbs {
@@ -98,7 +118,9 @@ unsafe fn row_tiles<const G: usize>(
                     let j = kb * KEYS + 2 * w;
                     let (lo, hi) = (prob(j), prob(j + 1));
                     sum = _mm512_add_ps(_mm512_add_ps(sum, lo), hi);
-                    *word = pairs_native(lo, hi);
+                    // No probability is denormal (0 or exp_neg(x >= -87.3) > 2^-126), so the
+                    // unchecked instruction rounds as `half` does.
+                    *word = pairs_cvt(lo, hi);
                 }
                 // Word w of every row (lane r), then rows as lines: a 16 × 16 transpose.
                 transpose16(&mut words);

@@ -88,11 +88,9 @@ pub fn exp_neg_avx512(x: __m512) -> __m512 {
         _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
         _mm512_set1_ps(1.0),
     );
-    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    ));
-    _mm512_mul_ps(y, _mm512_castsi512_ps(e))
+    // `y · 2^n` in one instruction instead of building 2^n's bits and multiplying: the same
+    // exact product (n >= -126 and y > 1 when n = -126, so the result is normal).
+    _mm512_scalef_ps(y, n)
 }
 
 /// `silu(g) · u` on one lane: `g · sigmoid(g) · u`, with `sigmoid` from `e = exp(-|g|)`
@@ -215,6 +213,38 @@ unsafe fn silu8(g: *const f32, u: *const f32, out: *mut f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 16-lane `exp_neg` gives the scalar's bits over its domain, [-100, 0] (every 97th
+    /// f32 bit pattern, both sides of the clamp) and at -0, -inf and the clamp itself.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn exp_neg_avx512_is_the_scalar() {
+        if !is_x86_feature_detected!("avx512f") {
+            println!("skip: no AVX-512F: the 16-lane exp did not run");
+            return;
+        }
+        // Negative floats in bit order: -0 up to -100.
+        let xs: Vec<f32> = (0x8000_0000u32..=(-100f32).to_bits())
+            .step_by(97)
+            .map(f32::from_bits)
+            .chain([-0.0, f32::NEG_INFINITY, EXP_LO, -87.299_99, -87.300_01])
+            .collect();
+        for c in xs.chunks(16) {
+            let mut x = [0f32; 16];
+            x[..c.len()].copy_from_slice(c);
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512F present; 16 floats each.
+            unsafe {
+                _mm512_storeu_ps(
+                    got.as_mut_ptr(),
+                    exp_neg_avx512(_mm512_loadu_ps(x.as_ptr())),
+                )
+            };
+            for (xi, g) in x.iter().zip(got) {
+                assert_eq!(g.to_bits(), exp_neg(*xi).to_bits(), "exp_neg({xi})");
+            }
+        }
+    }
 
     /// Every lane path gives the scalar's bits, and silu · u is within 2e-7 (relative) of f64.
     #[test]

@@ -73,16 +73,26 @@ fn round_row_avx512(src: &[f32], r: usize, band: &mut [u16]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 fn round_row_native(src: &[f32], r: usize, band: &mut [u16]) {
-    row_tiles(src, r, band, |s, o| {
-        // SAFETY: 32 values in `s` and `o` (row_tiles); the features are enabled here.
-        unsafe {
-            let w = round32_native(
-                _mm512_loadu_ps(s.as_ptr()),
-                _mm512_loadu_ps(s.as_ptr().add(16)),
-            );
-            _mm512_storeu_si512(o.as_mut_ptr().cast(), w);
-        }
-    });
+    // SAFETY: 32 values in `s` and `o` (row_tiles); the features are enabled here.
+    row_tiles(src, r, band, |s, o| unsafe { round32_native_into(s, o) });
+}
+
+/// 32 values by [`round32_native`].
+///
+/// # Safety
+/// The native features present; `src` and `out` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn round32_native_into(src: &[f32], out: &mut [u16]) {
+    // SAFETY: (caller).
+    unsafe {
+        let (lo, hi) = (
+            _mm512_loadu_ps(src.as_ptr()),
+            _mm512_loadu_ps(src.as_ptr().add(16)),
+        );
+        _mm512_storeu_si512(out.as_mut_ptr().cast(), round32_native(lo, hi));
+    }
 }
 
 /// `chunk` (at most 32 values) rounded into the front of `row`, zeros after it.
@@ -94,6 +104,12 @@ fn round_part(chunk: &[f32], row: &mut [u16]) {
 
 /// `out[i] = bf16(src[i])`.
 pub(crate) fn round_into(src: &[f32], out: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if src.len() == TILE_K && out.len() == TILE_K && round_native() {
+        // SAFETY: the native features are present; both slices hold 32 elements.
+        unsafe { round32_native_into(src, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if src.len() == TILE_K && is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; both slices hold 32 elements.
@@ -158,6 +174,18 @@ pub(crate) fn round32_native(lo: __m512, hi: __m512) -> __m512i {
         let half = |x| _mm512_cvtepi32_epi16(round16_int(x));
         return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(l)), half(h));
     }
+    round32_cvt(lo, hi)
+}
+
+/// [`round32_native`] without the denormal check: the same bits only where no lane of `lo`
+/// or `hi` is denormal (the instruction flushes those to zero).
+///
+/// # Safety
+/// As [`round32_native`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+pub(crate) fn round32_cvt(lo: __m512, hi: __m512) -> __m512i {
     // SAFETY: __m512bh and __m512i are both 64 bytes of plain bits.
     unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
 }
@@ -170,12 +198,30 @@ pub(crate) fn round32_native(lo: __m512, hi: __m512) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 pub(crate) fn pairs_native(lo: __m512, hi: __m512) -> __m512i {
-    // Word 2r <- word r (lo_r), word 2r + 1 <- word 16 + r (hi_r).
+    interleave(round32_native(lo, hi))
+}
+
+/// [`pairs_native`] without the denormal check (see [`round32_cvt`]).
+///
+/// # Safety
+/// As [`round32_native`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+pub(crate) fn pairs_cvt(lo: __m512, hi: __m512) -> __m512i {
+    interleave(round32_cvt(lo, hi))
+}
+
+/// Words `0..16` and `16..32` interleaved: word 2r <- word r, word 2r + 1 <- word 16 + r.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn interleave(w: __m512i) -> __m512i {
     let idx = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
-    _mm512_permutexvar_epi16(idx, round32_native(lo, hi))
+    _mm512_permutexvar_epi16(idx, w)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -276,6 +322,19 @@ mod tests {
                 .map(|r| u32::from(w[r]) | u32::from(w[16 + r]) << 16)
                 .collect();
             assert_eq!(&pairs[..], &expect[..], "native pairs");
+            let denormal = c.iter().any(|x| x.is_subnormal());
+            // SAFETY: as above.
+            let cvt: [u32; 16] = unsafe {
+                std::mem::transmute(pairs_cvt(
+                    _mm512_loadu_ps(c.as_ptr()),
+                    _mm512_loadu_ps(c.as_ptr().add(16)),
+                ))
+            };
+            assert_eq!(
+                cvt == pairs,
+                !denormal,
+                "unchecked pairs: same bits exactly without denormals"
+            );
         }
         // A vector of normal values alone takes the instruction itself.
         let normal: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 / 3.0).collect();
