@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """hsx vs transformers on the same models, prompts and machine; prints one table.
 
-    bench/run.sh [--tokens 100000] [--work /tmp/hsx-bench] [--threads 2] [--models llama,qwen3_5,qwen3_moe]
+    bench/run.sh [--tokens 100000] [--min-len 32] [--max-len 2048] [--work /tmp/hsx-bench] [--threads 2]
+                 [--models llama,qwen3_5,qwen3_moe]
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
@@ -242,6 +243,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/tmp/hsx-bench")
     ap.add_argument("--tokens", type=int, default=100_000)
+    ap.add_argument("--min-len", type=int, default=32, help="shortest prompt (make_prompts.py)")
+    ap.add_argument("--max-len", type=int, default=2048,
+                    help="longest prompt; equal to --min-len for one length (attention-bound runs: 4000)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--budget", type=int, default=2048, help="hsx max_num_batched_tokens")
     ap.add_argument("--models", default="llama,qwen3_5,qwen3_moe")
@@ -288,8 +292,11 @@ def main() -> int:
             log(f"building models {missing}")
             subprocess.run([args.python, str(BENCH / "make_models.py"), str(mdir), "--only", *missing], check=True)
         models = {(m, d): mdir / f"{m}_{d}" for m in args.models.split(",") for d in args.dtypes.split(",")}
-        vocab, prompt_args = 32000, ["--tokens", str(args.tokens)]
-    prompts = work / ("prompts-smoke.jsonl" if args.smoke else f"prompts-{args.tokens}.jsonl")
+        vocab = 32000
+        prompt_args = ["--tokens", str(args.tokens), "--min-len", str(args.min_len), "--max-len", str(args.max_len)]
+    # The default lengths keep the file name the earlier runs used.
+    lengths = "" if (args.min_len, args.max_len) == (32, 2048) else f"-{args.min_len}-{args.max_len}"
+    prompts = work / ("prompts-smoke.jsonl" if args.smoke else f"prompts-{args.tokens}{lengths}.jsonl")
     subprocess.run([sys.executable, str(BENCH / "make_prompts.py"), str(prompts), "--vocab", str(vocab), *prompt_args],
                    check=True)
     lens = [len(json.loads(line)["token_ids"]) for line in open(prompts)]
