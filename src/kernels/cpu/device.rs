@@ -15,7 +15,7 @@ use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
-use super::ops::{self, apply_rope};
+use super::ops;
 use super::recurrent::{self, StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
@@ -360,22 +360,19 @@ impl Device for CpuDevice {
         let l = call.layout;
         let hd = l.head_dim;
         let (qd, kvd) = (l.heads * hd, l.kv_heads * hd);
-        let cols = |col, width| Cols {
-            buf: &*qkv,
-            col,
-            width,
-        };
-        gather_cols(cols(0, qd), &mut kv.q);
-        gather_cols(cols(l.k_col, kvd), &mut kv.k);
-        gather_cols(cols(l.v_col(), kvd), &mut kv.v);
-        if let Some((qn, kn, eps)) = call.qk_norm {
-            ops::rms_norm_inplace(&mut kv.q, qn, eps);
-            ops::rms_norm_inplace(&mut kv.k, kn, eps);
-        }
         let plan = step.plan;
-        if let Some((rope, rot)) = call.rope {
-            apply_rope(rope, (&mut kv.q, &mut kv.k), &plan.positions, hd, rot);
-        }
+        let split = ops::QkvSplit {
+            width: qkv.width,
+            q_dim: qd,
+            k_col: l.k_col,
+            v_col: l.v_col(),
+            kv_dim: kvd,
+            head_dim: hd,
+            norm: call.qk_norm.map(|(qn, kn, eps)| (&qn[..], &kn[..], eps)),
+            rope: call.rope,
+            positions: &plan.positions,
+        };
+        ops::split_qkv(&qkv.data, &split, (&mut kv.q, &mut kv.k, &mut kv.v));
         kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
         let (kc, vc) = kv.cache.layer(call.kv_layer);
         let sm = &call.softmax;

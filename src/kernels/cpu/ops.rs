@@ -74,18 +74,6 @@ pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f64, out: &mut Vec
         });
 }
 
-/// In-place RMSNorm of every `w.len()`-wide row (Qwen3 per-head q/k norm).
-pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f64) {
-    let d = w.len();
-    x.par_chunks_mut(d * ROWS_PER_TASK).for_each(|xs| {
-        let mut tmp = vec![0.0f32; d];
-        for row in xs.chunks_exact_mut(d) {
-            rms_norm_row(row, w, eps, &mut tmp);
-            row.copy_from_slice(&tmp);
-        }
-    });
-}
-
 /// `x += y`, element-wise (the plain residual add, so a captured row is exactly
 /// `residual + hidden`).
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
@@ -153,33 +141,76 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
-/// Rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first `rotary_dim` dims of
-/// every `head_dim`-wide head of each row of `q` and of `k` at `positions[t]`; the rest pass
-/// through (partial rotary when `rotary_dim < head_dim`). One cos / sin per token serves both.
-pub fn apply_rope(
-    rope: &Rope,
-    (q, k): (&mut [f32], &mut [f32]),
-    positions: &[usize],
-    head_dim: usize,
-    rotary_dim: usize,
+/// Where q, k and v sit in each row of a fused projection, and what [`split_qkv`] does to q
+/// and k on the way out.
+pub struct QkvSplit<'a> {
+    /// Row width of the projection.
+    pub width: usize,
+    /// q: columns `0..q_dim`; k: `k_col..k_col + kv_dim`; v: `v_col..v_col + kv_dim`.
+    pub q_dim: usize,
+    pub k_col: usize,
+    pub v_col: usize,
+    pub kv_dim: usize,
+    pub head_dim: usize,
+    /// RMSNorm weights of q and k (each row cut into pieces as wide as its weight), and eps.
+    pub norm: Option<(&'a [f32], &'a [f32], f64)>,
+    /// RoPE on the first `rotary_dim` dims of every head, at each row's position.
+    pub rope: Option<(&'a Rope, usize)>,
+    pub positions: &'a [usize],
+}
+
+/// q, k and v of every row of `qkv`, one pass per token: each piece of q and k RMS-normed
+/// ([`rms_norm_row`], straight from the projection: Qwen3's per-head q/k norm, or a
+/// whole-width one), then rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first
+/// `rotary_dim` dims of every head at the row's position, the rest passing through (partial
+/// rotary); one cos / sin per token serves q and k. The bits of gathering the columns, then
+/// norming, then rotating in separate passes (test), without those passes over q and k
+/// (copies, norm and RoPE had been ~4% of a bf16 run).
+pub fn split_qkv(
+    qkv: &[f32],
+    s: &QkvSplit<'_>,
+    (q, k, v): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
 ) {
-    let half = rotary_dim / 2;
-    if positions.is_empty() {
+    let rows = qkv.len().checked_div(s.width).unwrap_or(0);
+    // Every element is written below: resizing zeroes only growth.
+    q.resize(rows * s.q_dim, 0.0);
+    k.resize(rows * s.kv_dim, 0.0);
+    v.resize(rows * s.kv_dim, 0.0);
+    if rows == 0 || s.q_dim == 0 || s.kv_dim == 0 {
         return;
     }
-    let (qrow, krow) = (q.len() / positions.len(), k.len() / positions.len());
-    q.par_chunks_mut(qrow)
-        .zip(k.par_chunks_mut(krow.max(1)))
-        .zip(positions.par_iter())
+    let half = s.rope.map_or(0, |(_, rot)| rot / 2);
+    let piece = |dst: &mut [f32], src: &[f32], w: Option<&[f32]>, eps: f64| match w {
+        Some(w) => {
+            for (d, x) in dst.chunks_exact_mut(w.len()).zip(src.chunks_exact(w.len())) {
+                rms_norm_row(x, w, eps, d);
+            }
+        }
+        None => dst.copy_from_slice(src),
+    };
+    q.par_chunks_mut(s.q_dim)
+        .zip(k.par_chunks_mut(s.kv_dim))
+        .zip(v.par_chunks_mut(s.kv_dim))
+        .zip(qkv.par_chunks(s.width))
+        .zip(s.positions.par_iter())
         .for_each_init(
             || (vec![0.0f32; half], vec![0.0f32; half]),
-            |(cos, sin), ((qr, kr), &pos)| {
-                rope.cos_sin(pos, cos, sin);
-                for head in qr
-                    .chunks_exact_mut(head_dim)
-                    .chain(kr.chunks_exact_mut(head_dim))
-                {
-                    rotate_half(&mut head[..rotary_dim], cos, sin);
+            |(cos, sin), ((((qr, kr), vr), row), &pos)| {
+                vr.copy_from_slice(&row[s.v_col..s.v_col + s.kv_dim]);
+                let eps = s.norm.map_or(0.0, |n| n.2);
+                piece(qr, &row[..s.q_dim], s.norm.map(|n| n.0), eps);
+                piece(
+                    kr,
+                    &row[s.k_col..s.k_col + s.kv_dim],
+                    s.norm.map(|n| n.1),
+                    eps,
+                );
+                if let Some((rope, rot)) = s.rope {
+                    rope.cos_sin(pos, cos, sin);
+                    let heads = qr.chunks_exact_mut(s.head_dim);
+                    for head in heads.chain(kr.chunks_exact_mut(s.head_dim)) {
+                        rotate_half(&mut head[..rot], cos, sin);
+                    }
                 }
             },
         );
@@ -201,6 +232,51 @@ fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
 mod tests {
     use super::*;
     use crate::kernels::dtype::RopeScaling;
+
+    // The separate passes `split_qkv` fuses, as they ran before it.
+    /// In-place RMSNorm of every `w.len()`-wide row (Qwen3 per-head q/k norm).
+    pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f64) {
+        let d = w.len();
+        x.par_chunks_mut(d * ROWS_PER_TASK).for_each(|xs| {
+            let mut tmp = vec![0.0f32; d];
+            for row in xs.chunks_exact_mut(d) {
+                rms_norm_row(row, w, eps, &mut tmp);
+                row.copy_from_slice(&tmp);
+            }
+        });
+    }
+
+    /// Rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first `rotary_dim` dims of
+    /// every `head_dim`-wide head of each row of `q` and of `k` at `positions[t]`; the rest pass
+    /// through (partial rotary when `rotary_dim < head_dim`). One cos / sin per token serves both.
+    pub fn apply_rope(
+        rope: &Rope,
+        (q, k): (&mut [f32], &mut [f32]),
+        positions: &[usize],
+        head_dim: usize,
+        rotary_dim: usize,
+    ) {
+        let half = rotary_dim / 2;
+        if positions.is_empty() {
+            return;
+        }
+        let (qrow, krow) = (q.len() / positions.len(), k.len() / positions.len());
+        q.par_chunks_mut(qrow)
+            .zip(k.par_chunks_mut(krow.max(1)))
+            .zip(positions.par_iter())
+            .for_each_init(
+                || (vec![0.0f32; half], vec![0.0f32; half]),
+                |(cos, sin), ((qr, kr), &pos)| {
+                    rope.cos_sin(pos, cos, sin);
+                    for head in qr
+                        .chunks_exact_mut(head_dim)
+                        .chain(kr.chunks_exact_mut(head_dim))
+                    {
+                        rotate_half(&mut head[..rotary_dim], cos, sin);
+                    }
+                },
+            );
+    }
 
     #[test]
     fn rope_position_zero_is_identity_and_norm_preserving() {
@@ -247,6 +323,72 @@ mod tests {
             add_rms_norm(&mut x2, &y, &w, 1e-6, &mut fused);
             let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!((b(&x2), b(&fused)), (b(&x1), b(&two)), "d {d}");
+        }
+    }
+
+    /// One pass per token gives the bits of the columns gathered, `rms_norm_inplace`, then
+    /// `apply_rope`: per-head and whole-width norms, partial rotary, none at all.
+    #[test]
+    fn split_qkv_is_gather_norm_rope() {
+        let mut seed = 3u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        };
+        let (hd, heads, kv_heads, rows) = (16, 4, 2, 37);
+        let (qd, kvd) = (heads * hd, kv_heads * hd);
+        let width = qd + 2 * kvd + 3;
+        let qkv: Vec<f32> = (0..rows * width).map(|_| rnd()).collect();
+        let positions: Vec<usize> = (0..rows).map(|t| t * 7 % 50).collect();
+        let rope = Rope::new(hd, 10000.0, RopeScaling::None);
+        let (per_head_q, per_head_k): (Vec<f32>, Vec<f32>) = (
+            (0..hd).map(|_| rnd()).collect(),
+            (0..hd).map(|_| rnd()).collect(),
+        );
+        let (whole_q, whole_k): (Vec<f32>, Vec<f32>) = (
+            (0..qd).map(|_| rnd()).collect(),
+            (0..kvd).map(|_| rnd()).collect(),
+        );
+        let norms = [
+            None,
+            Some((&per_head_q[..], &per_head_k[..], 1e-6)),
+            Some((&whole_q[..], &whole_k[..], 1e-5)),
+        ];
+        let ropes = [None, Some((&rope, hd)), Some((&rope, hd / 2))];
+        let cols = |c: usize, w: usize| -> Vec<f32> {
+            qkv.chunks_exact(width)
+                .flat_map(|r| r[c..c + w].to_vec())
+                .collect()
+        };
+        let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for norm in norms {
+            for rope in ropes {
+                let (mut q, mut k, v) = (cols(0, qd), cols(qd, kvd), cols(qd + kvd, kvd));
+                if let Some((qn, kn, eps)) = norm {
+                    rms_norm_inplace(&mut q, qn, eps);
+                    rms_norm_inplace(&mut k, kn, eps);
+                }
+                if let Some((r, rot)) = rope {
+                    apply_rope(r, (&mut q, &mut k), &positions, hd, rot);
+                }
+                let split = QkvSplit {
+                    width,
+                    q_dim: qd,
+                    k_col: qd,
+                    v_col: qd + kvd,
+                    kv_dim: kvd,
+                    head_dim: hd,
+                    norm,
+                    rope,
+                    positions: &positions,
+                };
+                let (mut q2, mut k2, mut v2) = (vec![f32::NAN; 3], Vec::new(), Vec::new());
+                split_qkv(&qkv, &split, (&mut q2, &mut k2, &mut v2));
+                let what = format!("norm {} rope {:?}", norm.is_some(), rope.map(|r| r.1));
+                assert_eq!((b(&q2), b(&k2), b(&v2)), (b(&q), b(&k), b(&v)), "{what}");
+            }
         }
     }
 
