@@ -675,4 +675,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// The forward's `[rows, K, H]` captured values as file-dtype bytes, and the rows the
     /// guard refused.
     fn capture_finish(&self, cap: &mut Self::Capture, rows: usize) -> DevResult<Captured>;
+    /// Takes back [`Captured::bytes`] of an earlier step once the caller has cut them into
+    /// requests, so a later step can write into the same allocation (default: dropped).
+    fn capture_recycle(&self, _cap: &mut Self::Capture, _bytes: Vec<u8>) {}
 }

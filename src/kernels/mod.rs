@@ -176,6 +176,9 @@ pub trait Backend: Send {
             )),
         }
     }
+    /// Takes back a [`BatchOutput::captured`] once its rows were cut into requests, for a
+    /// later forward to reuse (default: dropped).
+    fn recycle_captured(&mut self, _bytes: Vec<u8>) {}
     /// The device and its kernels, in words (logged at start).
     fn device_name(&self) -> String {
         String::from("unnamed device")

@@ -213,6 +213,10 @@ impl<D: Device> Backend for ModelBackend<D> {
         Ok(dev.run(|| dev.copy_state_slots(states, copies))?)
     }
 
+    fn recycle_captured(&mut self, bytes: Vec<u8>) {
+        self.dev.capture_recycle(&mut self.capture, bytes);
+    }
+
     fn forward(&mut self, batch: &Batch<'_>) -> Result<BatchOutput, BackendError> {
         let spec = &self.model.spec;
         let limits = PlanLimits::new(

@@ -98,6 +98,8 @@ fn run_step(
         Ok(r) => r,
         Err(e) => return failed(e.to_string()),
     };
+    // The rows are copied out per request: the step's buffer goes back for the next step.
+    backend.recycle_captured(out.captured);
     if let Err(e) = copy_slots(backend, &plan.snapshots) {
         return failed(format!("snapshotting recurrent state: {e}"));
     }

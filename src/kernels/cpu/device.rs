@@ -705,4 +705,8 @@ impl Device for CpuDevice {
     fn capture_finish(&self, cap: &mut CpuCapture, rows: usize) -> DevResult<Captured> {
         Ok(cap.finish(rows))
     }
+
+    fn capture_recycle(&self, cap: &mut CpuCapture, bytes: Vec<u8>) {
+        cap.recycle(bytes);
+    }
 }
