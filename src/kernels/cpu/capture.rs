@@ -128,9 +128,7 @@ impl CpuCapture {
         refused.sort_by_key(|&(r, k, _)| (r, k));
         Captured { bytes, refused }
     }
-}
 
-impl CpuCapture {
     /// Zeroes the columns of every slot not captured this step (a reused buffer's old bytes).
     fn zero_unwritten(&mut self) {
         let (k, slot_bytes) = (self.layers, self.hidden * staged_size(self.dtype));

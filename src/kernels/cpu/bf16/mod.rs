@@ -30,7 +30,7 @@ mod swiglu;
 mod widen;
 
 pub(crate) use round::{pairs_cvt, pairs_native, round_into, round_native, round32_native};
-use round::{round_row, round32_avx512};
+use round::{round_row, round32_avx512, round32_native_into};
 pub use swiglu::{matmul_bf16_silu_mul, matmul_bf16_silu_mul_into, matmul_bf16_swiglu_down};
 
 use std::fmt;

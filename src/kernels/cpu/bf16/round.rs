@@ -84,7 +84,7 @@ fn round_row_native(src: &[f32], r: usize, band: &mut [u16]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn round32_native_into(src: &[f32], out: &mut [u16]) {
+pub(super) unsafe fn round32_native_into(src: &[f32], out: &mut [u16]) {
     // SAFETY: (caller).
     unsafe {
         let (lo, hi) = (
@@ -105,13 +105,15 @@ fn round_part(chunk: &[f32], row: &mut [u16]) {
 /// `out[i] = bf16(src[i])`.
 pub(crate) fn round_into(src: &[f32], out: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if src.len() == TILE_K && out.len() == TILE_K && round_native() {
+    let whole = src.len() == TILE_K && out.len() == TILE_K;
+    #[cfg(target_arch = "x86_64")]
+    if whole && round_native() {
         // SAFETY: the native features are present; both slices hold 32 elements.
         unsafe { round32_native_into(src, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if src.len() == TILE_K && is_x86_feature_detected!("avx512f") {
+    if whole && is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; both slices hold 32 elements.
         unsafe { round32_avx512(src, out) };
         return;

@@ -10,9 +10,8 @@ use super::{Tile, TilesPtr, round_into, round_tiles, run_jobs};
 use crate::kernels::cpu::exp::silu_mul_into;
 #[cfg(target_arch = "x86_64")]
 use {
-    super::{round_native, round32_avx512, round32_native},
+    super::{round_native, round32_avx512, round32_native_into},
     crate::kernels::cpu::exp::silu16,
-    std::arch::x86_64::*,
 };
 
 impl Job<'_> {
@@ -126,22 +125,15 @@ unsafe fn silu_mul_round32(g: &[f32], u: &[f32], out: &mut [u16]) {
     round32_avx512(&unsafe { silu32(g, u) }, out);
 }
 
-/// [`silu32`] rounded into `out` by [`round32_native`].
+/// [`silu32`] rounded into `out` by [`round32_native_into`].
 ///
 /// # Safety
 /// AVX-512F, AVX512-BW and AVX512-BF16 present; `g`, `u` and `out` hold 32 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn silu_mul_round32_native(g: &[f32], u: &[f32], out: &mut [u16]) {
-    // SAFETY: (caller) 32 values each.
-    unsafe {
-        let v = silu32(g, u);
-        let w = round32_native(
-            _mm512_loadu_ps(v.as_ptr()),
-            _mm512_loadu_ps(v.as_ptr().add(16)),
-        );
-        _mm512_storeu_si512(out.as_mut_ptr().cast(), w);
-    }
+    // SAFETY: (caller).
+    unsafe { round32_native_into(&silu32(g, u), out) };
 }
 
 /// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
