@@ -191,34 +191,68 @@ pub fn matmul_wt_into(
     c: &mut [f32],
     threads: usize,
 ) {
+    assert_eq!(c.len(), m * n, "matmul_wt: output is not [m, n]");
+    matmul_wt_rows(a, m, k, w, n, (c, n), threads);
+}
+
+/// [`matmul_wt`] into columns `0..n` of the rows of `c` (`ldc` values apart; the rest of
+/// each row untouched): one panel of a wider product written in place, no copy out. Same
+/// bits as [`matmul_wt`]: the output's row stride changes where gemm stores, not its sums.
+pub(crate) fn matmul_wt_rows(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    (c, ldc): (&mut [f32], usize),
+    threads: usize,
+) {
     assert_eq!(a.len(), m * k, "matmul_wt: lhs is not [m, k]");
     assert_eq!(w.len(), n * k, "matmul_wt: weight is not [n, k]");
-    assert_eq!(c.len(), m * n, "matmul_wt: output is not [m, n]");
-    if m == 0 || n == 0 || k == 0 {
-        c.fill(0.0);
+    assert!(ldc >= n, "matmul_wt: row stride {ldc} under the width {n}");
+    assert!(
+        m == 0 || c.len() >= (m - 1) * ldc + n,
+        "matmul_wt: output does not hold {m} rows of stride {ldc}"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
         return;
     }
     if m >= MIN_ROWS {
-        gemm_raw(a, m, k, w, n, c, threads);
+        gemm_raw(a, m, k, w, n, (c, ldc), threads);
         return;
     }
     let mut padded = vec![0.0f32; MIN_ROWS * k];
     padded[..m * k].copy_from_slice(a);
     let mut out = vec![0.0f32; MIN_ROWS * n];
-    gemm_raw(&padded, MIN_ROWS, k, w, n, &mut out, threads);
-    c.copy_from_slice(&out[..m * n]);
+    gemm_raw(&padded, MIN_ROWS, k, w, n, (&mut out, n), threads);
+    for (dst, src) in c.chunks_mut(ldc).zip(out.chunks_exact(n)).take(m) {
+        dst[..n].copy_from_slice(src);
+    }
 }
 
-fn gemm_raw(a: &[f32], m: usize, k: usize, w: &[f32], n: usize, c: &mut [f32], threads: usize) {
-    debug_assert!(a.len() == m * k && w.len() == n * k && c.len() == m * n);
+fn gemm_raw(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    (c, ldc): (&mut [f32], usize),
+    threads: usize,
+) {
+    debug_assert!(a.len() == m * k && w.len() == n * k && c.len() >= (m - 1) * ldc + n);
     let parallelism = if threads <= 1 {
         Parallelism::None
     } else {
         Parallelism::Rayon(threads)
     };
-    // SAFETY: the three slices have exactly the lengths that the strides below address:
-    // c is [m, n] row-major (col stride 1, row stride n), a is [m, k] row-major, and the rhs
-    // `wᵀ` is [k, n] read from w [n, k] (col stride k, row stride 1). c does not alias a or w.
+    // SAFETY: the slices hold every element the strides below address: c is m rows of n
+    // values `ldc` apart (col stride 1; checked by the caller), a is [m, k] row-major, and
+    // the rhs `wᵀ` is [k, n] read from w [n, k] (col stride k, row stride 1). c does not
+    // alias a or w.
     unsafe {
         gemm::gemm(
             m,
@@ -226,7 +260,7 @@ fn gemm_raw(a: &[f32], m: usize, k: usize, w: &[f32], n: usize, c: &mut [f32], t
             k,
             c.as_mut_ptr(),
             1,
-            n as isize,
+            ldc as isize,
             false,
             a.as_ptr(),
             1,
@@ -313,6 +347,34 @@ pub(crate) mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A product written into columns of a wider output has the bits of the same product
+    /// on its own, every M (padded small calls included), and leaves the other columns alone.
+    #[test]
+    fn rows_of_a_wider_output_are_the_plain_product() {
+        let mut s = 11;
+        let (k, n, ldc, c0) = (300usize, 40usize, 100usize, 30usize);
+        let w = rnd(n * k, &mut s);
+        for m in [1usize, 7, 65, 130] {
+            let a = rnd(m * k, &mut s);
+            let mut plain = Vec::new();
+            matmul_wt(&a, m, k, &w, n, &mut plain, 2);
+            let mut wide = vec![f32::NAN; m * ldc];
+            matmul_wt_rows(&a, m, k, &w, n, (&mut wide[c0..], ldc), 2);
+            for (r, row) in wide.chunks_exact(ldc).enumerate() {
+                let got = &row[c0..c0 + n];
+                let want = &plain[r * n..(r + 1) * n];
+                assert!(
+                    got.iter()
+                        .zip(want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "m={m} row {r}"
+                );
+                let mut others = row[..c0].iter().chain(&row[c0 + n..]);
+                assert!(others.all(|v| v.is_nan()), "m={m} row {r}");
             }
         }
     }

@@ -62,7 +62,8 @@ fn packing_keeps_every_weight() {
 /// Each bf16 path against an f64 product of the same bf16-rounded operands, and against the
 /// scalar reference of the same pair order; the f32 path against `matmul_wt` on the widened
 /// weights, bit for bit. (66, 96, 4000): several AMX blocks of column pairs, bands stored
-/// straight into C and an edge band through the scratch.
+/// straight into C and an edge band through the scratch; (66, 300, 45): two panels of the
+/// f32 path, the second not a whole tile wide, and an odd k.
 #[test]
 fn every_path_matches_its_reference() {
     let mut s = 11;
@@ -72,6 +73,7 @@ fn every_path_matches_its_reference() {
         (40, 96, 300),
         (70, 64, 1024),
         (66, 96, 4000),
+        (66, 300, 45),
     ] {
         let a = rnd(m * k, &mut s);
         let wb = bits(&rnd(n * k, &mut s));

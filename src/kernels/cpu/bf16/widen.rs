@@ -4,31 +4,24 @@
 use rayon::prelude::*;
 
 use super::PackedBf16;
-use crate::kernels::cpu::matmul::matmul_wt;
+use crate::kernels::cpu::matmul::matmul_wt_rows;
 
 /// Weight rows widened per panel (256 rows × k f32 stays in L2 for k ≤ 2048).
 const PANEL: usize = 256;
 
 thread_local! {
-    /// The widened panel and its product, reused by every call on this thread (a fresh
-    /// allocation of this size is a page-faulting mmap per call).
-    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The widened panel, reused by every call on this thread (a fresh allocation of this
+    /// size is a page-faulting mmap per call).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub(super) fn matmul(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize) {
-    SCRATCH.with_borrow_mut(|(wide, part)| panels(a, m, w, c, threads, wide, part));
+    SCRATCH.with_borrow_mut(|wide| panels(a, m, w, c, threads, wide));
 }
 
-fn panels(
-    a: &[f32],
-    m: usize,
-    w: &PackedBf16,
-    c: &mut [f32],
-    threads: usize,
-    wide: &mut Vec<f32>,
-    part: &mut Vec<f32>,
-) {
+/// Panel by panel of output columns: widen, then multiply straight into the panel's columns
+/// of `c` (gemm writes with `c`'s row stride: no product buffer, no copy out).
+fn panels(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize, wide: &mut Vec<f32>) {
     let (n, k) = (w.n, w.k);
     wide.resize(PANEL.min(n) * k, 0.0);
     for n0 in (0..n).step_by(PANEL) {
@@ -40,9 +33,6 @@ fn panels(
                 .enumerate()
                 .for_each(|(j, row)| w.row_into(n0 + j, row));
         }
-        matmul_wt(a, m, k, panel, nn, part, threads);
-        for (dst, src) in c.chunks_exact_mut(n).zip(part.chunks_exact(nn)) {
-            dst[n0..n0 + nn].copy_from_slice(src);
-        }
+        matmul_wt_rows(a, m, k, panel, nn, (&mut c[n0..], n), threads);
     }
 }
