@@ -126,7 +126,12 @@ fn main() {
     });
     // bf16 weights on each path this CPU has, against the peak of the unit it runs on.
     let mut bf16 = Vec::new();
-    for path in [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16, Bf16Kernel::F32] {
+    for path in [
+        Bf16Kernel::Amx,
+        Bf16Kernel::Avx512bf16,
+        Bf16Kernel::Avx2,
+        Bf16Kernel::F32,
+    ] {
         if !path.available() || only.is_some_and(|o| o != path) {
             continue;
         }
@@ -156,8 +161,9 @@ fn main() {
             kernel_secs.push((2.0 * (rows * k * n) as f64, call - round));
             call
         });
-        // The kernel alone: flops over the call's time less the rounding's (f32 path: none).
-        let kernel = (path != Bf16Kernel::F32).then(|| {
+        // The kernel alone: flops over the call's time less the rounding's (the f32 paths
+        // round nothing).
+        let kernel = matches!(path, Bf16Kernel::Amx | Bf16Kernel::Avx512bf16).then(|| {
             let (f, s) = kernel_secs
                 .iter()
                 .fold((0.0, 0.0), |(f, s), (fi, si)| (f + fi, s + si));

@@ -3,11 +3,13 @@
 //! greedy token, and the same rows whether a request runs alone or cut into pieces of 7 and 61
 //! tokens sharing steps with other requests (bit for bit on the CPU). bf16 fixtures also run
 //! on each bf16-rounding path of the CPU (AMX, AVX512-BF16, portable: activations rounded to
-//! bf16, so within the bf16 tolerance, and bit for bit across pieces on the path). A device or path
-//! that is not usable here prints a skip line.
+//! bf16, so within the bf16 tolerance, and bit for bit across pieces on the path) and on the
+//! avx2 path (f32 compute: the f32 tolerance and the greedy token). A device or path that is
+//! not usable here prints a skip line.
 
 use crate::common::backends::{Dev, Paging, bf16_tol, cuda_tol, layer_of, load_on, same_bits};
 use crate::common::{Reference, max_rel, model_dir, random_prompt};
+use hsx::kernels::Bf16Kernel;
 use hsx::models::{ModelSpec, WeightDtype};
 
 const HIDDEN: usize = 64;
@@ -21,9 +23,11 @@ fn check(name: &str, dev: Dev) {
     let Some(mut be) = load_on(dev, name, (0..=l).collect(), NUM_BLOCKS, SLOTS) else {
         return;
     };
+    // The avx2 path multiplies f32 activations by the widened weights: f32 compute.
+    let f32_compute = matches!(dev, Dev::Cpu | Dev::CpuBf16(Bf16Kernel::Avx2));
     let tol = match dev {
-        Dev::Cpu => 1e-4,
-        Dev::CpuBf16(_) => bf16_tol(name),
+        _ if f32_compute => 1e-4,
+        Dev::Cpu | Dev::CpuBf16(_) => bf16_tol(name),
         Dev::Cuda => cuda_tol(name),
     };
     let reference = Reference::load(name);
@@ -40,7 +44,7 @@ fn check(name: &str, dev: Dev) {
                 "{name} on {dev:?} p{j} layer {i}: max-rel {err:e}"
             );
         }
-        if dev == Dev::Cpu || spec.dtype == WeightDtype::F32 {
+        if f32_compute || spec.dtype == WeightDtype::F32 {
             assert_eq!(tok, Some(reference.next_token(j)), "{name} on {dev:?} p{j}");
         }
     }
@@ -76,8 +80,8 @@ macro_rules! matrix {
             /// The native bf16 paths (bf16 fixtures only: f32 weights never take them).
             #[test]
             fn cpu_bf16_paths() {
-                use hsx::kernels::Bf16Kernel::{Amx, Avx512bf16, Portable};
-                for k in [Amx, Avx512bf16, Portable] {
+                use hsx::kernels::Bf16Kernel::{Amx, Avx2, Avx512bf16, Portable};
+                for k in [Amx, Avx512bf16, Avx2, Portable] {
                     if $fixture.ends_with("_bf16") {
                         super::check($fixture, super::Dev::CpuBf16(k));
                     }

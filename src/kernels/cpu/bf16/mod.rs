@@ -10,16 +10,20 @@
 //! # Paths ([`Bf16Kernel`], chosen at run time)
 //! - `amx`: AMX-BF16 tiles (`amx.rs`); activations rounded to bf16, f32 accumulation.
 //! - `avx512bf16`: `vdpbf16ps` (`avx512.rs`); activations rounded to bf16, f32 accumulation.
+//! - `avx2`: f32 activations times the tiles widened in registers, AVX2 FMA (`avx2.rs`): the
+//!   numerics of f32 compute, without a widened copy of the weights. AVX2 CPUs without
+//!   AVX-512F.
 //! - `f32`: the weights widened panel by panel and multiplied in f32 by the `gemm` crate
 //!   (`widen.rs`): the numerics of f32 compute, bf16 in memory. Any x86-64 (AVX2 / AVX-512F).
 //!
 //! # Row invariance (DESIGN.md §7 a)
 //! On the bf16 paths every output element is accumulated over the same sequence of k pairs
 //! (tile after tile, row after row) whatever M, the row's position or the thread count: rows
-//! only pick which A tile row is loaded, threads split the columns, never k. The `f32` path
-//! inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
+//! only pick which A tile row is loaded, threads split the columns, never k. The `avx2` path
+//! keeps one FMA chain per output over k in order. The `f32` path inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
 
 mod amx;
+mod avx2;
 mod avx512;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -72,11 +76,13 @@ fn zeroed_tiles(tiles: usize) -> Vec<Tile> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Bf16Kernel {
-    /// The fastest this CPU has: amx, else avx512bf16, else f32.
+    /// The fastest this CPU has: amx, else avx512bf16, else avx2 (without AVX-512F), else f32.
     #[default]
     Auto,
     Amx,
     Avx512bf16,
+    /// f32 activations times the weights widened in registers, AVX2 FMA.
+    Avx2,
     /// The rounding of `amx` / `avx512bf16` in scalar code, on any CPU: slow, never chosen by
     /// `auto`; the numerics of a GPU's bf16 GEMMs where neither unit exists (checks, tests).
     Portable,
@@ -90,6 +96,7 @@ impl fmt::Display for Bf16Kernel {
             Self::Auto => "auto",
             Self::Amx => "amx",
             Self::Avx512bf16 => "avx512bf16",
+            Self::Avx2 => "avx2",
             Self::Portable => "portable",
             Self::F32 => "f32",
         })
@@ -103,15 +110,19 @@ impl Bf16Kernel {
             Self::Auto | Self::F32 | Self::Portable => true,
             Self::Amx => amx::ready(),
             Self::Avx512bf16 => avx512::available(),
+            Self::Avx2 => avx2::available(),
         }
     }
 
     /// `Auto` resolved to a concrete path; an explicit path this CPU lacks is an error.
     pub fn resolve(self) -> Result<Self, String> {
         match self {
+            // On AVX-512F the `gemm` crate's 512-bit kernels (the `f32` path) are wider than
+            // the 256-bit `avx2` path.
             Self::Auto => Ok([Self::Amx, Self::Avx512bf16]
                 .into_iter()
                 .find(|k| k.available())
+                .or_else(|| (Self::Avx2.available() && !avx512f()).then_some(Self::Avx2))
                 .unwrap_or(Self::F32)),
             k if k.available() => Ok(k),
             k => Err(format!(
@@ -123,12 +134,27 @@ impl Bf16Kernel {
 
     /// The concrete paths this CPU runs.
     pub fn all_available() -> Vec<String> {
-        [Self::Amx, Self::Avx512bf16, Self::F32, Self::Portable]
-            .into_iter()
-            .filter(|k| k.available())
-            .map(|k| k.to_string())
-            .collect()
+        [
+            Self::Amx,
+            Self::Avx512bf16,
+            Self::Avx2,
+            Self::F32,
+            Self::Portable,
+        ]
+        .into_iter()
+        .filter(|k| k.available())
+        .map(|k| k.to_string())
+        .collect()
     }
+}
+
+fn avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// `W [n, k]` in bf16 tiles (module docs): tile `(nb, kb)` at `(nb * kbs + kb) * TILE_ELEMS`.
@@ -390,6 +416,10 @@ pub fn matmul_bf16_into(
     }
     if kernel == Bf16Kernel::F32 || k == 0 {
         widen::matmul(a, m, w, c, threads);
+        return;
+    }
+    if kernel == Bf16Kernel::Avx2 {
+        avx2::matmul(a, m, w, c, threads, scratch);
         return;
     }
     let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);

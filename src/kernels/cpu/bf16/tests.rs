@@ -18,6 +18,7 @@ fn paths() -> Vec<Bf16Kernel> {
     for k in [
         Bf16Kernel::Amx,
         Bf16Kernel::Avx512bf16,
+        Bf16Kernel::Avx2,
         Bf16Kernel::Portable,
         Bf16Kernel::F32,
     ] {
@@ -93,6 +94,10 @@ fn every_path_matches_its_reference() {
                 );
                 continue;
             }
+            if path == Bf16Kernel::Avx2 {
+                avx2_case(&c, &a, (m, n, k), &p, &wf);
+                continue;
+            }
             let ab = widened(&bits(&a));
             for i in 0..m {
                 for j in 0..n {
@@ -114,6 +119,31 @@ fn every_path_matches_its_reference() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The avx2 path: the bits of its scalar FMA chain, and within f32 rounding of the f64
+/// product of the f32 activations and the widened weights.
+fn avx2_case(c: &[f32], a: &[f32], (m, n, k): (usize, usize, usize), p: &PackedBf16, wf: &[f32]) {
+    let want = avx2::reference(a, m, p);
+    for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "avx2 m={m} n={n} k={k} at {i}: {x} vs {y}"
+        );
+    }
+    for i in 0..m {
+        for j in 0..n {
+            let terms = (0..k).map(|t| a[i * k + t] as f64 * wf[j * k + t] as f64);
+            let exact: f64 = terms.clone().sum();
+            let scale: f64 = terms.map(f64::abs).sum();
+            let got = c[i * n + j] as f64;
+            assert!(
+                (got - exact).abs() <= 1e-6 * scale + 1e-30,
+                "avx2 ({i},{j}): {got} vs {exact}"
+            );
         }
     }
 }
