@@ -170,7 +170,9 @@ mod imp {
         let mut out = [0f32; MR * TILE_N];
         let steps = w.k_tiles() * TILE_K / 2;
         assert!(steps > 0 && panel.len() == MR * 2 * steps);
-        // The column tile's k tiles are contiguous: one run of `steps` 64-byte rows.
+        // The column tile's k tiles are contiguous: one run of `steps` 64-byte rows, fetched
+        // 16 rows ahead (the hardware prefetchers stop at each 4 KiB page of the run; measured
+        // on Zen 3: 1 thread 61-73 -> 64-76 GFLOP/s, llama bf16 443-512 -> 519-563 tok/s).
         let t = w.tile(nb, 0).as_ptr();
         // SAFETY: `steps` tile rows of 64 bytes from tile (nb, 0) stay inside the column
         // tile's k tiles; `steps` steps of 2·MR floats stay inside `panel`; `out` holds
@@ -192,6 +194,7 @@ mod imp {
             "vpcmpeqd ymm15, ymm15, ymm15",
             "vpslld ymm15, ymm15, 16",
             "2:",
+            "prefetcht0 [{t} + 1024]",
             "vmovdqu ymm12, [{t}]",
             "vmovdqu ymm13, [{t} + 32]",
             "vpslld ymm12, ymm12, 16",
