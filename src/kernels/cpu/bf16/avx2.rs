@@ -14,7 +14,7 @@
 
 use rayon::prelude::*;
 
-use super::{PackedBf16, TILE_K, TILE_N, Tile};
+use super::{OutPtr, PackedBf16, TILE_K, TILE_N, Tile};
 
 /// Rows per micro-kernel: 6 × 2 ymm accumulators, 2 weight vectors, a broadcast and a mask
 /// are the 16 ymm registers.
@@ -61,20 +61,6 @@ fn pack_a<'a>(a: &[f32], m: usize, k: usize, kp: usize, out: &'a mut Vec<Tile>) 
             }
         });
     panels
-}
-
-/// The output, written by workers at disjoint column tiles.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: each worker writes only the columns of its own tiles (see `matmul`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// `c [m, n] = a [m, k] · Wᵀ` on `threads` workers, each taking a range of column tiles.

@@ -276,9 +276,17 @@ pub fn round_tiles<'a>(
 /// The output, written by workers at disjoint columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: each worker writes only the columns of its own tile range (see `matmul_bf16`).
+// SAFETY: each worker writes only the columns of its own tile range (see `matmul_bf16` and
+// `avx2::matmul`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// What a worker computes: C's columns of tile pairs `pairs` for rows `0..m`.
 pub(crate) struct Job<'a> {
