@@ -183,6 +183,7 @@ fn main() {
             serde_json::json!({
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
                 "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
+                "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
                     "kernel_gflops": kernel, "shapes": shapes(per)})).collect::<Vec<_>>(),
