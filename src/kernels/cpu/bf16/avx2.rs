@@ -153,7 +153,8 @@ mod imp {
     /// `a[2kk + 1]` — the FMA chain of [`super::reference`].
     #[target_feature(enable = "avx2,fma")]
     fn tile(panel: &[f32], w: &PackedBf16, nb: usize) -> [f32; MR * TILE_N] {
-        let mut out = [0f32; MR * TILE_N];
+        // Every value is stored by the assembly: no zeroing on this hot path.
+        let mut out = std::mem::MaybeUninit::<[f32; MR * TILE_N]>::uninit();
         let steps = w.k_tiles() * TILE_K / 2;
         assert!(steps > 0 && panel.len() == MR * 2 * steps);
         // The column tile's k tiles are contiguous: one run of `steps` 64-byte rows, fetched
@@ -162,7 +163,7 @@ mod imp {
         let t = w.tile(nb, 0).as_ptr();
         // SAFETY: `steps` tile rows of 64 bytes from tile (nb, 0) stay inside the column
         // tile's k tiles; `steps` steps of 2·MR floats stay inside `panel`; `out` holds
-        // MR × 16 floats. The registers written are declared clobbered.
+        // MR × 16 floats, all 12 × 8 of them stored. The registers written are declared clobbered.
         unsafe {
             std::arch::asm!(
             "vxorps ymm0, ymm0, ymm0",
@@ -242,7 +243,7 @@ mod imp {
             t = inout(reg) t => _,
             a = inout(reg) panel.as_ptr() => _,
             n = inout(reg) steps => _,
-            o = in(reg) out.as_mut_ptr(),
+            o = in(reg) out.as_mut_ptr().cast::<f32>(),
             out("ymm0") _,
             out("ymm1") _,
             out("ymm2") _,
@@ -262,7 +263,8 @@ mod imp {
             options(nostack),
             );
         }
-        out
+        // SAFETY: the assembly stored all MR × 16 values (12 ymm stores of 8).
+        unsafe { out.assume_init() }
     }
 
     /// Writes rows `p..p + MR` of `vals` (`[MR][16]`), columns `c0..c0 + 16`, clipped to
