@@ -133,15 +133,18 @@ pub fn reused_slot_runs(be: &mut dyn Backend, first_piece: usize) -> (Run, Run) 
 }
 
 /// Prefix reuse of a hybrid model on the backend alone: a 50-token request run cold on slot 0
-/// (the reference); then its first 32 tokens (2 blocks) on slot 0, the slot snapshotted into a
-/// new snapshot slot, slot 0 reused by another request, the snapshot restored into slot 1 and
-/// the last 18 tokens run there over the first request's KV blocks. Returns the cold run's
-/// rows from position 32 and the restored run's, with their sampled tokens: they must match
-/// bit for bit. Call on a fresh backend (snapshot slots are made before any forward).
-pub fn snapshot_restore_runs(be: &mut dyn Backend) -> (Run, Run) {
+/// in pieces of `cold_piece` (the reference); then its first 32 tokens (2 blocks) on slot 0,
+/// the slot snapshotted into a new snapshot slot, slot 0 reused by another request, the
+/// snapshot restored into slot 1 and the last 18 tokens run there over the first request's KV
+/// blocks. Returns the cold run's rows from position 32 and the restored run's, with their
+/// sampled tokens: they must match bit for bit. `cold_piece` 50 (one pass) where rows do not
+/// depend on the chunking (the CPU), 32 where they may (cuBLAS picks its GEMM kernels by the
+/// batch's row count, so only the same chunks give the same bits). Call on a fresh backend
+/// (snapshot slots are made before any forward).
+pub fn snapshot_restore_runs(be: &mut dyn Backend, cold_piece: usize) -> (Run, Run) {
     let snap = be.add_snapshot_slots(1).unwrap();
     let p = random_prompt(9, 50, 512);
-    let (cold_rows, cold_tok) = run_split(be, std::slice::from_ref(&p), 50).remove(0);
+    let (cold_rows, cold_tok) = run_split(be, std::slice::from_ref(&p), cold_piece).remove(0);
     let row = be.capture_layers().len() * be.hidden_size();
     let cold = (cold_rows[32 * row..].to_vec(), cold_tok);
     let table = Paging::Hybrid.table(0, p.len());

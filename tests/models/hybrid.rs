@@ -123,7 +123,7 @@ fn reused_slot_starts_from_zero() {
 fn restored_state_snapshot_continues_bit_for_bit() {
     for (name, l, rec, attn) in MODELS.into_iter().take(3) {
         let mut be = backend(name, vec![0, rec, attn, l]);
-        let (cold, restored) = snapshot_restore_runs(&mut be);
+        let (cold, restored) = snapshot_restore_runs(&mut be, 50);
         assert!(
             same_bits(&restored.0, &cold.0),
             "{name}: restored run differs"

@@ -178,3 +178,203 @@ HSX_ATTN(attention_bf16_bf16, bf16_t, bf16_t)
 HSX_ATTN(attention_bf16_f32, bf16_t, float)
 HSX_ATTN(attention_f16_f16, f16_t, f16_t)
 HSX_ATTN(attention_f16_f32, f16_t, float)
+
+// ---- Tensor-core attention over a bf16 cache (sm_80+) ----
+//
+// The same causal GQA attention as attention_t, for a bf16 cache without window or sinks, on
+// mma.sync (mma_bf16_16816): a block is 4 warps over MMA_TILE query tokens of one sequence and
+// one head, a warp owns 16 query rows. Per block of MMA_KB keys counted from position 0: K and
+// V (transposed) are copied to shared memory, each warp computes S = Q Kᵀ with q rounded to bf16
+// once (kept in registers as A fragments), scales it, masks keys past each row's position,
+// updates its online softmax (block max, rescale by exp(m_old - m_new)), rounds P to bf16 and
+// accumulates O += P V in f32; the denominator sums the rounded P. As in attention_t, a row's
+// arithmetic depends only on its own position (rows of a tile never interact, key blocks are
+// fixed by absolute position), so it does not depend on the batch or the chunking.
+// Launch: grid (tiles of <= MMA_TILE tokens, heads), block (128), no dynamic shared memory.
+#define MMA_TILE 64
+#define MMA_KB 64
+
+struct alignas(16) hsx_b128 {
+    unsigned w[4];
+};
+// 16 bytes (both 16-byte aligned), and one 32-bit word (4-byte aligned), from src to dst.
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+#ifdef HSX_EMU
+    memcpy(dst, src, 16);
+#else
+    *reinterpret_cast<hsx_b128*>(dst) = *reinterpret_cast<const hsx_b128*>(src);
+#endif
+}
+__device__ __forceinline__ unsigned load_u32(const unsigned short* p) {
+#ifdef HSX_EMU
+    unsigned v;
+    memcpy(&v, p, 4);
+    return v;
+#else
+    return *reinterpret_cast<const unsigned*>(p);
+#endif
+}
+
+template <int HD, typename OUT>
+__device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc, OUT* out) {
+    // +8 halves per row: the fragment loads of a warp's 8 row groups hit 32 distinct banks.
+    alignas(16) __shared__ unsigned short ks[MMA_KB][HD + 8];
+    alignas(16) __shared__ unsigned short vt[HD][MMA_KB + 8];
+    const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
+    const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
+    const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, qd = lane & 3;
+    const int kv_dim = a.kv_heads * HD;
+    // A tile's positions are consecutive: row r sees keys 0 .. p0 + r.
+    const int p0 = a.positions[t0], max_len = p0 + n;
+    const int r0 = warp * 16 + gr, r1 = r0 + 8;
+    const int len0 = r0 < n ? p0 + 1 + r0 : 0, len1 = r1 < n ? p0 + 1 + r1 : 0;
+    const int warp_len = warp * 16 < n ? p0 + min(n, warp * 16 + 16) : 0;
+
+    unsigned qa[HD / 16][4];
+    {
+        const size_t col = (size_t)a.q_col + (size_t)h * HD + 2 * qd;
+        const float* q0 = a.q + (size_t)(t0 + min(r0, n - 1)) * a.q_stride + col;
+        const float* q1 = a.q + (size_t)(t0 + min(r1, n - 1)) * a.q_stride + col;
+#pragma unroll
+        for (int s = 0; s < HD / 16; ++s) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int c = s * 16 + half * 8;
+                qa[s][2 * half] = r0 < n ? pack_bf16(q0[c], q0[c + 1]) : 0u;
+                qa[s][2 * half + 1] = r1 < n ? pack_bf16(q1[c], q1[c + 1]) : 0u;
+            }
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -HSX_INF, m1 = -HSX_INF, l0 = 0.f, l1 = 0.f;
+
+    for (int kb = 0; kb < max_len; kb += MMA_KB) {
+        __syncthreads();  // the previous block's keys are no longer read
+        // Thread i copies 16 bytes of key j: pairs of threads take a row's 32-byte sector,
+        // and a warp's transposed V stores fall in distinct banks but for pairs.
+        for (int i = threadIdx.x; i < MMA_KB * (HD / 8); i += blockDim.x) {
+            const int j = (i >> 1) % MMA_KB, c = ((i / (2 * MMA_KB)) * 2 + (i & 1)) * 8;
+            const int p = kb + j;
+            alignas(16) unsigned short vv8[8];
+            if (p < max_len) {
+                const size_t slot =
+                    (size_t)table[p / a.block_size] * a.block_size + p % a.block_size;
+                const size_t off = slot * kv_dim + (size_t)g * HD + c;
+                copy16(&ks[j][c], kc + off);
+                copy16(vv8, vc + off);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ks[j][c + e] = vv8[e] = 0;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vt[c + e][j] = vv8[e];
+        }
+        __syncthreads();
+        if (kb >= warp_len) continue;  // warp-uniform: every row of the warp is done
+        // Key tiles of 8 holding a key some row of the warp sees.
+        const int tiles8 = min(MMA_KB / 8, (warp_len - kb + 7) / 8);
+        float s[MMA_KB / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            if (nt >= tiles8) continue;
+#pragma unroll
+            for (int st = 0; st < HD / 16; ++st) {
+                const unsigned short* kr = &ks[nt * 8 + gr][st * 16 + 2 * qd];
+                const unsigned b[2] = {load_u32(kr), load_u32(kr + 8)};
+                mma_bf16_16816(s[nt], qa[st], b);
+            }
+        }
+        float mx0 = -HSX_INF, mx1 = -HSX_INF;
+#pragma unroll
+        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kb + nt * 8 + 2 * qd + (e & 1);
+                const bool valid = key < (e < 2 ? len0 : len1);
+                s[nt][e] = valid ? __fmul_rn(s[nt][e], a.scale) : -HSX_INF;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        // The 4 lanes of a row group hold its row's keys.
+        mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        // A row with no key yet (or none at all) keeps 0 / 0 without forming inf - inf.
+        const float b0 = n0 == -HSX_INF ? 0.f : n0, b1 = n1 == -HSX_INF ? 0.f : n1;
+        const float al0 = expf(m0 - b0), al1 = expf(m1 - b1);
+        float sum0 = 0.f, sum1 = 0.f;
+        unsigned pa[MMA_KB / 8][2];
+#pragma unroll
+        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+            const unsigned u0 = pack_bf16(expf(s[nt][0] - b0), expf(s[nt][1] - b0));
+            const unsigned u1 = pack_bf16(expf(s[nt][2] - b1), expf(s[nt][3] - b1));
+            sum0 += bf16_lo(u0) + bf16_hi(u0);
+            sum1 += bf16_lo(u1) + bf16_hi(u1);
+            pa[nt][0] = u0;
+            pa[nt][1] = u1;
+        }
+        sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 1);
+        sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 2);
+        sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 1);
+        sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 2);
+        l0 = fmaf(l0, al0, sum0);
+        l1 = fmaf(l1, al1, sum1);
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            o[dt][0] *= al0;
+            o[dt][1] *= al0;
+            o[dt][2] *= al1;
+            o[dt][3] *= al1;
+        }
+#pragma unroll
+        for (int kt = 0; kt < MMA_KB / 16; ++kt) {
+            if (2 * kt >= tiles8) continue;
+            const unsigned p[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0],
+                                   pa[2 * kt + 1][1]};
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                const unsigned short* vr = &vt[dt * 8 + gr][kt * 16 + 2 * qd];
+                const unsigned b[2] = {load_u32(vr), load_u32(vr + 8)};
+                mma_bf16_16816(o[dt], p, b);
+            }
+        }
+    }
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+        const int d = dt * 8 + 2 * qd;
+        if (r0 < n) {
+            OUT* w = out + (size_t)(t0 + r0) * a.heads * HD + (size_t)h * HD + d;
+            w[0] = from_f32<OUT>(__fmul_rn(o[dt][0], inv0));
+            w[1] = from_f32<OUT>(__fmul_rn(o[dt][1], inv0));
+        }
+        if (r1 < n) {
+            OUT* w = out + (size_t)(t0 + r1) * a.heads * HD + (size_t)h * HD + d;
+            w[0] = from_f32<OUT>(__fmul_rn(o[dt][2], inv1));
+            w[1] = from_f32<OUT>(__fmul_rn(o[dt][3], inv1));
+        }
+    }
+}
+
+#define HSX_ATTN_MMA(NAME, HD, OUT)                                                        \
+    extern "C" __global__ void NAME(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,    \
+                                    OUT* out) {                                              \
+        attn_mma_t<HD, OUT>(a, kc, vc, out);                                                 \
+    }
+HSX_ATTN_MMA(attn_mma_h16_bf16, 16, bf16_t)
+HSX_ATTN_MMA(attn_mma_h16_f32, 16, float)
+HSX_ATTN_MMA(attn_mma_h32_bf16, 32, bf16_t)
+HSX_ATTN_MMA(attn_mma_h32_f32, 32, float)
+HSX_ATTN_MMA(attn_mma_h64_bf16, 64, bf16_t)
+HSX_ATTN_MMA(attn_mma_h64_f32, 64, float)
+HSX_ATTN_MMA(attn_mma_h128_bf16, 128, bf16_t)
+HSX_ATTN_MMA(attn_mma_h128_f32, 128, float)

@@ -102,3 +102,46 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
     for (int w = 0; w < warps; ++w) t += scratch[w];
     return t;
 }
+
+// d += A (16 x 16 bf16, row-major) * B (16 x 8 bf16, column-major), f32 accumulation, by one
+// warp: PTX `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (sm_80+). Fragments, as
+// the PTX ISA lays them out, with g = lane / 4 and q = lane % 4; a 32-bit register holds two
+// bf16, the lower column (A) or row (B) in its low half:
+//   a[0]: A[g][2q, 2q+1]   a[1]: A[g+8][2q, 2q+1]   a[2]: A[g][2q+8, 2q+9]   a[3]: A[g+8][2q+8, 2q+9]
+//   b[0]: B[2q, 2q+1][g]   b[1]: B[2q+8, 2q+9][g]
+//   d[0], d[1]: D[g][2q, 2q+1]   d[2], d[3]: D[g+8][2q, 2q+1]
+// The emulator (and a GPU before sm_80, where hsx never selects a caller) gathers the operands
+// from the other lanes with shuffles and accumulates in k order with fmaf (the tensor core's
+// summation order differs: results agree to f32 rounding). Blocks must be one-dimensional.
+__device__ __forceinline__ float bf16_lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    return (unsigned)from_f32<bf16_t>(lo).bits | ((unsigned)from_f32<bf16_t>(hi).bits << 16);
+}
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
+                                               const unsigned b[2]) {
+#if defined(HSX_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    for (int k = 0; k < 16; ++k) {
+        const int hi = k >> 3, src = (k & 7) >> 1;
+        const unsigned a0 = __shfl_sync(HSX_FULL_MASK, a[2 * hi], g * 4 + src);
+        const unsigned a1 = __shfl_sync(HSX_FULL_MASK, a[2 * hi + 1], g * 4 + src);
+        const unsigned b0 = __shfl_sync(HSX_FULL_MASK, b[hi], (2 * q) * 4 + src);
+        const unsigned b1 = __shfl_sync(HSX_FULL_MASK, b[hi], (2 * q + 1) * 4 + src);
+        const float x0 = (k & 1) ? bf16_hi(a0) : bf16_lo(a0);
+        const float x1 = (k & 1) ? bf16_hi(a1) : bf16_lo(a1);
+        const float y0 = (k & 1) ? bf16_hi(b0) : bf16_lo(b0);
+        const float y1 = (k & 1) ? bf16_hi(b1) : bf16_lo(b1);
+        d[0] = fmaf(x0, y0, d[0]);
+        d[1] = fmaf(x0, y1, d[1]);
+        d[2] = fmaf(x1, y0, d[2]);
+        d[3] = fmaf(x1, y1, d[3]);
+    }
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}

@@ -264,7 +264,10 @@ pub(super) fn kernel_names(src: &str) -> Vec<String> {
         if t.starts_with('#') || t.ends_with('\\') {
             continue;
         }
-        let name = if let Some(args) = t.strip_prefix("HSX_ATTN(") {
+        let macro_args = t
+            .strip_prefix("HSX_ATTN(")
+            .or_else(|| t.strip_prefix("HSX_ATTN_MMA("));
+        let name = if let Some(args) = macro_args {
             args.split(',').next().unwrap_or("")
         } else if let Some(i) = t.find(DECL) {
             let rest = &t[i + DECL.len()..];

@@ -15,6 +15,10 @@ use crate::kernels::plan::BatchPlan;
 
 /// Query tokens per attention tile (ATTN_TILE in attention.cu).
 pub const ATTN_TILE: usize = 16;
+/// Query tokens per tile of the tensor-core kernel (MMA_TILE in attention.cu).
+const MMA_TILE: usize = 64;
+/// Head dims the tensor-core kernel is instantiated for (attn_mma_h{HD}_* in attention.cu).
+const MMA_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
 pub const ATTN_MAX_HD: usize = super::limits::ATTN_MAX_HEAD_DIM;
 const ATTN_THREADS: u32 = 128;
@@ -32,6 +36,9 @@ pub struct DevPlan {
     /// `[tiles, 3]`: first token, tokens, seq index.
     tiles: DevBuf<i32>,
     num_tiles: usize,
+    /// The same in tiles of at most [`MMA_TILE`] tokens, for the tensor-core kernel.
+    mma_tiles: DevBuf<i32>,
+    num_mma_tiles: usize,
     tables: DevBuf<i32>,
     table_start: DevBuf<i32>,
     block_size: usize,
@@ -49,7 +56,8 @@ impl DevPlan {
             .map(|&p| to_i32(p, "position"))
             .collect::<CudaResult<Vec<_>>>()?;
         let slots: Vec<i64> = plan.slots.iter().map(|&s| s as i64).collect();
-        let tiles = tiles(plan);
+        let tiles = tiles_of(plan, ATTN_TILE);
+        let mma_tiles = tiles_of(plan, MMA_TILE);
         let mut tables = Vec::new();
         let mut table_start = Vec::with_capacity(plan.tables.len());
         for t in &plan.tables {
@@ -65,6 +73,8 @@ impl DevPlan {
             slots: gpu.upload(&slots)?,
             num_tiles: tiles.len() / 3,
             tiles: gpu.upload(&tiles)?,
+            num_mma_tiles: mma_tiles.len() / 3,
+            mma_tiles: gpu.upload(&mma_tiles)?,
             tables: gpu.upload(&tables)?,
             table_start: gpu.upload(&table_start)?,
             block_size: plan.block_size,
@@ -72,10 +82,10 @@ impl DevPlan {
     }
 }
 
-/// [`BatchPlan::tiles`] of at most [`ATTN_TILE`] tokens as `[first token, tokens, seq index]`.
-fn tiles(plan: &BatchPlan<'_>) -> Vec<i32> {
+/// [`BatchPlan::tiles`] of at most `tile` tokens as `[first token, tokens, seq index]`.
+fn tiles_of(plan: &BatchPlan<'_>, tile: usize) -> Vec<i32> {
     // Token indices and seq indices are < T, which the caller bounds by the token budget.
-    plan.tiles(ATTN_TILE)
+    plan.tiles(tile)
         .into_iter()
         .flat_map(|(start, end)| {
             [
@@ -140,6 +150,8 @@ pub struct DevKvCache {
     block_size: usize,
     kv_dim: usize,
     dtype: WeightDtype,
+    /// Whether attention may take the tensor-core kernel ([`mma_kernel`]).
+    tensor_cores: bool,
 }
 
 impl DevKvCache {
@@ -161,6 +173,8 @@ impl DevKvCache {
         let per_layer = (shape.per_layer())
             .ok_or_else(|| CudaError::Invalid("KV cache size overflows".into()))?;
         let (k, v) = shape.alloc_layers(|| WeightData::zeros(gpu, dtype, per_layer))?;
+        // `HSX_CUDA_ATTENTION=simt`: the CUDA-core kernel for every layer (to compare the two).
+        let simt = std::env::var("HSX_CUDA_ATTENTION").is_ok_and(|v| v == "simt");
         Ok(Self {
             k,
             v,
@@ -168,6 +182,7 @@ impl DevKvCache {
             block_size,
             kv_dim,
             dtype,
+            tensor_cores: !simt && gpu.info.compute_capability >= (8, 0),
         })
     }
 
@@ -288,13 +303,8 @@ impl DevKvCache {
         if plan.num_tiles == 0 {
             return Ok(());
         }
-        let name = format!("attention_{}_{}", suffix(self.dtype), suffix(out_dtype));
         let hd = shape.head_dim;
-        let kb = [32usize, 16, 8]
-            .into_iter()
-            .find(|&kb| smem_floats(hd, kb) * 4 <= SMEM_LIMIT)
-            .unwrap_or(8);
-        let args = AttnArgs {
+        let mut args = AttnArgs {
             q: q.base,
             q_stride: q.stride as i64,
             q_col: q.col as i32,
@@ -306,11 +316,29 @@ impl DevKvCache {
             kv_heads: shape.kv_heads as i32,
             hd: hd as i32,
             block_size: self.block_size as i32,
-            kb: kb as i32,
+            kb: 0,
             scale: shape.scale,
             sinks: softmax.sinks,
             window,
         };
+        let mma = self
+            .tensor_cores
+            .then(|| mma_kernel(self.dtype, out_dtype, hd, &softmax));
+        if let Some(name) = mma.flatten() {
+            args.tiles = plan.mma_tiles.ptr();
+            let cfg = LaunchConfig {
+                grid_dim: (plan.num_mma_tiles as u32, shape.heads as u32, 1),
+                block_dim: (ATTN_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return launch!(gpu, &name => "attn_mma_h128_bf16", cfg, args, k.ptr(), v.ptr(), out);
+        }
+        let name = format!("attention_{}_{}", suffix(self.dtype), suffix(out_dtype));
+        let kb = [32usize, 16, 8]
+            .into_iter()
+            .find(|&kb| smem_floats(hd, kb) * 4 <= SMEM_LIMIT)
+            .unwrap_or(8);
+        args.kb = kb as i32;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_tiles as u32, shape.heads as u32, 1),
             block_dim: (ATTN_THREADS, 1, 1),
@@ -318,6 +346,24 @@ impl DevKvCache {
         };
         launch!(gpu, &name => "attention_f32_f32", cfg, args, k.ptr(), v.ptr(), out)
     }
+}
+
+/// The tensor-core kernel (attn_mma_* in attention.cu, sm_80+) for a layer, where it applies:
+/// a bf16 cache, a head dim it is built for, no sliding window and no sinks (those layers, and
+/// f32 / f16 caches, take the CUDA-core kernel).
+fn mma_kernel(
+    cache: WeightDtype,
+    out: WeightDtype,
+    hd: usize,
+    softmax: &DevSoftmax,
+) -> Option<String> {
+    let plain = softmax.window == 0 && softmax.sinks == 0;
+    let out = match out {
+        WeightDtype::Bf16 | WeightDtype::F32 => suffix(out),
+        _ => return None,
+    };
+    (cache == WeightDtype::Bf16 && plain && MMA_HEAD_DIMS.contains(&hd))
+        .then(|| format!("attn_mma_h{hd}_{out}"))
 }
 
 /// Shared floats of one attention block: query tile, padded key block, value block.
@@ -338,5 +384,52 @@ fn check_shape(s: AttnShape, kv_dim: usize) -> CudaResult<()> {
         Err(CudaError::Invalid(format!(
             "attention shape {s:?} unsupported (kv_dim {kv_dim}, head_dim <= {ATTN_MAX_HD})"
         )))
+    }
+}
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod attention_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
+        let plain = DevSoftmax {
+            shape: AttnShape {
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                scale: 0.088,
+            },
+            sinks: 0,
+            window: 0,
+        };
+        let (bf16, f32) = (WeightDtype::Bf16, WeightDtype::F32);
+        let pick = |c, o, hd, s: &DevSoftmax| mma_kernel(c, o, hd, s);
+        assert_eq!(
+            pick(bf16, bf16, 128, &plain).as_deref(),
+            Some("attn_mma_h128_bf16")
+        );
+        assert_eq!(
+            pick(bf16, f32, 16, &plain).as_deref(),
+            Some("attn_mma_h16_f32")
+        );
+        assert_eq!(pick(f32, f32, 128, &plain), None);
+        assert_eq!(pick(WeightDtype::F16, f32, 128, &plain), None);
+        assert_eq!(pick(bf16, bf16, 256, &plain), None);
+        assert_eq!(pick(bf16, bf16, 80, &plain), None);
+        let window = DevSoftmax {
+            window: 128,
+            ..plain
+        };
+        let sinks = DevSoftmax {
+            sinks: 0x1000,
+            ..plain
+        };
+        assert_eq!(pick(bf16, bf16, 64, &window), None);
+        assert_eq!(pick(bf16, bf16, 64, &sinks), None);
     }
 }

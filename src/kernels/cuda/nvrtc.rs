@@ -310,6 +310,11 @@ mod tests {
         ] {
             wanted.push(format!("attention_{c}_{o}"));
         }
+        for hd in [16, 32, 64, 128] {
+            for o in ["bf16", "f32"] {
+                wanted.push(format!("attn_mma_h{hd}_{o}"));
+            }
+        }
         for w in &wanted {
             assert!(all.contains(w), "kernel {w} missing from the sources");
         }
@@ -349,7 +354,8 @@ mod tests {
         let names = super::super::context::kernel_names_for_test(include_str!("attention.cu"));
         assert!(names.iter().any(|n| n == "kv_write_bf16"), "{names:?}");
         assert!(names.iter().any(|n| n == "attention_bf16_f32"), "{names:?}");
+        assert!(names.iter().any(|n| n == "attn_mma_h128_bf16"), "{names:?}");
         assert!(!names.iter().any(|n| n == "NAME"), "{names:?}");
-        assert_eq!(names.len(), 3 + 5, "{names:?}");
+        assert_eq!(names.len(), 3 + 5 + 8, "{names:?}");
     }
 }

@@ -1,0 +1,231 @@
+//! The two attention kernels over a bf16 cache, directly: the tensor-core one (`attn_mma_*`)
+//! and the CUDA-core one (`attention_bf16_*`) against an f64 reference at the bench model's
+//! head dim and the fixtures': prompts over several key blocks and tiles, GQA, two sequences in
+//! one batch, a chunk that starts inside a key block, and a row's bits independent of the batch.
+//! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
+
+use super::*;
+use crate::kernels::SeqChunk;
+use crate::kernels::plan::PlanLimits;
+use crate::kernels::{BackendError, Batch};
+
+const BLOCK: usize = 16;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+
+struct Setup {
+    hd: usize,
+    /// f32 rows `[q | k | v]` of every position of sequences A and B.
+    rows: [Vec<f32>; 2],
+}
+
+impl Setup {
+    fn new(hd: usize, lens: [usize; 2], seed: u64) -> Self {
+        let width = (HEADS + 2 * KV_HEADS) * hd;
+        let mut state = seed;
+        let mut next = move || {
+            // xorshift: values in [-2, 2), large enough for peaked softmaxes
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        let rows = lens.map(|n| (0..n * width).map(|_| next()).collect());
+        Self { hd, rows }
+    }
+
+    fn width(&self) -> usize {
+        (HEADS + 2 * KV_HEADS) * self.hd
+    }
+
+    /// Output rows (f32, `[tokens, HEADS * hd]`) of a batch of chunks `(seq, start, len)`.
+    fn run(&self, gpu: &Gpu, kv: &DevKvCache, chunks: &[(usize, usize, usize)]) -> Vec<f32> {
+        let tables: Vec<Vec<u32>> = (0..2)
+            .map(|s| (0..16).map(|b| (s * 16 + b) as u32).collect())
+            .collect();
+        let seqs: Vec<SeqChunk> = chunks
+            .iter()
+            .map(|&(s, start, len)| SeqChunk {
+                start,
+                len,
+                block_table: tables[s].clone(),
+                sample: false,
+                state_slot: None,
+            })
+            .collect();
+        let w = self.width();
+        let mut rows = Vec::new();
+        for &(s, start, len) in chunks {
+            rows.extend_from_slice(&self.rows[s][start * w..(start + len) * w]);
+        }
+        let ids = vec![0u32; rows.len() / w];
+        let batch = Batch {
+            token_ids: &ids,
+            seqs: &seqs,
+        };
+        let plan = BatchPlan::new(&batch, &PlanLimits::new(1, 4096, 32, BLOCK)).unwrap();
+        let dev = DevPlan::new(gpu, &ids, &plan).unwrap();
+        let qkv = gpu.upload(&rows).unwrap();
+        let out = gpu.zeros::<f32>(ids.len() * HEADS * self.hd).unwrap();
+        let qkv_rows = QkvRows {
+            base: qkv.ptr(),
+            width: w,
+            k_col: HEADS * self.hd,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: self.hd,
+        };
+        let softmax = DevSoftmax {
+            shape: AttnShape {
+                heads: HEADS,
+                kv_heads: KV_HEADS,
+                head_dim: self.hd,
+                scale: (self.hd as f64).powf(-0.5) as f32,
+            },
+            sinks: 0,
+            window: 0,
+        };
+        kv.attend(
+            gpu,
+            0,
+            qkv_rows,
+            None,
+            None,
+            softmax,
+            (out.ptr(), WeightDtype::F32),
+            &dev,
+        )
+        .unwrap();
+        gpu.download(&out, ids.len() * HEADS * self.hd).unwrap()
+    }
+
+    /// f64 attention of sequence `s`'s position `p`, head `h`, over bf16-rounded K and V.
+    fn reference(&self, s: usize, p: usize, h: usize) -> Vec<f64> {
+        let (w, hd) = (self.width(), self.hd);
+        let g = h / (HEADS / KV_HEADS);
+        let bf = |x: f32| half::bf16::from_f32(x).to_f64();
+        let row = |t: usize| &self.rows[s][t * w..(t + 1) * w];
+        let q = &row(p)[h * hd..(h + 1) * hd];
+        let scale = (hd as f64).powf(-0.5);
+        let scores: Vec<f64> = (0..=p)
+            .map(|t| {
+                let k = &row(t)[(HEADS + g) * hd..];
+                (0..hd).map(|d| q[d] as f64 * bf(k[d])).sum::<f64>() * scale
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..hd)
+            .map(|d| {
+                (0..=p)
+                    .map(|t| e[t] * bf(row(t)[(HEADS + KV_HEADS + g) * hd + d]))
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
+    }
+}
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// Largest |got - want| over the largest |want| of the rows of `chunk` (at `offset` in `out`).
+fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usize, usize)) -> f64 {
+    let hd = s.hd;
+    let (mut worst, mut top) = (0f64, 0f64);
+    for i in 0..len {
+        for h in 0..HEADS {
+            let want = s.reference(seq, start + i, h);
+            let got = &out[(offset + i) * HEADS * hd + h * hd..][..hd];
+            for d in 0..hd {
+                worst = worst.max((got[d] as f64 - want[d]).abs());
+                top = top.max(want[d].abs());
+            }
+        }
+    }
+    worst / top
+}
+
+#[test]
+fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
+    let Some(gpu) = gpu() else { return };
+    if gpu.info.compute_capability < (8, 0) {
+        eprintln!(
+            "skipping: sm_{}{} has no bf16 mma",
+            gpu.info.compute_capability.0, gpu.info.compute_capability.1
+        );
+        return;
+    }
+    for hd in [16, 128] {
+        let setup = Setup::new(hd, [230, 90], hd as u64);
+        let new_cache = |tensor_cores: bool| {
+            let mut kv =
+                DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+            kv.tensor_cores = tensor_cores;
+            kv
+        };
+        for (tc, tol) in [(true, 1.5e-2), (false, 1e-5)] {
+            let kv = new_cache(tc);
+            // A's first 100 positions, then A's 100..230 (from inside a key block) with all of B.
+            setup.run(&gpu, &kv, &[(0, 0, 100)]);
+            let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
+            let e_a = err_of(&setup, &both, 0, (0, 100, 130));
+            let e_b = err_of(&setup, &both, 130, (1, 0, 90));
+            eprintln!("hd {hd}, tensor cores {tc}: max-rel {e_a:.2e} (A 100..230), {e_b:.2e} (B)");
+            assert!(
+                e_a <= tol && e_b <= tol,
+                "hd {hd}, tensor cores {tc}: {e_a:e} / {e_b:e}"
+            );
+            // A's rows again, alone in their batch: the same bits.
+            let alone = setup.run(&gpu, &kv, &[(0, 100, 130)]);
+            let n = 130 * HEADS * hd;
+            let same = alone
+                .iter()
+                .zip(&both[..n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "hd {hd}, tensor cores {tc}: rows depend on the batch");
+        }
+    }
+}
+
+#[test]
+fn mma_tiles_are_runs_of_one_sequence() {
+    // The tiles the tensor-core kernel gets are runs of consecutive positions of one sequence.
+    let tables = [vec![0u32, 1, 2, 3, 4], vec![5u32]];
+    let seqs = [
+        SeqChunk {
+            start: 3,
+            len: 70,
+            block_table: tables[0].clone(),
+            sample: false,
+            state_slot: None,
+        },
+        SeqChunk {
+            start: 0,
+            len: 5,
+            block_table: tables[1].clone(),
+            sample: false,
+            state_slot: None,
+        },
+    ];
+    let ids = vec![0u32; 75];
+    let plan = BatchPlan::new(
+        &Batch {
+            token_ids: &ids,
+            seqs: &seqs,
+        },
+        &PlanLimits::new(1, 4096, 8, BLOCK),
+    );
+    let plan = plan.map_err(|e: BackendError| e.to_string()).unwrap();
+    // 64 tokens of the first chunk, its last 6, then the second sequence's 5.
+    let tiles = tiles_of(&plan, MMA_TILE);
+    assert_eq!(tiles, vec![0, 64, 0, 64, 6, 0, 70, 5, 1]);
+}
