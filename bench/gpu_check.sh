@@ -3,6 +3,7 @@
 # are built on the development machine and carried, packed (bench/README.md, "On a GPU").
 #
 #   bench/gpu_check.sh OUT_DIR [DEADLINE_S]
+#   bench/gpu_check.sh OUT_DIR 0 profile    # only the profile below
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
 #   env      `hsx env`: the libraries and the device hsx sees
@@ -14,8 +15,9 @@
 #   bench    bench/gpu.py (8B-shaped random model), only if DEADLINE_S leaves time for it
 #   ab       the two attention kernels at the bench model's shape: files compared, speed
 set -u
-out=${1:?usage: gpu_check.sh OUT_DIR [DEADLINE_S]}
+out=${1:?usage: gpu_check.sh OUT_DIR [DEADLINE_S] [profile]}
 deadline=${2:-0}
+mode=${3:-all}
 t0=$(date +%s)
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -39,6 +41,44 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
 { nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; } >"$out/env.log" 2>&1
 step env 60 gpu/hsx env
 grep -iE "cuda|device" "$out/env.log" | head -20
+
+# Where one 8,192-token step of the bench model spends its GPU time (ncu, per kernel), and the
+# device memory of one 32,768-token prompt with 5 captured layers (the O(budget) capture bound).
+profile() {
+    local m=/tmp/hsx-gpu p
+    [ -f $m/model/config.json ] || step profile 120 gpu/random_model $m/model --shape llama8b
+    local vocab
+    vocab=$(python3 -c "import json; print(json.load(open('$m/model/config.json'))['vocab_size'])")
+    for p in "p2 2 4096" "p32k 1 32768"; do
+        set -- $p
+        python3 bench/make_prompts.py /tmp/$1.jsonl --count $2 --vocab "$vocab" --min-len $3 \
+            --max-len $3 >/dev/null
+    done
+    for p in "prof 2,16,29,32" "long 2,8,16,24,32"; do
+        set -- $p
+        printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_model_len = 32768\nnum_blocks = 8192\nlayer_ids = [%s]\n[output]\ndir = "/tmp/o-%s"\n' \
+            "$m/model" "$2" "$1" >/tmp/$1.toml
+    done
+    (while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.1; done) \
+        >/tmp/mem.txt 2>/dev/null &
+    local poll=$!
+    RUST_LOG=info HSX_BENCH_DISCARD_OUTPUT=1 step long 120 gpu/hsx extract --config /tmp/long.toml \
+        --input /tmp/p32k.jsonl
+    kill $poll
+    echo "32k prompt, 5 layers: peak device memory $(sort -n /tmp/mem.txt | tail -1) MiB" |
+        tee -a "$summary"
+    grep -iE "memory|tokens/s" "$out/long.log" | tail -6
+    command -v ncu >/dev/null ||
+        PATH="$PATH:$(dirname "$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)")"
+    HSX_BENCH_DISCARD_OUTPUT=1 step ncu 200 ncu --metrics gpu__time_duration.sum \
+        --print-summary per-kernel gpu/hsx extract --config /tmp/prof.toml --input /tmp/p2.jsonl \
+        --quiet
+}
+if [ "$mode" = profile ]; then
+    profile
+    cat "$summary"
+    exit 0
+fi
 
 tests="--test-threads 8 --nocapture"
 step lib 240 gpu/libtests kernels::cuda env_report $tests
