@@ -1,7 +1,8 @@
 //! The two attention kernels over a bf16 cache, directly: the tensor-core one (`attn_mma_*`)
-//! and the CUDA-core one (`attention_bf16_*`) against an f64 reference at the bench model's
-//! head dim and the fixtures': prompts over several key blocks and tiles, GQA, two sequences in
-//! one batch, a chunk that starts inside a key block, and a row's bits independent of the batch.
+//! and the CUDA-core one (`attention_bf16_*`) against an f64 reference at every head dim the
+//! tensor-core kernel is built for (16, 32, 64, 128: the fixtures' and the bench model's):
+//! prompts over several key blocks and tiles, GQA, two sequences in one batch, a chunk that
+//! starts inside a key block, and a row's bits independent of the batch.
 //! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
 
 use super::*;
@@ -164,7 +165,7 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
         );
         return;
     }
-    for hd in [16, 128] {
+    for hd in [16, 32, 64, 128] {
         let setup = Setup::new(hd, [230, 90], hd as u64);
         let new_cache = |tensor_cores: bool| {
             let mut kv =
