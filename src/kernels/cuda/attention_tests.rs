@@ -4,6 +4,7 @@
 //! prompts over several key blocks and tiles, GQA, two sequences in one batch, a chunk that
 //! starts inside a key block, and a row's bits independent of the batch.
 //! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
+//! Also which layers take the tensor-core kernel (no device needed).
 
 use super::*;
 use crate::kernels::SeqChunk;
@@ -229,4 +230,42 @@ fn mma_tiles_are_runs_of_one_sequence() {
     // 64 tokens of the first chunk, its last 6, then the second sequence's 5.
     let tiles = tiles_of(&plan, MMA_TILE);
     assert_eq!(tiles, vec![0, 64, 0, 64, 6, 0, 70, 5, 1]);
+}
+
+#[test]
+fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
+    let plain = DevSoftmax {
+        shape: AttnShape {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            scale: 0.088,
+        },
+        sinks: 0,
+        window: 0,
+    };
+    let (bf16, f32) = (WeightDtype::Bf16, WeightDtype::F32);
+    let pick = |c, o, hd, s: &DevSoftmax| mma_kernel(c, o, hd, s);
+    assert_eq!(
+        pick(bf16, bf16, 128, &plain).as_deref(),
+        Some("attn_mma_h128_bf16")
+    );
+    assert_eq!(
+        pick(bf16, f32, 16, &plain).as_deref(),
+        Some("attn_mma_h16_f32")
+    );
+    assert_eq!(pick(f32, f32, 128, &plain), None);
+    assert_eq!(pick(WeightDtype::F16, f32, 128, &plain), None);
+    assert_eq!(pick(bf16, bf16, 256, &plain), None);
+    assert_eq!(pick(bf16, bf16, 80, &plain), None);
+    let window = DevSoftmax {
+        window: 128,
+        ..plain
+    };
+    let sinks = DevSoftmax {
+        sinks: 0x1000,
+        ..plain
+    };
+    assert_eq!(pick(bf16, bf16, 64, &window), None);
+    assert_eq!(pick(bf16, bf16, 64, &sinks), None);
 }
