@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks on a lent GPU machine, which has no Rust toolchain: the test binaries and hsx
-# are built on the development machine and carried, packed (bench/README.md, "On a GPU").
+# are built on the development machine and carried, packed by bench/gpu_pack.sh into
+# gpu/bins.tar.xz (bench/README.md, "On a GPU").
 #
 #   bench/gpu_check.sh OUT_DIR [DEADLINE_S]
 #   bench/gpu_check.sh OUT_DIR 0 profile    # only the profile below
