@@ -8,6 +8,8 @@
 //!   rows (already in the file dtype) and sampled tokens out. `models::ModelBackend` implements
 //!   it for any architecture on any [`Device`].
 
+#[cfg(test)]
+pub(crate) mod attention_reference;
 pub mod cpu;
 pub mod cuda;
 pub mod device;

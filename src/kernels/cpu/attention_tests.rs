@@ -1,6 +1,7 @@
 //! The CPU attention against a naive f64 reference, chunking / CPU-path invariance.
 
 use super::*;
+use crate::kernels::attention_reference::{naive, rnd};
 use crate::kernels::cpu::kv_cache::KvCache;
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::{Batch, SeqChunk};
@@ -11,17 +12,6 @@ fn plan_of<'a>(ids: &'a [u32], seqs: &'a [SeqChunk], lim: &PlanLimits) -> BatchP
         seqs,
     };
     BatchPlan::new(&batch, lim).unwrap()
-}
-
-fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
 }
 
 #[test]
@@ -133,50 +123,6 @@ fn run(
     all
 }
 
-/// Softmax over the keys in the window (and the sink, whose weight is dropped), in f64.
-fn naive(
-    shape: AttnShape,
-    softmax: Softmax<'_>,
-    len: usize,
-    (q, k, v): (&[f32], &[f32], &[f32]),
-) -> Vec<f64> {
-    let (hd, h, kvh) = (shape.head_dim, shape.heads, shape.kv_heads);
-    let group = h / kvh;
-    let mut out = vec![0.0f64; len * h * hd];
-    for t in 0..len {
-        for head in 0..h {
-            let kh = head / group;
-            let qv = &q[(t * h + head) * hd..][..hd];
-            let lo = softmax.window.map_or(0, |w| (t + 1).saturating_sub(w));
-            let s: Vec<f64> = (lo..=t)
-                .map(|j| {
-                    let kv = &k[(j * kvh + kh) * hd..][..hd];
-                    qv.iter()
-                        .zip(kv)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * shape.scale as f64
-                })
-                .collect();
-            let sink = softmax.sinks.map(|s| s[head] as f64);
-            let m = s
-                .iter()
-                .chain(&sink)
-                .cloned()
-                .fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
-            for d in 0..hd {
-                out[(t * h + head) * hd + d] = (lo..=t)
-                    .map(|j| e[j - lo] * v[(j * kvh + kh) * hd + d] as f64)
-                    .sum::<f64>()
-                    / sum;
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn matches_naive_and_is_invariant_to_chunking_and_cpu() {
     check_variant(3, |_| Softmax::default());
@@ -233,7 +179,7 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = softmax(heads);
-        let want = naive(shape, sm, len, (&q, &k, &v));
+        let want = naive(shape, sm.window, sm.sinks, len, (&q, &k, &v));
         let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Fast);
         for (a, b) in whole.iter().zip(&want) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
@@ -286,7 +232,7 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),
         };
-        let want = naive(shape, sm, len, (&q, &k, &v));
+        let want = naive(shape, sm.window, sm.sinks, len, (&q, &k, &v));
         let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Amx);
         for (a, b) in whole.iter().zip(&want) {
             worst = worst.max((*a as f64 - b).abs());

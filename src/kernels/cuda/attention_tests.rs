@@ -8,6 +8,7 @@
 
 use super::*;
 use crate::kernels::SeqChunk;
+use crate::kernels::attention_reference::{naive, rnd};
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::{BackendError, Batch};
 
@@ -19,21 +20,35 @@ struct Setup {
     hd: usize,
     /// f32 rows `[q | k | v]` of every position of sequences A and B.
     rows: [Vec<f32>; 2],
+    /// [`naive`] attention of each sequence over its K and V rounded to bf16 (as cached):
+    /// `[len, HEADS, hd]`.
+    want: [Vec<f64>; 2],
 }
 
 impl Setup {
-    fn new(hd: usize, lens: [usize; 2], seed: u64) -> Self {
+    fn new(hd: usize, lens: [usize; 2], mut seed: u64) -> Self {
         let width = (HEADS + 2 * KV_HEADS) * hd;
-        let mut state = seed;
-        let mut next = move || {
-            // xorshift: values in [-2, 2), large enough for peaked softmaxes
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        let rows = lens.map(|n| rnd(n * width, &mut seed));
+        let shape = AttnShape {
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: hd,
+            scale: (hd as f64).powf(-0.5) as f32,
         };
-        let rows = lens.map(|n| (0..n * width).map(|_| next()).collect());
-        Self { hd, rows }
+        let bf16 = |x: &f32| half::bf16::from_f32(*x).to_f32();
+        let want = [0, 1].map(|s| {
+            let cols = |t: usize, from: usize, n: usize| &rows[s][t * width + from..][..n];
+            let (qn, kvn) = (HEADS * hd, KV_HEADS * hd);
+            let mut q = Vec::new();
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            for t in 0..lens[s] {
+                q.extend_from_slice(cols(t, 0, qn));
+                k.extend(cols(t, qn, kvn).iter().map(bf16));
+                v.extend(cols(t, qn + kvn, kvn).iter().map(bf16));
+            }
+            naive(shape, None, None, lens[s], (&q, &k, &v))
+        });
+        Self { hd, rows, want }
     }
 
     fn width(&self) -> usize {
@@ -100,33 +115,6 @@ impl Setup {
         .unwrap();
         gpu.download(&out, ids.len() * HEADS * self.hd).unwrap()
     }
-
-    /// f64 attention of sequence `s`'s position `p`, head `h`, over bf16-rounded K and V.
-    fn reference(&self, s: usize, p: usize, h: usize) -> Vec<f64> {
-        let (w, hd) = (self.width(), self.hd);
-        let g = h / (HEADS / KV_HEADS);
-        let bf = |x: f32| half::bf16::from_f32(x).to_f64();
-        let row = |t: usize| &self.rows[s][t * w..(t + 1) * w];
-        let q = &row(p)[h * hd..(h + 1) * hd];
-        let scale = (hd as f64).powf(-0.5);
-        let scores: Vec<f64> = (0..=p)
-            .map(|t| {
-                let k = &row(t)[(HEADS + g) * hd..];
-                (0..hd).map(|d| q[d] as f64 * bf(k[d])).sum::<f64>() * scale
-            })
-            .collect();
-        let m = scores.iter().cloned().fold(f64::MIN, f64::max);
-        let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = e.iter().sum();
-        (0..hd)
-            .map(|d| {
-                (0..=p)
-                    .map(|t| e[t] * bf(row(t)[(HEADS + KV_HEADS + g) * hd + d]))
-                    .sum::<f64>()
-                    / z
-            })
-            .collect()
-    }
 }
 
 fn gpu() -> Option<Gpu> {
@@ -145,7 +133,7 @@ fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usiz
     let (mut worst, mut top) = (0f64, 0f64);
     for i in 0..len {
         for h in 0..HEADS {
-            let want = s.reference(seq, start + i, h);
+            let want = &s.want[seq][((start + i) * HEADS + h) * hd..][..hd];
             let got = &out[(offset + i) * HEADS * hd + h * hd..][..hd];
             for d in 0..hd {
                 worst = worst.max((got[d] as f64 - want[d]).abs());

@@ -1,0 +1,63 @@
+//! Test support shared by the CPU and the CUDA attention tests: random inputs and a naive f64
+//! attention to check every kernel against.
+
+use crate::kernels::device::AttnShape;
+
+/// `n` values uniform in [-2, 2) from a 64-bit LCG advanced in `seed`.
+pub fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// Causal GQA attention of q `[len, heads, hd]` over k, v `[len, kv_heads, hd]`, in f64:
+/// `[len, heads, hd]`. The softmax runs over the keys in the `window` (the last `window`
+/// positions, or all) and the head's sink logit, whose weight is dropped.
+pub fn naive(
+    shape: AttnShape,
+    window: Option<usize>,
+    sinks: Option<&[f32]>,
+    len: usize,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+) -> Vec<f64> {
+    let (hd, h, kvh) = (shape.head_dim, shape.heads, shape.kv_heads);
+    let group = h / kvh;
+    let mut out = vec![0.0f64; len * h * hd];
+    for t in 0..len {
+        for head in 0..h {
+            let kh = head / group;
+            let qv = &q[(t * h + head) * hd..][..hd];
+            let lo = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let s: Vec<f64> = (lo..=t)
+                .map(|j| {
+                    let kv = &k[(j * kvh + kh) * hd..][..hd];
+                    qv.iter()
+                        .zip(kv)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * shape.scale as f64
+                })
+                .collect();
+            let sink = sinks.map(|s| s[head] as f64);
+            let m = s
+                .iter()
+                .chain(&sink)
+                .cloned()
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
+            for d in 0..hd {
+                out[(t * h + head) * hd + d] = (lo..=t)
+                    .map(|j| e[j - lo] * v[(j * kvh + kh) * hd + d] as f64)
+                    .sum::<f64>()
+                    / sum;
+            }
+        }
+    }
+    out
+}
