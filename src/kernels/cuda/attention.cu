@@ -46,6 +46,11 @@ extern "C" __global__ void kv_write_f16(const float* qkv, long long stride, int 
     kv_write_t<f16_t>(qkv, stride, k_col, v_col, kv_dim, slots, kc, vc);
 }
 
+// The cache slot of position p of the sequence whose block table is `table` (see the top).
+__device__ __forceinline__ size_t cache_slot(const int* table, int block_size, int p) {
+    return (size_t)table[p / block_size] * block_size + p % block_size;
+}
+
 #define ATTN_WARPS 4
 #define ATTN_TILE 16                         // query tokens per tile (one sequence run)
 #define ATTN_ROWS (ATTN_TILE / ATTN_WARPS)   // rows per warp
@@ -106,8 +111,7 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
             const int j = i / hd, d = i % hd, p = kb + j;
             float kv = 0.f, vv = 0.f;
             if (p < max_len) {
-                const size_t slot =
-                    (size_t)table[p / a.block_size] * a.block_size + p % a.block_size;
+                const size_t slot = cache_slot(table, a.block_size, p);
                 const size_t off = slot * kv_dim + (size_t)g * hd + d;
                 kv = to_f32(kc[off]);
                 vv = to_f32(vc[off]);
@@ -260,8 +264,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
             const int p = kb + j;
             alignas(16) unsigned short vv8[8];
             if (p < max_len) {
-                const size_t slot =
-                    (size_t)table[p / a.block_size] * a.block_size + p % a.block_size;
+                const size_t slot = cache_slot(table, a.block_size, p);
                 const size_t off = slot * kv_dim + (size_t)g * HD + c;
                 copy16(&ks[j][c], kc + off);
                 copy16(vv8, vc + off);
