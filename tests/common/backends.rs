@@ -132,6 +132,11 @@ pub fn reused_slot_runs(be: &mut dyn Backend, first_piece: usize) -> (Run, Run) 
     (solo, again)
 }
 
+/// The 50-token request of [`snapshot_restore_runs`].
+pub fn snapshot_prompt() -> Vec<u32> {
+    random_prompt(9, 50, 512)
+}
+
 /// Prefix reuse of a hybrid model on the backend alone: a 50-token request run cold on slot 0
 /// in pieces of `cold_piece` (the reference); then its first 32 tokens (2 blocks) on slot 0,
 /// the slot snapshotted into a new snapshot slot, slot 0 reused by another request, the
@@ -143,7 +148,7 @@ pub fn reused_slot_runs(be: &mut dyn Backend, first_piece: usize) -> (Run, Run) 
 /// (snapshot slots are made before any forward).
 pub fn snapshot_restore_runs(be: &mut dyn Backend, cold_piece: usize) -> (Run, Run) {
     let snap = be.add_snapshot_slots(1).unwrap();
-    let p = random_prompt(9, 50, 512);
+    let p = snapshot_prompt();
     let (cold_rows, cold_tok) = run_split(be, std::slice::from_ref(&p), cold_piece).remove(0);
     let row = be.capture_layers().len() * be.hidden_size();
     let cold = (cold_rows[32 * row..].to_vec(), cold_tok);

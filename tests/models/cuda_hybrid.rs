@@ -14,7 +14,8 @@ use crate::common;
 
 use common::backends::{
     check_bad_state_slots, cpu_backend, cuda_backend, cuda_peer_options, cuda_usable,
-    cuda_vs_cpu_tol, layer_of, reused_slot_runs, run_split, same_bits, snapshot_restore_runs,
+    cuda_vs_cpu_tol, layer_of, reused_slot_runs, run_split, same_bits, snapshot_prompt,
+    snapshot_restore_runs,
 };
 use common::{Reference, max_rel, random_prompt};
 use hsx::kernels::Backend;
@@ -190,11 +191,11 @@ fn restored_state_snapshot_continues_bit_for_bit() {
     for (name, l) in MODELS {
         let one_pass = {
             let mut gpu = load_gpu(name, vec![0, 1, l]);
-            run_split(gpu.as_mut(), &[random_prompt(9, 50, 512)], 50).remove(0)
+            run_split(gpu.as_mut(), &[snapshot_prompt()], 50).remove(0)
         };
         let mut gpu = load_gpu(name, vec![0, 1, l]);
         let (cold, restored) = snapshot_restore_runs(gpu.as_mut(), 32);
-        let row = 3 * HIDDEN;
+        let row = gpu.capture_layers().len() * gpu.hidden_size();
         let err = max_rel(&restored.0, &one_pass.0[32 * row..]);
         assert!(err <= tol(name), "{name}: restored vs one pass {err:e}");
         assert!(
