@@ -6,12 +6,13 @@ transformers on the same GPU when torch is there.
         --random-model target/release/examples/random_model [--work /tmp/hsx-gpu] \
         [--shape llama8b] [--tokens 200000] [--min-len 1024] [--max-len 4096] \
         [--budget 8192] [--layers 2,16,29,32] [--long 32768] [--long-layers 2,8,16,24,32] \
-        [--peer-python python3] [--peer-batch 4] [--device cuda]
+        [--peer-python python3] [--peer-batch 4] [--peer-max-seconds S] [--no-peer] [--device cuda]
 
 Build both binaries on the development machine (`cargo build --release --features cuda
 --bin hsx --example random_model`; the GPU machines have no package registry) and run this
 there. Standard library only. Steps:
-  1. the model: `random_model WORK/model --shape S` (bf16; skipped when config.json is there);
+  1. the model: `random_model WORK/model --shape S` (bf16; skipped when config.json is there;
+     `--shape qwen35_9b` is a 9B-class Qwen3.5 hybrid);
   2. prompts: bench/make_prompts.py, lengths log-uniform in [min-len, max-len];
   3. hsx extract writing files, then compute-only (HSX_BENCH_DISCARD_OUTPUT=1);
      tok/s, MFU = model FLOPs / s / the GPU's dense bf16 peak, peak device memory
@@ -153,6 +154,8 @@ def peer_available(python: str, device: str) -> bool:
 def run_peer(a, model: Path, prompts: Path, mode: str) -> dict:
     cmd = [a.peer_python, str(BENCH / "peer_transformers.py"), "--model", str(model), "--prompts", str(prompts),
            "--mode", mode, "--batch", str(a.peer_batch), "--device", a.device, "--layers", a.layers]
+    if a.peer_max_seconds:
+        cmd += ["--max-seconds", str(a.peer_max_seconds)]
     with MemoryPoller(a.device != "cpu") as mem:
         r = subprocess.run(cmd, capture_output=True, text=True)
     res = dict(mode=mode, rc=r.returncode, peak_device_mib=mem.peak)
@@ -222,6 +225,9 @@ def main() -> int:
     ap.add_argument("--long-layers", default="2,8,16,24,32")
     ap.add_argument("--peer-python", default="python3")
     ap.add_argument("--peer-batch", type=int, default=4)
+    ap.add_argument("--no-peer", action="store_true", help="hsx only (no transformers runs)")
+    ap.add_argument("--peer-max-seconds", type=float, default=None,
+                    help="stop each peer run after the batch that crosses this time")
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -231,7 +237,9 @@ def main() -> int:
         "hsx_compute_only": run_hsx(a, model, prompts, "hsx_compute_only", a.layers, True, a.max_len),
         "long": run_hsx(a, model, long, "long", a.long_layers, True, a.long),
     }
-    if peer_available(a.peer_python, a.device):
+    if a.no_peer:
+        rows["peer_usual"] = rows["peer_best"] = {"error": "not run (--no-peer)"}
+    elif peer_available(a.peer_python, a.device):
         for mode in ("usual", "best"):
             rows[f"peer_{mode}"] = run_peer(a, model, prompts, mode)
     else:

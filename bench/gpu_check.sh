@@ -5,6 +5,9 @@
 #
 #   bench/gpu_check.sh OUT_DIR [DEADLINE_S]
 #   bench/gpu_check.sh OUT_DIR 0 profile    # only the profile below
+#   bench/gpu_check.sh OUT_DIR 0 hybrid     # the Qwen3.5 hybrid bench row and its profile
+#   bench/gpu_check.sh OUT_DIR 0 recurrent  # the chunked recurrences: tests, hybrid bench,
+#                                           # A/B against the token-serial kernels, profile
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
 #   env      `hsx env`: the libraries and the device hsx sees
@@ -43,11 +46,16 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
 step env 60 gpu/hsx env
 grep -iE "cuda|device" "$out/env.log" | head -20
 
-# Where one 8,192-token step of the bench model spends its GPU time (ncu, per kernel), and the
-# device memory of one 32,768-token prompt with 5 captured layers (the O(budget) capture bound).
+# The README's config.toml for device $1, output dir $2, fixture model $3.
+cfg() { sed -e "s|^device = .*|device = \"$1\"|" -e "s|^dir = .*|dir = \"$2\"|" \
+    -e "s|^path = \"tests/fixtures/models/llama\"|path = \"$PWD/tests/fixtures/models/$3\"|" config.toml; }
+
+# Where one 8,192-token step of a model spends its GPU time (ncu, per kernel), and the device
+# memory of one 32,768-token prompt with 5 captured layers (the O(budget) capture bound).
+#   profile WORK SHAPE PROFILE_LAYERS [LONG_LAYERS]    (no LONG_LAYERS: only the ncu profile)
 profile() {
-    local m=/tmp/hsx-gpu p
-    [ -f $m/model/config.json ] || step profile 120 gpu/random_model $m/model --shape llama8b
+    local m=$1 shape=$2 prof_layers=$3 long_layers=${4:-} p
+    [ -f $m/model/config.json ] || step profile 200 gpu/random_model $m/model --shape $shape
     local vocab
     vocab=$(python3 -c "import json; print(json.load(open('$m/model/config.json'))['vocab_size'])")
     for p in "p2 2 4096" "p32k 1 32768"; do
@@ -55,11 +63,12 @@ profile() {
         python3 bench/make_prompts.py /tmp/$1.jsonl --count $2 --vocab "$vocab" --min-len $3 \
             --max-len $3 >/dev/null
     done
-    for p in "prof 2,16,29,32" "long 2,8,16,24,32"; do
+    for p in "prof $prof_layers" "long ${long_layers:-$prof_layers}"; do
         set -- $p
         printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_model_len = 32768\nnum_blocks = 8192\nlayer_ids = [%s]\n[output]\ndir = "/tmp/o-%s"\n' \
             "$m/model" "$2" "$1" >/tmp/$1.toml
     done
+    [ -n "$long_layers" ] || { profile_ncu; return; }
     (while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.1; done) \
         >/tmp/mem.txt 2>/dev/null &
     local poll=$!
@@ -69,14 +78,72 @@ profile() {
     echo "32k prompt, 5 layers: peak device memory $(sort -n /tmp/mem.txt | tail -1) MiB" |
         tee -a "$summary"
     grep -iE "memory|tokens/s" "$out/long.log" | tail -6
+    profile_ncu
+}
+profile_ncu() {
     command -v ncu >/dev/null ||
         PATH="$PATH:$(dirname "$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)")"
-    HSX_BENCH_DISCARD_OUTPUT=1 step ncu 200 ncu --metrics gpu__time_duration.sum \
+    HSX_BENCH_DISCARD_OUTPUT=1 step ncu 150 ncu --metrics gpu__time_duration.sum \
         --print-summary per-kernel gpu/hsx extract --config /tmp/prof.toml --input /tmp/p2.jsonl \
         --quiet
 }
+# The hybrid row: a 9B-class Qwen3.5 (Gated DeltaNet 3:1 gated attention, head dim 256), hsx
+# and transformers on the GPU, then where one step's GPU time goes.
+hybrid() {
+    step hybrid 300 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+        --work /tmp/hsx-q35 --shape qwen35_9b --tokens 30000 --long 16384 --peer-max-seconds 30
+    tail -25 "$out/hybrid.log"
+    profile /tmp/hsx-q35 qwen35_9b 2,16,29,32
+}
+# The hybrid kernels (chunked.cu's recurrences, the tensor-core attention at head dim 256):
+# their tests and the parity suite, the sanitizer on the hybrid fixtures and the attention
+# tests, the hybrid bench row with transformers, then the token-serial recurrences and the
+# CUDA-core attention on the same prompts (HSX_CUDA_RECURRENT=serial HSX_CUDA_ATTENTION=simt):
+# files compared, speed; and where one step's GPU time goes.
+recurrent() {
+    local m=/tmp/hsx-q35 t="--test-threads 8 --nocapture" k
+    step lib 120 gpu/libtests kernels::cuda $t
+    grep -E "^test result|FAILED|panicked|chunked vs|cut at|hd 256" "$out/lib.log" | head -20
+    step hybrid 300 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+        --work $m --shape qwen35_9b --tokens 30000 --long 16384 --peer-max-seconds 30
+    tail -16 "$out/hybrid.log"
+    head -4 $m/prompts.jsonl >/tmp/p4.jsonl
+    for k in new old; do
+        printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_num_seqs = 64\nmax_model_len = 16384\nnum_blocks = 8192\nlayer_ids = [2, 16, 29, 32]\n[output]\ndir = "/tmp/ab-%s"\n' \
+            "$m/model" $k >/tmp/ab-$k.toml
+    done
+    step ab 120 gpu/hsx extract --config /tmp/ab-new.toml --input /tmp/p4.jsonl --quiet
+    HSX_CUDA_RECURRENT=serial HSX_CUDA_ATTENTION=simt step ab 120 gpu/hsx extract \
+        --config /tmp/ab-old.toml --input /tmp/p4.jsonl --quiet
+    step ab 60 python3 bench/gpu_compare.py /tmp/ab-old /tmp/ab-new --tol 5e-2
+    rm -rf /tmp/ab-old
+    HSX_BENCH_DISCARD_OUTPUT=1 HSX_CUDA_RECURRENT=serial step ab 120 gpu/hsx extract \
+        --config /tmp/ab-old.toml --input $m/prompts.jsonl --quiet
+    grep -E "tokens/s|worst" "$out/ab.log"
+    step models 200 gpu/models cuda $t
+    grep -E "^test result|FAILED|panicked|worst" "$out/models.log" | head -30
+    for k in qwen3_5_bf16 nemotron_h; do
+        cfg cuda /tmp/m-$k $k >/tmp/m-$k.toml
+        step memcheck 100 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+            gpu/hsx extract --config /tmp/m-$k.toml --input tests/fixtures/prompts.jsonl
+    done
+    step memcheck 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+        gpu/libtests attention_tests --test-threads 1
+    grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
+    profile $m qwen35_9b 2,16,29,32
+}
+if [ "$mode" = recurrent ]; then
+    recurrent
+    cat "$summary"
+    exit 0
+fi
+if [ "$mode" = hybrid ]; then
+    hybrid
+    cat "$summary"
+    exit 0
+fi
 if [ "$mode" = profile ]; then
-    profile
+    profile /tmp/hsx-gpu llama8b 2,16,29,32 2,8,16,24,32
     cat "$summary"
     exit 0
 fi
@@ -90,8 +157,6 @@ for f in lib models engine; do
 done
 
 # The README's extract, CPU and CUDA, files compared.
-cfg() { sed -e "s|^device = .*|device = \"$1\"|" -e "s|^dir = .*|dir = \"$2\"|" \
-    -e "s|^path = \"tests/fixtures/models/llama\"|path = \"$PWD/tests/fixtures/models/$3\"|" config.toml; }
 # f32 files within 1e-4 of the CPU's; bf16 (the tensor-core attention) within 3e-2.
 for m in llama llama_bf16; do
     for dev in cpu cuda; do

@@ -1,8 +1,11 @@
-//! A random-weight Llama-shaped checkpoint written by hsx itself (no torch), for the GPU bench:
-//! the GPU machines have no package registry, and a 16 GB model is too big to carry there.
+//! A random-weight checkpoint written by hsx itself (no torch), for the GPU bench: the GPU
+//! machines have no package registry, and a 16 GB model is too big to carry there.
 //!
-//!     cargo run --release --example random_model -- OUT_DIR [--shape llama8b|llama1b|tiny]
-//!                                                   [--layers N] [--dtype bf16|f32]
+//!     cargo run --release --example random_model -- OUT_DIR
+//!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny] [--layers N] [--dtype bf16|f32]
+//!
+//! `llama*` are Llama-shaped; `qwen35_*` are Qwen3.5 hybrids (`Qwen3_5ForCausalLM`): three
+//! Gated DeltaNet layers to one gated full-attention layer, the layout of the fixtures.
 //!
 //! Writes `config.json`, `model-0000i-of-0000n.safetensors` shards (≤ 4 GiB each) and
 //! `model.safetensors.index.json`, as Hugging Face does. Weights are uniform with std 0.02
@@ -27,7 +30,24 @@ struct Shape {
     layers: usize,
     heads: usize,
     kv_heads: usize,
+    head_dim: usize,
     rope_theta: f64,
+    /// Qwen3.5's Gated DeltaNet geometry; `None` for Llama.
+    gdn: Option<Gdn>,
+}
+
+/// Gated DeltaNet heads: key heads, value heads, key and value head dims.
+#[derive(Clone, Copy)]
+struct Gdn {
+    nk: usize,
+    nv: usize,
+    dk: usize,
+    dv: usize,
+}
+
+/// Qwen3.5's `full_attention_interval` default: every 4th layer is full attention.
+fn is_full_attention(layer: usize) -> bool {
+    (layer + 1).is_multiple_of(4)
 }
 
 fn shape(name: &str) -> Result<Shape> {
@@ -40,7 +60,9 @@ fn shape(name: &str) -> Result<Shape> {
             layers: 32,
             heads: 32,
             kv_heads: 8,
+            head_dim: 128,
             rope_theta: 500000.0,
+            gdn: None,
         },
         // Llama-3.2-1B's geometry (untied here).
         "llama1b" => Shape {
@@ -50,7 +72,9 @@ fn shape(name: &str) -> Result<Shape> {
             layers: 16,
             heads: 32,
             kv_heads: 8,
+            head_dim: 64,
             rope_theta: 500000.0,
+            gdn: None,
         },
         "tiny" => Shape {
             vocab: 512,
@@ -59,9 +83,47 @@ fn shape(name: &str) -> Result<Shape> {
             layers: 2,
             heads: 4,
             kv_heads: 2,
+            head_dim: 16,
             rope_theta: 10000.0,
+            gdn: None,
         },
-        other => bail!("unknown --shape {other:?} (llama8b, llama1b, tiny)"),
+        // A 9B-class Qwen3.5 hybrid: the head geometry of Qwen3.5's config defaults (attention
+        // head dim 256, linear heads 16 key / 32 value of 128), hidden 4096, 32 layers.
+        "qwen35_9b" => Shape {
+            vocab: 248320,
+            hidden: 4096,
+            intermediate: 12288,
+            layers: 32,
+            heads: 16,
+            kv_heads: 4,
+            head_dim: 256,
+            rope_theta: 10_000_000.0,
+            gdn: Some(Gdn {
+                nk: 16,
+                nv: 32,
+                dk: 128,
+                dv: 128,
+            }),
+        },
+        "qwen35_tiny" => Shape {
+            vocab: 512,
+            hidden: 64,
+            intermediate: 128,
+            layers: 4,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 32,
+            rope_theta: 10000.0,
+            gdn: Some(Gdn {
+                nk: 2,
+                nv: 4,
+                dk: 16,
+                dv: 16,
+            }),
+        },
+        other => {
+            bail!("unknown --shape {other:?} (llama8b, llama1b, tiny, qwen35_9b, qwen35_tiny)")
+        }
     })
 }
 
@@ -99,54 +161,54 @@ fn parse_args() -> Result<Args> {
 
 /// (name, shape) of every tensor, in Hugging Face's order.
 fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
-    let hd = s.hidden / s.heads;
-    let mut v = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![s.vocab, s.hidden],
-    )];
+    let h = s.hidden;
+    let mut v: Vec<(String, Vec<usize>)> =
+        vec![("model.embed_tokens.weight".into(), vec![s.vocab, h])];
+    let mut push = |name: String, shape: Vec<usize>| v.push((name, shape));
     for i in 0..s.layers {
         let p = format!("model.layers.{i}");
-        v.push((format!("{p}.input_layernorm.weight"), vec![s.hidden]));
-        v.push((
-            format!("{p}.self_attn.q_proj.weight"),
-            vec![s.heads * hd, s.hidden],
-        ));
-        v.push((
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![s.kv_heads * hd, s.hidden],
-        ));
-        v.push((
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![s.kv_heads * hd, s.hidden],
-        ));
-        v.push((
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![s.hidden, s.heads * hd],
-        ));
-        v.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![s.hidden],
-        ));
-        v.push((
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![s.intermediate, s.hidden],
-        ));
-        v.push((
-            format!("{p}.mlp.up_proj.weight"),
-            vec![s.intermediate, s.hidden],
-        ));
-        v.push((
-            format!("{p}.mlp.down_proj.weight"),
-            vec![s.hidden, s.intermediate],
-        ));
+        push(format!("{p}.input_layernorm.weight"), vec![h]);
+        match s.gdn {
+            Some(g) if !is_full_attention(i) => {
+                let qkv = 2 * g.nk * g.dk + g.nv * g.dv;
+                let la = format!("{p}.linear_attn");
+                push(format!("{la}.A_log"), vec![g.nv]);
+                push(format!("{la}.conv1d.weight"), vec![qkv, 1, 4]);
+                push(format!("{la}.dt_bias"), vec![g.nv]);
+                push(format!("{la}.in_proj_a.weight"), vec![g.nv, h]);
+                push(format!("{la}.in_proj_b.weight"), vec![g.nv, h]);
+                push(format!("{la}.in_proj_qkv.weight"), vec![qkv, h]);
+                push(format!("{la}.in_proj_z.weight"), vec![g.nv * g.dv, h]);
+                push(format!("{la}.norm.weight"), vec![g.dv]);
+                push(format!("{la}.out_proj.weight"), vec![h, g.nv * g.dv]);
+            }
+            _ => {
+                let (q, kv) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+                let sa = format!("{p}.self_attn");
+                // Qwen3.5's q_proj carries the output gate beside q, per head.
+                let gated = if s.gdn.is_some() { 2 } else { 1 };
+                push(format!("{sa}.q_proj.weight"), vec![gated * q, h]);
+                push(format!("{sa}.k_proj.weight"), vec![kv, h]);
+                push(format!("{sa}.v_proj.weight"), vec![kv, h]);
+                push(format!("{sa}.o_proj.weight"), vec![h, q]);
+                if s.gdn.is_some() {
+                    push(format!("{sa}.q_norm.weight"), vec![s.head_dim]);
+                    push(format!("{sa}.k_norm.weight"), vec![s.head_dim]);
+                }
+            }
+        }
+        push(format!("{p}.post_attention_layernorm.weight"), vec![h]);
+        push(format!("{p}.mlp.gate_proj.weight"), vec![s.intermediate, h]);
+        push(format!("{p}.mlp.up_proj.weight"), vec![s.intermediate, h]);
+        push(format!("{p}.mlp.down_proj.weight"), vec![h, s.intermediate]);
     }
-    v.push(("model.norm.weight".to_string(), vec![s.hidden]));
-    v.push(("lm_head.weight".to_string(), vec![s.vocab, s.hidden]));
+    push("model.norm.weight".into(), vec![h]);
+    push("lm_head.weight".into(), vec![s.vocab, h]);
     v
 }
 
 fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
-    json!({
+    let mut c = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": s.vocab,
@@ -155,7 +217,7 @@ fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
         "num_hidden_layers": s.layers,
         "num_attention_heads": s.heads,
         "num_key_value_heads": s.kv_heads,
-        "head_dim": s.hidden / s.heads,
+        "head_dim": s.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": 131072,
         "rms_norm_eps": 1e-5,
@@ -167,7 +229,42 @@ fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
         "bos_token_id": 1,
         "eos_token_id": 2,
         "torch_dtype": if f32 { "float32" } else { "bfloat16" },
-    })
+    });
+    if let Some(g) = s.gdn {
+        let types: Vec<&str> = (0..s.layers)
+            .map(|i| {
+                if is_full_attention(i) {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        let extra = json!({
+            "architectures": ["Qwen3_5ForCausalLM"],
+            "model_type": "qwen3_5_text",
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": s.rope_theta,
+                "partial_rotary_factor": 0.25
+            },
+            "layer_types": types,
+            "linear_conv_kernel_dim": 4,
+            "linear_num_key_heads": g.nk,
+            "linear_num_value_heads": g.nv,
+            "linear_key_head_dim": g.dk,
+            "linear_value_head_dim": g.dv,
+            "dtype": if f32 { "float32" } else { "bfloat16" },
+        });
+        let map = c.as_object_mut().expect("an object");
+        map.remove("rope_theta");
+        map.remove("mlp_bias");
+        for (k, v) in extra.as_object().expect("an object") {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+    c
 }
 
 /// Values of one tensor, uniform with std 0.02 (norm weights: 1), from a per-name seed.
