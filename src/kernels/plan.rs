@@ -172,8 +172,15 @@ fn check_chunk(
 pub struct SeqState {
     pub rows: Range<usize>,
     pub slot: usize,
+    /// Absolute position of the chunk's first token.
+    pub start: usize,
+}
+
+impl SeqState {
     /// The chunk starts at position 0: the slot's state is zeroed before use.
-    pub fresh: bool,
+    pub fn fresh(&self) -> bool {
+        self.start == 0
+    }
 }
 
 /// Validates the state slots of a batch (every chunk has one, in range, no two chunks share
@@ -201,7 +208,7 @@ pub fn seq_states(batch: &Batch<'_>, num_slots: usize) -> Result<Vec<SeqState>, 
         out.push(SeqState {
             rows: row..row + seq.len,
             slot,
-            fresh: seq.start == 0,
+            start: seq.start,
         });
         row += seq.len;
     }

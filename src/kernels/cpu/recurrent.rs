@@ -66,7 +66,7 @@ impl StateCache {
 
     /// Zeroes every layer's state of the fresh chunks' slots (a reused slot never leaks).
     pub fn reset_fresh(&mut self, seqs: &[SeqState]) {
-        for s in seqs.iter().filter(|s| s.fresh) {
+        for s in seqs.iter().filter(|s| s.fresh()) {
             for l in &mut self.layers {
                 l.conv[s.slot * l.conv_per_slot..(s.slot + 1) * l.conv_per_slot].fill(0.0);
                 l.ssm[s.slot * l.ssm_per_slot..(s.slot + 1) * l.ssm_per_slot].fill(0.0);

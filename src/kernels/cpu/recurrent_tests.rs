@@ -1,8 +1,10 @@
 use super::*;
 use std::ops::Range;
 
+/// A chunk at `rows` of the batch on `slot`, starting at position 0 (`fresh`) or later.
 fn seq(rows: Range<usize>, slot: usize, fresh: bool) -> SeqState {
-    SeqState { rows, slot, fresh }
+    let start = if fresh { 0 } else { 1 };
+    SeqState { rows, slot, start }
 }
 
 /// The tasks of `per_head` write through raw pointers: their chunks must be disjoint and

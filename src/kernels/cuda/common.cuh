@@ -50,6 +50,24 @@ template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
 }
 
 #define HSX_FULL_MASK 0xffffffffu
+
+// Lane layout of the register-resident recurrent states (gated_delta.cu, mamba2.cu,
+// chunked.cu): a warp owns ST_LANES state columns (Gated DeltaNet value columns, Mamba-2
+// rows); the ST_PARTS lanes of one column (lanes col + ST_LANES * part) each keep its entries
+// part, part + ST_PARTS, ... (at most ST_MAX of them: state dims <= ST_PARTS * ST_MAX = 256,
+// limits::MAX_STATE_DIM); a block is ST_WARPS warps.
+#define ST_PARTS 8
+#define ST_LANES 4
+#define ST_MAX 32
+#define ST_WARPS 4
+
+// Sum over the ST_PARTS lanes of one column (xor 4, 8, 16): a fixed order.
+__device__ __forceinline__ float state_part_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 4));
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 8));
+    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 16));
+    return v;
+}
 #define HSX_INF __int_as_float(0x7f800000)
 
 // Grid-stride loop: `idx` (long long) visits 0..total once across the whole grid, whatever

@@ -4,8 +4,9 @@
 // Launch: gdn_qk_l2norm_f32 grid (ceil(T * 2 * nk / 4)), block (128); gated_delta_rule_f32
 // grid (ceil(dv / 16), nv, num_seqs), block (128).
 //
-// Algorithm: TOKEN-SERIAL (the same recurrence as kernels::cpu::recurrent::gated_delta_rule,
-// no chunked/WY form). Column j of a head's state (its dk entries) evolves on its own:
+// Algorithm: TOKEN-SERIAL (the same recurrence as kernels::cpu::recurrent::gated_delta_rule;
+// chunked.cu has the chunked WY form, the default; HSX_CUDA_RECURRENT=serial runs this one).
+// Column j of a head's state (its dk entries) evolves on its own:
 //   S[:, j] *= exp(g_t);  m_j = k_t . S[:, j];  d_j = (v_tj - m_j) * beta_t;
 //   S[:, j] += k_t * d_j;  o_tj = q_t . S[:, j]
 // so each warp owns 4 value columns of one (chunk, value head) and walks that chunk's tokens
@@ -24,11 +25,6 @@
 //   out   [T, nv * dv]
 // g = neg_a[h] * softplus(a + dt_bias[h]), beta = sigmoid(b); key head h / (nv / nk) serves
 // value head h (transformers repeat_interleave).
-
-#define GDN_PARTS 8
-#define GDN_COLS 4
-#define GDN_MAX_ROWS 32  // rows per lane: dk <= GDN_PARTS * GDN_MAX_ROWS = 256
-#define GDN_WARPS 4
 
 __device__ __forceinline__ float gdn_softplus(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
@@ -67,15 +63,7 @@ extern "C" __global__ void gdn_qk_l2norm_f32(
     }
 }
 
-// Sum over the 8 lanes sharing a column (lanes col_sub + 4 * part): xor 4, 8, 16.
-__device__ __forceinline__ float gdn_part_sum(float v) {
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 4));
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 8));
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 16));
-    return v;
-}
-
-// grid: (ceil(dv / (GDN_COLS * GDN_WARPS)), nv, num_seqs); block: 32 * GDN_WARPS threads.
+// grid: (ceil(dv / (ST_LANES * ST_WARPS)), nv, num_seqs); block: 32 * ST_WARPS threads.
 extern "C" __global__ void gated_delta_rule_f32(
     const float* __restrict__ qkv, int qkv_stride,
     const float* __restrict__ b,
@@ -91,11 +79,11 @@ extern "C" __global__ void gated_delta_rule_f32(
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int col_sub = lane & (GDN_COLS - 1);
-    const int part = lane / GDN_COLS;
+    const int col_sub = lane & (ST_LANES - 1);
+    const int part = lane / ST_LANES;
     const int h = blockIdx.y;
     const int s = blockIdx.z;
-    const int j = (blockIdx.x * GDN_WARPS + warp) * GDN_COLS + col_sub;
+    const int j = (blockIdx.x * ST_WARPS + warp) * ST_LANES + col_sub;
     // Lanes past dv still take part in the shuffles (full mask) but never load or store.
     const bool col_ok = j < dv;
     const int kh = h / (nv / nk);
@@ -104,15 +92,15 @@ extern "C" __global__ void gated_delta_rule_f32(
     const int len = seq_len[s];
     float* st = state + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
 
-    float S[GDN_MAX_ROWS];
+    float S[ST_MAX];
 #pragma unroll
-    for (int r = 0; r < GDN_MAX_ROWS; ++r) {
-        const int i = part + GDN_PARTS * r;
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
         S[r] = (col_ok && i < dk) ? st[(size_t)i * dv + j] : 0.0f;
     }
     const float na = neg_a[h];
     const float bias = dt_bias[h];
-    float kreg[GDN_MAX_ROWS];
+    float kreg[ST_MAX];
     for (int local = 0; local < len; ++local) {
         const size_t row = (size_t)(r0 + local);
         const float* x = qkv + row * qkv_stride;
@@ -123,34 +111,34 @@ extern "C" __global__ void gated_delta_rule_f32(
         const float* qv = x + (size_t)kh * dk;
         float m = 0.0f;
 #pragma unroll
-        for (int r = 0; r < GDN_MAX_ROWS; ++r) {
-            const int i = part + GDN_PARTS * r;
+        for (int r = 0; r < ST_MAX; ++r) {
+            const int i = part + ST_PARTS * r;
             if (i < dk) {
                 kreg[r] = kv[i];
                 S[r] = __fmul_rn(S[r], decay);
                 m = __fadd_rn(m, __fmul_rn(S[r], kreg[r]));
             }
         }
-        m = gdn_part_sum(m);
+        m = state_part_sum(m);
         const float vj = col_ok ? x[2 * key_dim + (size_t)h * dv + j] : 0.0f;
         const float delta = __fmul_rn(__fsub_rn(vj, m), beta);
         float o = 0.0f;
 #pragma unroll
-        for (int r = 0; r < GDN_MAX_ROWS; ++r) {
-            const int i = part + GDN_PARTS * r;
+        for (int r = 0; r < ST_MAX; ++r) {
+            const int i = part + ST_PARTS * r;
             if (i < dk) {
                 S[r] = __fadd_rn(S[r], __fmul_rn(kreg[r], delta));
                 o = __fadd_rn(o, __fmul_rn(S[r], qv[i]));
             }
         }
-        o = gdn_part_sum(o);
+        o = state_part_sum(o);
         if (col_ok && part == 0) {
             out[row * ((size_t)nv * dv) + (size_t)h * dv + j] = o;
         }
     }
 #pragma unroll
-    for (int r = 0; r < GDN_MAX_ROWS; ++r) {
-        const int i = part + GDN_PARTS * r;
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
         if (col_ok && i < dk) {
             st[(size_t)i * dv + j] = S[r];
         }

@@ -4,8 +4,9 @@
 //
 // Launch: mamba2_scan_f32 grid (ceil(head_dim / 16), heads, num_seqs), block (128).
 //
-// Algorithm: TOKEN-SERIAL (the recurrence of kernels::cpu::recurrent::mamba2_scan, no SSD
-// chunked form). Row p of a head's state (its d_state entries) evolves on its own:
+// Algorithm: TOKEN-SERIAL (the recurrence of kernels::cpu::recurrent::mamba2_scan; chunked.cu
+// has the chunked SSD form, the default; HSX_CUDA_RECURRENT=serial runs this one).
+// Row p of a head's state (its d_state entries) evolves on its own:
 //   dt = max(softplus(dt_raw + dt_bias[h]), dt_min);  dA = exp(dt * A),  A = -exp(A_log)
 //   S[p, :] = S[p, :] * dA + (dt * x_p) * B_g;   y_p = C_g . S[p, :] + D[h] * x_p
 // Each warp owns 4 rows of one (chunk, head) and walks the chunk's tokens in order, the state
@@ -20,23 +21,11 @@
 //   state  [slots, heads, head_dim, d_state]
 //   y      [T, heads * head_dim]
 
-#define M2_PARTS 8
-#define M2_ROWS 4
-#define M2_MAX_COLS 32  // entries per lane: d_state <= M2_PARTS * M2_MAX_COLS = 256
-#define M2_WARPS 4
-
 __device__ __forceinline__ float m2_softplus(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
 }
 
-__device__ __forceinline__ float m2_part_sum(float v) {
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 4));
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 8));
-    v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 16));
-    return v;
-}
-
-// grid: (ceil(head_dim / (M2_ROWS * M2_WARPS)), heads, num_seqs); block: 32 * M2_WARPS.
+// grid: (ceil(head_dim / (ST_LANES * ST_WARPS)), heads, num_seqs); block: 32 * ST_WARPS.
 extern "C" __global__ void mamba2_scan_f32(
     const float* __restrict__ xbc, int xbc_stride,
     const float* __restrict__ dt, int dt_stride,
@@ -53,11 +42,11 @@ extern "C" __global__ void mamba2_scan_f32(
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int row_sub = lane & (M2_ROWS - 1);
-    const int part = lane / M2_ROWS;
+    const int row_sub = lane & (ST_LANES - 1);
+    const int part = lane / ST_LANES;
     const int h = blockIdx.y;
     const int s = blockIdx.z;
-    const int p = (blockIdx.x * M2_WARPS + warp) * M2_ROWS + row_sub;
+    const int p = (blockIdx.x * ST_WARPS + warp) * ST_LANES + row_sub;
     const bool row_ok = p < head_dim;
     const int g = h / (heads / groups);
     const int inner = heads * head_dim;
@@ -66,10 +55,10 @@ extern "C" __global__ void mamba2_scan_f32(
     float* st = state + (((size_t)seq_slot[s] * heads + h) * head_dim + (row_ok ? p : 0))
                             * (size_t)d_state;
 
-    float S[M2_MAX_COLS];
+    float S[ST_MAX];
 #pragma unroll
-    for (int r = 0; r < M2_MAX_COLS; ++r) {
-        const int c = part + M2_PARTS * r;
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int c = part + ST_PARTS * r;
         S[r] = (row_ok && c < d_state) ? st[c] : 0.0f;
     }
     const float na = neg_a[h];
@@ -86,22 +75,22 @@ extern "C" __global__ void mamba2_scan_f32(
         const float xd = __fmul_rn(xp, d);
         float acc = 0.0f;
 #pragma unroll
-        for (int r = 0; r < M2_MAX_COLS; ++r) {
-            const int c = part + M2_PARTS * r;
+        for (int r = 0; r < ST_MAX; ++r) {
+            const int c = part + ST_PARTS * r;
             if (c < d_state) {
                 S[r] = __fadd_rn(__fmul_rn(S[r], da), __fmul_rn(xd, bm[c]));
                 acc = __fadd_rn(acc, __fmul_rn(cm[c], S[r]));
             }
         }
-        acc = m2_part_sum(acc);
+        acc = state_part_sum(acc);
         if (row_ok && part == 0) {
             y[row * (size_t)inner + (size_t)h * head_dim + p] =
                 __fadd_rn(acc, __fmul_rn(dh, xp));
         }
     }
 #pragma unroll
-    for (int r = 0; r < M2_MAX_COLS; ++r) {
-        const int c = part + M2_PARTS * r;
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int c = part + ST_PARTS * r;
         if (row_ok && c < d_state) {
             st[c] = S[r];
         }

@@ -27,6 +27,8 @@
 //!   once per forward and shared by every layer.
 //! - [`recurrent`]: the recurrent-state slots and the launchers of causal conv1d, the gated
 //!   delta rule, the Mamba-2 scan, their gated norms and relu².
+//! - [`recurrent_chunked`]: the gated delta rule and the Mamba-2 scan in blocks of 64
+//!   positions (chunked.cu; the default), the token-serial kernels kept for A/B.
 //! - [`moe`]: launchers of the MoE router top-k, row gather, shared-expert gate and combine.
 //! - [`moe_grouped`]: Nemotron 3's group-limited sigmoid router and the experts' weighted sum.
 //! - [`capture`]: captured rows converted to the file dtype into device staging and
@@ -73,6 +75,8 @@ pub mod nvrtc;
 pub mod ops;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod recurrent;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod recurrent_chunked;
 
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 mod stub;

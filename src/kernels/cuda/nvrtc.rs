@@ -25,6 +25,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("conv1d", include_str!("conv1d.cu")),
     ("gated_delta", include_str!("gated_delta.cu")),
     ("mamba2", include_str!("mamba2.cu")),
+    ("chunked", include_str!("chunked.cu")),
     ("moe", include_str!("moe.cu")),
     ("moe_grouped", include_str!("moe_grouped.cu")),
     ("gated_attn", include_str!("gated_attn.cu")),

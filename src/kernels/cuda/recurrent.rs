@@ -11,6 +11,7 @@ use super::context::LaunchConfig;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
 use super::ops::{i32_of, suffix};
+use super::recurrent_chunked::{self as chunked, DevBlocks, Recurrence};
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::SeqState;
 
@@ -19,7 +20,7 @@ const WARPS: usize = 4;
 /// Grid cap of the grid-stride kernels.
 const MAX_BLOCKS: usize = 65_535;
 
-fn u32_of(v: usize, what: &str) -> CudaResult<u32> {
+pub(super) fn u32_of(v: usize, what: &str) -> CudaResult<u32> {
     u32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds a grid")))
 }
 
@@ -38,7 +39,11 @@ fn stride_cfg(total: usize) -> CudaResult<LaunchConfig> {
 
 /// The token-by-token scans: `cols` columns of state in blocks of [`COLS_PER_BLOCK`], per head,
 /// per chunk; 128 threads.
-fn scan_cfg(cols: (usize, &str), heads: usize, chunks: usize) -> CudaResult<LaunchConfig> {
+pub(super) fn scan_cfg(
+    cols: (usize, &str),
+    heads: usize,
+    chunks: usize,
+) -> CudaResult<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (
             u32_of(cols.0.div_ceil(COLS_PER_BLOCK), cols.1)?,
@@ -60,7 +65,8 @@ pub fn warps_cfg(items: usize) -> CudaResult<LaunchConfig> {
 }
 
 /// The chunks of one batch on the device: per token its chunk, per chunk its first row,
-/// length and slot; and the slots to zero (chunks starting at position 0).
+/// length and slot; the slots to zero (chunks starting at position 0); the blocks of the
+/// chunked recurrences.
 pub struct DevSeqs {
     pub num_seqs: usize,
     pub num_tokens: usize,
@@ -70,6 +76,7 @@ pub struct DevSeqs {
     seq_slot: DevBuf<i32>,
     fresh: DevBuf<i32>,
     num_fresh: usize,
+    pub(super) blocks: DevBlocks,
 }
 
 impl DevSeqs {
@@ -88,7 +95,7 @@ impl DevSeqs {
             start.push(i32_of(s.rows.start, "row")?);
             len.push(i32_of(s.rows.len(), "chunk length")?);
             slot.push(i32_of(s.slot, "state slot")?);
-            if s.fresh {
+            if s.fresh() {
                 fresh.push(i32_of(s.slot, "state slot")?);
             }
         }
@@ -101,7 +108,13 @@ impl DevSeqs {
             seq_slot: gpu.upload(&slot)?,
             num_fresh: fresh.len(),
             fresh: gpu.upload(&fresh)?,
+            blocks: DevBlocks::new(gpu, seqs)?,
         })
+    }
+
+    /// Device address of the chunks' state slots.
+    pub(super) fn slots(&self) -> u64 {
+        self.seq_slot.ptr()
     }
 }
 
@@ -360,8 +373,13 @@ const COLS_PER_BLOCK: usize = 16;
 /// Largest dk (GDN) / d_state (Mamba-2) the register-resident kernels hold.
 pub const MAX_STATE_DIM: usize = super::limits::MAX_STATE_DIM;
 
-/// l2norm of q and k, then the gated delta rule token by token.
+/// l2norm of q and k, then the gated delta rule in the form [`Recurrence::from_env`] picks.
 pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
+    gated_delta_with(gpu, g, seqs, Recurrence::from_env())
+}
+
+/// l2norm of q and k, then the gated delta rule token by token or in blocks.
+pub fn gated_delta_with(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
     let t = seqs.num_tokens;
     if t == 0 {
         return Ok(());
@@ -393,6 +411,9 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
         dk,
         scale
     )?;
+    if form == Recurrence::Chunked {
+        return chunked::gated_delta(gpu, &g, seqs, stride);
+    }
     launch!(
         gpu,
         "gated_delta_rule_f32",
@@ -487,8 +508,13 @@ pub struct MambaIo {
     pub y: u64,
 }
 
-/// The Mamba-2 selective scan, token by token.
+/// The Mamba-2 selective scan in the form [`Recurrence::from_env`] picks.
 pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
+    mamba2_scan_with(gpu, m, seqs, Recurrence::from_env())
+}
+
+/// The Mamba-2 selective scan, token by token or in blocks.
+pub fn mamba2_scan_with(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
     if seqs.num_tokens == 0 {
         return Ok(());
     }
@@ -500,6 +526,9 @@ pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
     }
     let inner = m.heads * m.head_dim;
     let stride = i32_of(inner + 2 * m.groups * m.d_state, "xBC width")?;
+    if form == Recurrence::Chunked {
+        return chunked::mamba2_scan(gpu, &m, seqs, stride);
+    }
     launch!(
         gpu,
         "mamba2_scan_f32",
@@ -573,6 +602,12 @@ mod tests {
             "gdn_qk_l2norm_f32",
             "gated_delta_rule_f32",
             "mamba2_scan_f32",
+            "gdn_chunk_prep_f32",
+            "gdn_chunk_state_f32",
+            "gdn_chunk_out_f32",
+            "mamba2_chunk_prep_f32",
+            "mamba2_chunk_state_f32",
+            "mamba2_chunk_out_f32",
         ]
         .map(String::from)
         .to_vec();

@@ -1,0 +1,578 @@
+// The recurrences of the hybrid models in chunked form, f32 on the CUDA cores: Gated DeltaNet
+// (the WY form of FLA's chunk_gated_delta_rule and transformers' torch_chunk_gated_delta_rule)
+// and the Mamba-2 scan (the SSD form of mamba_chunk_scan_combined). Same inputs, states and
+// outputs as the token-serial gated_delta_rule_f32 (gated_delta.cu) and mamba2_scan_f32
+// (mamba2.cu), whose layout notes hold here.
+//
+// Blocks: a request's rows are cut at absolute positions that are multiples of GC; a block is
+// the rows of one request inside one such window (L <= GC rows; blk_row / blk_len, and per
+// request its first block and count). Cutting at absolute positions keeps a block's arithmetic
+// the same wherever the scheduler split the request, as long as the split is at a multiple of
+// GC; elsewhere the two partial blocks agree with the whole one within f32 rounding.
+//
+// Gated DeltaNet, after gdn_qk_l2norm_f32. Per block and value head, with G_i = g_0 + ... + g_i (log-decays within the block) and
+// beta, q (scaled), k, v of its rows:
+//   T = (I + M)^-1,  M_ij = beta_i (k_i . k_j) e^(G_i - G_j) for j < i, else 0
+//   U = T (beta v),  W = T (beta e^G k)                              [gdn_chunk_prep_f32]
+//   v_new = U - W S,  out = e^G (q S),  S <- e^(G_L) S + (e^(G_L - G) k)^T v_new
+//                                                                    [gdn_chunk_state_f32]
+//   out += P v_new,  P_ij = (q_i . k_j) e^(G_i - G_j) for j <= i       [gdn_chunk_out_f32]
+// The first and last are parallel over blocks x heads; only the state pass walks a request's
+// blocks in order, parallel over heads x value columns, with S in registers as in
+// gated_delta_rule_f32 and each block's rows staged in shared memory (the token-serial kernel
+// waits on global memory for every token).
+//
+// Launch: prep and out grid (blocks, nv), block (GC_THREADS); state grid (ceil(dv / 16), nv,
+// num_seqs), block (GC_THREADS). Scratch: w [T, nv * dk], u [T, nv * dv] (U, then v_new),
+// g [T, nv].
+
+#define GC 64            // rows per block
+#define GC_THREADS 128
+#define GC_SLICE 32      // columns staged per pass of the Gram tile
+#define GC_PIECE 16      // rows staged at a time by the state pass
+#define GC_WIDTH (ST_PARTS * ST_MAX)  // widest state dim the state passes stage
+
+__device__ __forceinline__ float gc_softplus(float v) {
+    return v > 20.0f ? v : log1pf(expf(v));
+}
+
+// acc[ii][jj] = x_(4 ti + ii) . y_(8 tj + jj) over d columns, thread (ti, tj) = (tid / 8,
+// tid % 8); rows at or past L count as zero. Row r of x (y) starts at x + r * stride. The
+// sums run over columns in order.
+__device__ void gc_gram(const float* x, const float* y, long long stride, int L, int d,
+                        float (*xs)[GC_SLICE + 1], float (*ys)[GC_SLICE + 1], float acc[4][8]) {
+    const int tid = threadIdx.x, ti = tid >> 3, tj = tid & 7;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            acc[ii][jj] = 0.0f;
+        }
+    }
+    for (int c0 = 0; c0 < d; c0 += GC_SLICE) {
+        for (int e = tid; e < GC * GC_SLICE; e += GC_THREADS) {
+            const int r = e / GC_SLICE, c = e % GC_SLICE;
+            const bool ok = r < L && c0 + c < d;
+            xs[r][c] = ok ? x[r * stride + c0 + c] : 0.0f;
+            ys[r][c] = ok ? y[r * stride + c0 + c] : 0.0f;
+        }
+        __syncthreads();
+        for (int c = 0; c < GC_SLICE; ++c) {
+            float xv[4], yv[8];
+#pragma unroll
+            for (int ii = 0; ii < 4; ++ii) {
+                xv[ii] = xs[4 * ti + ii][c];
+            }
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+                yv[jj] = ys[8 * tj + jj][c];
+            }
+#pragma unroll
+            for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    acc[ii][jj] = fmaf(xv[ii], yv[jj], acc[ii][jj]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// dst_i (+)= sum_j tm[i][j] x_j for the block's rows i < L and every column c < d, where
+// x_j = src_j * scale[j] * e^(gexp[j]) (scale, gexp optional) and tm is zero past row L and
+// above its diagonal. Rows of src / dst start `src_stride` / `dst_stride` apart.
+__device__ void gc_lower_apply(const float (*tm)[GC + 1], int L, const float* src,
+                               long long src_stride, const float* scale, const float* gexp,
+                               float* dst, long long dst_stride, int d, bool accumulate) {
+    for (int c = threadIdx.x; c < d; c += GC_THREADS) {
+        float x[GC];
+#pragma unroll
+        for (int j = 0; j < GC; ++j) {
+            float v = 0.0f;
+            if (j < L) {
+                v = src[j * src_stride + c];
+                if (scale != nullptr) {
+                    v *= scale[j];
+                }
+                if (gexp != nullptr) {
+                    v *= expf(gexp[j]);
+                }
+            }
+            x[j] = v;
+        }
+        for (int i = 0; i < L; ++i) {
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < GC; ++j) {
+                s = fmaf(tm[i][j], x[j], s);
+            }
+            float* o = dst + i * dst_stride + c;
+            *o = accumulate ? *o + s : s;
+        }
+    }
+}
+
+// Per block and value head: G into g, U into u, W into w.
+extern "C" __global__ void gdn_chunk_prep_f32(
+    const float* __restrict__ qkv, int qkv_stride,
+    const float* __restrict__ b,
+    const float* __restrict__ a, int ba_stride,
+    const float* __restrict__ neg_a,
+    const float* __restrict__ dt_bias,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ w,
+    float* __restrict__ u,
+    float* __restrict__ g,
+    int nk, int nv, int dk, int dv)
+{
+    __shared__ float tm[GC][GC + 1];
+    __shared__ float xs[GC][GC_SLICE + 1];
+    __shared__ float ys[GC][GC_SLICE + 1];
+    __shared__ float gs[GC];
+    __shared__ float bs[GC];
+    __shared__ float row_buf[GC];
+    const int tid = threadIdx.x;
+    const int h = blockIdx.y;
+    const int kh = h / (nv / nk);
+    const int r0 = blk_row[blockIdx.x];
+    const int L = blk_len[blockIdx.x];
+    if (tid < L) {
+        const size_t row = (size_t)(r0 + tid);
+        gs[tid] = neg_a[h] * gc_softplus(a[row * ba_stride + h] + dt_bias[h]);
+        bs[tid] = 1.0f / (1.0f + expf(-b[row * ba_stride + h]));
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (int i = 0; i < L; ++i) {
+            acc += gs[i];
+            gs[i] = acc;
+        }
+    }
+    const float* k0 = qkv + (size_t)r0 * qkv_stride + (size_t)(nk + kh) * dk;
+    float acc[4][8];
+    gc_gram(k0, k0, qkv_stride, L, dk, xs, ys, acc);  // its syncs also publish gs
+    const int ti = tid >> 3, tj = tid & 7;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int i = 4 * ti + ii, j = 8 * tj + jj;
+            tm[i][j] = (j < i && i < L) ? -(bs[i] * acc[ii][jj] * expf(gs[i] - gs[j])) : 0.0f;
+        }
+    }
+    __syncthreads();
+    // T = (I - N)^-1 for the strictly lower N = -M, a row at a time: T_ij = N_ij +
+    // sum_{j<m<i} N_im T_mj (rows above i are final; row i is read from a copy).
+    for (int i = 1; i < L; ++i) {
+        if (tid < i) {
+            row_buf[tid] = tm[i][tid];
+        }
+        __syncthreads();
+        if (tid < i) {
+            float s = row_buf[tid];
+            for (int m = tid + 1; m < i; ++m) {
+                s = fmaf(row_buf[m], tm[m][tid], s);
+            }
+            tm[i][tid] = s;
+        }
+        __syncthreads();
+    }
+    if (tid < L) {
+        tm[tid][tid] = 1.0f;
+        g[(size_t)(r0 + tid) * nv + h] = gs[tid];
+    }
+    __syncthreads();
+    const float* v0 = qkv + (size_t)r0 * qkv_stride + 2 * (size_t)nk * dk + (size_t)h * dv;
+    gc_lower_apply(tm, L, v0, qkv_stride, bs, nullptr,
+                   u + (size_t)r0 * nv * dv + (size_t)h * dv, (long long)nv * dv, dv, false);
+    gc_lower_apply(tm, L, k0, qkv_stride, bs, gs,
+                   w + (size_t)r0 * nv * dk + (size_t)h * dk, (long long)nv * dk, dk, false);
+}
+
+// Stages rows p0 .. p0 + n of a block (n <= GC_PIECE) of two [rows, d] operands into xs / ys
+// (rows past n as zeros). Row r of x (y) starts at x + r * x_stride.
+__device__ void gc_stage(const float* x, long long x_stride, const float* y, long long y_stride,
+                         int n, int d, float (*xs)[GC_WIDTH], float (*ys)[GC_WIDTH]) {
+    for (int e = threadIdx.x; e < GC_PIECE * d; e += GC_THREADS) {
+        const int r = e / d, c = e % d;
+        xs[r][c] = r < n ? x[r * x_stride + c] : 0.0f;
+        if (y != nullptr) {
+            ys[r][c] = r < n ? y[r * y_stride + c] : 0.0f;
+        }
+    }
+}
+
+// Stages the block's state columns c0 .. c0 + 16 (those below d) of rows p0 .. p0 + n (n <=
+// GC_PIECE) of a [rows, stride] operand into cs (zeros elsewhere): what the state passes read
+// per row, so that no row waits on global memory.
+__device__ void gc_stage_cols(const float* x, long long stride, int n, int c0, int d,
+                              float (*cs)[ST_LANES * ST_WARPS]) {
+    const int cols = ST_LANES * ST_WARPS;
+    for (int e = threadIdx.x; e < GC_PIECE * cols; e += GC_THREADS) {
+        const int r = e / cols, c = e % cols;
+        cs[r][c] = (r < n && c0 + c < d) ? x[r * stride + c0 + c] : 0.0f;
+    }
+}
+
+// The state pass; the lane layout (ST_* of common.cuh) and register state of
+// gated_delta_rule_f32.
+extern "C" __global__ void gdn_chunk_state_f32(
+    const float* __restrict__ qkv, int qkv_stride,
+    const float* __restrict__ w,
+    float* __restrict__ u,
+    const float* __restrict__ g,
+    float* __restrict__ state,
+    const int* __restrict__ seq_slot,
+    const int* __restrict__ seq_blk0,
+    const int* __restrict__ seq_nblk,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ out,
+    int nk, int nv, int dk, int dv)
+{
+    __shared__ float xs[GC_PIECE][GC_WIDTH];
+    __shared__ float ys[GC_PIECE][GC_WIDTH];
+    __shared__ float vn[GC][ST_LANES * ST_WARPS];
+    __shared__ float us[GC_PIECE][ST_LANES * ST_WARPS];
+    __shared__ float gs[GC];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int col_sub = lane & (ST_LANES - 1);
+    const int part = lane / ST_LANES;
+    const int h = blockIdx.y;
+    const int s = blockIdx.z;
+    const int col = warp * ST_LANES + col_sub;
+    const int j0 = blockIdx.x * ST_LANES * ST_WARPS;
+    const int j = j0 + col;
+    const bool col_ok = j < dv;
+    const int kh = h / (nv / nk);
+    const size_t wide_v = (size_t)nv * dv, wide_k = (size_t)nv * dk;
+    float* st = state + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
+
+    float S[ST_MAX];
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
+        S[r] = (col_ok && i < dk) ? st[(size_t)i * dv + j] : 0.0f;
+    }
+    for (int bi = 0; bi < seq_nblk[s]; ++bi) {
+        const int blk = seq_blk0[s] + bi;
+        const int r0 = blk_row[blk], L = blk_len[blk];
+        __syncthreads();  // the previous block's readers of gs / vn / xs are done
+        if (tid < L) {
+            gs[tid] = g[(size_t)(r0 + tid) * nv + h];
+        }
+        // v_new = U - W S and out = e^G (q S), GC_PIECE rows at a time.
+        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
+            const int n = min(GC_PIECE, L - p0);
+            const size_t row0 = (size_t)(r0 + p0);
+            __syncthreads();
+            gc_stage(w + row0 * wide_k + (size_t)h * dk, wide_k,
+                     qkv + row0 * qkv_stride + (size_t)kh * dk, qkv_stride, n, dk, xs, ys);
+            gc_stage_cols(u + row0 * wide_v + (size_t)h * dv, wide_v, n, j0, dv, us);
+            __syncthreads();
+            // Rows past n are zeros: computed (independent rows interleave), never written.
+#pragma unroll 4
+            for (int r = 0; r < GC_PIECE; ++r) {
+                float vp = 0.0f, qs = 0.0f;
+#pragma unroll
+                for (int e = 0; e < ST_MAX; ++e) {
+                    const int i = part + ST_PARTS * e;
+                    if (i < dk) {
+                        vp = fmaf(xs[r][i], S[e], vp);
+                        qs = fmaf(ys[r][i], S[e], qs);
+                    }
+                }
+                vp = state_part_sum(vp);
+                qs = state_part_sum(qs);
+                if (part == 0 && r < n) {
+                    const float v_new = us[r][col] - vp;
+                    if (col_ok) {
+                        const size_t at = (row0 + r) * wide_v + (size_t)h * dv + j;
+                        u[at] = v_new;
+                        out[at] = expf(gs[p0 + r]) * qs;
+                    }
+                    vn[p0 + r][col] = v_new;
+                }
+            }
+        }
+        // S = e^(G_L) S + sum_i (e^(G_L - G_i) k_i) v_new_i.
+        __syncthreads();
+        const float gl = gs[L - 1];
+        const float decay = expf(gl);
+#pragma unroll
+        for (int e = 0; e < ST_MAX; ++e) {
+            S[e] *= decay;
+        }
+        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
+            const int n = min(GC_PIECE, L - p0);
+            const size_t row0 = (size_t)(r0 + p0);
+            __syncthreads();
+            gc_stage(qkv + row0 * qkv_stride + (size_t)(nk + kh) * dk, qkv_stride, nullptr, 0, n,
+                     dk, xs, ys);
+            __syncthreads();
+#pragma unroll 4
+            for (int r = 0; r < GC_PIECE; ++r) {
+                const float coef = r < n ? expf(gl - gs[p0 + r]) * vn[p0 + r][col] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < ST_MAX; ++e) {
+                    const int i = part + ST_PARTS * e;
+                    if (i < dk) {
+                        S[e] = fmaf(xs[r][i], coef, S[e]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
+        if (col_ok && i < dk) {
+            st[(size_t)i * dv + j] = S[r];
+        }
+    }
+}
+
+// out += P v_new within each block: P_ij = (q_i . k_j) e^(G_i - G_j) for j <= i.
+extern "C" __global__ void gdn_chunk_out_f32(
+    const float* __restrict__ qkv, int qkv_stride,
+    const float* __restrict__ u,
+    const float* __restrict__ g,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ out,
+    int nk, int nv, int dk, int dv)
+{
+    __shared__ float tm[GC][GC + 1];
+    __shared__ float xs[GC][GC_SLICE + 1];
+    __shared__ float ys[GC][GC_SLICE + 1];
+    __shared__ float gs[GC];
+    const int tid = threadIdx.x;
+    const int h = blockIdx.y;
+    const int kh = h / (nv / nk);
+    const int r0 = blk_row[blockIdx.x];
+    const int L = blk_len[blockIdx.x];
+    if (tid < L) {
+        gs[tid] = g[(size_t)(r0 + tid) * nv + h];
+    }
+    const float* q0 = qkv + (size_t)r0 * qkv_stride + (size_t)kh * dk;
+    const float* k0 = qkv + (size_t)r0 * qkv_stride + (size_t)(nk + kh) * dk;
+    float acc[4][8];
+    gc_gram(q0, k0, qkv_stride, L, dk, xs, ys, acc);  // its syncs also publish gs
+    const int ti = tid >> 3, tj = tid & 7;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int i = 4 * ti + ii, j = 8 * tj + jj;
+            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(gs[i] - gs[j]) : 0.0f;
+        }
+    }
+    __syncthreads();
+    const size_t at = (size_t)r0 * nv * dv + (size_t)h * dv;
+    gc_lower_apply(tm, L, u + at, (long long)nv * dv, nullptr, nullptr, out + at,
+                   (long long)nv * dv, dv, true);
+}
+
+// Mamba-2 (SSD). Per block and head, with dt_i = max(softplus(dt_raw_i + dt_bias), dt_min)
+// and A_i = (dt_0 + ... + dt_i) * (-exp(A_log)) (log-decays within the block):
+//   dt, A into scratch                                              [mamba2_chunk_prep_f32]
+//   y_i = e^(A_i) (C_i . S) + D x_i,
+//   S <- e^(A_L) S + sum_i e^(A_L - A_i) dt_i x_i B_i^T              [mamba2_chunk_state_f32]
+//   y_i += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j           [mamba2_chunk_out_f32]
+// Launch: prep grid (ceil(blocks * heads / GC_THREADS)), block (GC_THREADS); state grid
+// (ceil(head_dim / 16), heads, num_seqs), block (GC_THREADS); out grid (blocks, heads), block
+// (GC_THREADS). Scratch: dts, acum [T, heads].
+
+// One thread per (block, head): the serial prefix of the block's log-decays.
+extern "C" __global__ void mamba2_chunk_prep_f32(
+    const float* __restrict__ dt, int dt_stride,
+    const float* __restrict__ neg_a,
+    const float* __restrict__ dt_bias,
+    float dt_min,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ dts,
+    float* __restrict__ acum,
+    int num_blocks, int heads)
+{
+    const long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (item >= (long long)num_blocks * heads) {
+        return;
+    }
+    const int blk = (int)(item / heads);
+    const int h = (int)(item - (long long)blk * heads);
+    float acc = 0.0f;
+    for (int i = 0; i < blk_len[blk]; ++i) {
+        const size_t row = (size_t)(blk_row[blk] + i);
+        const float d = fmaxf(gc_softplus(dt[row * dt_stride + h] + dt_bias[h]), dt_min);
+        acc += d * neg_a[h];
+        dts[row * heads + h] = d;
+        acum[row * heads + h] = acc;
+    }
+}
+
+// The state pass; the lane layout (ST_* of common.cuh) and register state of mamba2_scan_f32
+// (a warp owns 4 rows p of the head's [head_dim, d_state] state).
+extern "C" __global__ void mamba2_chunk_state_f32(
+    const float* __restrict__ xbc, int xbc_stride,
+    const float* __restrict__ dts,
+    const float* __restrict__ acum,
+    const float* __restrict__ dskip,
+    float* __restrict__ state,
+    const int* __restrict__ seq_slot,
+    const int* __restrict__ seq_blk0,
+    const int* __restrict__ seq_nblk,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ y,
+    int heads, int head_dim, int d_state, int groups)
+{
+    __shared__ float xs[GC_PIECE][GC_WIDTH];
+    __shared__ float cf[GC][ST_LANES * ST_WARPS];
+    __shared__ float xp_s[GC_PIECE][ST_LANES * ST_WARPS];
+    __shared__ float as[GC];
+    __shared__ float ds[GC];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int part = lane / ST_LANES;
+    const int h = blockIdx.y;
+    const int s = blockIdx.z;
+    const int row = warp * ST_LANES + (lane & (ST_LANES - 1));
+    const int p0_row = blockIdx.x * ST_LANES * ST_WARPS;
+    const int p = p0_row + row;
+    const bool row_ok = p < head_dim;
+    const int g = h / (heads / groups);
+    const int inner = heads * head_dim;
+    const float dh = dskip[h];
+    float* st = state + (((size_t)seq_slot[s] * heads + h) * head_dim + (row_ok ? p : 0))
+                            * (size_t)d_state;
+
+    float S[ST_MAX];
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int c = part + ST_PARTS * r;
+        S[r] = (row_ok && c < d_state) ? st[c] : 0.0f;
+    }
+    for (int bi = 0; bi < seq_nblk[s]; ++bi) {
+        const int blk = seq_blk0[s] + bi;
+        const int r0 = blk_row[blk], L = blk_len[blk];
+        __syncthreads();  // the previous block's readers of as / cf / xs are done
+        if (tid < L) {
+            as[tid] = acum[(size_t)(r0 + tid) * heads + h];
+            ds[tid] = dts[(size_t)(r0 + tid) * heads + h];
+        }
+        // y = e^A (C . S) + D x; each row's coefficient e^(A_L - A_i) dt_i x_i for the update.
+        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
+            const int n = min(GC_PIECE, L - p0);
+            const size_t row0 = (size_t)(r0 + p0);
+            __syncthreads();
+            gc_stage(xbc + row0 * xbc_stride + inner + (size_t)(groups + g) * d_state, xbc_stride,
+                     nullptr, 0, n, d_state, xs, xs);
+            gc_stage_cols(xbc + row0 * xbc_stride + (size_t)h * head_dim, xbc_stride, n, p0_row,
+                          head_dim, xp_s);
+            __syncthreads();
+            // Rows past n are zeros: computed (independent rows interleave), never written.
+#pragma unroll 4
+            for (int r = 0; r < GC_PIECE; ++r) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int e = 0; e < ST_MAX; ++e) {
+                    const int c = part + ST_PARTS * e;
+                    if (c < d_state) {
+                        acc = fmaf(xs[r][c], S[e], acc);
+                    }
+                }
+                acc = state_part_sum(acc);
+                if (part == 0 && r < n) {
+                    const float xp = xp_s[r][row];
+                    if (row_ok) {
+                        y[(row0 + r) * inner + (size_t)h * head_dim + p] =
+                            fmaf(dh, xp, expf(as[p0 + r]) * acc);
+                    }
+                    cf[p0 + r][row] = expf(as[L - 1] - as[p0 + r]) * ds[p0 + r] * xp;
+                }
+            }
+        }
+        __syncthreads();
+        const float decay = expf(as[L - 1]);
+#pragma unroll
+        for (int e = 0; e < ST_MAX; ++e) {
+            S[e] *= decay;
+        }
+        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
+            const int n = min(GC_PIECE, L - p0);
+            __syncthreads();
+            gc_stage(xbc + (size_t)(r0 + p0) * xbc_stride + inner + (size_t)g * d_state,
+                     xbc_stride, nullptr, 0, n, d_state, xs, xs);
+            __syncthreads();
+#pragma unroll 4
+            for (int r = 0; r < GC_PIECE; ++r) {
+                const float coef = r < n ? cf[p0 + r][row] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < ST_MAX; ++e) {
+                    const int c = part + ST_PARTS * e;
+                    if (c < d_state) {
+                        S[e] = fmaf(xs[r][c], coef, S[e]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int c = part + ST_PARTS * r;
+        if (row_ok && c < d_state) {
+            st[c] = S[r];
+        }
+    }
+}
+
+// y += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j within each block.
+extern "C" __global__ void mamba2_chunk_out_f32(
+    const float* __restrict__ xbc, int xbc_stride,
+    const float* __restrict__ dts,
+    const float* __restrict__ acum,
+    const int* __restrict__ blk_row,
+    const int* __restrict__ blk_len,
+    float* __restrict__ y,
+    int heads, int head_dim, int d_state, int groups)
+{
+    __shared__ float tm[GC][GC + 1];
+    __shared__ float xs[GC][GC_SLICE + 1];
+    __shared__ float ys[GC][GC_SLICE + 1];
+    __shared__ float as[GC];
+    __shared__ float ds[GC];
+    const int tid = threadIdx.x;
+    const int h = blockIdx.y;
+    const int g = h / (heads / groups);
+    const int inner = heads * head_dim;
+    const int r0 = blk_row[blockIdx.x];
+    const int L = blk_len[blockIdx.x];
+    if (tid < L) {
+        as[tid] = acum[(size_t)(r0 + tid) * heads + h];
+        ds[tid] = dts[(size_t)(r0 + tid) * heads + h];
+    }
+    const float* x0 = xbc + (size_t)r0 * xbc_stride;
+    float acc[4][8];
+    // C_i . B_j; its syncs also publish as / ds.
+    gc_gram(x0 + inner + (size_t)(groups + g) * d_state, x0 + inner + (size_t)g * d_state,
+            xbc_stride, L, d_state, xs, ys, acc);
+    const int ti = tid >> 3, tj = tid & 7;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int i = 4 * ti + ii, j = 8 * tj + jj;
+            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(as[i] - as[j]) : 0.0f;
+        }
+    }
+    __syncthreads();
+    gc_lower_apply(tm, L, x0 + (size_t)h * head_dim, xbc_stride, ds, nullptr,
+                   y + (size_t)r0 * inner + (size_t)h * head_dim, inner, head_dim, true);
+}
