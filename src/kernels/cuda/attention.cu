@@ -194,9 +194,15 @@ HSX_ATTN(attention_f16_f32, f16_t, float)
 // accumulates O += P V in f32; the denominator sums the rounded P. As in attention_t, a row's
 // arithmetic depends only on its own position (rows of a tile never interact, key blocks are
 // fixed by absolute position), so it does not depend on the batch or the chunking.
-// Launch: grid (tiles of <= MMA_TILE tokens, heads), block (128), no dynamic shared memory.
+// Head dim 256 (Qwen3.5 / Qwen3-Next) does not fit a warp's registers that way (O alone would
+// be 128 of them): there a block is 8 warps, warps w and w + 4 own the same 16 rows and compute
+// the same S and softmax (the same bits), each accumulating O for one half of the head dim,
+// over key blocks of 32 (shared memory stays under 48 KiB).
+// Launch: grid (tiles of <= MMA_TILE tokens, heads), block (128 * MMA_SPLIT(HD)), no dynamic
+// shared memory.
 #define MMA_TILE 64
-#define MMA_KB 64
+#define MMA_SPLIT(HD) ((HD) > 128 ? 2 : 1)
+#define MMA_KB(HD) ((HD) > 128 ? 32 : 64)
 
 struct alignas(16) hsx_b128 {
     unsigned w[4];
@@ -221,13 +227,16 @@ __device__ __forceinline__ unsigned load_u32(const unsigned short* p) {
 
 template <int HD, typename OUT>
 __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc, OUT* out) {
+    constexpr int KB = MMA_KB(HD), OD = HD / MMA_SPLIT(HD);  // keys per block, O columns
     // +8 halves per row: the fragment loads of a warp's 8 row groups hit 32 distinct banks.
-    alignas(16) __shared__ unsigned short ks[MMA_KB][HD + 8];
-    alignas(16) __shared__ unsigned short vt[HD][MMA_KB + 8];
+    alignas(16) __shared__ unsigned short ks[KB][HD + 8];
+    alignas(16) __shared__ unsigned short vt[HD][KB + 8];
     const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
     const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
     const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, qd = lane & 3;
+    const int lane = threadIdx.x & 31, gr = lane >> 2, qd = lane & 3;
+    // The warp's 16 rows, and its O columns from d0.
+    const int warp = (threadIdx.x >> 5) & 3, d0 = (threadIdx.x >> 7) * OD;
     const int kv_dim = a.kv_heads * HD;
     // A tile's positions are consecutive: row r sees keys 0 .. p0 + r.
     const int p0 = a.positions[t0], max_len = p0 + n;
@@ -250,17 +259,17 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
             }
         }
     }
-    float o[HD / 8][4];
+    float o[OD / 8][4];
 #pragma unroll
-    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < OD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = -HSX_INF, m1 = -HSX_INF, l0 = 0.f, l1 = 0.f;
 
-    for (int kb = 0; kb < max_len; kb += MMA_KB) {
+    for (int kb = 0; kb < max_len; kb += KB) {
         __syncthreads();  // the previous block's keys are no longer read
         // Thread i copies 16 bytes of key j: pairs of threads take a row's 32-byte sector,
         // and a warp's transposed V stores fall in distinct banks but for pairs.
-        for (int i = threadIdx.x; i < MMA_KB * (HD / 8); i += blockDim.x) {
-            const int j = (i >> 1) % MMA_KB, c = ((i / (2 * MMA_KB)) * 2 + (i & 1)) * 8;
+        for (int i = threadIdx.x; i < KB * (HD / 8); i += blockDim.x) {
+            const int j = (i >> 1) % KB, c = ((i / (2 * KB)) * 2 + (i & 1)) * 8;
             const int p = kb + j;
             alignas(16) unsigned short vv8[8];
             if (p < max_len) {
@@ -278,10 +287,10 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         __syncthreads();
         if (kb >= warp_len) continue;  // warp-uniform: every row of the warp is done
         // Key tiles of 8 holding a key some row of the warp sees.
-        const int tiles8 = min(MMA_KB / 8, (warp_len - kb + 7) / 8);
-        float s[MMA_KB / 8][4];
+        const int tiles8 = min(KB / 8, (warp_len - kb + 7) / 8);
+        float s[KB / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+        for (int nt = 0; nt < KB / 8; ++nt) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
             if (nt >= tiles8) continue;
 #pragma unroll
@@ -293,7 +302,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         }
         float mx0 = -HSX_INF, mx1 = -HSX_INF;
 #pragma unroll
-        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+        for (int nt = 0; nt < KB / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = kb + nt * 8 + 2 * qd + (e & 1);
@@ -313,9 +322,9 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         const float b0 = n0 == -HSX_INF ? 0.f : n0, b1 = n1 == -HSX_INF ? 0.f : n1;
         const float al0 = expf(m0 - b0), al1 = expf(m1 - b1);
         float sum0 = 0.f, sum1 = 0.f;
-        unsigned pa[MMA_KB / 8][2];
+        unsigned pa[KB / 8][2];
 #pragma unroll
-        for (int nt = 0; nt < MMA_KB / 8; ++nt) {
+        for (int nt = 0; nt < KB / 8; ++nt) {
             const unsigned u0 = pack_bf16(expf(s[nt][0] - b0), expf(s[nt][1] - b0));
             const unsigned u1 = pack_bf16(expf(s[nt][2] - b1), expf(s[nt][3] - b1));
             sum0 += bf16_lo(u0) + bf16_hi(u0);
@@ -332,20 +341,20 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         m0 = n0;
         m1 = n1;
 #pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
+        for (int dt = 0; dt < OD / 8; ++dt) {
             o[dt][0] *= al0;
             o[dt][1] *= al0;
             o[dt][2] *= al1;
             o[dt][3] *= al1;
         }
 #pragma unroll
-        for (int kt = 0; kt < MMA_KB / 16; ++kt) {
+        for (int kt = 0; kt < KB / 16; ++kt) {
             if (2 * kt >= tiles8) continue;
             const unsigned p[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0],
                                    pa[2 * kt + 1][1]};
 #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                const unsigned short* vr = &vt[dt * 8 + gr][kt * 16 + 2 * qd];
+            for (int dt = 0; dt < OD / 8; ++dt) {
+                const unsigned short* vr = &vt[d0 + dt * 8 + gr][kt * 16 + 2 * qd];
                 const unsigned b[2] = {load_u32(vr), load_u32(vr + 8)};
                 mma_bf16_16816(o[dt], p, b);
             }
@@ -353,8 +362,8 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
     }
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt) {
-        const int d = dt * 8 + 2 * qd;
+    for (int dt = 0; dt < OD / 8; ++dt) {
+        const int d = d0 + dt * 8 + 2 * qd;
         if (r0 < n) {
             OUT* w = out + (size_t)(t0 + r0) * a.heads * HD + (size_t)h * HD + d;
             w[0] = from_f32<OUT>(__fmul_rn(o[dt][0], inv0));
@@ -381,3 +390,5 @@ HSX_ATTN_MMA(attn_mma_h64_bf16, 64, bf16_t)
 HSX_ATTN_MMA(attn_mma_h64_f32, 64, float)
 HSX_ATTN_MMA(attn_mma_h128_bf16, 128, bf16_t)
 HSX_ATTN_MMA(attn_mma_h128_f32, 128, float)
+HSX_ATTN_MMA(attn_mma_h256_bf16, 256, bf16_t)
+HSX_ATTN_MMA(attn_mma_h256_f32, 256, float)

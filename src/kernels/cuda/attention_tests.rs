@@ -1,6 +1,7 @@
 //! The two attention kernels over a bf16 cache, directly: the tensor-core one (`attn_mma_*`)
 //! and the CUDA-core one (`attention_bf16_*`) against an f64 reference at every head dim the
-//! tensor-core kernel is built for (16, 32, 64, 128: the fixtures' and the bench model's):
+//! tensor-core kernel is built for (16, 32, 64, 128, 256: the fixtures', the bench models' and
+//! Qwen3.5's, whose 256 splits a row tile's output over two warps):
 //! prompts over several key blocks and tiles, GQA, two sequences in one batch, a chunk that
 //! starts inside a key block, and a row's bits independent of the batch.
 //! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
@@ -154,7 +155,7 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
         );
         return;
     }
-    for hd in [16, 32, 64, 128] {
+    for hd in [16, 32, 64, 128, 256] {
         let setup = Setup::new(hd, [230, 90], hd as u64);
         let new_cache = |tensor_cores: bool| {
             let mut kv =
@@ -244,7 +245,11 @@ fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
     );
     assert_eq!(pick(f32, f32, 128, &plain), None);
     assert_eq!(pick(WeightDtype::F16, f32, 128, &plain), None);
-    assert_eq!(pick(bf16, bf16, 256, &plain), None);
+    assert_eq!(
+        pick(bf16, bf16, 256, &plain).as_deref(),
+        Some("attn_mma_h256_bf16")
+    );
+    assert_eq!(pick(bf16, bf16, 512, &plain), None);
     assert_eq!(pick(bf16, bf16, 80, &plain), None);
     let window = DevSoftmax {
         window: 128,

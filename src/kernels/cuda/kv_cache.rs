@@ -18,7 +18,13 @@ pub const ATTN_TILE: usize = 16;
 /// Query tokens per tile of the tensor-core kernel (MMA_TILE in attention.cu).
 const MMA_TILE: usize = 64;
 /// Head dims the tensor-core kernel is instantiated for (attn_mma_h{HD}_* in attention.cu).
-const MMA_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+const MMA_HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// Threads per block of the tensor-core kernel: 4 warps, twice over past head dim 128, where
+/// two warps share a row tile and split its output columns (MMA_SPLIT in attention.cu).
+fn mma_threads(hd: usize) -> u32 {
+    if hd > 128 { 256 } else { 128 }
+}
 /// Largest head_dim the attention kernel takes (ATTN_MAX_HD).
 pub const ATTN_MAX_HD: usize = super::limits::ATTN_MAX_HEAD_DIM;
 const ATTN_THREADS: u32 = 128;
@@ -328,7 +334,7 @@ impl DevKvCache {
             args.tiles = plan.mma_tiles.ptr();
             let cfg = LaunchConfig {
                 grid_dim: (plan.num_mma_tiles as u32, shape.heads as u32, 1),
-                block_dim: (ATTN_THREADS, 1, 1),
+                block_dim: (mma_threads(hd), 1, 1),
                 shared_mem_bytes: 0,
             };
             return launch!(gpu, &name => "attn_mma_h128_bf16", cfg, args, k.ptr(), v.ptr(), out);

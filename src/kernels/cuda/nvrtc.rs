@@ -356,7 +356,8 @@ mod tests {
         assert!(names.iter().any(|n| n == "kv_write_bf16"), "{names:?}");
         assert!(names.iter().any(|n| n == "attention_bf16_f32"), "{names:?}");
         assert!(names.iter().any(|n| n == "attn_mma_h128_bf16"), "{names:?}");
+        assert!(names.iter().any(|n| n == "attn_mma_h256_f32"), "{names:?}");
         assert!(!names.iter().any(|n| n == "NAME"), "{names:?}");
-        assert_eq!(names.len(), 3 + 5 + 8, "{names:?}");
+        assert_eq!(names.len(), 3 + 5 + 10, "{names:?}");
     }
 }
