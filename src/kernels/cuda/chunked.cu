@@ -113,6 +113,30 @@ __device__ void gc_lower_apply(const float (*tm)[GC + 1], int L, const float* sr
     }
 }
 
+// The intra-block part of both recurrences' outputs: dst_i += sum_(j <= i) (x_i . y_j)
+// e^(ld_i - ld_j) scale_j src_j over `cols` columns, for the block's L rows (x, y: d wide,
+// `stride` apart; scale optional). ld must be written before the call (the Gram tile's syncs
+// publish it). Every thread of the block calls it.
+__device__ void gc_intra(const float* x, const float* y, long long stride, int L, int d,
+                         const float* ld, const float* src, long long src_stride,
+                         const float* scale, float* dst, long long dst_stride, int cols,
+                         float (*tm)[GC + 1], float (*xs)[GC_SLICE + 1],
+                         float (*ys)[GC_SLICE + 1]) {
+    float acc[4][8];
+    gc_gram(x, y, stride, L, d, xs, ys, acc);
+    const int ti = threadIdx.x >> 3, tj = threadIdx.x & 7;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int i = 4 * ti + ii, j = 8 * tj + jj;
+            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(ld[i] - ld[j]) : 0.0f;
+        }
+    }
+    __syncthreads();
+    gc_lower_apply(tm, L, src, src_stride, scale, nullptr, dst, dst_stride, cols, true);
+}
+
 // Per block and value head: G into g, U into u, W into w.
 extern "C" __global__ void gdn_chunk_prep_f32(
     const float* __restrict__ qkv, int qkv_stride,
@@ -217,6 +241,36 @@ __device__ void gc_stage_cols(const float* x, long long stride, int n, int c0, i
     }
 }
 
+// S = decay * S + sum_(i < L) cf[i][col] * row_i over the lane's entries (those below d) of
+// the L rows from `rows` (`stride` apart), staged GC_PIECE at a time: the update that closes
+// a block in both state passes. Every thread of the block calls it (it syncs).
+__device__ void gc_state_update(float S[ST_MAX], const float* rows, long long stride, int L,
+                                int d, int part, int col,
+                                const float (*cf)[ST_LANES * ST_WARPS],
+                                float (*xs)[GC_WIDTH], float decay) {
+#pragma unroll
+    for (int e = 0; e < ST_MAX; ++e) {
+        S[e] *= decay;
+    }
+    for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
+        const int n = min(GC_PIECE, L - p0);
+        __syncthreads();  // cf is complete; the previous readers of xs are done
+        gc_stage(rows + p0 * stride, stride, nullptr, 0, n, d, xs, xs);
+        __syncthreads();
+#pragma unroll 4
+        for (int r = 0; r < GC_PIECE; ++r) {
+            const float coef = r < n ? cf[p0 + r][col] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < ST_MAX; ++e) {
+                const int i = part + ST_PARTS * e;
+                if (i < d) {
+                    S[e] = fmaf(xs[r][i], coef, S[e]);
+                }
+            }
+        }
+    }
+}
+
 // The state pass; the lane layout (ST_* of common.cuh) and register state of
 // gated_delta_rule_f32.
 extern "C" __global__ void gdn_chunk_state_f32(
@@ -235,7 +289,7 @@ extern "C" __global__ void gdn_chunk_state_f32(
 {
     __shared__ float xs[GC_PIECE][GC_WIDTH];
     __shared__ float ys[GC_PIECE][GC_WIDTH];
-    __shared__ float vn[GC][ST_LANES * ST_WARPS];
+    __shared__ float vn[GC][ST_LANES * ST_WARPS];  // e^(G_L - G_i) v_new_i
     __shared__ float us[GC_PIECE][ST_LANES * ST_WARPS];
     __shared__ float gs[GC];
     const int tid = threadIdx.x;
@@ -254,11 +308,7 @@ extern "C" __global__ void gdn_chunk_state_f32(
     float* st = state + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
 
     float S[ST_MAX];
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int i = part + ST_PARTS * r;
-        S[r] = (col_ok && i < dk) ? st[(size_t)i * dv + j] : 0.0f;
-    }
+    state_load(S, st + j, dv, part, dk, col_ok);
     for (int bi = 0; bi < seq_nblk[s]; ++bi) {
         const int blk = seq_blk0[s] + bi;
         const int r0 = blk_row[blk], L = blk_len[blk];
@@ -296,45 +346,15 @@ extern "C" __global__ void gdn_chunk_state_f32(
                         u[at] = v_new;
                         out[at] = expf(gs[p0 + r]) * qs;
                     }
-                    vn[p0 + r][col] = v_new;
+                    vn[p0 + r][col] = expf(gs[L - 1] - gs[p0 + r]) * v_new;
                 }
             }
         }
-        // S = e^(G_L) S + sum_i (e^(G_L - G_i) k_i) v_new_i.
-        __syncthreads();
-        const float gl = gs[L - 1];
-        const float decay = expf(gl);
-#pragma unroll
-        for (int e = 0; e < ST_MAX; ++e) {
-            S[e] *= decay;
-        }
-        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
-            const int n = min(GC_PIECE, L - p0);
-            const size_t row0 = (size_t)(r0 + p0);
-            __syncthreads();
-            gc_stage(qkv + row0 * qkv_stride + (size_t)(nk + kh) * dk, qkv_stride, nullptr, 0, n,
-                     dk, xs, ys);
-            __syncthreads();
-#pragma unroll 4
-            for (int r = 0; r < GC_PIECE; ++r) {
-                const float coef = r < n ? expf(gl - gs[p0 + r]) * vn[p0 + r][col] : 0.0f;
-#pragma unroll
-                for (int e = 0; e < ST_MAX; ++e) {
-                    const int i = part + ST_PARTS * e;
-                    if (i < dk) {
-                        S[e] = fmaf(xs[r][i], coef, S[e]);
-                    }
-                }
-            }
-        }
+        // S = e^(G_L) S + sum_i (e^(G_L - G_i) v_new_i) k_i.
+        gc_state_update(S, qkv + (size_t)r0 * qkv_stride + (size_t)(nk + kh) * dk, qkv_stride,
+                        L, dk, part, col, vn, xs, expf(gs[L - 1]));
     }
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int i = part + ST_PARTS * r;
-        if (col_ok && i < dk) {
-            st[(size_t)i * dv + j] = S[r];
-        }
-    }
+    state_store(S, st + j, dv, part, dk, col_ok);
 }
 
 // out += P v_new within each block: P_ij = (q_i . k_j) e^(G_i - G_j) for j <= i.
@@ -360,22 +380,9 @@ extern "C" __global__ void gdn_chunk_out_f32(
         gs[tid] = g[(size_t)(r0 + tid) * nv + h];
     }
     const float* q0 = qkv + (size_t)r0 * qkv_stride + (size_t)kh * dk;
-    const float* k0 = qkv + (size_t)r0 * qkv_stride + (size_t)(nk + kh) * dk;
-    float acc[4][8];
-    gc_gram(q0, k0, qkv_stride, L, dk, xs, ys, acc);  // its syncs also publish gs
-    const int ti = tid >> 3, tj = tid & 7;
-#pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int i = 4 * ti + ii, j = 8 * tj + jj;
-            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(gs[i] - gs[j]) : 0.0f;
-        }
-    }
-    __syncthreads();
     const size_t at = (size_t)r0 * nv * dv + (size_t)h * dv;
-    gc_lower_apply(tm, L, u + at, (long long)nv * dv, nullptr, nullptr, out + at,
-                   (long long)nv * dv, dv, true);
+    gc_intra(q0, q0 + (size_t)nk * dk, qkv_stride, L, dk, gs, u + at, (long long)nv * dv,
+             nullptr, out + at, (long long)nv * dv, dv, tm, xs, ys);
 }
 
 // Mamba-2 (SSD). Per block and head, with dt_i = max(softplus(dt_raw_i + dt_bias), dt_min)
@@ -454,11 +461,7 @@ extern "C" __global__ void mamba2_chunk_state_f32(
                             * (size_t)d_state;
 
     float S[ST_MAX];
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int c = part + ST_PARTS * r;
-        S[r] = (row_ok && c < d_state) ? st[c] : 0.0f;
-    }
+    state_load(S, st, 1, part, d_state, row_ok);
     for (int bi = 0; bi < seq_nblk[s]; ++bi) {
         const int blk = seq_blk0[s] + bi;
         const int r0 = blk_row[blk], L = blk_len[blk];
@@ -499,38 +502,10 @@ extern "C" __global__ void mamba2_chunk_state_f32(
                 }
             }
         }
-        __syncthreads();
-        const float decay = expf(as[L - 1]);
-#pragma unroll
-        for (int e = 0; e < ST_MAX; ++e) {
-            S[e] *= decay;
-        }
-        for (int p0 = 0; p0 < L; p0 += GC_PIECE) {
-            const int n = min(GC_PIECE, L - p0);
-            __syncthreads();
-            gc_stage(xbc + (size_t)(r0 + p0) * xbc_stride + inner + (size_t)g * d_state,
-                     xbc_stride, nullptr, 0, n, d_state, xs, xs);
-            __syncthreads();
-#pragma unroll 4
-            for (int r = 0; r < GC_PIECE; ++r) {
-                const float coef = r < n ? cf[p0 + r][row] : 0.0f;
-#pragma unroll
-                for (int e = 0; e < ST_MAX; ++e) {
-                    const int c = part + ST_PARTS * e;
-                    if (c < d_state) {
-                        S[e] = fmaf(xs[r][c], coef, S[e]);
-                    }
-                }
-            }
-        }
+        gc_state_update(S, xbc + (size_t)r0 * xbc_stride + inner + (size_t)g * d_state,
+                        xbc_stride, L, d_state, part, row, cf, xs, expf(as[L - 1]));
     }
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int c = part + ST_PARTS * r;
-        if (row_ok && c < d_state) {
-            st[c] = S[r];
-        }
-    }
+    state_store(S, st, 1, part, d_state, row_ok);
 }
 
 // y += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j within each block.
@@ -559,20 +534,9 @@ extern "C" __global__ void mamba2_chunk_out_f32(
         ds[tid] = dts[(size_t)(r0 + tid) * heads + h];
     }
     const float* x0 = xbc + (size_t)r0 * xbc_stride;
-    float acc[4][8];
-    // C_i . B_j; its syncs also publish as / ds.
-    gc_gram(x0 + inner + (size_t)(groups + g) * d_state, x0 + inner + (size_t)g * d_state,
-            xbc_stride, L, d_state, xs, ys, acc);
-    const int ti = tid >> 3, tj = tid & 7;
-#pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int i = 4 * ti + ii, j = 8 * tj + jj;
-            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(as[i] - as[j]) : 0.0f;
-        }
-    }
-    __syncthreads();
-    gc_lower_apply(tm, L, x0 + (size_t)h * head_dim, xbc_stride, ds, nullptr,
-                   y + (size_t)r0 * inner + (size_t)h * head_dim, inner, head_dim, true);
+    const float* b0 = x0 + inner + (size_t)g * d_state;
+    // (C_i . B_j) dt_j x_j
+    gc_intra(b0 + (size_t)groups * d_state, b0, xbc_stride, L, d_state, as,
+             x0 + (size_t)h * head_dim, xbc_stride, ds,
+             y + (size_t)r0 * inner + (size_t)h * head_dim, inner, head_dim, tm, xs, ys);
 }

@@ -61,6 +61,27 @@ template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
 #define ST_MAX 32
 #define ST_WARPS 4
 
+// Loads (stores) a lane's entries part, part + ST_PARTS, ... (those below d) of one state
+// column whose entry i is at col[i * step]; where `ok` is false, zeros (nothing is stored).
+__device__ __forceinline__ void state_load(float s[ST_MAX], const float* col, size_t step,
+                                           int part, int d, bool ok) {
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
+        s[r] = (ok && i < d) ? col[(size_t)i * step] : 0.0f;
+    }
+}
+__device__ __forceinline__ void state_store(const float s[ST_MAX], float* col, size_t step,
+                                            int part, int d, bool ok) {
+#pragma unroll
+    for (int r = 0; r < ST_MAX; ++r) {
+        const int i = part + ST_PARTS * r;
+        if (ok && i < d) {
+            col[(size_t)i * step] = s[r];
+        }
+    }
+}
+
 // Sum over the ST_PARTS lanes of one column (xor 4, 8, 16): a fixed order.
 __device__ __forceinline__ float state_part_sum(float v) {
     v = __fadd_rn(v, __shfl_xor_sync(HSX_FULL_MASK, v, 4));

@@ -93,11 +93,7 @@ extern "C" __global__ void gated_delta_rule_f32(
     float* st = state + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
 
     float S[ST_MAX];
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int i = part + ST_PARTS * r;
-        S[r] = (col_ok && i < dk) ? st[(size_t)i * dv + j] : 0.0f;
-    }
+    state_load(S, st + j, dv, part, dk, col_ok);
     const float na = neg_a[h];
     const float bias = dt_bias[h];
     float kreg[ST_MAX];
@@ -136,13 +132,7 @@ extern "C" __global__ void gated_delta_rule_f32(
             out[row * ((size_t)nv * dv) + (size_t)h * dv + j] = o;
         }
     }
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int i = part + ST_PARTS * r;
-        if (col_ok && i < dk) {
-            st[(size_t)i * dv + j] = S[r];
-        }
-    }
+    state_store(S, st + j, dv, part, dk, col_ok);
 }
 
 // Qwen3.5 / Qwen3-Next gated norm per value head (kernels::cpu::recurrent::

@@ -56,11 +56,7 @@ extern "C" __global__ void mamba2_scan_f32(
                             * (size_t)d_state;
 
     float S[ST_MAX];
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int c = part + ST_PARTS * r;
-        S[r] = (row_ok && c < d_state) ? st[c] : 0.0f;
-    }
+    state_load(S, st, 1, part, d_state, row_ok);
     const float na = neg_a[h];
     const float bias = dt_bias[h];
     const float dh = dskip[h];
@@ -88,13 +84,7 @@ extern "C" __global__ void mamba2_scan_f32(
                 __fadd_rn(acc, __fmul_rn(dh, xp));
         }
     }
-#pragma unroll
-    for (int r = 0; r < ST_MAX; ++r) {
-        const int c = part + ST_PARTS * r;
-        if (row_ok && c < d_state) {
-            st[c] = S[r];
-        }
-    }
+    state_store(S, st, 1, part, d_state, row_ok);
 }
 
 // Nemotron-H / Mamba-2 gated norm (kernels::cpu::recurrent::gate_then_grouped_rms_norm):
