@@ -8,6 +8,7 @@
 #   bench/gpu_check.sh OUT_DIR 0 hybrid     # the Qwen3.5 hybrid bench row and its profile
 #   bench/gpu_check.sh OUT_DIR 0 recurrent  # the chunked recurrences: tests, hybrid bench,
 #                                           # A/B against the token-serial kernels, profile
+#   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
 #   env      `hsx env`: the libraries and the device hsx sees
@@ -46,6 +47,12 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
 step env 60 gpu/hsx env
 grep -iE "cuda|device" "$out/env.log" | head -20
 
+# A CUDA config for model dir $1 with layer ids $2 and max_model_len $3, output /tmp/$4, in
+# /tmp/$4.toml; up to 64 requests of 8,192 tokens per step.
+gpu_cfg() {
+    printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_num_seqs = 64\nmax_model_len = %s\nnum_blocks = 8192\nlayer_ids = [%s]\n[output]\ndir = "/tmp/%s"\n' \
+        "$1" "$3" "$2" "$4" >"/tmp/$4.toml"
+}
 # The README's config.toml for device $1, output dir $2, fixture model $3.
 cfg() { sed -e "s|^device = .*|device = \"$1\"|" -e "s|^dir = .*|dir = \"$2\"|" \
     -e "s|^path = \"tests/fixtures/models/llama\"|path = \"$PWD/tests/fixtures/models/$3\"|" config.toml; }
@@ -63,11 +70,8 @@ profile() {
         python3 bench/make_prompts.py /tmp/$1.jsonl --count $2 --vocab "$vocab" --min-len $3 \
             --max-len $3 >/dev/null
     done
-    for p in "prof $prof_layers" "long ${long_layers:-$prof_layers}"; do
-        set -- $p
-        printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_model_len = 32768\nnum_blocks = 8192\nlayer_ids = [%s]\n[output]\ndir = "/tmp/o-%s"\n' \
-            "$m/model" "$2" "$1" >/tmp/$1.toml
-    done
+    gpu_cfg $m/model "$prof_layers" 32768 prof
+    gpu_cfg $m/model "${long_layers:-$prof_layers}" 32768 long
     [ -n "$long_layers" ] || { profile_ncu; return; }
     (while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.1; done) \
         >/tmp/mem.txt 2>/dev/null &
@@ -80,9 +84,12 @@ profile() {
     grep -iE "memory|tokens/s" "$out/long.log" | tail -6
     profile_ncu
 }
-profile_ncu() {
+find_ncu() {
     command -v ncu >/dev/null ||
         PATH="$PATH:$(dirname "$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)")"
+}
+profile_ncu() {
+    find_ncu
     HSX_BENCH_DISCARD_OUTPUT=1 step ncu 150 ncu --metrics gpu__time_duration.sum \
         --print-summary per-kernel gpu/hsx extract --config /tmp/prof.toml --input /tmp/p2.jsonl \
         --quiet
@@ -109,8 +116,7 @@ recurrent() {
     tail -16 "$out/hybrid.log"
     head -4 $m/prompts.jsonl >/tmp/p4.jsonl
     for k in new old; do
-        printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_num_seqs = 64\nmax_model_len = 16384\nnum_blocks = 8192\nlayer_ids = [2, 16, 29, 32]\n[output]\ndir = "/tmp/ab-%s"\n' \
-            "$m/model" $k >/tmp/ab-$k.toml
+        gpu_cfg $m/model "2, 16, 29, 32" 16384 ab-$k
     done
     step ab 120 gpu/hsx extract --config /tmp/ab-new.toml --input /tmp/p4.jsonl --quiet
     HSX_CUDA_RECURRENT=serial HSX_CUDA_ATTENTION=simt step ab 120 gpu/hsx extract \
@@ -132,6 +138,28 @@ recurrent() {
     grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     profile $m qwen35_9b 2,16,29,32
 }
+# Where the Gated DeltaNet state pass (gdn_chunk_state_f32) stalls: ncu's throughput,
+# occupancy, warp-state and memory sections over two of its launches in a 4-layer model of the
+# hybrid bench's shape (two 4,096-token prompts in one step); the chunked tests first.
+stalls() {
+    local m=/tmp/hsx-q35-4
+    step lib 120 gpu/libtests recurrent_chunked --test-threads 4 --nocapture
+    grep -E "^test result|FAILED|panicked|chunked vs|cut at" "$out/lib.log"
+    step stalls 90 gpu/random_model $m/model --shape qwen35_9b --layers 4
+    python3 bench/make_prompts.py /tmp/p2.jsonl --count 2 --vocab 248320 --min-len 4096 \
+        --max-len 4096 >/dev/null
+    gpu_cfg $m/model "1, 4" 32768 stalls
+    find_ncu
+    HSX_BENCH_DISCARD_OUTPUT=1 step stalls 150 ncu -k regex:gdn_chunk_state -c 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        gpu/hsx extract --config /tmp/stalls.toml --input /tmp/p2.jsonl --quiet
+}
+if [ "$mode" = stalls ]; then
+    stalls
+    cat "$summary"
+    exit 0
+fi
 if [ "$mode" = recurrent ]; then
     recurrent
     cat "$summary"
@@ -185,8 +213,7 @@ attention_ab() {
     local m=/tmp/hsx-gpu
     head -8 $m/prompts.jsonl >/tmp/p8.jsonl
     for k in mma simt; do
-        printf '[model]\npath = "%s"\ndevice = "cuda"\n[engine]\nmax_num_batched_tokens = 8192\nmax_num_seqs = 64\nmax_model_len = 4096\nnum_blocks = 8192\nlayer_ids = [2, 16, 29, 32]\n[output]\ndir = "/tmp/ab-%s"\n' \
-            "$m/model" $k >/tmp/ab-$k.toml
+        gpu_cfg $m/model "2, 16, 29, 32" 4096 ab-$k
     done
     step ab 120 gpu/hsx extract --config /tmp/ab-mma.toml --input /tmp/p8.jsonl --quiet
     HSX_CUDA_ATTENTION=simt step ab 120 gpu/hsx extract --config /tmp/ab-simt.toml \
