@@ -17,10 +17,11 @@ use super::context::{CudaError, DevBuf, Gpu};
 use super::device_types::{
     CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, invalid, same_f32,
 };
+use super::gated_norm;
 use super::gemm::DevWeight;
 use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::{self, i32_of};
-use super::recurrent::{self, DevSeqs, StateSlots};
+use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
     HostMatrix, KvShape, MambaParams, check_slot_copies,
@@ -378,7 +379,7 @@ impl Device for CudaDevice {
     fn relu2(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
         x.f32("relu2 input")?;
         out.set(x.rows(), x.width(), "relu2")?;
-        Ok(recurrent::relu2(
+        Ok(gated_norm::relu2(
             &self.gpu,
             x.ptr(),
             out.ptr(),

@@ -9,11 +9,12 @@ use std::ops::Range;
 use super::context::DevBuf;
 use super::device::CudaDevice;
 use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_len, cols, invalid};
+use super::gated_norm::{self, GatedNormIo};
 use super::gemm;
 use super::kv_cache::{DevKvCache, DevSoftmax, QkvRows};
 use super::moe::{self, CombineIo};
 use super::ops;
-use super::recurrent::{self, ConvIo, GatedNormIo, GdnIo, MambaIo, StateSlots};
+use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use crate::kernels::device::{AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaParams};
 use crate::kernels::routing::Routing;
 
@@ -240,11 +241,11 @@ impl CudaDevice {
                 if dv == 0 || !width.is_multiple_of(dv) {
                     return invalid(format!("gated norm of {dv} over {width}-wide rows"));
                 }
-                Ok(recurrent::gdn_gated_norm(g, n, width / dv, dv)?)
+                Ok(gated_norm::gdn_gated_norm(g, n, width / dv, dv)?)
             }
             Some(group_size) => {
                 check_len(w, width, "gated norm weight")?;
-                Ok(recurrent::mamba2_gated_norm(g, n, width, group_size)?)
+                Ok(gated_norm::mamba2_gated_norm(g, n, width, group_size)?)
             }
         }
     }

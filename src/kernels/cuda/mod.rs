@@ -26,7 +26,7 @@
 //!   GQA attention over it, with the per-batch plan (tiles, positions, block tables) uploaded
 //!   once per forward and shared by every layer.
 //! - [`recurrent`]: the recurrent-state slots and the launchers of causal conv1d, the gated
-//!   delta rule, the Mamba-2 scan, their gated norms and relu².
+//!   delta rule and the Mamba-2 scan; [`gated_norm`]: their gated norms and relu².
 //! - [`recurrent_chunked`]: the gated delta rule and the Mamba-2 scan in blocks of 64
 //!   positions (chunked.cu; the default), the token-serial kernels kept for A/B.
 //! - [`moe`]: launchers of the MoE router top-k, row gather, shared-expert gate and combine.
@@ -59,6 +59,8 @@ pub mod driver;
 mod driver_cudarc;
 #[cfg(feature = "cuda-emu")]
 mod driver_emu;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub mod gated_norm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gemm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]

@@ -1,5 +1,5 @@
 //! Recurrent state slots on the device and the launchers of the recurrent kernels
-//! (conv1d.cu, gated_delta.cu, mamba2.cu).
+//! (conv1d.cu, gated_delta.cu, mamba2.cu; their chunked forms: [`super::recurrent_chunked`]).
 //!
 //! State of recurrent layer `l`, slot `s`: conv `[k - 1, conv_dim]` and SSM / delta state
 //! (`[nv, dk, dv]` or `[heads, head_dim, d_state]`), f32, in two buffers, each layer's
@@ -9,10 +9,9 @@
 
 use super::context::LaunchConfig;
 
-use super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
-use super::ops::{i32_of, suffix};
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::ops::i32_of;
 use super::recurrent_chunked::{self as chunked, DevBlocks, Recurrence};
-use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::SeqState;
 
 /// Warps per block of the warp-per-item kernels (4 × 32 = 128 threads).
@@ -437,55 +436,6 @@ pub fn gated_delta_with(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -
     )
 }
 
-/// A gated RMSNorm over `t` rows: input `x` (f32), gate `z` (f32 rows `z_stride` apart),
-/// weight `w`, output `out` in `dtype` (device addresses).
-#[derive(Debug, Clone, Copy)]
-pub struct GatedNormIo {
-    pub x: u64,
-    pub z: u64,
-    pub z_stride: usize,
-    pub w: u64,
-    pub out: u64,
-    pub dtype: WeightDtype,
-    pub t: usize,
-    pub eps: f64,
-}
-
-/// Launches `{kernel}_{dtype}`, one warp per (row, group), with the kernel's two geometry
-/// arguments `dims`.
-fn gated_norm(
-    gpu: &Gpu,
-    kernel: &str,
-    n: GatedNormIo,
-    groups: usize,
-    dims: (i32, i32),
-) -> CudaResult<()> {
-    let name = format!("{kernel}_{}", suffix(n.dtype));
-    launch!(
-        gpu,
-        &name => "gdn_gated_norm_f32",
-        warps_cfg(n.t * groups)?,
-        n.x,
-        n.z,
-        i32_of(n.z_stride, "z stride")?,
-        n.w,
-        n.out,
-        i32_of(n.t, "tokens")?,
-        dims.0,
-        dims.1,
-        n.eps
-    )
-}
-
-/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output (`nv` heads of `dv`).
-pub fn gdn_gated_norm(gpu: &Gpu, n: GatedNormIo, nv: usize, dv: usize) -> CudaResult<()> {
-    if n.t == 0 {
-        return Ok(());
-    }
-    let dims = (i32_of(nv, "nv")?, i32_of(dv, "dv")?);
-    gated_norm(gpu, "gdn_gated_norm", n, nv, dims)
-}
-
 /// Mamba-2 geometry and per-head parameters (device addresses).
 #[derive(Debug, Clone, Copy)]
 pub struct MambaIo {
@@ -551,35 +501,6 @@ pub fn mamba2_scan_with(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs, form: Recurrence)
         i32_of(m.d_state, "d_state")?,
         i32_of(m.groups, "groups")?
     )
-}
-
-/// `y·silu(z)` then grouped RMSNorm times `w` (`n.x` = y, `inner` wide, groups of
-/// `group_size`).
-pub fn mamba2_gated_norm(
-    gpu: &Gpu,
-    n: GatedNormIo,
-    inner: usize,
-    group_size: usize,
-) -> CudaResult<()> {
-    if n.t == 0 {
-        return Ok(());
-    }
-    if group_size == 0 || !inner.is_multiple_of(group_size) {
-        return Err(CudaError::Invalid(format!(
-            "gated norm group size {group_size} does not divide {inner}"
-        )));
-    }
-    let dims = (i32_of(inner, "inner")?, i32_of(group_size, "group size")?);
-    gated_norm(gpu, "mamba2_gated_norm", n, inner / group_size, dims)
-}
-
-/// `out = relu(x)²` (Nemotron-H MLP), written in `dtype`.
-pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
-    if total == 0 {
-        return Ok(());
-    }
-    let name = format!("relu2_{}", suffix(dtype));
-    launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, total as i64)
 }
 
 #[cfg(all(test, feature = "cuda"))]
