@@ -7,6 +7,7 @@
 //! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
 //! Also which layers take the tensor-core kernel (no device needed).
 
+use super::super::context::test_gpu;
 use super::*;
 use crate::kernels::SeqChunk;
 use crate::kernels::attention_reference::{naive, rnd};
@@ -118,16 +119,6 @@ impl Setup {
     }
 }
 
-fn gpu() -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
 /// Largest |got - want| over the largest |want| of the rows of `chunk` (at `offset` in `out`).
 fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usize, usize)) -> f64 {
     let hd = s.hd;
@@ -147,7 +138,7 @@ fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usiz
 
 #[test]
 fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = test_gpu() else { return };
     if gpu.info.compute_capability < (8, 0) {
         eprintln!(
             "skipping: sm_{}{} has no bf16 mma",

@@ -390,3 +390,16 @@ mod tests {
         assert!(!CudaError::Invalid("x".into()).is_sticky());
     }
 }
+
+/// Device 0 for a kernel test, or `None` after printing why there is none (the test then
+/// returns: skipped, saying so).
+#[cfg(test)]
+pub(crate) fn test_gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}

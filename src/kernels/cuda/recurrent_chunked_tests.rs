@@ -6,23 +6,13 @@
 //! transformers. Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where
 //! neither is there.
 
-use super::super::context::{DevBuf, Gpu};
+use super::super::context::{DevBuf, Gpu, test_gpu};
 use super::super::recurrent::{self, DevSeqs, GdnIo, MambaIo};
 use super::*;
 use crate::kernels::attention_reference::rnd;
 
 /// Request lengths: A spans four blocks, B two.
 const LENS: [usize; 2] = [200, 90];
-
-fn gpu() -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 /// max |a - b| / max |b|.
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {
@@ -224,7 +214,7 @@ fn layers() -> [Layer; 2] {
 /// states within f32 rounding.
 #[test]
 fn chunked_matches_token_serial() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = test_gpu() else { return };
     let both = [(0, 0, LENS[0]), (1, 0, LENS[1])];
     for layer in layers() {
         let (s_serial, s_chunked) = (layer.state(&gpu), layer.state(&gpu));
@@ -252,7 +242,7 @@ fn chunked_matches_token_serial() {
 /// A cut at position 64 gives the same bits as one pass.
 #[test]
 fn chunked_continues_from_state() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = test_gpu() else { return };
     let (a, w) = (LENS[0], |l: &Layer| l.out_width);
     for layer in layers() {
         let one = layer.state(&gpu);
