@@ -167,6 +167,12 @@ fn check_chunk(
     Ok(())
 }
 
+/// Positions per block of the chunked recurrences (CUDA's chunked.cu / chunked_mma.cu): a
+/// block is cut at absolute positions that are multiples of this, so the scheduler ends a
+/// hybrid request's budget-cut prefill chunks at such a multiple when it can (DESIGN.md,
+/// "Byte-identical results" (c)); a request split elsewhere gives two partial blocks.
+pub const RECURRENT_BLOCK: usize = 64;
+
 /// One request's rows in a packed batch, and its state slot.
 #[derive(Debug, Clone)]
 pub struct SeqState {

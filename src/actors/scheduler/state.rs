@@ -9,6 +9,7 @@ use crate::actors::messages::{
     FinishedRequest, NewRequestData, PlannedChunk, Request, RequestId, SlotCopy, StepOutput,
     StepPlan,
 };
+use crate::kernels::plan::RECURRENT_BLOCK;
 
 /// What the actor must do after a state change: messages to the other actors.
 #[derive(Debug, Default)]
@@ -53,13 +54,28 @@ impl Running {
             let to_snapshot = self
                 .next_snapshot()
                 .map_or(usize::MAX, |(p, _)| p - self.computed);
-            let len = (prompt - self.computed).min(budget).min(to_snapshot);
+            let mut len = (prompt - self.computed).min(budget).min(to_snapshot);
+            if len == budget && len < (prompt - self.computed).min(to_snapshot) {
+                len = self.aligned_cut(len);
+            }
             let sample = self.computed + len == prompt && wanted >= 1;
             return (len > 0).then_some((self.computed, len, sample));
         }
         let known = prompt + self.generated.len();
         let decode = self.computed < known && self.generated.len() < wanted;
         (decode && budget > 0).then_some((self.computed, 1, true))
+    }
+
+    /// A chunk of `len` tokens cut by the step budget, shortened to end at a multiple of
+    /// [`RECURRENT_BLOCK`] where the request has recurrent state and that leaves a chunk: the
+    /// chunked recurrences then see the same blocks as in one pass.
+    fn aligned_cut(&self, len: usize) -> usize {
+        let end = self.computed + len;
+        let aligned = end - end % RECURRENT_BLOCK;
+        match self.grant.state_slot {
+            Some(_) if aligned > self.computed => aligned - self.computed,
+            _ => len,
+        }
     }
 
     /// The first snapshot (position, slot) past the computed tokens (hybrid prefix reuse).
@@ -533,3 +549,7 @@ mod tests;
 #[cfg(test)]
 #[path = "prefix_wait_tests.rs"]
 mod prefix_wait_tests;
+
+#[cfg(test)]
+#[path = "hybrid_chunk_tests.rs"]
+mod hybrid_chunk_tests;

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use super::*;
 
-fn limits(budget: usize, seqs: usize) -> SchedulerLimits {
+pub(super) fn limits(budget: usize, seqs: usize) -> SchedulerLimits {
     SchedulerLimits {
         max_num_batched_tokens: budget,
         max_num_seqs: seqs,
@@ -16,7 +16,7 @@ fn limits(budget: usize, seqs: usize) -> SchedulerLimits {
     }
 }
 
-fn req(id: &str, len: usize, max_tokens: u32) -> Request {
+pub(super) fn req(id: &str, len: usize, max_tokens: u32) -> Request {
     Request {
         id: RequestId::new(id).unwrap(),
         prompt: (0..len as u32).map(|t| t % 50).collect::<Vec<_>>().into(),
@@ -34,12 +34,12 @@ fn grant(block: u32) -> Grant {
     }
 }
 
-fn id(s: &str) -> RequestId {
+pub(super) fn id(s: &str) -> RequestId {
     RequestId::new(s).unwrap()
 }
 
 /// Grants every candidate a dummy block list, plans, and returns the plan.
-fn step(s: &mut SchedulerState) -> Option<StepPlan> {
+pub(super) fn step(s: &mut SchedulerState) -> Option<StepPlan> {
     let granted = s
         .admission_candidates()
         .into_iter()
@@ -49,7 +49,7 @@ fn step(s: &mut SchedulerState) -> Option<StepPlan> {
 }
 
 /// Output that samples token 7 for every sampling chunk.
-fn output_for(plan: &StepPlan) -> StepOutput {
+pub(super) fn output_for(plan: &StepPlan) -> StepOutput {
     StepOutput {
         step: plan.step,
         sampled: plan
@@ -62,7 +62,7 @@ fn output_for(plan: &StepPlan) -> StepOutput {
     }
 }
 
-fn chunk_shape(plan: &StepPlan) -> Vec<(String, usize, usize, bool)> {
+pub(super) fn chunk_shape(plan: &StepPlan) -> Vec<(String, usize, usize, bool)> {
     plan.chunks
         .iter()
         .map(|c| (c.id.to_string(), c.start, c.len, c.sample))
@@ -560,36 +560,4 @@ fn prefix_hit_starts_after_the_cached_tokens_and_hands_over_their_rows() {
     let fx = s.apply(&output_for(&plan));
     assert_eq!(s.stats().tokens_computed, 8);
     assert_eq!(fx.finished[0].token_ids.len(), 40);
-}
-
-#[test]
-fn hybrid_chunks_end_at_snapshot_positions_and_carry_the_slot_copies() {
-    use crate::actors::messages::SlotCopy;
-    let mut s = SchedulerState::new(limits(100, 4));
-    s.submit(req("a", 40, 1)).unwrap();
-    let hit = Grant {
-        blocks: vec![5, 6, 7],
-        state_slot: Some(1),
-        cached_tokens: 8,
-        prefix_rows: vec![vec![0u8; 4].into()],
-        restore_from: Some(9),
-        snapshots: vec![(16, 10), (32, 11)],
-    };
-    let plan = s.plan_step(vec![(id("a"), hit)]).unwrap();
-    // The restore goes before the first chunk, which ends at the first snapshot position.
-    assert_eq!(chunk_shape(&plan), vec![("a".into(), 8, 8, false)]);
-    assert_eq!(plan.restores, vec![SlotCopy { from: 9, to: 1 }]);
-    assert_eq!(plan.snapshots, vec![SlotCopy { from: 1, to: 10 }]);
-    s.apply(&output_for(&plan));
-    let plan = step(&mut s).unwrap();
-    assert_eq!(chunk_shape(&plan), vec![("a".into(), 16, 16, false)]);
-    assert!(plan.restores.is_empty());
-    assert_eq!(plan.snapshots, vec![SlotCopy { from: 1, to: 11 }]);
-    s.apply(&output_for(&plan));
-    let plan = step(&mut s).unwrap();
-    assert_eq!(chunk_shape(&plan), vec![("a".into(), 32, 8, true)]);
-    assert!(plan.snapshots.is_empty());
-    let fx = s.apply(&output_for(&plan));
-    assert_eq!(fx.finished.len(), 1);
-    assert_eq!(s.stats().tokens_computed, 32);
 }
