@@ -7,7 +7,7 @@
 #   bench/gpu_check.sh OUT_DIR 0 profile    # only the profile below
 #   bench/gpu_check.sh OUT_DIR 0 hybrid     # the Qwen3.5 hybrid bench row and its profile
 #   bench/gpu_check.sh OUT_DIR 0 recurrent  # the chunked recurrences: tests, hybrid bench,
-#                                           # A/B against the token-serial kernels, profile
+#                                           # A/B tensor-core vs f32 state passes, profile
 #   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
@@ -102,15 +102,15 @@ hybrid() {
     tail -25 "$out/hybrid.log"
     profile /tmp/hsx-q35 qwen35_9b 2,16,29,32
 }
-# The hybrid kernels (chunked.cu's recurrences, the tensor-core attention at head dim 256):
-# their tests and the parity suite, the sanitizer on the hybrid fixtures and the attention
-# tests, the hybrid bench row with transformers, then the token-serial recurrences and the
-# CUDA-core attention on the same prompts (HSX_CUDA_RECURRENT=serial HSX_CUDA_ATTENTION=simt):
-# files compared, speed; and where one step's GPU time goes.
+# The hybrid kernels (chunked.cu's recurrences, chunked_mma.cu's tensor-core state passes, the
+# tensor-core attention at head dim 256): their tests and the parity suite, the sanitizer on the
+# hybrid fixtures and the kernel tests, the hybrid bench row with transformers (bf16: the
+# tensor-core state passes), then the f32 state passes on the same prompts
+# (HSX_CUDA_RECURRENT=chunked): files compared, speed; and where one step's GPU time goes.
 recurrent() {
     local m=/tmp/hsx-q35 t="--test-threads 8 --nocapture" k
     step lib 120 gpu/libtests kernels::cuda $t
-    grep -E "^test result|FAILED|panicked|chunked vs|cut at|hd 256" "$out/lib.log" | head -20
+    grep -E "^test result|FAILED|panicked|vs token|cut at|hd 256" "$out/lib.log" | head -24
     step hybrid 300 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
         --work $m --shape qwen35_9b --tokens 30000 --long 16384 --peer-max-seconds 30
     tail -16 "$out/hybrid.log"
@@ -119,11 +119,11 @@ recurrent() {
         gpu_cfg $m/model "2, 16, 29, 32" 16384 ab-$k
     done
     step ab 120 gpu/hsx extract --config /tmp/ab-new.toml --input /tmp/p4.jsonl --quiet
-    HSX_CUDA_RECURRENT=serial HSX_CUDA_ATTENTION=simt step ab 120 gpu/hsx extract \
+    HSX_CUDA_RECURRENT=chunked step ab 120 gpu/hsx extract \
         --config /tmp/ab-old.toml --input /tmp/p4.jsonl --quiet
     step ab 60 python3 bench/gpu_compare.py /tmp/ab-old /tmp/ab-new --tol 5e-2
     rm -rf /tmp/ab-old
-    HSX_BENCH_DISCARD_OUTPUT=1 HSX_CUDA_RECURRENT=serial step ab 120 gpu/hsx extract \
+    HSX_BENCH_DISCARD_OUTPUT=1 HSX_CUDA_RECURRENT=chunked step ab 120 gpu/hsx extract \
         --config /tmp/ab-old.toml --input $m/prompts.jsonl --quiet
     grep -E "tokens/s|worst" "$out/ab.log"
     step models 200 gpu/models cuda $t
@@ -133,9 +133,13 @@ recurrent() {
         step memcheck 100 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
             gpu/hsx extract --config /tmp/m-$k.toml --input tests/fixtures/prompts.jsonl
     done
-    step memcheck 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-        gpu/libtests attention_tests --test-threads 1
-    grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
+    for k in attention_tests recurrent_chunked; do
+        step memcheck 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+            gpu/libtests $k --test-threads 1
+    done
+    step memcheck 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        gpu/libtests recurrent_chunked --test-threads 1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|test result" "$out/memcheck.log"
     profile $m qwen35_9b 2,16,29,32
 }
 # Where the Gated DeltaNet state pass (gdn_chunk_state_f32) stalls: ncu's throughput,

@@ -1,5 +1,5 @@
 //! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Qwen3.5-MoE, Nemotron-H with
-//! and without MoE blocks, Qwen3.5 bf16) against the CPU backend and the transformers
+//! and without MoE blocks, Qwen3.5 and Nemotron-H bf16) against the CPU backend and the transformers
 //! references: every layer id, one pass vs chunked prefill (pieces of 1, 7, 61 tokens) vs
 //! several requests' chunks packed in one batch,
 //! recurrent-state slots reused after an abandoned request, bad slots rejected.
@@ -24,7 +24,7 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 7] = [
+const MODELS: [(&str, usize); 8] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
@@ -32,6 +32,7 @@ const MODELS: [(&str, usize); 7] = [
     ("nemotron_h_moe", 6),
     ("nemotron_h_latent", 6),
     ("qwen3_5_bf16", 4),
+    ("nemotron_h_bf16", 6),
 ];
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 1024;

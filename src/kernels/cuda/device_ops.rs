@@ -15,6 +15,7 @@ use super::kv_cache::{DevKvCache, DevSoftmax, QkvRows};
 use super::moe::{self, CombineIo};
 use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
+use super::recurrent_chunked::Recurrence;
 use crate::kernels::device::{AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaParams};
 use crate::kernels::routing::Routing;
 
@@ -35,6 +36,11 @@ fn indices(v: &[i32], limit: usize, what: &str) -> DevResult<()> {
 }
 
 impl CudaDevice {
+    /// The form of the recurrences for this model's weights on this GPU.
+    fn recurrence(&self) -> Recurrence {
+        Recurrence::pick(self.dtype, self.gpu.info.compute_capability)
+    }
+
     pub(super) fn attention_op(
         &self,
         step: &CudaStep<'_>,
@@ -199,7 +205,12 @@ impl CudaDevice {
             state: states.ssm(layer)?,
             out: out.ptr(),
         };
-        Ok(recurrent::gated_delta(&self.gpu, io, seqs)?)
+        Ok(recurrent::gated_delta(
+            &self.gpu,
+            io,
+            seqs,
+            self.recurrence(),
+        )?)
     }
 
     /// The two gated norms: per head of `w.len()` values (`group` None, Gated DeltaNet
@@ -300,7 +311,12 @@ impl CudaDevice {
             state: states.ssm(layer)?,
             y: out.ptr(),
         };
-        Ok(recurrent::mamba2_scan(&self.gpu, io, seqs)?)
+        Ok(recurrent::mamba2_scan(
+            &self.gpu,
+            io,
+            seqs,
+            self.recurrence(),
+        )?)
     }
 
     /// Softmax top-k on the device, the choice copied back (one wait for the compute stream

@@ -26,6 +26,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gated_delta", include_str!("gated_delta.cu")),
     ("mamba2", include_str!("mamba2.cu")),
     ("chunked", include_str!("chunked.cu")),
+    ("chunked_mma", include_str!("chunked_mma.cu")),
     ("moe", include_str!("moe.cu")),
     ("moe_grouped", include_str!("moe_grouped.cu")),
     ("gated_attn", include_str!("gated_attn.cu")),

@@ -372,13 +372,8 @@ const COLS_PER_BLOCK: usize = 16;
 /// Largest dk (GDN) / d_state (Mamba-2) the register-resident kernels hold.
 pub const MAX_STATE_DIM: usize = super::limits::MAX_STATE_DIM;
 
-/// l2norm of q and k, then the gated delta rule in the form [`Recurrence::from_env`] picks.
-pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs) -> CudaResult<()> {
-    gated_delta_with(gpu, g, seqs, Recurrence::from_env())
-}
-
 /// l2norm of q and k, then the gated delta rule token by token or in blocks.
-pub fn gated_delta_with(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
+pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
     let t = seqs.num_tokens;
     if t == 0 {
         return Ok(());
@@ -410,8 +405,8 @@ pub fn gated_delta_with(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -
         dk,
         scale
     )?;
-    if form == Recurrence::Chunked {
-        return chunked::gated_delta(gpu, &g, seqs, stride);
+    if form != Recurrence::Serial {
+        return chunked::gated_delta(gpu, &g, seqs, stride, form);
     }
     launch!(
         gpu,
@@ -458,13 +453,8 @@ pub struct MambaIo {
     pub y: u64,
 }
 
-/// The Mamba-2 selective scan in the form [`Recurrence::from_env`] picks.
-pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs) -> CudaResult<()> {
-    mamba2_scan_with(gpu, m, seqs, Recurrence::from_env())
-}
-
 /// The Mamba-2 selective scan, token by token or in blocks.
-pub fn mamba2_scan_with(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
+pub fn mamba2_scan(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs, form: Recurrence) -> CudaResult<()> {
     if seqs.num_tokens == 0 {
         return Ok(());
     }
@@ -476,8 +466,8 @@ pub fn mamba2_scan_with(gpu: &Gpu, m: MambaIo, seqs: &DevSeqs, form: Recurrence)
     }
     let inner = m.heads * m.head_dim;
     let stride = i32_of(inner + 2 * m.groups * m.d_state, "xBC width")?;
-    if form == Recurrence::Chunked {
-        return chunked::mamba2_scan(gpu, &m, seqs, stride);
+    if form != Recurrence::Serial {
+        return chunked::mamba2_scan(gpu, &m, seqs, stride, form);
     }
     launch!(
         gpu,

@@ -1,6 +1,6 @@
-//! The chunked forms of the Gated DeltaNet and Mamba-2 recurrences (chunked.cu): the blocks a
-//! batch's chunks are cut into, and the launchers. Which form runs is [`Recurrence`]
-//! (`HSX_CUDA_RECURRENT=serial` keeps the token-serial kernels, for A/B).
+//! The chunked forms of the Gated DeltaNet and Mamba-2 recurrences (chunked.cu, and the state
+//! passes on the tensor cores in chunked_mma.cu): the blocks a batch's chunks are cut into, and
+//! the launchers. Which form runs is [`Recurrence`].
 //!
 //! A block is the rows of one chunk inside one window of [`CHUNK`] absolute positions, so a
 //! request's blocks do not move when the scheduler splits its prefill at a multiple of
@@ -13,30 +13,82 @@ use std::sync::OnceLock;
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, LaunchConfig, launch};
 use super::ops::i32_of;
 use super::recurrent::{DevSeqs, GdnIo, MambaIo, scan_cfg, u32_of};
-use crate::kernels::plan::SeqState;
+use crate::kernels::dtype::WeightDtype;
+use crate::kernels::plan::{RECURRENT_BLOCK, SeqState};
 
-/// Rows per block: `GC` of chunked.cu (a test reads it there).
-pub const CHUNK: usize = 64;
-/// Threads per block of the chunked kernels (`GC_THREADS`).
+/// Rows per block: `GC` of chunked.cu and `CM_ROWS` of chunked_mma.cu (a test reads both).
+pub const CHUNK: usize = RECURRENT_BLOCK;
+/// Threads per block of the chunked kernels (`GC_THREADS`, `CM_THREADS`).
 const THREADS: u32 = 128;
+/// State columns per block of the tensor-core state passes (`CM_COLS`).
+const MMA_COLS: usize = 32;
+/// Largest key dim (d_state) of the tensor-core state passes (`CM_MAXK`).
+const MMA_MAX_K: usize = 128;
 
 /// Which form of the recurrences runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recurrence {
     /// Token by token (gated_delta.cu, mamba2.cu).
     Serial,
-    /// In blocks of [`CHUNK`] rows (chunked.cu), the default.
+    /// In blocks of [`CHUNK`] rows (chunked.cu), f32 on the CUDA cores.
     Chunked,
+    /// In blocks, the state passes' products on the tensor cores with bf16 operands and f32
+    /// accumulation (chunked_mma.cu) where the key dim allows ([`Recurrence::tensor_fits`]),
+    /// the rest as [`Recurrence::Chunked`].
+    Tensor,
 }
 
 impl Recurrence {
-    /// `HSX_CUDA_RECURRENT` (`serial` or `chunked`), read once; chunked when unset.
-    pub fn from_env() -> Self {
-        static CHOICE: OnceLock<Recurrence> = OnceLock::new();
-        *CHOICE.get_or_init(|| match std::env::var("HSX_CUDA_RECURRENT").as_deref() {
-            Ok("serial") => Recurrence::Serial,
-            _ => Recurrence::Chunked,
-        })
+    /// `HSX_CUDA_RECURRENT` (`serial`, `chunked` or `tensor`); unset: `tensor` for bf16
+    /// weights on sm_80 or newer (whose states the transformers reference computes from bf16
+    /// projections anyway), else `chunked` (f32 models keep f32 products: their tolerance is
+    /// 1e-4).
+    pub fn pick(dtype: WeightDtype, compute_capability: (i32, i32)) -> Self {
+        static FORCED: OnceLock<Option<Recurrence>> = OnceLock::new();
+        let forced = FORCED.get_or_init(|| match std::env::var("HSX_CUDA_RECURRENT").as_deref() {
+            Ok("serial") => Some(Recurrence::Serial),
+            Ok("chunked") => Some(Recurrence::Chunked),
+            Ok("tensor") => Some(Recurrence::Tensor),
+            _ => None,
+        });
+        forced.unwrap_or_else(|| Self::default_for(dtype, compute_capability))
+    }
+
+    fn default_for(dtype: WeightDtype, compute_capability: (i32, i32)) -> Self {
+        if dtype == WeightDtype::Bf16 && compute_capability >= (8, 0) {
+            Recurrence::Tensor
+        } else {
+            Recurrence::Chunked
+        }
+    }
+
+    /// Whether the tensor-core state pass takes a key dim (d_state) of `dk`.
+    pub fn tensor_fits(dk: usize) -> bool {
+        dk > 0 && dk.is_multiple_of(16) && dk <= MMA_MAX_K
+    }
+
+    /// The state pass `self` runs at key dim `dk`: the tensor-core kernel's name and grid
+    /// (columns / [`MMA_COLS`] blocks), or the f32 one's.
+    fn state_pass(
+        self,
+        dk: usize,
+        f32_name: &'static str,
+        mma_name: &'static str,
+        (cols, heads, seqs): (usize, usize, usize),
+    ) -> CudaResult<(&'static str, LaunchConfig)> {
+        if self == Recurrence::Tensor && Self::tensor_fits(dk) {
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32_of(cols.div_ceil(MMA_COLS), "column blocks")?,
+                    u32_of(heads, "heads")?,
+                    u32_of(seqs, "chunks")?,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return Ok((mma_name, cfg));
+        }
+        Ok((f32_name, scan_cfg((cols, "column blocks"), heads, seqs)?))
     }
 }
 
@@ -104,7 +156,13 @@ fn per_block_cfg(blocks: usize, heads: usize) -> CudaResult<LaunchConfig> {
 
 /// The gated delta rule in blocks (q and k already normalised); `stride` is the qkv row
 /// width. Scratch: W, U (then v_new) and the blocks' log-decays.
-pub fn gated_delta(gpu: &Gpu, g: &GdnIo, seqs: &DevSeqs, stride: i32) -> CudaResult<()> {
+pub fn gated_delta(
+    gpu: &Gpu,
+    g: &GdnIo,
+    seqs: &DevSeqs,
+    stride: i32,
+    form: Recurrence,
+) -> CudaResult<()> {
     let (t, blk) = (seqs.num_tokens, &seqs.blocks);
     let w: DevBuf<f32> = gpu.zeros(t * g.nv * g.dk)?;
     let u: DevBuf<f32> = gpu.zeros(t * g.nv * g.dv)?;
@@ -133,10 +191,16 @@ pub fn gated_delta(gpu: &Gpu, g: &GdnIo, seqs: &DevSeqs, stride: i32) -> CudaRes
         dk,
         dv
     )?;
+    let (state_pass, state_cfg) = form.state_pass(
+        g.dk,
+        "gdn_chunk_state_f32",
+        "gdn_chunk_state_mma",
+        (g.dv, g.nv, seqs.num_seqs),
+    )?;
     launch!(
         gpu,
-        "gdn_chunk_state_f32",
-        scan_cfg((g.dv, "dv blocks"), g.nv, seqs.num_seqs)?,
+        state_pass => "gdn_chunk_state_f32",
+        state_cfg,
         g.qkv,
         stride,
         w.ptr(),
@@ -174,7 +238,13 @@ pub fn gated_delta(gpu: &Gpu, g: &GdnIo, seqs: &DevSeqs, stride: i32) -> CudaRes
 
 /// The Mamba-2 scan in blocks; `stride` is the xBC row width. Scratch: dt and the blocks'
 /// log-decays.
-pub fn mamba2_scan(gpu: &Gpu, m: &MambaIo, seqs: &DevSeqs, stride: i32) -> CudaResult<()> {
+pub fn mamba2_scan(
+    gpu: &Gpu,
+    m: &MambaIo,
+    seqs: &DevSeqs,
+    stride: i32,
+    form: Recurrence,
+) -> CudaResult<()> {
     let (t, blk) = (seqs.num_tokens, &seqs.blocks);
     let dts: DevBuf<f32> = gpu.zeros(t * m.heads)?;
     let acum: DevBuf<f32> = gpu.zeros(t * m.heads)?;
@@ -213,10 +283,16 @@ pub fn mamba2_scan(gpu: &Gpu, m: &MambaIo, seqs: &DevSeqs, stride: i32) -> CudaR
         i32_of(blk.num, "blocks")?,
         heads
     )?;
+    let (state_pass, state_cfg) = form.state_pass(
+        m.d_state,
+        "mamba2_chunk_state_f32",
+        "mamba2_chunk_state_mma",
+        (m.head_dim, m.heads, seqs.num_seqs),
+    )?;
     launch!(
         gpu,
-        "mamba2_chunk_state_f32",
-        scan_cfg((m.head_dim, "head_dim blocks"), m.heads, seqs.num_seqs)?,
+        state_pass => "mamba2_chunk_state_f32",
+        state_cfg,
         m.xbc,
         stride,
         dts.ptr(),
@@ -275,15 +351,48 @@ mod tests {
         assert_eq!(Blocks::of(&[]).unwrap(), Blocks::default());
     }
 
-    /// `CHUNK` is chunked.cu's `GC`, the size of its shared-memory tiles.
+    /// The constants here are the kernels': chunked.cu's `GC` and `GC_THREADS`,
+    /// chunked_mma.cu's `CM_ROWS`, `CM_THREADS`, `CM_COLS` and `CM_MAXK`.
     #[test]
-    fn chunk_is_the_kernels_block() {
-        let src = include_str!("chunked.cu");
-        assert!(
-            src.contains(&format!("#define GC {CHUNK} ")),
-            "chunked.cu's GC is not {CHUNK}"
-        );
-        assert!(src.contains(&format!("#define GC_THREADS {THREADS}\n")));
+    fn constants_are_the_kernels() {
+        let f32_src = include_str!("chunked.cu");
+        assert!(f32_src.contains(&format!("#define GC {CHUNK} ")));
+        assert!(f32_src.contains(&format!("#define GC_THREADS {THREADS}\n")));
+        let mma_src = include_str!("chunked_mma.cu");
+        for (name, v) in [
+            ("CM_ROWS", CHUNK),
+            ("CM_THREADS", THREADS as usize),
+            ("CM_COLS", MMA_COLS),
+            ("CM_MAXK", MMA_MAX_K),
+        ] {
+            assert!(
+                mma_src.contains(&format!("#define {name} {v}")),
+                "chunked_mma.cu's {name} is not {v}"
+            );
+        }
+    }
+
+    /// bf16 weights on sm_80+ take the tensor-core state passes; f32 and f16 weights, and
+    /// older GPUs, the f32 ones; the tensor-core kernels take key dims that are multiples of
+    /// 16 up to 128.
+    #[test]
+    fn tensor_form_where_it_applies() {
+        use WeightDtype::{Bf16, F16, F32};
+        assert_eq!(Recurrence::default_for(Bf16, (9, 0)), Recurrence::Tensor);
+        assert_eq!(Recurrence::default_for(Bf16, (8, 0)), Recurrence::Tensor);
+        assert_eq!(Recurrence::default_for(Bf16, (7, 5)), Recurrence::Chunked);
+        assert_eq!(Recurrence::default_for(F32, (9, 0)), Recurrence::Chunked);
+        assert_eq!(Recurrence::default_for(F16, (9, 0)), Recurrence::Chunked);
+        let fits: Vec<usize> = (0..=256).filter(|&d| Recurrence::tensor_fits(d)).collect();
+        assert_eq!(fits, [16, 32, 48, 64, 80, 96, 112, 128]);
+        let tensor = Recurrence::Tensor;
+        let cfg = |dk| tensor.state_pass(dk, "f32", "mma", (100, 3, 2)).unwrap();
+        assert_eq!((cfg(128).0, cfg(128).1.grid_dim), ("mma", (4, 3, 2)));
+        assert_eq!(cfg(256).0, "f32");
+        let chunked = Recurrence::Chunked
+            .state_pass(128, "f32", "mma", (100, 3, 2))
+            .unwrap();
+        assert_eq!(chunked.0, "f32");
     }
 }
 
