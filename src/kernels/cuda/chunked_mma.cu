@@ -39,24 +39,51 @@
 
 typedef float cm_acc[2][CM_COLS / 8][4];
 
+// The staging loops below issue CM_BATCH items' loads per thread before any of their stores,
+// so that the loads' latency overlaps (the compiler would not move a load above a store).
+#define CM_BATCH 8
+
 // dst[r][c / 2] = (src_r[c], src_r[c + 1]) as bf16 for r < CM_ROWS, c < d (rows >= L zero).
 __device__ void cm_stage_rows(const float* src, long long stride, int L, int d, unsigned* dst) {
-    const int pairs = d / 2;
-    for (int e = threadIdx.x; e < CM_ROWS * pairs; e += CM_THREADS) {
-        const int r = e / pairs, c = 2 * (e % pairs);
-        const float* p = src + r * stride + c;
-        dst[r * CM_KW + c / 2] = r < L ? pack_bf16(p[0], p[1]) : 0u;
+    const int pairs = d / 2, items = CM_ROWS * pairs;
+    for (int e0 = threadIdx.x; e0 < items; e0 += CM_BATCH * CM_THREADS) {
+        float lo[CM_BATCH], hi[CM_BATCH];
+#pragma unroll
+        for (int b = 0; b < CM_BATCH; ++b) {
+            const int e = e0 + b * CM_THREADS, r = e / pairs, c = 2 * (e % pairs);
+            const bool ok = e < items && r < L;
+            lo[b] = ok ? src[r * stride + c] : 0.0f;
+            hi[b] = ok ? src[r * stride + c + 1] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < CM_BATCH; ++b) {
+            const int e = e0 + b * CM_THREADS;
+            if (e < items) {
+                dst[(e / pairs) * CM_KW + e % pairs] = pack_bf16(lo[b], hi[b]);
+            }
+        }
     }
 }
 
 // dst[c][r / 2] = (src_r[c], src_(r+1)[c]) as bf16 for c < d, r < CM_ROWS (rows >= L zero):
 // the keys transposed, the A operand of the update.
 __device__ void cm_stage_keys(const float* src, long long stride, int L, int d, unsigned* dst) {
-    for (int e = threadIdx.x; e < (CM_ROWS / 2) * d; e += CM_THREADS) {
-        const int r = 2 * (e / d), c = e % d;
-        const float lo = r < L ? src[r * stride + c] : 0.0f;
-        const float hi = r + 1 < L ? src[(r + 1) * stride + c] : 0.0f;
-        dst[c * CM_LW + r / 2] = pack_bf16(lo, hi);
+    const int items = (CM_ROWS / 2) * d;
+    for (int e0 = threadIdx.x; e0 < items; e0 += CM_BATCH * CM_THREADS) {
+        float lo[CM_BATCH], hi[CM_BATCH];
+#pragma unroll
+        for (int b = 0; b < CM_BATCH; ++b) {
+            const int e = e0 + b * CM_THREADS, r = 2 * (e / d), c = e % d;
+            lo[b] = e < items && r < L ? src[r * stride + c] : 0.0f;
+            hi[b] = e < items && r + 1 < L ? src[(r + 1) * stride + c] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < CM_BATCH; ++b) {
+            const int e = e0 + b * CM_THREADS;
+            if (e < items) {
+                dst[(e % d) * CM_LW + e / d] = pack_bf16(lo[b], hi[b]);
+            }
+        }
     }
 }
 
@@ -214,28 +241,45 @@ extern "C" __global__ void gdn_chunk_state_mma(
         __syncthreads();
         // v_new = U - W S and out = e^G (q S) for rows 16 warp .. + 16; V^T for the update.
         if (16 * warp < L) {
-            float vp[CM_COLS / 8][4], qs[CM_COLS / 8][4];
+            float vp[CM_COLS / 8][4], qs[CM_COLS / 8][4], un[CM_COLS / 8][4];
+            const int rows[2] = {16 * warp + gl, 16 * warp + gl + 8};
+            // U first, all of it: the stores of v_new below go to the same buffer.
+#pragma unroll
+            for (int n = 0; n < CM_COLS / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = rows[e >> 1], j = c0 + 8 * n + 2 * q + (e & 1);
+                    un[n][e] = r < L && j < dv
+                                   ? u[(size_t)(r0 + r) * wide_v + (size_t)h * dv + j]
+                                   : 0.0f;
+                }
+            }
             cm_rows_times_state(ops, st, dk, vp);
             cm_rows_times_state(ops + CM_ROWS * CM_KW, st, dk, qs);
+            float e_out[2], e_upd[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = min(rows[i], L - 1);
+                e_out[i] = expf(gs[r]);
+                e_upd[i] = expf(gs[L - 1] - gs[r]);
+            }
 #pragma unroll
             for (int n = 0; n < CM_COLS / 8; ++n) {
                 float vn[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int r = 16 * warp + gl + 8 * (e >> 1);
-                    const int j = c0 + 8 * n + 2 * q + (e & 1);
+                    const int r = rows[e >> 1], j = c0 + 8 * n + 2 * q + (e & 1);
                     vn[e] = 0.0f;
                     if (r < L && j < dv) {
                         const size_t at = (size_t)(r0 + r) * wide_v + (size_t)h * dv + j;
-                        const float v_new = u[at] - vp[n][e];
+                        const float v_new = un[n][e] - vp[n][e];
                         u[at] = v_new;
-                        out[at] = expf(gs[r]) * qs[n][e];
-                        vn[e] = expf(gs[L - 1] - gs[r]) * v_new;
+                        out[at] = e_out[e >> 1] * qs[n][e];
+                        vn[e] = e_upd[e >> 1] * v_new;
                     }
                 }
-                const int r = 16 * warp + gl, c = 8 * n + 2 * q;
-                cm_put_transposed(vt, CM_LW, r, c, vn[0], vn[1]);
-                cm_put_transposed(vt, CM_LW, r + 8, c, vn[2], vn[3]);
+                cm_put_transposed(vt, CM_LW, rows[0], 8 * n + 2 * q, vn[0], vn[1]);
+                cm_put_transposed(vt, CM_LW, rows[1], 8 * n + 2 * q, vn[2], vn[3]);
             }
         } else {
             for (int e = lane; e < CM_COLS * 8; e += 32) {  // rows past L: zero coefficients
@@ -297,26 +341,41 @@ extern "C" __global__ void mamba2_chunk_state_mma(
         __syncthreads();
         // y = e^A (C S^T) + D x for rows 16 warp .. + 16; V^T for the update.
         if (16 * warp < L) {
-            float cs[CM_COLS / 8][4];
+            float cs[CM_COLS / 8][4], xs[CM_COLS / 8][4];
+            const int rows[2] = {16 * warp + gl, 16 * warp + gl + 8};
+#pragma unroll
+            for (int n = 0; n < CM_COLS / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = rows[e >> 1], p = c0 + 8 * n + 2 * q + (e & 1);
+                    xs[n][e] = r < L && p < head_dim
+                                   ? row0[(size_t)r * xbc_stride + (size_t)h * head_dim + p]
+                                   : 0.0f;
+                }
+            }
             cm_rows_times_state(ops, st, d_state, cs);
+            float e_out[2], e_upd[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = min(rows[i], L - 1);
+                e_out[i] = expf(as[r]);
+                e_upd[i] = expf(as[L - 1] - as[r]) * ds[r];
+            }
 #pragma unroll
             for (int n = 0; n < CM_COLS / 8; ++n) {
                 float cf[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int r = 16 * warp + gl + 8 * (e >> 1);
-                    const int p = c0 + 8 * n + 2 * q + (e & 1);
+                    const int r = rows[e >> 1], p = c0 + 8 * n + 2 * q + (e & 1);
                     cf[e] = 0.0f;
                     if (r < L && p < head_dim) {
-                        const float xp = row0[(size_t)r * xbc_stride + (size_t)h * head_dim + p];
                         y[(size_t)(r0 + r) * inner + (size_t)h * head_dim + p] =
-                            fmaf(dh, xp, expf(as[r]) * cs[n][e]);
-                        cf[e] = expf(as[L - 1] - as[r]) * ds[r] * xp;
+                            fmaf(dh, xs[n][e], e_out[e >> 1] * cs[n][e]);
+                        cf[e] = e_upd[e >> 1] * xs[n][e];
                     }
                 }
-                const int r = 16 * warp + gl, c = 8 * n + 2 * q;
-                cm_put_transposed(vt, CM_LW, r, c, cf[0], cf[1]);
-                cm_put_transposed(vt, CM_LW, r + 8, c, cf[2], cf[3]);
+                cm_put_transposed(vt, CM_LW, rows[0], 8 * n + 2 * q, cf[0], cf[1]);
+                cm_put_transposed(vt, CM_LW, rows[1], 8 * n + 2 * q, cf[2], cf[3]);
             }
         } else {
             for (int e = lane; e < CM_COLS * 8; e += 32) {  // rows past L: zero coefficients
