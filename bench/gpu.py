@@ -12,7 +12,8 @@ Build both binaries on the development machine (`cargo build --release --feature
 --bin hsx --example random_model`; the GPU machines have no package registry) and run this
 there. Standard library only. Steps:
   1. the model: `random_model WORK/model --shape S` (bf16; skipped when config.json is there;
-     `--shape qwen35_9b` is a 9B-class Qwen3.5 hybrid);
+     `--shape qwen35_9b` is a 9B-class Qwen3.5 hybrid, `--shape nemotronh_8b` Nemotron-H-8B's
+     geometry, Mamba-2 hybrid);
   2. prompts: bench/make_prompts.py, lengths log-uniform in [min-len, max-len];
   3. hsx extract writing files, then compute-only (HSX_BENCH_DISCARD_OUTPUT=1);
      tok/s, MFU = model FLOPs / s / the GPU's dense bf16 peak, peak device memory

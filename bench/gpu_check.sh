@@ -8,6 +8,7 @@
 #   bench/gpu_check.sh OUT_DIR 0 hybrid     # the Qwen3.5 hybrid bench row and its profile
 #   bench/gpu_check.sh OUT_DIR 0 recurrent  # the chunked recurrences: tests, hybrid bench,
 #                                           # A/B tensor-core vs f32 state passes, profile
+#   bench/gpu_check.sh OUT_DIR 0 mamba      # the Nemotron-H (Mamba-2) bench row, A/B, profile
 #   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
@@ -142,9 +143,26 @@ recurrent() {
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|test result" "$out/memcheck.log"
     profile $m qwen35_9b 2,16,29,32
 }
-# Where the Gated DeltaNet state pass (gdn_chunk_state_f32) stalls: ncu's throughput,
-# occupancy, warp-state and memory sections over two of its launches in a 4-layer model of the
-# hybrid bench's shape (two 4,096-token prompts in one step); the chunked tests first.
+# The Mamba-2 row: Nemotron-H-8B's geometry (random bf16 weights; EAGLE-3's layers 2, 26, 49,
+# 52), hsx and transformers (as installed there: without mamba_ssm it runs its torch
+# fallback), then the f32 state pass on the same prompts (HSX_CUDA_RECURRENT=chunked,
+# compute-only), and where one step's GPU time goes.
+mamba() {
+    local m=/tmp/hsx-nh
+    step mamba 300 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+        --work $m --shape nemotronh_8b --tokens 30000 --long 16384 --layers 2,26,49,52 \
+        --long-layers 2,13,26,39,52 --peer-max-seconds 30
+    tail -16 "$out/mamba.log"
+    gpu_cfg $m/model "2, 26, 49, 52" 16384 nh-f32
+    HSX_BENCH_DISCARD_OUTPUT=1 HSX_CUDA_RECURRENT=chunked step mamba 120 gpu/hsx extract \
+        --config /tmp/nh-f32.toml --input $m/prompts.jsonl --quiet
+    grep -E "tokens/s" "$out/mamba.log" | tail -2
+    profile $m nemotronh_8b 2,26,49,52
+}
+# Where the Gated DeltaNet state pass stalls (gdn_chunk_state_mma for bf16 weights;
+# gdn_chunk_state_f32 under HSX_CUDA_RECURRENT=chunked): ncu's throughput, occupancy,
+# warp-state and memory sections over two of its launches in a 4-layer model of the hybrid
+# bench's shape (two 4,096-token prompts in one step); the chunked tests first.
 stalls() {
     local m=/tmp/hsx-q35-4
     step lib 120 gpu/libtests recurrent_chunked --test-threads 4 --nocapture
@@ -161,6 +179,11 @@ stalls() {
 }
 if [ "$mode" = stalls ]; then
     stalls
+    cat "$summary"
+    exit 0
+fi
+if [ "$mode" = mamba ]; then
+    mamba
     cat "$summary"
     exit 0
 fi

@@ -2,10 +2,13 @@
 //! machines have no package registry, and a 16 GB model is too big to carry there.
 //!
 //!     cargo run --release --example random_model -- OUT_DIR
-//!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny] [--layers N] [--dtype bf16|f32]
+//!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny|nemotronh_8b|nemotronh_tiny]
+//!         [--layers N] [--dtype bf16|f32]
 //!
 //! `llama*` are Llama-shaped; `qwen35_*` are Qwen3.5 hybrids (`Qwen3_5ForCausalLM`): three
-//! Gated DeltaNet layers to one gated full-attention layer, the layout of the fixtures.
+//! Gated DeltaNet layers to one gated full-attention layer, the layout of the fixtures;
+//! `nemotronh_*` are Nemotron-H hybrids (`NemotronHForCausalLM`, `backbone.*` names): Mamba-2,
+//! relu² MLP and attention blocks in Nemotron-H-8B's pattern (`--layers N` keeps its first N).
 //!
 //! Writes `config.json`, `model-0000i-of-0000n.safetensors` shards (≤ 4 GiB each) and
 //! `model.safetensors.index.json`, as Hugging Face does. Weights are uniform with std 0.02
@@ -34,7 +37,33 @@ struct Shape {
     rope_theta: f64,
     /// Qwen3.5's Gated DeltaNet geometry; `None` for Llama.
     gdn: Option<Gdn>,
+    /// Nemotron-H's Mamba-2 geometry; `None` for the others.
+    mamba: Option<Mamba>,
 }
+
+/// Mamba-2 heads, head dim, state size, groups; and the block pattern (`M` Mamba-2, `-` MLP,
+/// `*` attention).
+#[derive(Clone, Copy)]
+struct Mamba {
+    heads: usize,
+    head_dim: usize,
+    d_state: usize,
+    groups: usize,
+    pattern: &'static str,
+}
+
+impl Mamba {
+    fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    /// Conv channels: x | B | C.
+    fn conv(&self) -> usize {
+        self.inner() + 2 * self.groups * self.d_state
+    }
+}
+
+/// Nemotron-H-8B's 52 blocks: 24 Mamba-2, 24 MLP, 4 attention.
+const NEMOTRON_H_8B: &str = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
 
 /// Gated DeltaNet heads: key heads, value heads, key and value head dims.
 #[derive(Clone, Copy)]
@@ -63,6 +92,7 @@ fn shape(name: &str) -> Result<Shape> {
             head_dim: 128,
             rope_theta: 500000.0,
             gdn: None,
+            mamba: None,
         },
         // Llama-3.2-1B's geometry (untied here).
         "llama1b" => Shape {
@@ -75,6 +105,7 @@ fn shape(name: &str) -> Result<Shape> {
             head_dim: 64,
             rope_theta: 500000.0,
             gdn: None,
+            mamba: None,
         },
         "tiny" => Shape {
             vocab: 512,
@@ -86,6 +117,7 @@ fn shape(name: &str) -> Result<Shape> {
             head_dim: 16,
             rope_theta: 10000.0,
             gdn: None,
+            mamba: None,
         },
         // A 9B-class Qwen3.5 hybrid: the head geometry of Qwen3.5's config defaults (attention
         // head dim 256, linear heads 16 key / 32 value of 128), hidden 4096, 32 layers.
@@ -104,6 +136,7 @@ fn shape(name: &str) -> Result<Shape> {
                 dk: 128,
                 dv: 128,
             }),
+            mamba: None,
         },
         "qwen35_tiny" => Shape {
             vocab: 512,
@@ -120,9 +153,51 @@ fn shape(name: &str) -> Result<Shape> {
                 dk: 16,
                 dv: 16,
             }),
+            mamba: None,
+        },
+        // Nemotron-H-8B's geometry (its config.json): Mamba-2 with 128 heads of 64, state 128
+        // in 8 groups; relu² MLP 21,504; attention 32 heads / 8 KV heads of 128.
+        "nemotronh_8b" => Shape {
+            vocab: 131072,
+            hidden: 4096,
+            intermediate: 21504,
+            layers: NEMOTRON_H_8B.len(),
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            rope_theta: 10000.0,
+            gdn: None,
+            mamba: Some(Mamba {
+                heads: 128,
+                head_dim: 64,
+                d_state: 128,
+                groups: 8,
+                pattern: NEMOTRON_H_8B,
+            }),
+        },
+        "nemotronh_tiny" => Shape {
+            vocab: 512,
+            hidden: 64,
+            intermediate: 128,
+            layers: 6,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            rope_theta: 10000.0,
+            gdn: None,
+            mamba: Some(Mamba {
+                heads: 8,
+                head_dim: 16,
+                d_state: 16,
+                groups: 2,
+                pattern: "M-*-M-",
+            }),
         },
         other => {
-            bail!("unknown --shape {other:?} (llama8b, llama1b, tiny, qwen35_9b, qwen35_tiny)")
+            bail!(
+                "unknown --shape {other:?} (llama8b, llama1b, tiny, qwen35_9b, qwen35_tiny, \
+                 nemotronh_8b, nemotronh_tiny)"
+            )
         }
     })
 }
@@ -150,6 +225,12 @@ fn parse_args() -> Result<Args> {
     }
     let mut shape = shape(&shape_name)?;
     if let Some(n) = layers {
+        if shape.mamba.is_some_and(|m| n > m.pattern.len()) {
+            bail!(
+                "--layers {n}: the Nemotron-H pattern has {} blocks",
+                shape.layers
+            );
+        }
         shape.layers = n;
     }
     Ok(Args {
@@ -161,6 +242,9 @@ fn parse_args() -> Result<Args> {
 
 /// (name, shape) of every tensor, in Hugging Face's order.
 fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
+    if let Some(m) = s.mamba {
+        return nemotron_h_tensors(s, &m);
+    }
     let h = s.hidden;
     let mut v: Vec<(String, Vec<usize>)> =
         vec![("model.embed_tokens.weight".into(), vec![s.vocab, h])];
@@ -207,7 +291,96 @@ fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
     v
 }
 
+/// Nemotron-H's tensors: `backbone.*`, one mixer per block of the pattern.
+fn nemotron_h_tensors(s: &Shape, m: &Mamba) -> Vec<(String, Vec<usize>)> {
+    let h = s.hidden;
+    let mut v: Vec<(String, Vec<usize>)> =
+        vec![("backbone.embeddings.weight".into(), vec![s.vocab, h])];
+    let mut push = |name: String, shape: Vec<usize>| v.push((name, shape));
+    for (i, block) in m.pattern.chars().take(s.layers).enumerate() {
+        let p = format!("backbone.layers.{i}.mixer");
+        match block {
+            'M' => {
+                let in_proj = m.inner() + m.conv() + m.heads;
+                push(format!("{p}.A_log"), vec![m.heads]);
+                push(format!("{p}.D"), vec![m.heads]);
+                push(format!("{p}.conv1d.bias"), vec![m.conv()]);
+                push(format!("{p}.conv1d.weight"), vec![m.conv(), 1, 4]);
+                push(format!("{p}.dt_bias"), vec![m.heads]);
+                push(format!("{p}.in_proj.weight"), vec![in_proj, h]);
+                push(format!("{p}.norm.weight"), vec![m.inner()]);
+                push(format!("{p}.out_proj.weight"), vec![h, m.inner()]);
+            }
+            '*' => {
+                let (q, kv) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+                push(format!("{p}.q_proj.weight"), vec![q, h]);
+                push(format!("{p}.k_proj.weight"), vec![kv, h]);
+                push(format!("{p}.v_proj.weight"), vec![kv, h]);
+                push(format!("{p}.o_proj.weight"), vec![h, q]);
+            }
+            _ => {
+                push(format!("{p}.up_proj.weight"), vec![s.intermediate, h]);
+                push(format!("{p}.down_proj.weight"), vec![h, s.intermediate]);
+            }
+        }
+        push(format!("backbone.layers.{i}.norm.weight"), vec![h]);
+    }
+    push("backbone.norm_f.weight".into(), vec![h]);
+    push("lm_head.weight".into(), vec![s.vocab, h]);
+    v
+}
+
+/// Nemotron-H's config.json, as transformers 5 writes it (`layers_block_type`).
+fn nemotron_h_config(s: &Shape, m: &Mamba, f32: bool) -> serde_json::Value {
+    let types: Vec<&str> = (m.pattern.chars().take(s.layers))
+        .map(|b| match b {
+            'M' => "linear_attention",
+            '*' => "full_attention",
+            _ => "mlp",
+        })
+        .collect();
+    json!({
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "layers_block_type": types,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "attention_bias": false,
+        "mamba_num_heads": m.heads,
+        "mamba_head_dim": m.head_dim,
+        "ssm_state_size": m.d_state,
+        "n_groups": m.groups,
+        "conv_kernel": 4,
+        "chunk_size": 128,
+        "expand": 2,
+        "use_conv_bias": true,
+        "use_bias": false,
+        "mamba_hidden_act": "silu",
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": false,
+        "time_step_min": 0.001,
+        "time_step_max": 0.1,
+        "time_step_floor": 0.0001,
+        "layer_norm_epsilon": 1e-5,
+        "residual_in_fp32": false,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": false,
+        "initializer_range": 0.02,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "dtype": if f32 { "float32" } else { "bfloat16" },
+    })
+}
+
 fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
+    if let Some(m) = s.mamba {
+        return nemotron_h_config(s, &m, f32);
+    }
     let mut c = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

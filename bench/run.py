@@ -114,7 +114,8 @@ def linear_flops_per_token(model_dir: Path) -> float:
     active = cfg["num_experts_per_tok"] / experts if experts else 1.0
     n = 0.0
     for name, t in st_header(model_dir).items():
-        if len(t["shape"]) not in (2, 3) or "embed_tokens" in name or name.startswith("lm_head"):
+        embedding = "embed_tokens" in name or name == "backbone.embeddings.weight"
+        if len(t["shape"]) not in (2, 3) or embedding or name.startswith("lm_head"):
             continue
         size = math.prod(t["shape"])
         n += size * active if ".experts." in name else size
@@ -127,7 +128,8 @@ def attention_flops(model_dir: Path, prompts: list[int]) -> float:
     cfg = cfg.get("text_config", cfg)
     heads = cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    types = cfg.get("layer_types")
+    # Qwen3.5's layer_types; Nemotron-H's layers_block_type (transformers 5).
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
     n_attn = sum(t == "full_attention" for t in types) if types else cfg["num_hidden_layers"]
     pairs = sum(n * (n + 1) // 2 for n in prompts)
     return 4.0 * heads * hd * n_attn * pairs
