@@ -1,5 +1,6 @@
-//! The chunked recurrences against the token-serial kernels, directly, at the head sizes of
-//! real checkpoints (Gated DeltaNet dk = dv = 128; Mamba-2 head_dim 64, d_state 128): two
+//! The chunked recurrences, in both forms (f32; the tensor-core state passes), against the
+//! token-serial kernels, directly, at the head sizes of real checkpoints (Gated DeltaNet dk =
+//! dv = 128; Mamba-2 head_dim 64, d_state 128) and a Gated DeltaNet of dk 64, dv 48: two
 //! requests in one batch; one of them continuing from its state, in a chunk that starts inside
 //! a block; the same request in pieces cut at a multiple of 64 (the same bits as one pass).
 //! The token-serial kernels are the ones the parity suite checks against the CPU backend and
@@ -184,7 +185,9 @@ impl Layer {
     }
 }
 
-fn layers() -> [Layer; 2] {
+/// The head sizes of real checkpoints, and (for the tensor-core form's edges) a Gated DeltaNet
+/// with dk 64 (one row tile per warp) and dv 48 (a slab and a half).
+fn layers() -> [Layer; 3] {
     let mut seed = 7;
     [
         Layer::new(
@@ -204,6 +207,16 @@ fn layers() -> [Layer; 2] {
                 head_dim: 64,
                 d_state: 128,
                 groups: 2,
+            },
+            &mut seed,
+        ),
+        Layer::new(
+            "gated delta rule dk 64 dv 48",
+            Kind::Gdn {
+                nk: 1,
+                nv: 2,
+                dk: 64,
+                dv: 48,
             },
             &mut seed,
         ),
