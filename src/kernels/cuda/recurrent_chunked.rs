@@ -40,9 +40,9 @@ pub enum Recurrence {
 
 impl Recurrence {
     /// `HSX_CUDA_RECURRENT` (`serial`, `chunked` or `tensor`); unset: `tensor` for bf16
-    /// weights on sm_80 or newer (whose states the transformers reference computes from bf16
-    /// projections anyway), else `chunked` (f32 models keep f32 products: their tolerance is
-    /// 1e-4).
+    /// weights on sm_80 or newer (the state pass's products in bf16, as flash-linear-attention,
+    /// which vLLM and transformers run on GPUs, computes them), else `chunked` (f32 models keep
+    /// f32 products: their tolerance is 1e-4).
     pub fn pick(dtype: WeightDtype, compute_capability: (i32, i32)) -> Self {
         static FORCED: OnceLock<Option<Recurrence>> = OnceLock::new();
         let forced = FORCED.get_or_init(|| match std::env::var("HSX_CUDA_RECURRENT").as_deref() {
