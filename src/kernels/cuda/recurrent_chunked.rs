@@ -49,7 +49,14 @@ impl Recurrence {
             Ok("serial") => Some(Recurrence::Serial),
             Ok("chunked") => Some(Recurrence::Chunked),
             Ok("tensor") => Some(Recurrence::Tensor),
-            _ => None,
+            Ok(other) => {
+                tracing::warn!(
+                    value = other,
+                    "HSX_CUDA_RECURRENT is not serial, chunked or tensor: ignored"
+                );
+                None
+            }
+            Err(_) => None,
         });
         forced.unwrap_or_else(|| Self::default_for(dtype, compute_capability))
     }
