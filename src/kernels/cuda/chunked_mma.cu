@@ -101,6 +101,15 @@ __device__ __forceinline__ void cm_put_transposed(unsigned* tile, int words, int
     }
 }
 
+// Zeros rows 16 w .. + 16 of every column of V^T (vt [CM_COLS][CM_LW]): a warp whose rows are
+// all past the block's end contributes nothing to the update.
+__device__ void cm_zero_rows(unsigned* vt) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int e = lane; e < CM_COLS * 8; e += 32) {
+        vt[(e >> 3) * CM_LW + 8 * w + (e & 7)] = 0u;
+    }
+}
+
 // The state tile: st[c][r / 2] = X[r, r + 1][c] as bf16, the B operand of the products.
 __device__ void cm_state_to_shared(cm_acc x, int dk, unsigned* st) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -282,9 +291,7 @@ extern "C" __global__ void gdn_chunk_state_mma(
                 cm_put_transposed(vt, CM_LW, rows[1], 8 * n + 2 * q, vn[2], vn[3]);
             }
         } else {
-            for (int e = lane; e < CM_COLS * 8; e += 32) {  // rows past L: zero coefficients
-                vt[(e >> 3) * CM_LW + 8 * warp + (e & 7)] = 0u;
-            }
+            cm_zero_rows(vt);
         }
         __syncthreads();  // W and q are read; V^T is complete
         cm_stage_keys(qkv + (size_t)r0 * qkv_stride + (size_t)(nk + kh) * dk, qkv_stride, L,
@@ -378,9 +385,7 @@ extern "C" __global__ void mamba2_chunk_state_mma(
                 cm_put_transposed(vt, CM_LW, rows[1], 8 * n + 2 * q, cf[2], cf[3]);
             }
         } else {
-            for (int e = lane; e < CM_COLS * 8; e += 32) {  // rows past L: zero coefficients
-                vt[(e >> 3) * CM_LW + 8 * warp + (e & 7)] = 0u;
-            }
+            cm_zero_rows(vt);
         }
         __syncthreads();  // C is read; V^T is complete
         cm_stage_keys(row0 + inner + (size_t)grp * d_state, xbc_stride, L, d_state, ops);
