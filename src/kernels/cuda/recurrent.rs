@@ -43,9 +43,20 @@ pub(super) fn scan_cfg(
     heads: usize,
     chunks: usize,
 ) -> CudaResult<LaunchConfig> {
+    state_cols_cfg(cols, COLS_PER_BLOCK, heads, chunks)
+}
+
+/// A pass over a request's state, parallel over heads and columns: `cols` columns in blocks
+/// of `per_block`, per head, per chunk; 128 threads.
+pub(super) fn state_cols_cfg(
+    cols: (usize, &str),
+    per_block: usize,
+    heads: usize,
+    chunks: usize,
+) -> CudaResult<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (
-            u32_of(cols.0.div_ceil(COLS_PER_BLOCK), cols.1)?,
+            u32_of(cols.0.div_ceil(per_block), cols.1)?,
             u32_of(heads, "heads")?,
             u32_of(chunks, "chunks")?,
         ),

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, LaunchConfig, launch};
 use super::ops::i32_of;
-use super::recurrent::{DevSeqs, GdnIo, MambaIo, scan_cfg, u32_of};
+use super::recurrent::{DevSeqs, GdnIo, MambaIo, scan_cfg, state_cols_cfg, u32_of};
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{RECURRENT_BLOCK, SeqState};
 
@@ -84,15 +84,7 @@ impl Recurrence {
         (cols, heads, seqs): (usize, usize, usize),
     ) -> CudaResult<(&'static str, LaunchConfig)> {
         if self == Recurrence::Tensor && Self::tensor_fits(dk) {
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    u32_of(cols.div_ceil(MMA_COLS), "column blocks")?,
-                    u32_of(heads, "heads")?,
-                    u32_of(seqs, "chunks")?,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = state_cols_cfg((cols, "column blocks"), MMA_COLS, heads, seqs)?;
             return Ok((mma_name, cfg));
         }
         Ok((f32_name, scan_cfg((cols, "column blocks"), heads, seqs)?))
