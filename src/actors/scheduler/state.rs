@@ -54,8 +54,10 @@ impl Running {
             let to_snapshot = self
                 .next_snapshot()
                 .map_or(usize::MAX, |(p, _)| p - self.computed);
-            let mut len = (prompt - self.computed).min(budget).min(to_snapshot);
-            if len == budget && len < (prompt - self.computed).min(to_snapshot) {
+            let to_end = (prompt - self.computed).min(to_snapshot);
+            let mut len = to_end.min(budget);
+            if len < to_end {
+                // The budget cut this chunk.
                 len = self.aligned_cut(len);
             }
             let sample = self.computed + len == prompt && wanted >= 1;
