@@ -7,6 +7,9 @@
 //! - Peaks (`peaks.rs`): register-only probes of each unit the CPU has — AVX2 FMA, AVX-512
 //!   FMA, AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps` — on 1 and on `--threads` threads; the f32
 //!   FMA peak is the widest one's.
+//! - Attention (`attention_rate.rs`): the f32 attention kernel over one prompt of 1,024 and
+//!   of 4,096 tokens, at the bench model's heads (16 / 4 × 64) and an 8B model's (32 / 8 × 128),
+//!   against the f32 FMA peak. `--attention-only`: that alone (for profiling).
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
@@ -29,6 +32,9 @@ fn arg(name: &str, default: usize) -> usize {
 
 #[path = "peaks.rs"]
 mod peaks;
+
+#[path = "attention_rate.rs"]
+mod attention_rate;
 
 use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16, round_tiles};
@@ -94,6 +100,20 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
+    let attention_only = args.iter().any(|a| a == "--attention-only");
+    // The attention's rate per shape and prompt length: (label, len, GFLOP/s).
+    let attention: Vec<(&str, usize, f64)> = (attention_rate::SHAPES.iter())
+        .filter(|_| only.is_none())
+        .flat_map(|&(label, h, kvh, hd)| {
+            [1024, 4096].map(|len| (label, len, attention_rate::gflops(&pool, len, h, kvh, hd)))
+        })
+        .collect();
+    if attention_only {
+        for (label, len, g) in &attention {
+            println!("attention {label}, {len} tokens: {g:.1} GFLOP/s on {threads} threads");
+        }
+        return;
+    }
     // Peaks of every unit this CPU has; the f32 FMA peak is the widest one's.
     let mut units = serde_json::Map::new();
     let mut peak_of = std::collections::HashMap::new();
@@ -182,7 +202,9 @@ fn main() {
             "{}",
             serde_json::json!({
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
-                "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
+                "rows": rows, "gemm_gflops": gemm,
+                "attention": attention.iter().map(|(label, len, g)| serde_json::json!({
+                    "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(), "shapes": shapes(&per), "units": units,
                 "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
@@ -207,6 +229,12 @@ fn main() {
         );
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
+    for (label, len, g) in &attention {
+        println!(
+            "f32 attention {label}, one prompt of {len} tokens: {g:.1} GFLOP/s ({:.0}% of the {fma} peak)",
+            100.0 * g / pn
+        );
+    }
     for (path, unit, mix, peak, per, kernel) in &bf16 {
         report(
             &format!("bf16 weights, {path} [{unit} peak]"),

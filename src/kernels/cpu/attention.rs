@@ -37,16 +37,13 @@ use crate::kernels::plan::BatchPlan;
 pub use crate::kernels::device::AttnShape;
 
 /// Query rows per task (tokens × query heads of one kv head), at most.
-const TILE_ROWS: usize = 16;
+const TILE_ROWS: usize = 64;
 /// Query rows per task of the AMX path (4 tiles of 16 rows), at most.
 const AMX_ROWS: usize = 64;
 /// The AMX path's keys per PV step (an A tile's 32 inputs); steps start at absolute multiples.
 const AMX_KEY_ALIGN: usize = 32;
 /// f32 lanes of one AVX register.
 const LANES: usize = 8;
-/// Keys per score block and rows per value block of the AVX2 kernels (6 × 2 registers of
-/// accumulators: 12 of the 16 ymm registers).
-const BLOCK: usize = 6;
 
 /// One (tile, kv head) task: tokens `t0..t0 + n` of one run.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +71,8 @@ struct Scratch {
     sinks: Vec<f32>,
     /// `1 / sum_r`, `[rp]`.
     inv: Vec<f32>,
+    /// The AVX2 task's weighted sums of values, transposed: `[hd][rp]`.
+    acc: Vec<f32>,
 }
 
 /// The output, written by tasks at disjoint rows.
@@ -300,8 +299,8 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
             }
         }
     }
-    // Every score a task reads is written first: grow only, no clearing. The value blocks may
-    // read up to BLOCK - 1 lanes past the last row (never stored): LANES floats of slack.
+    // Every score a task reads is written first: grow only, no clearing. LANES floats of
+    // slack past the last key's row.
     let keys = len - first;
     if s.st.len() < keys * rp + LANES {
         s.st.resize(keys * rp + LANES, 0.0);
@@ -379,233 +378,10 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
-
-/// The task on AVX2+FMA: the same operations per lane as [`task_portable`].
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA; `head_dim % 8 == 0`; `prepare` ran for this task.
+#[path = "attention_avx2.rs"]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
-    let hd = ctx.shape.head_dim;
-    let rp = s.lens.len();
-    let len = s.offsets.len();
-    let (kc, vc) = (ctx.kc.as_ptr(), ctx.vc.as_ptr());
-    let scale = _mm256_set1_ps(ctx.shape.scale);
-    let (qt, st) = (s.qt.as_ptr(), s.st.as_mut_ptr());
-    // SAFETY (all pointer arithmetic below): offsets[j] + hd <= cache length (slots come from
-    // the checked plan); qt is [hd][rp], st is [len][rp] and every lane index is < rp.
-    unsafe {
-        // Scores: BLOCK keys × 16 rows (or × 8) per block, fma-chain over d.
-        let mut j = 0;
-        while j < len {
-            let nk = (len - j).min(BLOCK);
-            let mut kp = [kc; BLOCK];
-            for (i, p) in kp.iter_mut().enumerate() {
-                *p = kc.add(s.offsets[j + i.min(nk - 1)]);
-            }
-            let mut c = 0;
-            while c < rp {
-                if rp - c >= 2 * LANES {
-                    scores_block::<2>(kp, qt.add(c), rp, hd, scale, st.add(j * rp + c), nk);
-                    c += 2 * LANES;
-                } else {
-                    scores_block::<1>(kp, qt.add(c), rp, hd, scale, st.add(j * rp + c), nk);
-                    c += LANES;
-                }
-            }
-            j += nk;
-        }
-        softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
-        // Weighted values: BLOCK rows × 16 dims (or × 8) per block, fma-chain over keys, in
-        // runs of VALUE_KEYS keys so that the values and probabilities a run reads stay in L1
-        // across the blocks; between runs the partial sums wait in the output rows (an exact
-        // f32 store and reload: the chain is unchanged).
-        let rows = task.n * ctx.group;
-        let offs = s.offsets.as_ptr();
-        let mut outs = [[std::ptr::null_mut(); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
-        let mut invs = [[0.0f32; BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
-        let mut lens = [[(0usize, 0usize); BLOCK]; TILE_ROWS.div_ceil(BLOCK) + 1];
-        debug_assert!(rows <= TILE_ROWS.max(ctx.group));
-        let blocks = rows.div_ceil(BLOCK);
-        let mut block_outs = Vec::new();
-        let mut block_invs = Vec::new();
-        let mut block_lens = Vec::new();
-        let (outs, invs, lens) = if blocks <= outs.len() {
-            (
-                &mut outs[..blocks],
-                &mut invs[..blocks],
-                &mut lens[..blocks],
-            )
-        } else {
-            block_outs.resize(blocks, [std::ptr::null_mut(); BLOCK]);
-            block_invs.resize(blocks, [0.0f32; BLOCK]);
-            block_lens.resize(blocks, [(0usize, 0usize); BLOCK]);
-            (
-                &mut block_outs[..],
-                &mut block_invs[..],
-                &mut block_lens[..],
-            )
-        };
-        for (b, ((o, v), l)) in outs
-            .iter_mut()
-            .zip(invs.iter_mut())
-            .zip(lens.iter_mut())
-            .enumerate()
-        {
-            let rb = b * BLOCK;
-            for i in 0..(rows - rb).min(BLOCK) {
-                o[i] = out_row(ctx, task, rb + i);
-                v[i] = s.inv[rb + i];
-                l[i] = (s.starts[rb + i] as usize, s.lens[rb + i] as usize);
-            }
-        }
-        let mut kb = 0;
-        while kb < len {
-            let ke = (kb + VALUE_KEYS).min(len);
-            let keys = Keys {
-                offs,
-                start: kb,
-                end: ke,
-                last: ke == len,
-            };
-            for (b, ((o, v), l)) in outs.iter().zip(invs.iter()).zip(lens.iter()).enumerate() {
-                let rb = b * BLOCK;
-                let rows_of = Rows {
-                    outs: *o,
-                    inv: *v,
-                    lens: *l,
-                    nr: (rows - rb).min(BLOCK),
-                };
-                let mut d = 0;
-                while d < hd {
-                    if hd - d >= 2 * LANES {
-                        values_block::<2>(st.add(rb), rp, vc.add(d), &keys, &rows_of, d);
-                        d += 2 * LANES;
-                    } else {
-                        values_block::<1>(st.add(rb), rp, vc.add(d), &keys, &rows_of, d);
-                        d += LANES;
-                    }
-                }
-            }
-            kb = ke;
-        }
-    }
-}
-
-/// Keys per run of the value blocks.
-const VALUE_KEYS: usize = 128;
-
-/// A run `start..end` of keys for [`values_block`].
-#[cfg(target_arch = "x86_64")]
-struct Keys {
-    offs: *const usize,
-    start: usize,
-    end: usize,
-    /// The run ends the chain: scale by `1 / sum` and store the result.
-    last: bool,
-}
-
-/// The rows of one value block: output rows, `1 / sum`, keys each row sees (start, end: a
-/// key outside them, `0 · v`, would carry a NaN value into the row), rows in use.
-#[cfg(target_arch = "x86_64")]
-struct Rows {
-    outs: [*mut f32; BLOCK],
-    inv: [f32; BLOCK],
-    lens: [(usize, usize); BLOCK],
-    nr: usize,
-}
-
-/// Scores of keys `kp[..nk]` (extra pointers repeat the last key and are not stored) against
-/// `C` × 8 rows starting at `qt` (row stride `rp` per d), stored at `st` (stride `rp` per key).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn scores_block<const C: usize>(
-    kp: [*const f32; BLOCK],
-    qt: *const f32,
-    rp: usize,
-    hd: usize,
-    scale: __m256,
-    st: *mut f32,
-    nk: usize,
-) {
-    // SAFETY: see `task_avx2`.
-    unsafe {
-        let mut acc = [[_mm256_setzero_ps(); C]; BLOCK];
-        for d in 0..hd {
-            let mut qv = [_mm256_setzero_ps(); C];
-            for (c, v) in qv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(qt.add(d * rp + c * LANES));
-            }
-            for i in 0..BLOCK {
-                let k = _mm256_broadcast_ss(&*kp[i].add(d));
-                for c in 0..C {
-                    acc[i][c] = _mm256_fmadd_ps(k, qv[c], acc[i][c]);
-                }
-            }
-        }
-        for (i, a) in acc.iter().enumerate().take(nk) {
-            for (c, v) in a.iter().enumerate() {
-                _mm256_storeu_ps(st.add(i * rp + c * LANES), _mm256_mul_ps(*v, scale));
-            }
-        }
-    }
-}
-
-/// `out_i[d0 + ..C*8] += Σ_{j in run} p[j][i] · v_j[..]` for rows i < nr of a block (from 0 on
-/// the first run), times `inv[i]` on the last run.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn values_block<const C: usize>(
-    p: *const f32,
-    rp: usize,
-    v: *const f32,
-    keys: &Keys,
-    rows: &Rows,
-    d0: usize,
-) {
-    let (outs, inv, nr) = (rows.outs, rows.inv, rows.nr);
-    // SAFETY: see `task_avx2`; rows i >= nr of the block read padding, the next key's row or
-    // the slack after the last one (inside `st`), and are never loaded or stored in `out`.
-    unsafe {
-        let mut acc = [[_mm256_setzero_ps(); C]; BLOCK];
-        if keys.start > 0 {
-            for i in 0..nr {
-                for (c, a) in acc[i].iter_mut().enumerate() {
-                    *a = _mm256_loadu_ps(outs[i].add(d0 + c * LANES));
-                }
-            }
-        }
-        for j in keys.start..keys.end {
-            let vj = v.add(*keys.offs.add(j));
-            let mut vv = [_mm256_setzero_ps(); C];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(vj.add(c * LANES));
-            }
-            let pj = p.add(j * rp);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let (start, end) = rows.lens[i];
-                if j < start || j >= end {
-                    continue;
-                }
-                let e = _mm256_broadcast_ss(&*pj.add(i));
-                for (x, y) in a.iter_mut().zip(&vv) {
-                    *x = _mm256_fmadd_ps(e, *y, *x);
-                }
-            }
-        }
-        for i in 0..nr {
-            let s = _mm256_set1_ps(if keys.last { inv[i] } else { 1.0 });
-            for (c, a) in acc[i].iter().enumerate() {
-                let r = if keys.last { _mm256_mul_ps(*a, s) } else { *a };
-                _mm256_storeu_ps(outs[i].add(d0 + c * LANES), r);
-            }
-        }
-    }
-}
+use avx2::task_avx2;
 
 /// The AMX task's per-worker buffers (none where there is no AMX path).
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -621,8 +397,6 @@ mod amx;
 #[path = "attention_softmax.rs"]
 mod softmax;
 use crate::kernels::cpu::exp::exp_neg;
-#[cfg(target_arch = "x86_64")]
-use softmax::softmax_avx2;
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

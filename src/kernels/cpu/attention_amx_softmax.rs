@@ -144,7 +144,7 @@ unsafe fn row_tiles<const G: usize>(
 mod tests {
     use half::bf16;
 
-    use super::super::super::softmax_avx2;
+    use super::super::super::softmax::softmax_avx2;
     use super::*;
 
     /// The unfused task's steps: scores `× scale` in place, `softmax_avx2`, keys past `len`

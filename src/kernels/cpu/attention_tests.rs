@@ -298,3 +298,55 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
     assert_eq!(windowed.len(), 12 * 2);
     assert!(windowed.iter().all(|c| c.len() == 1));
 }
+
+/// A NaN value at position `p` reaches only the rows that see key `p` (positions `p..`, and
+/// with a window only `p..p + w`): each path skips a key a row does not see rather than adding
+/// `0 · v`, also in tiles that mix rows on both sides. The other rows keep their bits.
+#[test]
+fn a_nan_value_reaches_only_the_rows_that_see_it() {
+    let mut seed = 23;
+    let paths = [Path::Portable, Path::Fast, Path::Amx];
+    for (heads, kv_heads, hd, len, window) in [
+        (16, 4, 64, 70, None),
+        (8, 2, 24, 41, Some(9)),
+        (40, 1, 8, 30, None),
+        (2, 1, 128, 90, Some(33)),
+    ] {
+        let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
+        let nan_at = len / 2 + 1;
+        let mut bad = v.clone();
+        // Key nan_at of the last kv head: its group of query heads only.
+        let kvd = kv_heads * hd;
+        bad[nan_at * kvd + (kv_heads - 1) * hd..][..hd].fill(f32::NAN);
+        let sm = Softmax {
+            window,
+            sinks: None,
+        };
+        let group = heads / kv_heads;
+        for path in paths {
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if path == Path::Amx && !super::amx::usable(hd) {
+                println!("skip: no AMX attention on this CPU for hd {hd}");
+                continue;
+            }
+            let clean = run(shape, sm, len, &[len], &q, &k, &v, path);
+            for chunks in [vec![len], vec![7, len - 7]] {
+                let got = run(shape, sm, len, &chunks, &q, &k, &bad, path);
+                for t in 0..len {
+                    let sees = t >= nan_at && window.is_none_or(|w| t < nan_at + w);
+                    for h in 0..heads {
+                        let row = (t * heads + h) * hd..(t * heads + h + 1) * hd;
+                        let hit = sees && h / group == kv_heads - 1;
+                        let (g, c) = (&got[row.clone()], &clean[row]);
+                        if hit {
+                            assert!(g.iter().all(|x| x.is_nan()), "{path:?} t {t} h {h}");
+                        } else {
+                            let same = g.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{path:?} {heads}/{kv_heads}/{hd} t {t} h {h}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

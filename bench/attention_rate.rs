@@ -1,0 +1,81 @@
+//! The CPU attention's rate (f32 path: what f32 models and bf16 models off the AMX path run):
+//! one prompt of `len` tokens in one chunk over the paged cache, GFLOP/s counted as the causal
+//! products only (QKᵀ and PV: 4 · hd flops per query head and visible key), best of 4.
+
+use std::time::Instant;
+
+use hsx::kernels::cpu::attention::{AttnShape, Softmax, attention};
+use hsx::kernels::cpu::kv_cache::KvCache;
+use hsx::kernels::plan::{BatchPlan, PlanLimits};
+use hsx::kernels::{Batch, SeqChunk};
+
+/// (label, heads, kv heads, head dim): the dense bench model's and an 8B model's attention.
+pub const SHAPES: [(&str, usize, usize, usize); 2] =
+    [("16/4x64", 16, 4, 64), ("32/8x128", 32, 8, 128)];
+
+/// GFLOP/s of `attention` over one prompt of `len` tokens with `heads / kv_heads × hd`.
+pub fn gflops(
+    pool: &rayon::ThreadPool,
+    len: usize,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+) -> f64 {
+    let (qd, kvd, bs) = (heads * hd, kv_heads * hd, 16);
+    let nb = len.div_ceil(bs);
+    let mut cache = KvCache::new(1, nb + 1, bs, kvd).unwrap();
+    // Blocks in reverse order: slots are not one contiguous run, as in a busy cache.
+    let table: Vec<u32> = (0..nb as u32).rev().collect();
+    let ids = vec![0u32; len];
+    let seqs = [SeqChunk {
+        start: 0,
+        len,
+        block_table: table,
+        sample: false,
+        state_slot: None,
+    }];
+    let lim = PlanLimits {
+        vocab: 1,
+        max_positions: len,
+        num_blocks: nb + 1,
+        block_size: bs,
+    };
+    let batch = Batch {
+        token_ids: &ids,
+        seqs: &seqs,
+    };
+    let plan = BatchPlan::new(&batch, &lim).unwrap();
+    let val = |i: usize, m: usize| ((i * 7919 % m) as f32 / m as f32 - 0.5) * 0.5;
+    let k: Vec<f32> = (0..len * kvd).map(|i| val(i, 1009)).collect();
+    let v: Vec<f32> = (0..len * kvd).map(|i| val(i, 997)).collect();
+    let q: Vec<f32> = (0..len * qd).map(|i| val(i, 1013)).collect();
+    cache.write(0, &plan.slots, &k, &v);
+    let (kc, vc) = cache.layer(0);
+    let shape = AttnShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let mut out = Vec::new();
+    let best = (0..4)
+        .map(|_| {
+            let t = Instant::now();
+            pool.install(|| {
+                attention(
+                    &q,
+                    kc,
+                    vc,
+                    &plan,
+                    shape,
+                    Softmax::default(),
+                    &mut out,
+                    false,
+                )
+            });
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min);
+    let flops = 4.0 * (hd * heads) as f64 * (len * (len + 1) / 2) as f64;
+    flops / best / 1e9
+}
