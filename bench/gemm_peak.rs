@@ -7,9 +7,9 @@
 //! - Peaks (`peaks.rs`): register-only probes of each unit the CPU has — AVX2 FMA, AVX-512
 //!   FMA, AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps` — on 1 and on `--threads` threads; the f32
 //!   FMA peak is the widest one's.
-//! - Attention (`attention_rate.rs`): the f32 attention kernel over one prompt of 1,024 and
-//!   of 4,096 tokens, at the bench model's heads (16 / 4 × 64) and an 8B model's (32 / 8 × 128),
-//!   against the f32 FMA peak. `--attention-only`: that alone (for profiling).
+//! - Attention (`attention_rate.rs`): the f32 attention kernel over one prompt of `--rows` / 2
+//!   and of `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64)
+//!   and an 8B model's (32 / 8 × 128), against the f32 FMA peak. `--attention-only`: that alone (for profiling).
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
@@ -105,7 +105,8 @@ fn main() {
     let attention: Vec<(&str, usize, f64)> = (attention_rate::SHAPES.iter())
         .filter(|_| only.is_none())
         .flat_map(|&(label, h, kvh, hd)| {
-            [1024, 4096].map(|len| (label, len, attention_rate::gflops(&pool, len, h, kvh, hd)))
+            [rows / 2, rows * 2]
+                .map(|len| (label, len, attention_rate::gflops(&pool, len, h, kvh, hd)))
         })
         .collect();
     if attention_only {

@@ -376,6 +376,9 @@ def main() -> int:
                f"{peak['peak_gflops']:.0f} on {peak['threads']}; hsx matmul_wt at the model's shapes "
                f"({peak['rows']} rows): {peak['gemm_gflops']:.0f} GFLOP/s "
                f"({100 * peak['gemm_gflops'] / peak['peak_gflops']:.0f}% of peak)")
+    for a in peak.get("attention", []):
+        out.append(f"hsx f32 attention ({a['shape']} heads, one prompt of {a['len']} tokens): {a['gflops']:.0f} GFLOP/s "
+                   f"({100 * a['gflops'] / peak['peak_gflops']:.0f}% of the {peak['fma']} peak)")
     units = peak.get("units", {})
     if units:
         out.append("unit peaks (register-only probes, 1 thread / " + str(peak["threads"]) + "): " + "; ".join(
