@@ -1,0 +1,384 @@
+//! The device-ops layer's types (re-exported by `device.rs`): errors, column views, host
+//! weights, the ops' shapes and parameters, KV / capture specs.
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+use thiserror::Error;
+
+use super::Device;
+use crate::kernels::RowFault;
+use crate::kernels::dtype::{OutputDtype, WeightDtype};
+use crate::kernels::dtype::{dtype_size, widen};
+
+/// A device op failed or was given inconsistent sizes.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Failed(String),
+    /// The device can run nothing more ([`crate::kernels::BackendError::DeviceLost`]).
+    #[error("{0}")]
+    Lost(String),
+}
+
+pub type DevResult<T> = Result<T, DeviceError>;
+
+impl From<DeviceError> for crate::kernels::BackendError {
+    fn from(e: DeviceError) -> Self {
+        match e {
+            DeviceError::Lost(m) => crate::kernels::BackendError::DeviceLost(m),
+            other => crate::kernels::BackendError::Compute(other.to_string()),
+        }
+    }
+}
+
+/// What an activation buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufKind {
+    /// f32 values.
+    F32,
+    /// The input of a linear layer, in the weights' compute dtype.
+    GemmIn,
+}
+
+/// Columns `col..col + width` of every row of `buf`.
+pub struct Cols<'a, B> {
+    pub buf: &'a B,
+    pub col: usize,
+    pub width: usize,
+}
+
+impl<'a, B> Cols<'a, B> {
+    pub fn new(buf: &'a B, col: usize, width: usize) -> Self {
+        Self { buf, col, width }
+    }
+}
+
+impl<B> Clone for Cols<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Cols<'_, B> {}
+
+/// A checkpoint matrix `[rows, cols]` (torch Linear layout `[out, in]`) as stored: raw
+/// little-endian elements of `dtype`, borrowed from the mapped checkpoint where possible.
+/// Devices keep it in its dtype (or widen it, the CPU for now); re-ordering and stacking rows
+/// never converts.
+#[derive(Debug, Clone)]
+pub struct HostMatrix<'a> {
+    pub dtype: WeightDtype,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Cow<'a, [u8]>,
+}
+
+impl<'a> HostMatrix<'a> {
+    /// f32 values `[rows, cols]` as a matrix.
+    pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> HostMatrix<'static> {
+        HostMatrix {
+            dtype: WeightDtype::F32,
+            rows,
+            cols,
+            data: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
+        }
+    }
+
+    fn elem(&self) -> usize {
+        dtype_size(self.dtype)
+    }
+
+    /// The same matrix owning its bytes.
+    pub fn into_owned(self) -> HostMatrix<'static> {
+        HostMatrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: Cow::Owned(self.data.into_owned()),
+        }
+    }
+
+    /// Every element widened to f32 (exact for bf16 and f16).
+    pub fn to_f32(&self) -> Vec<f32> {
+        widen(&self.data, self.dtype)
+    }
+
+    /// The same values in `dtype` (round to nearest even when narrowing; exact when widening;
+    /// a view when `dtype` is already the stored one).
+    pub fn to_dtype(&self, dtype: WeightDtype) -> HostMatrix<'_> {
+        let data = if dtype == self.dtype {
+            Cow::Borrowed(&self.data[..])
+        } else {
+            let v = self.to_f32();
+            Cow::Owned(match dtype {
+                WeightDtype::F32 => bytemuck::cast_slice(&v).to_vec(),
+                WeightDtype::Bf16 => {
+                    let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+                    bytemuck::cast_slice(&h).to_vec()
+                }
+                WeightDtype::F16 => {
+                    let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                    bytemuck::cast_slice(&h).to_vec()
+                }
+            })
+        };
+        HostMatrix {
+            dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data,
+        }
+    }
+
+    /// Matrices of the same width stacked row-wise (`[sum rows, cols]`; one part is returned
+    /// as it is); parts stored in different dtypes are all widened to f32.
+    pub fn stack(parts: Vec<HostMatrix<'a>>) -> Result<HostMatrix<'a>, String> {
+        let Some(first) = parts.first() else {
+            return Err("stacking no matrices".into());
+        };
+        let (cols, dtype) = (first.cols, first.dtype);
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(format!("stacking [_, {}] onto [_, {cols}]", p.cols));
+        }
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        let same = parts.iter().all(|p| p.dtype == dtype);
+        let dtype = if same { dtype } else { WeightDtype::F32 };
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        let mut rows = 0;
+        for p in parts {
+            rows += p.rows;
+            data.extend_from_slice(&p.to_dtype(dtype).data);
+        }
+        Ok(HostMatrix {
+            dtype,
+            rows,
+            cols,
+            data: Cow::Owned(data),
+        })
+    }
+
+    /// The rows of `ranges` (start, count), concatenated in the order given.
+    pub fn select_rows(&self, ranges: &[(usize, usize)]) -> HostMatrix<'static> {
+        let row_bytes = self.cols * self.elem();
+        let mut data = Vec::with_capacity(self.data.len());
+        let mut rows = 0;
+        for &(start, n) in ranges {
+            data.extend_from_slice(&self.data[start * row_bytes..(start + n) * row_bytes]);
+            rows += n;
+        }
+        HostMatrix {
+            dtype: self.dtype,
+            rows,
+            cols: self.cols,
+            data: Cow::Owned(data),
+        }
+    }
+}
+
+/// Where q, k and v sit in a fused projection's rows: q heads from column 0, k heads from
+/// `k_col`, v heads right after k.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvLayout {
+    pub k_col: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    pub fn v_col(&self) -> usize {
+        self.k_col + self.kv_heads * self.head_dim
+    }
+}
+
+/// Head geometry of one attention layer, as every device's attention kernel takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Softmax scale, `head_dim^-0.5` (computed in f64, rounded to f32).
+    pub scale: f32,
+}
+
+impl AttnShape {
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: (head_dim as f64).powf(-0.5) as f32,
+        }
+    }
+}
+
+/// One attention layer's call: its KV cache layer, the qkv layout, optional per-head q/k
+/// RMSNorm weights and RoPE (table, rotary dims of each head), and the softmax's variant.
+pub struct AttnCall<'a, D: Device> {
+    pub kv_layer: usize,
+    pub layout: QkvLayout,
+    pub qk_norm: Option<(&'a D::Vector, &'a D::Vector, f64)>,
+    pub rope: Option<(&'a D::Rope, usize)>,
+    pub softmax: AttnSoftmax<'a, D>,
+}
+
+/// What the attention's softmax sees beyond the causal keys (gpt-oss): a sliding window
+/// (query at position p sees keys `p - window + 1 ..= p`), a learned per-head sink logit
+/// that joins the denominator only, and a factor on the scores (YaRN's attention factor
+/// squared) on top of `head_dim^-0.5`.
+pub struct AttnSoftmax<'a, D: Device> {
+    pub window: Option<usize>,
+    /// `[heads]` logits.
+    pub sinks: Option<&'a D::Vector>,
+    pub score_factor: f64,
+}
+
+impl<D: Device> AttnSoftmax<'_, D> {
+    /// Plain causal softmax.
+    pub fn causal() -> Self {
+        Self {
+            window: None,
+            sinks: None,
+            score_factor: 1.0,
+        }
+    }
+
+    /// The head geometry with the scale `head_dim^-0.5 · score_factor` (f64, rounded once).
+    pub fn shape(&self, heads: usize, kv_heads: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            scale: ((head_dim as f64).powf(-0.5) * self.score_factor) as f32,
+            ..AttnShape::new(heads, kv_heads, head_dim)
+        }
+    }
+}
+
+/// Gated DeltaNet geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnDims {
+    pub nk: usize,
+    pub nv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Gated DeltaNet per-head parameters: `-exp(A_log)` and `dt_bias`.
+pub struct GdnParams<'a, D: Device> {
+    pub dims: GdnDims,
+    pub neg_a: &'a D::Vector,
+    pub dt_bias: &'a D::Vector,
+}
+
+/// Mamba-2 geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct MambaDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub d_state: usize,
+    pub groups: usize,
+    /// Lower clamp of `dt` (transformers' `time_step_min`).
+    pub dt_min: f32,
+}
+
+/// Mamba-2 per-head parameters: `-exp(A_log)`, `D`, `dt_bias`.
+pub struct MambaParams<'a, D: Device> {
+    pub dims: MambaDims,
+    pub neg_a: &'a D::Vector,
+    pub d: &'a D::Vector,
+    pub dt_bias: &'a D::Vector,
+}
+
+/// A causal depthwise conv1d (`[channels, kernel]` weight, optional bias) with its state.
+pub struct ConvCall<'a, D: Device> {
+    pub state_layer: usize,
+    pub weight: &'a D::Vector,
+    pub bias: Option<&'a D::Vector>,
+    pub kernel: usize,
+}
+
+/// Shape of a paged KV cache: `layers` attention layers of `num_blocks × block_size` slots of
+/// `kv_dim` values for K and for V.
+#[derive(Debug, Clone, Copy)]
+pub struct KvShape {
+    pub layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub kv_dim: usize,
+}
+
+/// How a forward's captured rows are staged: `layers` slots of `hidden` values, up to `rows`
+/// rows, in `dtype`. `guard`, when set, has one flag per slot: every row is checked for NaN /
+/// Inf, and for all zeros where the slot's flag is set (layer ids >= 1).
+#[derive(Debug, Clone)]
+pub struct CaptureSpec {
+    pub layers: usize,
+    pub hidden: usize,
+    pub rows: usize,
+    pub dtype: OutputDtype,
+    pub guard: Option<Vec<bool>>,
+}
+
+/// A forward's captured rows: `[rows, K, H]` file-dtype bytes and the refused (row, slot,
+/// fault) triples in row then slot order.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    pub refused: Vec<(usize, usize, RowFault)>,
+}
+
+/// What the guard finds in one captured row, from the row's two flags.
+pub fn row_fault(non_finite: bool, any_nonzero: bool, zero_check: bool) -> Option<RowFault> {
+    if non_finite {
+        Some(RowFault::NonFinite)
+    } else if zero_check && !any_nonzero {
+        Some(RowFault::AllZero)
+    } else {
+        None
+    }
+}
+
+impl KvShape {
+    /// Values of K (or of V) in one layer; `None` when the size overflows.
+    pub fn per_layer(&self) -> Option<usize> {
+        self.num_blocks
+            .checked_mul(self.block_size)?
+            .checked_mul(self.kv_dim)
+    }
+
+    /// The K and V buffers of every layer, each made by `alloc`.
+    pub fn alloc_layers<T, E>(
+        &self,
+        mut alloc: impl FnMut() -> Result<T, E>,
+    ) -> Result<(Vec<T>, Vec<T>), E> {
+        let (mut k, mut v) = (
+            Vec::with_capacity(self.layers),
+            Vec::with_capacity(self.layers),
+        );
+        for _ in 0..self.layers {
+            k.push(alloc()?);
+            v.push(alloc()?);
+        }
+        Ok((k, v))
+    }
+}
+
+/// Slot copies are valid when every slot is below `slots`, no destination is written twice and
+/// no slot is both read and written (so the copies may run in any order, or all at once).
+pub fn check_slot_copies(copies: &[(usize, usize)], slots: usize) -> DevResult<()> {
+    let bad = |m: String| Err(DeviceError::Invalid(m));
+    if let Some(&(f, t)) = copies.iter().find(|&&(f, t)| f >= slots || t >= slots) {
+        return bad(format!("state slot copy {f} -> {t} outside {slots} slots"));
+    }
+    let mut dst: Vec<usize> = copies.iter().map(|c| c.1).collect();
+    dst.sort_unstable();
+    if dst.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a state slot is the destination of two copies".into());
+    }
+    if let Some(&(f, _)) = copies.iter().find(|c| dst.binary_search(&c.0).is_ok()) {
+        return bad(format!("state slot {f} is both copied from and into"));
+    }
+    Ok(())
+}
