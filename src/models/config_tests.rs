@@ -1,0 +1,85 @@
+//! `ModelSpec` from config.json: architectures, defaults, errors.
+
+use super::*;
+use serde_json::json;
+
+fn base() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+        "some_unrelated": {"__float__": "Infinity"}
+    })
+}
+
+fn parse(v: &Value) -> Result<ModelSpec, ModelError> {
+    ModelSpec::from_json(v, Path::new("config.json"), "m".into())
+}
+
+#[test]
+fn llama_defaults_and_old_rope_fields() {
+    let mut v = base();
+    v["rope_theta"] = json!(500000.0);
+    v["rope_scaling"] = json!({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let s = parse(&v).unwrap();
+    assert_eq!(s.head_dim, 16);
+    assert_eq!(s.dtype, WeightDtype::Bf16);
+    assert_eq!(s.rope_theta, 500000.0);
+    assert!(matches!(
+        s.rope_scaling,
+        RopeScaling::Llama3 { factor: 8.0, .. }
+    ));
+    assert!(!s.qkv_bias && !s.qk_norm && !s.tie_word_embeddings);
+}
+
+#[test]
+fn new_rope_parameters_and_qwen_flags() {
+    let mut v = base();
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e6});
+    let s = parse(&v).unwrap();
+    assert_eq!(s.rope_theta, 1e6);
+    assert!(s.qkv_bias && !s.o_bias);
+    v["architectures"] = json!(["Qwen3ForCausalLM"]);
+    let s = parse(&v).unwrap();
+    assert!(s.qk_norm && !s.qkv_bias);
+    assert_eq!(s.head_dim, 128);
+}
+
+#[test]
+fn rejects_unknown_rope_arch_and_window() {
+    let mut v = base();
+    v["rope_scaling"] = json!({"rope_type": "longrope", "factor": 4.0});
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(e.contains("longrope"), "{e}");
+    v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(e.contains("original_max_position_embeddings"), "{e}");
+    let mut v = base();
+    v["architectures"] = json!(["GPT2LMHeadModel"]);
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(e.contains("GPT2LMHeadModel"), "{e}");
+    let mut v = base();
+    v["architectures"] = json!(["MistralForCausalLM"]);
+    v["sliding_window"] = json!(1024);
+    assert_eq!(parse(&v).unwrap().sliding_window, Some(1024));
+    v["sliding_window"] = json!(4096);
+    assert_eq!(parse(&v).unwrap().sliding_window, None);
+    v["sliding_window"] = json!(0);
+    assert!(
+        parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("sliding_window")
+    );
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    v["sliding_window"] = json!(1024);
+    v["use_sliding_window"] = json!(true);
+    assert!(matches!(parse(&v), Err(ModelError::Unsupported { .. })));
+    let mut v = base();
+    v.as_object_mut().unwrap().remove("hidden_size");
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(e.contains("hidden_size"), "{e}");
+}
