@@ -10,13 +10,12 @@ use std::ops::Range;
 use super::attention::{self, attention};
 use super::bf16::{Bf16Kernel, PackedBf16};
 use super::capture::CpuCapture;
-use super::gdn;
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
 use super::ops;
-use super::recurrent::{self, StateCache, sigmoid};
+use super::recurrent::{StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     GdnParams, HostMatrix, KvShape, MambaParams, check_slot_copies,
@@ -68,88 +67,13 @@ impl CpuDevice {
     }
 }
 
-/// Activations `[rows, width]`, f32.
-#[derive(Debug, Default)]
-pub struct CpuBuf {
-    pub data: Vec<f32>,
-    pub width: usize,
-}
+#[path = "device_types.rs"]
+mod types;
+pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
+use types::{expert_rows, gather_cols, set};
 
-impl CpuBuf {
-    pub fn rows(&self) -> usize {
-        self.data.len().checked_div(self.width).unwrap_or(0)
-    }
-}
-
-/// The KV cache plus the contiguous q / k / v of the layer being computed.
-pub struct CpuKv {
-    cache: KvCache,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-}
-
-/// Recurrent-state slots plus contiguous copies of the strided inputs.
-pub struct CpuStates {
-    cache: StateCache,
-    first: Vec<f32>,
-    second: Vec<f32>,
-}
-
-/// One forward's plan.
-pub struct CpuStep<'a> {
-    tokens: &'a [u32],
-    plan: &'a BatchPlan<'a>,
-    seqs: &'a [SeqState],
-}
-
-/// Columns of every row of `c` into `out`, contiguous.
-fn gather_cols(c: Cols<'_, CpuBuf>, out: &mut Vec<f32>) {
-    let (w, cw) = (c.buf.width, c.width);
-    if w == 0 || cw == 0 {
-        out.clear();
-        return;
-    }
-    // Every element is written below: resizing zeroes only growth. Rows in parallel (a
-    // memory-bound copy that was serial on the pool's first thread).
-    out.resize(c.buf.data.len() / w * cw, 0.0);
-    const ROWS: usize = 64;
-    out.par_chunks_mut(cw * ROWS)
-        .zip(c.buf.data.par_chunks(w * ROWS))
-        .for_each(|(o, src)| {
-            for (orow, srow) in o.chunks_exact_mut(cw).zip(src.chunks_exact(w)) {
-                orow.copy_from_slice(&srow[c.col..c.col + cw]);
-            }
-        });
-}
-
-fn set(out: &mut CpuBuf, width: usize) {
-    out.width = width;
-}
-
-/// Rows `rows` of `x` (width `k`) and of `out` (width `n`), for an op `what` that writes the
-/// one from the other (a MoE expert's GEMM); an error unless the widths match and `out` holds
-/// the rows.
-fn expert_rows<'a>(
-    what: &str,
-    x: &'a CpuBuf,
-    rows: Range<usize>,
-    (k, n): (usize, usize),
-    out: &'a mut CpuBuf,
-) -> DevResult<(&'a [f32], &'a mut [f32])> {
-    if out.width != n || out.rows() < rows.end || x.width != k {
-        return Err(DeviceError::Invalid(format!(
-            "{what} {rows:?}: input width {} (weight {k}), output [{}, {}] (weight {n})",
-            x.width,
-            out.rows(),
-            out.width
-        )));
-    }
-    Ok((
-        &x.data[rows.start * k..rows.end * k],
-        &mut out.data[rows.start * n..rows.end * n],
-    ))
-}
+#[path = "device_hybrid.rs"]
+mod device_hybrid;
 
 impl Device for CpuDevice {
     type Buf = CpuBuf;
@@ -470,20 +394,7 @@ impl Device for CpuDevice {
         call: &ConvCall<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        gather_cols(x, &mut states.first);
-        let st = states.cache.layer_mut(call.state_layer);
-        recurrent::causal_conv_silu(
-            &states.first,
-            x.width,
-            call.weight,
-            call.bias.map(|b| b.as_slice()),
-            call.kernel,
-            step.seqs,
-            &mut st.conv,
-            &mut out.data,
-        );
-        set(out, x.width);
-        Ok(())
+        device_hybrid::conv1d_silu(step, states, x, call, out)
     }
 
     fn gated_delta_rule(
@@ -496,29 +407,7 @@ impl Device for CpuDevice {
         p: &GdnParams<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        gather_cols(beta, &mut states.first);
-        gather_cols(alpha, &mut states.second);
-        let d = p.dims;
-        let params = gdn::GdnParams {
-            nk: d.nk,
-            nv: d.nv,
-            dk: d.dk,
-            dv: d.dv,
-            neg_a: p.neg_a,
-            dt_bias: p.dt_bias,
-        };
-        let st = states.cache.layer_mut(state_layer);
-        gdn::gated_delta_rule(
-            &qkv.data,
-            &states.first,
-            &states.second,
-            &params,
-            step.seqs,
-            &mut st.ssm,
-            &mut out.data,
-        );
-        set(out, d.nv * d.dv);
-        Ok(())
+        device_hybrid::gated_delta_rule(step, states, state_layer, qkv, (beta, alpha), p, out)
     }
 
     fn gdn_gated_norm(
@@ -529,13 +418,7 @@ impl Device for CpuDevice {
         eps: f64,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let mut zs = Vec::new();
-        gather_cols(z, &mut zs);
-        out.data.clear();
-        out.data.extend_from_slice(&x.data);
-        recurrent::gated_rms_norm_then_gate(&mut out.data, &zs, w, eps);
-        set(out, x.width);
-        Ok(())
+        device_hybrid::gdn_gated_norm(x, z, w, eps, out)
     }
 
     fn mamba2_scan(
@@ -548,29 +431,7 @@ impl Device for CpuDevice {
         p: &MambaParams<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        gather_cols(dt, &mut states.first);
-        let d = p.dims;
-        let params = recurrent::MambaParams {
-            heads: d.heads,
-            head_dim: d.head_dim,
-            d_state: d.d_state,
-            groups: d.groups,
-            neg_a: p.neg_a,
-            d: p.d,
-            dt_bias: p.dt_bias,
-            dt_min: d.dt_min,
-        };
-        let st = states.cache.layer_mut(state_layer);
-        recurrent::mamba2_scan(
-            &xbc.data,
-            &states.first,
-            &params,
-            step.seqs,
-            &mut st.ssm,
-            &mut out.data,
-        );
-        set(out, d.heads * d.head_dim);
-        Ok(())
+        device_hybrid::mamba2_scan(step, states, state_layer, xbc, dt, p, out)
     }
 
     fn mamba2_gated_norm(
@@ -581,13 +442,7 @@ impl Device for CpuDevice {
         (group_size, eps): (usize, f64),
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let mut zs = Vec::new();
-        gather_cols(z, &mut zs);
-        out.data.clear();
-        out.data.extend_from_slice(&y.data);
-        recurrent::gate_then_grouped_rms_norm(&mut out.data, &zs, w, group_size, eps);
-        set(out, y.width);
-        Ok(())
+        device_hybrid::mamba2_gated_norm(y, z, w, (group_size, eps), out)
     }
 
     fn moe_route(&self, logits: &CpuBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {

@@ -1,0 +1,130 @@
+//! The CPU device's hybrid-layer ops (causal conv, Gated DeltaNet, Mamba-2 and their gated
+//! norms): the bodies of `CpuDevice`'s trait methods of those names.
+
+use super::super::gdn;
+use super::super::recurrent;
+use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, gather_cols, set};
+use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
+
+pub(super) fn conv1d_silu(
+    step: &CpuStep<'_>,
+    states: &mut CpuStates,
+    x: Cols<'_, CpuBuf>,
+    call: &ConvCall<'_, CpuDevice>,
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    gather_cols(x, &mut states.first);
+    let st = states.cache.layer_mut(call.state_layer);
+    recurrent::causal_conv_silu(
+        &states.first,
+        x.width,
+        call.weight,
+        call.bias.map(|b| b.as_slice()),
+        call.kernel,
+        step.seqs,
+        &mut st.conv,
+        &mut out.data,
+    );
+    set(out, x.width);
+    Ok(())
+}
+
+pub(super) fn gated_delta_rule(
+    step: &CpuStep<'_>,
+    states: &mut CpuStates,
+    state_layer: usize,
+    qkv: &mut CpuBuf,
+    (beta, alpha): (Cols<'_, CpuBuf>, Cols<'_, CpuBuf>),
+    p: &GdnParams<'_, CpuDevice>,
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    gather_cols(beta, &mut states.first);
+    gather_cols(alpha, &mut states.second);
+    let d = p.dims;
+    let params = gdn::GdnParams {
+        nk: d.nk,
+        nv: d.nv,
+        dk: d.dk,
+        dv: d.dv,
+        neg_a: p.neg_a,
+        dt_bias: p.dt_bias,
+    };
+    let st = states.cache.layer_mut(state_layer);
+    gdn::gated_delta_rule(
+        &qkv.data,
+        &states.first,
+        &states.second,
+        &params,
+        step.seqs,
+        &mut st.ssm,
+        &mut out.data,
+    );
+    set(out, d.nv * d.dv);
+    Ok(())
+}
+
+pub(super) fn gdn_gated_norm(
+    x: &CpuBuf,
+    z: Cols<'_, CpuBuf>,
+    w: &[f32],
+    eps: f64,
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    let mut zs = Vec::new();
+    gather_cols(z, &mut zs);
+    out.data.clear();
+    out.data.extend_from_slice(&x.data);
+    recurrent::gated_rms_norm_then_gate(&mut out.data, &zs, w, eps);
+    set(out, x.width);
+    Ok(())
+}
+
+pub(super) fn mamba2_scan(
+    step: &CpuStep<'_>,
+    states: &mut CpuStates,
+    state_layer: usize,
+    xbc: &CpuBuf,
+    dt: Cols<'_, CpuBuf>,
+    p: &MambaParams<'_, CpuDevice>,
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    gather_cols(dt, &mut states.first);
+    let d = p.dims;
+    let params = recurrent::MambaParams {
+        heads: d.heads,
+        head_dim: d.head_dim,
+        d_state: d.d_state,
+        groups: d.groups,
+        neg_a: p.neg_a,
+        d: p.d,
+        dt_bias: p.dt_bias,
+        dt_min: d.dt_min,
+    };
+    let st = states.cache.layer_mut(state_layer);
+    recurrent::mamba2_scan(
+        &xbc.data,
+        &states.first,
+        &params,
+        step.seqs,
+        &mut st.ssm,
+        &mut out.data,
+    );
+    set(out, d.heads * d.head_dim);
+    Ok(())
+}
+
+pub(super) fn mamba2_gated_norm(
+    y: &CpuBuf,
+    z: Cols<'_, CpuBuf>,
+    w: &[f32],
+    (group_size, eps): (usize, f64),
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    let mut zs = Vec::new();
+    gather_cols(z, &mut zs);
+    out.data.clear();
+    out.data.extend_from_slice(&y.data);
+    recurrent::gate_then_grouped_rms_norm(&mut out.data, &zs, w, group_size, eps);
+    set(out, y.width);
+    Ok(())
+}
