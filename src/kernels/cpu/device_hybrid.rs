@@ -1,9 +1,9 @@
 //! The CPU device's hybrid-layer ops (causal conv, Gated DeltaNet, Mamba-2 and their gated
 //! norms): the bodies of `CpuDevice`'s trait methods of those names.
 
-use super::super::gdn;
-use super::super::recurrent;
 use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, gather_cols, set};
+use crate::kernels::cpu::gdn;
+use crate::kernels::cpu::recurrent;
 use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
 
 pub(super) fn conv1d_silu(

@@ -4,8 +4,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::super::kv_cache::KvCache;
-use super::super::recurrent::StateCache;
+use crate::kernels::cpu::kv_cache::KvCache;
+use crate::kernels::cpu::recurrent::StateCache;
 use crate::kernels::device::{Cols, DevResult, DeviceError};
 use crate::kernels::plan::{BatchPlan, SeqState};
 
