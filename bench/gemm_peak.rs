@@ -9,7 +9,8 @@
 //!   FMA peak is the widest one's.
 //! - Attention (`attention_rate.rs`): the f32 attention kernel over one prompt of `--rows` / 2
 //!   and of `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64)
-//!   and an 8B model's (32 / 8 × 128), against the f32 FMA peak. `--attention-only`: that alone (for profiling).
+//!   and an 8B model's (32 / 8 × 128), against the f32 FMA peak. `--attention-only`: that
+//!   alone (for profiling).
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
@@ -203,9 +204,9 @@ fn main() {
             "{}",
             serde_json::json!({
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
-                "rows": rows, "gemm_gflops": gemm,
+                "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
                 "attention": attention.iter().map(|(label, len, g)| serde_json::json!({
-                    "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(), "shapes": shapes(&per), "units": units,
+                    "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(),
                 "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,

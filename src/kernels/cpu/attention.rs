@@ -299,11 +299,10 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
             }
         }
     }
-    // Every score a task reads is written first: grow only, no clearing. LANES floats of
-    // slack past the last key's row.
+    // Every score a task reads is written first: grow only, no clearing.
     let keys = len - first;
-    if s.st.len() < keys * rp + LANES {
-        s.st.resize(keys * rp + LANES, 0.0);
+    if s.st.len() < keys * rp {
+        s.st.resize(keys * rp, 0.0);
     }
     s.inv.clear();
     s.inv.resize(rp, 0.0);
