@@ -53,13 +53,62 @@ struct Task {
     kv_head: usize,
 }
 
+/// 64 bytes on a cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u32; 16]);
+
+// SAFETY: a plain u32 array of 64 bytes (its alignment): no padding, any bits valid.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above.
+unsafe impl bytemuck::Pod for Line {}
+
+/// An f32 buffer that starts on a cache line, so that rows of 16·n floats start on lines and
+/// no vector load of 8 or 16 lanes at a multiple of 8 straddles two (a split load costs an
+/// extra cycle, and every other load of an unaligned `[.][rp]` array is one).
+#[derive(Default)]
+struct LineBuf {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl LineBuf {
+    /// `len` floats, all zero.
+    fn zeroed(&mut self, len: usize) {
+        self.lines.clear();
+        self.set_len(len);
+    }
+
+    /// `len` floats whose values are unspecified (each is written before it is read); grows
+    /// only, so a worker's buffer is allocated once for its longest task.
+    fn set_len(&mut self, len: usize) {
+        if self.lines.len() < len.div_ceil(16) {
+            self.lines.resize(len.div_ceil(16), Line([0; 16]));
+        }
+        self.len = len;
+    }
+}
+
+impl std::ops::Deref for LineBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for LineBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
+}
+
 /// Per-worker buffers.
 #[derive(Default)]
 struct Scratch {
     /// Queries transposed: `[hd][rp]`.
-    qt: Vec<f32>,
+    qt: LineBuf,
     /// Scores, then probabilities: `[len][rp]`.
-    st: Vec<f32>,
+    st: LineBuf,
     /// Cache offset of key j (this kv head), `[len]`.
     offsets: Vec<usize>,
     /// End (exclusive) of each row's keys, counted from the task's first key; 0 for padding
@@ -72,7 +121,7 @@ struct Scratch {
     /// `1 / sum_r`, `[rp]`.
     inv: Vec<f32>,
     /// The AVX2 task's weighted sums of values, transposed: `[hd][rp]`.
-    acc: Vec<f32>,
+    acc: LineBuf,
 }
 
 /// The output, written by tasks at disjoint rows.
@@ -276,8 +325,7 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
     s.sinks.resize(rp, 0.0);
     // The AMX task packs Q from its rows itself.
     if !amx {
-        s.qt.clear();
-        s.qt.resize(hd * rp, 0.0);
+        s.qt.zeroed(hd * rp);
     }
     let qrow = ctx.shape.heads * hd;
     for i in 0..task.n {
@@ -299,11 +347,9 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
             }
         }
     }
-    // Every score a task reads is written first: grow only, no clearing.
+    // Every score a task reads is written first: no clearing.
     let keys = len - first;
-    if s.st.len() < keys * rp {
-        s.st.resize(keys * rp, 0.0);
-    }
+    s.st.set_len(keys * rp);
     s.inv.clear();
     s.inv.resize(rp, 0.0);
     keys

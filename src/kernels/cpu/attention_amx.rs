@@ -26,7 +26,9 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Scratch, Task, out_row, prepare};
+// A `Line` holds a tile row: a tile row straddling two lines loads at a third of the rate
+// (see `bf16::Tile`).
+use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, out_row, prepare};
 use crate::kernels::cpu::bf16::{
     pairs_native, round_into, round_native, round32_native, with_amx_tiles,
 };
@@ -37,17 +39,6 @@ mod softmax;
 
 /// Rows per tile.
 const T: usize = 16;
-
-/// 64 bytes on a cache line: a tile row (a tile row straddling two lines loads at a third of
-/// the rate, see `bf16::Tile`).
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u32; 16]);
-
-// SAFETY: a plain u32 array of 64 bytes (its alignment): no padding, any bits valid.
-unsafe impl bytemuck::Zeroable for Line {}
-// SAFETY: as above.
-unsafe impl bytemuck::Pod for Line {}
 
 /// Per-worker tile buffers.
 #[derive(Default)]

@@ -9,6 +9,8 @@
 //!   chain is unchanged). A key that only some rows of a block see updates the others through
 //!   a blend (their sums unchanged, as the portable loop skips the key), never `0 · v`: a NaN
 //!   value of a later position would reach an earlier row.
+//! - The next score block's K rows and the next run's V rows are prefetched a few lines per
+//!   block of work ([`Ahead`]): in a long prompt they come from L3 or memory.
 
 use std::arch::x86_64::*;
 
@@ -45,8 +47,11 @@ pub(super) unsafe fn task_avx2(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             for (i, p) in kp.iter_mut().enumerate() {
                 *p = kc.add(s.offsets[j + i.min(nk - 1)]);
             }
+            let next = &s.offsets[(j + nk).min(len)..(j + nk + BLOCK).min(len)];
+            let mut ahead = Ahead::new(kc, next, hd, rp.div_ceil(2 * LANES));
             let mut c = 0;
             while c < rp {
+                ahead.step();
                 if rp - c >= 2 * LANES {
                     scores_block::<2>(kp, qt.add(c), rp, hd, scale, st.add(j * rp + c), nk);
                     c += 2 * LANES;
@@ -72,8 +77,7 @@ unsafe fn weighted_values(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
     let rp = s.lens.len();
     let len = s.offsets.len();
     let rows = task.n * ctx.group;
-    s.acc.clear();
-    s.acc.resize(hd * rp, 0.0);
+    s.acc.zeroed(hd * rp);
     let blocks = row_blocks(s, rows);
     // SAFETY: as `task_avx2`; acc is [hd][rp].
     unsafe {
@@ -85,6 +89,8 @@ unsafe fn weighted_values(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
         let mut kb = 0;
         while kb < len {
             let ke = (kb + KEY_RUN).min(len);
+            let next = &s.offsets[ke..(ke + KEY_RUN).min(len)];
+            let mut ahead = Ahead::new(v.base, next, hd, blocks.len() * hd.div_ceil(BLOCK));
             for b in &blocks {
                 let (c, wide) = (b.c, b.wide);
                 let lanes = Lanes::load(s, c, wide);
@@ -101,9 +107,10 @@ unsafe fn weighted_values(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
                     }
                     let keys = KeyRange { from, to, masked };
                     let at = Block { c, wide, rp, hd };
-                    values_all_dims(p, acc, &at, &v, &keys, &lanes);
+                    values_all_dims(p, acc, &at, &v, &keys, &lanes, &mut ahead);
                 }
             }
+            ahead.finish();
             kb = ke;
         }
         for r in 0..rows {
@@ -114,6 +121,59 @@ unsafe fn weighted_values(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
                 *o.add(d) = *acc.add(d * rp + r) * inv;
             }
         }
+    }
+}
+
+/// The cache lines of rows `base + offs[i]` (`hd` floats each) asked for ahead of their use, a
+/// few at a time over the `calls` pieces of work that come before it: the keys and values of a
+/// long prompt come from L3 or memory, and a burst of prefetches stalls on the miss buffers.
+struct Ahead<'a> {
+    base: *const f32,
+    offs: &'a [usize],
+    lines: usize,
+    next: usize,
+    per_call: usize,
+}
+
+/// f32s per 64-byte cache line.
+const LINE: usize = 16;
+
+impl<'a> Ahead<'a> {
+    fn new(base: *const f32, offs: &'a [usize], hd: usize, calls: usize) -> Self {
+        let lines = hd.div_ceil(LINE);
+        Self {
+            base,
+            offs,
+            lines,
+            next: 0,
+            per_call: (offs.len() * lines).div_ceil(calls.max(1)),
+        }
+    }
+
+    /// Asks for the next share of lines.
+    #[target_feature(enable = "avx2")]
+    fn step(&mut self) {
+        self.ask(self.per_call);
+    }
+
+    /// Asks for every line not asked for yet.
+    #[target_feature(enable = "avx2")]
+    fn finish(&mut self) {
+        self.ask(usize::MAX);
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn ask(&mut self, n: usize) {
+        let end = self
+            .next
+            .saturating_add(n)
+            .min(self.offs.len() * self.lines);
+        for i in self.next..end {
+            let at = self.offs[i / self.lines] + i % self.lines * LINE;
+            // A prefetch never faults; `wrapping_add` keeps the address computation safe.
+            _mm_prefetch::<_MM_HINT_T0>(self.base.wrapping_add(at).cast());
+        }
+        self.next = end;
     }
 }
 
@@ -137,6 +197,7 @@ unsafe fn values_all_dims(
     v: &Values,
     keys: &KeyRange,
     lanes: &Lanes,
+    ahead: &mut Ahead<'_>,
 ) {
     let (c, rp, hd) = (at.c, at.rp, at.hd);
     let mut d = 0;
@@ -147,6 +208,7 @@ unsafe fn values_all_dims(
             let a = acc.add(d * rp + c);
             // hd % 8 == 0, so what is left after blocks of 6 is 0, 2 or 4 dims.
             let dims = if hd - d >= BLOCK { BLOCK } else { hd - d };
+            ahead.step();
             match (dims, at.wide) {
                 (BLOCK, true) => values_block::<2, 6>(pc, rp, v, d, keys, lanes, a),
                 (BLOCK, false) => values_block::<1, 6>(pc, rp, v, d, keys, lanes, a),
