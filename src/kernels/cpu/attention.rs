@@ -53,10 +53,13 @@ struct Task {
     kv_head: usize,
 }
 
+/// f32s (or u32s) per 64-byte cache line.
+const LINE: usize = 16;
+
 /// 64 bytes on a cache line.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct Line([u32; 16]);
+struct Line([u32; LINE]);
 
 // SAFETY: a plain u32 array of 64 bytes (its alignment): no padding, any bits valid.
 unsafe impl bytemuck::Zeroable for Line {}
@@ -83,11 +86,17 @@ impl LineBuf {
     /// `len` floats whose values are unspecified (each is written before it is read); grows
     /// only, so a worker's buffer is allocated once for its longest task.
     fn set_len(&mut self, len: usize) {
-        if self.lines.len() < len.div_ceil(16) {
-            self.lines.resize(len.div_ceil(16), Line([0; 16]));
-        }
+        lines(&mut self.lines, len.div_ceil(LINE));
         self.len = len;
     }
+}
+
+/// `len` lines, reused (grown only; no zeroing of what is rewritten).
+fn lines(v: &mut Vec<Line>, len: usize) -> *mut Line {
+    if v.len() < len {
+        v.resize(len, Line([0; LINE]));
+    }
+    v.as_mut_ptr()
 }
 
 impl std::ops::Deref for LineBuf {

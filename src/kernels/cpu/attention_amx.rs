@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 
 // A `Line` holds a tile row: a tile row straddling two lines loads at a third of the rate
 // (see `bf16::Tile`).
-use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, out_row, prepare};
+use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, lines, out_row, prepare};
 use crate::kernels::cpu::bf16::{
     pairs_native, round_into, round_native, round32_native, with_amx_tiles,
 };
@@ -65,14 +65,6 @@ pub(super) fn usable(hd: usize) -> bool {
         && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && round_native()
-}
-
-/// `len` lines, reused (no zeroing of what is rewritten below).
-fn lines(v: &mut Vec<Line>, len: usize) -> *mut Line {
-    if v.len() < len {
-        v.resize(len, Line([0; 16]));
-    }
-    v.as_mut_ptr()
 }
 
 /// The tasks of one chain ([`super::amx_chains`]: one run of positions and one kv head, in

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::softmax::softmax_avx2;
-use super::{Ctx, LANES, Scratch, Task, out_row};
+use super::{Ctx, LANES, LINE, Scratch, Task, out_row};
 
 /// Keys per score block and dims per value block (6 × 2 registers of accumulators: 12 of the
 /// 16 ymm registers).
@@ -134,9 +134,6 @@ struct Ahead<'a> {
     next: usize,
     per_call: usize,
 }
-
-/// f32s per 64-byte cache line.
-const LINE: usize = 16;
 
 impl<'a> Ahead<'a> {
     fn new(base: *const f32, offs: &'a [usize], hd: usize, calls: usize) -> Self {
