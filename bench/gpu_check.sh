@@ -10,6 +10,8 @@
 #                                           # A/B tensor-core vs f32 state passes, profile
 #   bench/gpu_check.sh OUT_DIR 0 mamba      # the Nemotron-H (Mamba-2) bench row, A/B, profile
 #   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
+#   bench/gpu_check.sh OUT_DIR 540 tensor   # tensor-core vs f32 state passes in one call: tests,
+#                                           # A/B (files, speed, ncu), parity, sanitizers
 #
 # Steps (each logged under OUT_DIR, one line each in OUT_DIR/summary.txt):
 #   env      `hsx env`: the libraries and the device hsx sees
@@ -145,13 +147,14 @@ recurrent() {
 }
 # The Mamba-2 row: Nemotron-H-8B's geometry (random bf16 weights; EAGLE-3's layers 2, 26, 49,
 # 52), hsx and transformers (as installed there: without mamba_ssm it runs its torch
-# fallback), then the f32 state pass on the same prompts (HSX_CUDA_RECURRENT=chunked,
-# compute-only), and where one step's GPU time goes.
+# fallback, one prompt at a time: at 4 it asked for 112 GiB on an H200), then the f32 state
+# pass on the same prompts (HSX_CUDA_RECURRENT=chunked, compute-only), and where one step's GPU
+# time goes. The long prompt is 8,192 tokens, the model's max_position_embeddings.
 mamba() {
     local m=/tmp/hsx-nh
     step mamba 300 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
-        --work $m --shape nemotronh_8b --tokens 30000 --long 16384 --layers 2,26,49,52 \
-        --long-layers 2,13,26,39,52 --peer-max-seconds 30
+        --work $m --shape nemotronh_8b --tokens 30000 --long 8192 --layers 2,26,49,52 \
+        --long-layers 2,13,26,39,52 --peer-batch 1 --peer-max-seconds 30
     tail -16 "$out/mamba.log"
     gpu_cfg $m/model "2, 26, 49, 52" 16384 nh-f32
     HSX_BENCH_DISCARD_OUTPUT=1 HSX_CUDA_RECURRENT=chunked step mamba 120 gpu/hsx extract \
@@ -177,6 +180,71 @@ stalls() {
         --section WarpStateStats --section MemoryWorkloadAnalysis \
         gpu/hsx extract --config /tmp/stalls.toml --input /tmp/p2.jsonl --quiet
 }
+# The tensor-core state passes against the f32 ones in one call (`gpu_check.sh OUT 540 tensor`):
+# the CUDA unit tests, then per hybrid (an 8-layer Qwen3.5 9B slice, a 10-block Nemotron-H-8B
+# slice: the full models' layer shapes) files of both compared, wall-clock A/B and each state
+# pass's kernel time (ncu) at 2 x 4,096 and 1 x 8,192 tokens; then the parity suite and the
+# sanitizers on the chunked tests, each skipped when the deadline would cut it.
+left() { echo $((deadline - ($(date +%s) - t0))); }
+timed() { # name limit command...: step, or a skip line when the deadline is nearer than limit
+    local name=$1 limit=$2
+    if [ "$(left)" -lt "$limit" ]; then
+        echo "$name skipped: $(left)s left" | tee -a "$summary"
+        return
+    fi
+    step "$@"
+}
+tensor_ab() { # NAME SHAPE BLOCKS LAYER_IDS
+    local name=$1 shape=$2 n=$3 ids=$4 m=/tmp/hsx-slice-$1 vocab k p
+    timed $name 100 gpu/random_model $m/model --shape $shape --layers $n
+    vocab=$(python3 -c "import json; print(json.load(open('$m/model/config.json'))['vocab_size'])")
+    for p in "p16 16 4096" "p2 2 4096" "p1 1 8192"; do
+        set -- $p
+        python3 bench/make_prompts.py /tmp/$name-$1.jsonl --count $2 --vocab "$vocab" \
+            --min-len $3 --max-len $3 >/dev/null
+    done
+    head -4 /tmp/$name-p16.jsonl >/tmp/$name-p4.jsonl
+    for k in tensor chunked; do
+        gpu_cfg $m/model "$ids" 16384 $name-$k
+        HSX_CUDA_RECURRENT=$k timed $name 60 gpu/hsx extract --config /tmp/$name-$k.toml \
+            --input /tmp/$name-p4.jsonl --quiet
+    done
+    timed $name 60 python3 bench/gpu_compare.py /tmp/$name-chunked /tmp/$name-tensor --tol 5e-2
+    rm -rf /tmp/$name-tensor /tmp/$name-chunked # (a present file would be skipped below)
+    for k in tensor chunked tensor chunked; do
+        HSX_CUDA_RECURRENT=$k HSX_BENCH_DISCARD_OUTPUT=1 timed $name 60 gpu/hsx extract \
+            --config /tmp/$name-$k.toml --input /tmp/$name-p16.jsonl --quiet
+    done
+    grep -E "tokens/s|worst" "$out/$name.log"
+    find_ncu
+    for p in p2 p1; do
+        for k in tensor chunked; do
+            HSX_CUDA_RECURRENT=$k HSX_BENCH_DISCARD_OUTPUT=1 timed ncu-$name-$p 60 ncu \
+                -k regex:chunk_state -c 4 --metrics gpu__time_duration.sum \
+                gpu/hsx extract --config /tmp/$name-$k.toml --input /tmp/$name-$p.jsonl --quiet
+        done
+        grep -E "chunk_state|duration" "$out/ncu-$name-$p.log" | head -24
+    done
+}
+tensor() {
+    local t="--test-threads 8 --nocapture"
+    timed lib 120 gpu/libtests kernels::cuda $t
+    grep -E "^test result|FAILED|panicked|vs token|cut at|tensor" "$out/lib.log" | head -24
+    tensor_ab q35 qwen35_9b 8 "2, 5, 8"
+    tensor_ab nh nemotronh_8b 10 "2, 6, 10"
+    timed models 150 gpu/models cuda $t
+    grep -E "^test result|FAILED|panicked|worst" "$out/models.log" | head -30
+    timed memcheck 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+        gpu/libtests recurrent_chunked --test-threads 1
+    timed memcheck 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        gpu/libtests recurrent_chunked --test-threads 1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|test result" "$out/memcheck.log"
+}
+if [ "$mode" = tensor ]; then
+    tensor
+    cat "$summary"
+    exit 0
+fi
 if [ "$mode" = stalls ]; then
     stalls
     cat "$summary"
