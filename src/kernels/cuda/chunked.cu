@@ -22,8 +22,9 @@
 // gated_delta_rule_f32 and each block's rows staged in shared memory (the token-serial kernel
 // waits on global memory for every token).
 //
-// Launch: prep and out grid (blocks, nv), block (GC_THREADS); state grid (ceil(dv / 16), nv,
-// num_seqs), block (GC_THREADS). Scratch: w [T, nv * dk], u [T, nv * dv] (U, then v_new),
+// Launch: prep grid (blocks, nv), block (GC_THREADS); state grid (ceil(dv / 16), nv,
+// num_seqs), block (GC_THREADS); out grid (blocks, nk, ceil((nv / nk) / hpc)), block
+// (GC_THREADS). Scratch: w [T, nv * dk], u [T, nv * dv] (U, then v_new),
 // g [T, nv].
 
 #define GC 64            // rows per block
@@ -79,62 +80,106 @@ __device__ void gc_gram(const float* x, const float* y, long long stride, int L,
     }
 }
 
-// dst_i (+)= sum_j tm[i][j] x_j for the block's rows i < L and every column c < d, where
+// dst_i (+)= sum_j tm[i][j] x_j for the block's rows i < L at column c, where
 // x_j = src_j * scale[j] * e^(gexp[j]) (scale, gexp optional) and tm is zero past row L and
 // above its diagonal. Rows of src / dst start `src_stride` / `dst_stride` apart.
+__device__ __forceinline__ void gc_lower_col(const float (*tm)[GC + 1], int L, const float* src,
+                                             long long src_stride, const float* scale,
+                                             const float* gexp, float* dst,
+                                             long long dst_stride, int c, bool accumulate) {
+    float x[GC];
+#pragma unroll
+    for (int j = 0; j < GC; ++j) {
+        float v = 0.0f;
+        if (j < L) {
+            v = src[j * src_stride + c];
+            if (scale != nullptr) {
+                v *= scale[j];
+            }
+            if (gexp != nullptr) {
+                v *= expf(gexp[j]);
+            }
+        }
+        x[j] = v;
+    }
+    for (int i = 0; i < L; ++i) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < GC; ++j) {
+            s = fmaf(tm[i][j], x[j], s);
+        }
+        float* o = dst + i * dst_stride + c;
+        *o = accumulate ? *o + s : s;
+    }
+}
+
+// gc_lower_col for every column c < d.
 __device__ void gc_lower_apply(const float (*tm)[GC + 1], int L, const float* src,
                                long long src_stride, const float* scale, const float* gexp,
                                float* dst, long long dst_stride, int d, bool accumulate) {
     for (int c = threadIdx.x; c < d; c += GC_THREADS) {
-        float x[GC];
-#pragma unroll
-        for (int j = 0; j < GC; ++j) {
-            float v = 0.0f;
-            if (j < L) {
-                v = src[j * src_stride + c];
-                if (scale != nullptr) {
-                    v *= scale[j];
-                }
-                if (gexp != nullptr) {
-                    v *= expf(gexp[j]);
-                }
-            }
-            x[j] = v;
-        }
-        for (int i = 0; i < L; ++i) {
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < GC; ++j) {
-                s = fmaf(tm[i][j], x[j], s);
-            }
-            float* o = dst + i * dst_stride + c;
-            *o = accumulate ? *o + s : s;
-        }
+        gc_lower_col(tm, L, src, src_stride, scale, gexp, dst, dst_stride, c, accumulate);
     }
 }
 
-// The intra-block part of both recurrences' outputs: dst_i += sum_(j <= i) (x_i . y_j)
-// e^(ld_i - ld_j) scale_j src_j over `cols` columns, for the block's L rows (x, y: d wide,
-// `stride` apart; scale optional). ld must be written before the call (the Gram tile's syncs
-// publish it). Every thread of the block calls it.
+// Heads per pass of gc_intra: two tm tiles fill the shared memory a block may have (48 KiB).
+#define GC_PASS_HEADS 2
+
+// The intra-block part of both recurrences' outputs, for `heads` heads that share x and y (a
+// Gated DeltaNet key head's value heads, a Mamba-2 group's heads): per head h,
+//   dst_h,i += sum_(j <= i) (x_i . y_j) e^(ld_h,i - ld_h,j) scale_h,j src_h,j
+// over `cols` columns, for the block's L rows (x, y: d wide, `stride` apart). Head h's ld and
+// scale (optional) of row i are at ld[i * hd_stride + h], scale[i * hd_stride + h]; its src and
+// dst columns start h * cols past src and dst. The Gram tile x . y is computed once for all
+// the heads (it was computed per head: a Mamba-2 group of 16 heads did 16 times the work),
+// and kept in registers; the heads go GC_PASS_HEADS at a time, so that heads of 64 columns
+// give every thread a column. A head's arithmetic is the same as computing it alone. Every
+// thread of the block calls it.
 __device__ void gc_intra(const float* x, const float* y, long long stride, int L, int d,
-                         const float* ld, const float* src, long long src_stride,
-                         const float* scale, float* dst, long long dst_stride, int cols,
-                         float (*tm)[GC + 1], float (*xs)[GC_SLICE + 1],
-                         float (*ys)[GC_SLICE + 1]) {
+                         const float* ld, const float* scale, long long hd_stride, int heads,
+                         const float* src, long long src_stride, float* dst,
+                         long long dst_stride, int cols) {
+    // The Gram tile's staging (xs, ys) and the heads' tm tiles are never live at once.
+    __shared__ float smem[GC_PASS_HEADS * GC * (GC + 1)];
+    __shared__ float lds[GC_PASS_HEADS][GC];
+    __shared__ float scs[GC_PASS_HEADS][GC];
+    static_assert(2 * GC * (GC_SLICE + 1) <= GC_PASS_HEADS * GC * (GC + 1), "staging fits");
+    float (*xs)[GC_SLICE + 1] = reinterpret_cast<float (*)[GC_SLICE + 1]>(smem);
+    float (*ys)[GC_SLICE + 1] = xs + GC;
+    float (*tms)[GC + 1] = reinterpret_cast<float (*)[GC + 1]>(smem);
+    const int tid = threadIdx.x, ti = tid >> 3, tj = tid & 7;
     float acc[4][8];
-    gc_gram(x, y, stride, L, d, xs, ys, acc);
-    const int ti = threadIdx.x >> 3, tj = threadIdx.x & 7;
-#pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int i = 4 * ti + ii, j = 8 * tj + jj;
-            tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(ld[i] - ld[j]) : 0.0f;
+    gc_gram(x, y, stride, L, d, xs, ys, acc);  // ends with a sync: xs, ys are free
+    for (int h0 = 0; h0 < heads; h0 += GC_PASS_HEADS) {
+        const int nh = min(GC_PASS_HEADS, heads - h0);
+        for (int e = tid; e < nh * GC; e += GC_THREADS) {
+            const int k = e / GC, i = e % GC;
+            lds[k][i] = i < L ? ld[i * hd_stride + h0 + k] : 0.0f;
+            scs[k][i] = (i < L && scale != nullptr) ? scale[i * hd_stride + h0 + k] : 0.0f;
         }
+        __syncthreads();
+        for (int k = 0; k < nh; ++k) {
+            float (*tm)[GC + 1] = tms + k * GC;
+#pragma unroll
+            for (int ii = 0; ii < 4; ++ii) {
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    const int i = 4 * ti + ii, j = 8 * tj + jj;
+                    tm[i][j] = (j <= i && i < L) ? acc[ii][jj] * expf(lds[k][i] - lds[k][j])
+                                                 : 0.0f;
+                }
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < nh * cols; e += GC_THREADS) {
+            const int k = e / cols, c = e % cols;
+            const long long off = (long long)(h0 + k) * cols;
+            gc_lower_col(tms + k * GC, L, src + off, src_stride,
+                         scale != nullptr ? scs[k] : nullptr, nullptr, dst + off, dst_stride, c,
+                         true);
+        }
+        __syncthreads();  // before the next pass overwrites lds, scs and the tm tiles
     }
-    __syncthreads();
-    gc_lower_apply(tm, L, src, src_stride, scale, nullptr, dst, dst_stride, cols, true);
 }
 
 // Per block and value head: G into g, U into u, W into w.
@@ -357,7 +402,8 @@ extern "C" __global__ void gdn_chunk_state_f32(
     state_store(S, st + j, dv, part, dk, col_ok);
 }
 
-// out += P v_new within each block: P_ij = (q_i . k_j) e^(G_i - G_j) for j <= i.
+// out += P v_new within each block: P_ij = (q_i . k_j) e^(G_i - G_j) for j <= i. A block of
+// threads takes `hpc` of a key head's value heads (blockIdx.z picks which), which share q . k.
 extern "C" __global__ void gdn_chunk_out_f32(
     const float* __restrict__ qkv, int qkv_stride,
     const float* __restrict__ u,
@@ -365,24 +411,17 @@ extern "C" __global__ void gdn_chunk_out_f32(
     const int* __restrict__ blk_row,
     const int* __restrict__ blk_len,
     float* __restrict__ out,
-    int nk, int nv, int dk, int dv)
+    int nk, int nv, int dk, int dv, int hpc)
 {
-    __shared__ float tm[GC][GC + 1];
-    __shared__ float xs[GC][GC_SLICE + 1];
-    __shared__ float ys[GC][GC_SLICE + 1];
-    __shared__ float gs[GC];
-    const int tid = threadIdx.x;
-    const int h = blockIdx.y;
-    const int kh = h / (nv / nk);
+    const int kh = blockIdx.y;
+    const int h0 = kh * (nv / nk) + blockIdx.z * hpc;
+    const int heads = min(hpc, (kh + 1) * (nv / nk) - h0);
     const int r0 = blk_row[blockIdx.x];
     const int L = blk_len[blockIdx.x];
-    if (tid < L) {
-        gs[tid] = g[(size_t)(r0 + tid) * nv + h];
-    }
     const float* q0 = qkv + (size_t)r0 * qkv_stride + (size_t)kh * dk;
-    const size_t at = (size_t)r0 * nv * dv + (size_t)h * dv;
-    gc_intra(q0, q0 + (size_t)nk * dk, qkv_stride, L, dk, gs, u + at, (long long)nv * dv,
-             nullptr, out + at, (long long)nv * dv, dv, tm, xs, ys);
+    const size_t at = (size_t)r0 * nv * dv + (size_t)h0 * dv;
+    gc_intra(q0, q0 + (size_t)nk * dk, qkv_stride, L, dk, g + (size_t)r0 * nv + h0, nullptr, nv,
+             heads, u + at, (long long)nv * dv, out + at, (long long)nv * dv, dv);
 }
 
 // Mamba-2 (SSD). Per block and head, with dt_i = max(softplus(dt_raw_i + dt_bias), dt_min)
@@ -392,8 +431,8 @@ extern "C" __global__ void gdn_chunk_out_f32(
 //   S <- e^(A_L) S + sum_i e^(A_L - A_i) dt_i x_i B_i^T              [mamba2_chunk_state_f32]
 //   y_i += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j           [mamba2_chunk_out_f32]
 // Launch: prep grid (ceil(blocks * heads / GC_THREADS)), block (GC_THREADS); state grid
-// (ceil(head_dim / 16), heads, num_seqs), block (GC_THREADS); out grid (blocks, heads), block
-// (GC_THREADS). Scratch: dts, acum [T, heads].
+// (ceil(head_dim / 16), heads, num_seqs), block (GC_THREADS); out grid (blocks, groups,
+// ceil((heads / groups) / hpc)), block (GC_THREADS). Scratch: dts, acum [T, heads].
 
 // One thread per (block, head): the serial prefix of the block's log-decays.
 extern "C" __global__ void mamba2_chunk_prep_f32(
@@ -508,7 +547,8 @@ extern "C" __global__ void mamba2_chunk_state_f32(
     state_store(S, st, 1, part, d_state, row_ok);
 }
 
-// y += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j within each block.
+// y += sum_(j <= i) (C_i . B_j) e^(A_i - A_j) dt_j x_j within each block. A block of threads
+// takes `hpc` of a group's heads (blockIdx.z picks which), which share C . B.
 extern "C" __global__ void mamba2_chunk_out_f32(
     const float* __restrict__ xbc, int xbc_stride,
     const float* __restrict__ dts,
@@ -516,27 +556,19 @@ extern "C" __global__ void mamba2_chunk_out_f32(
     const int* __restrict__ blk_row,
     const int* __restrict__ blk_len,
     float* __restrict__ y,
-    int heads, int head_dim, int d_state, int groups)
+    int heads, int head_dim, int d_state, int groups, int hpc)
 {
-    __shared__ float tm[GC][GC + 1];
-    __shared__ float xs[GC][GC_SLICE + 1];
-    __shared__ float ys[GC][GC_SLICE + 1];
-    __shared__ float as[GC];
-    __shared__ float ds[GC];
-    const int tid = threadIdx.x;
-    const int h = blockIdx.y;
-    const int g = h / (heads / groups);
+    const int g = blockIdx.y;
+    const int h0 = g * (heads / groups) + blockIdx.z * hpc;
+    const int nh = min(hpc, (g + 1) * (heads / groups) - h0);
     const int inner = heads * head_dim;
     const int r0 = blk_row[blockIdx.x];
     const int L = blk_len[blockIdx.x];
-    if (tid < L) {
-        as[tid] = acum[(size_t)(r0 + tid) * heads + h];
-        ds[tid] = dts[(size_t)(r0 + tid) * heads + h];
-    }
     const float* x0 = xbc + (size_t)r0 * xbc_stride;
     const float* b0 = x0 + inner + (size_t)g * d_state;
+    const size_t row_h = (size_t)r0 * heads + h0;
     // (C_i . B_j) dt_j x_j
-    gc_intra(b0 + (size_t)groups * d_state, b0, xbc_stride, L, d_state, as,
-             x0 + (size_t)h * head_dim, xbc_stride, ds,
-             y + (size_t)r0 * inner + (size_t)h * head_dim, inner, head_dim, tm, xs, ys);
+    gc_intra(b0 + (size_t)groups * d_state, b0, xbc_stride, L, d_state, acum + row_h,
+             dts + row_h, heads, nh, x0 + (size_t)h0 * head_dim, xbc_stride,
+             y + (size_t)r0 * inner + (size_t)h0 * head_dim, inner, head_dim);
 }

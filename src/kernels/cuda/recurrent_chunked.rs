@@ -153,6 +153,29 @@ fn per_block_cfg(blocks: usize, heads: usize) -> CudaResult<LaunchConfig> {
     })
 }
 
+/// Heads one block of threads of the intra-block output kernels takes at most: the heads of a
+/// key head (Gated DeltaNet) or group (Mamba-2) share one Gram tile, so each block computes it
+/// once for this many; capped so that a model with one group (128 heads) still spreads over
+/// the SMs.
+const OUT_HEADS: usize = 8;
+
+/// The intra-block output kernels' grid, (blocks, `units` key heads or groups, parts of a
+/// unit's `heads`), and the heads per block of threads.
+fn out_cfg(blocks: usize, units: usize, heads: usize) -> CudaResult<(LaunchConfig, i32)> {
+    let per_unit = heads / units.max(1);
+    let hpc = per_unit.clamp(1, OUT_HEADS);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32_of(blocks, "blocks")?,
+            u32_of(units, "key heads")?,
+            u32_of(per_unit.div_ceil(hpc), "heads")?,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((cfg, i32_of(hpc, "heads")?))
+}
+
 /// The gated delta rule in blocks (q and k already normalised); `stride` is the qkv row
 /// width. Scratch: W, U (then v_new) and the blocks' log-decays.
 pub fn gated_delta(
@@ -217,10 +240,11 @@ pub fn gated_delta(
         dk,
         dv
     )?;
+    let (out_cfg, hpc) = out_cfg(blk.num, g.nk, g.nv)?;
     launch!(
         gpu,
         "gdn_chunk_out_f32",
-        per_block_cfg(blk.num, g.nv)?,
+        out_cfg,
         g.qkv,
         stride,
         u.ptr(),
@@ -231,7 +255,8 @@ pub fn gated_delta(
         nk,
         nv,
         dk,
-        dv
+        dv,
+        hpc
     )
 }
 
@@ -309,10 +334,11 @@ pub fn mamba2_scan(
         d_state,
         groups
     )?;
+    let (out_cfg, hpc) = out_cfg(blk.num, m.groups, m.heads)?;
     launch!(
         gpu,
         "mamba2_chunk_out_f32",
-        per_block_cfg(blk.num, m.heads)?,
+        out_cfg,
         m.xbc,
         stride,
         dts.ptr(),
@@ -323,7 +349,8 @@ pub fn mamba2_scan(
         heads,
         head_dim,
         d_state,
-        groups
+        groups,
+        hpc
     )
 }
 
@@ -369,6 +396,21 @@ mod tests {
                 "chunked_mma.cu's {name} is not {v}"
             );
         }
+    }
+
+    /// The intra-block output kernels: one block of threads per (block, key head or group,
+    /// up to OUT_HEADS of its heads).
+    #[test]
+    fn out_grid_shares_a_gram_tile_over_heads() {
+        let grid = |b, units, heads| {
+            let (cfg, hpc) = out_cfg(b, units, heads).unwrap();
+            (cfg.grid_dim, hpc)
+        };
+        assert_eq!(grid(3, 16, 32), ((3, 16, 1), 2)); // Qwen3.5: 2 value heads per key head
+        assert_eq!(grid(5, 8, 128), ((5, 8, 2), 8)); // Nemotron-H-8B: 16 heads per group
+        assert_eq!(grid(5, 2, 18), ((5, 2, 2), 8)); // 9 per group: blocks of 8 and 1
+        assert_eq!(grid(1, 1, 128), ((1, 1, 16), 8)); // one group
+        assert_eq!(grid(2, 4, 4), ((2, 4, 1), 1));
     }
 
     /// bf16 weights on sm_80+ take the tensor-core state passes; f32 and f16 weights, and

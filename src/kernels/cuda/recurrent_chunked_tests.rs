@@ -185,9 +185,11 @@ impl Layer {
     }
 }
 
-/// The head sizes of real checkpoints, and (for the tensor-core form's edges) a Gated DeltaNet
-/// with dk 64 (one row tile per warp) and dv 48 (a slab and a half).
-fn layers() -> [Layer; 3] {
+/// The head sizes of real checkpoints; (for the tensor-core form's edges) a Gated DeltaNet
+/// with dk 64 (one row tile per warp) and dv 48 (a slab and a half); and (for the intra-block
+/// output kernels, whose blocks of threads take up to 8 heads that share a Gram tile, two per
+/// pass) 9 heads per key head or group: blocks of 8 and 1 heads, a pass with one head.
+fn layers() -> [Layer; 5] {
     let mut seed = 7;
     [
         Layer::new(
@@ -217,6 +219,26 @@ fn layers() -> [Layer; 3] {
                 nv: 2,
                 dk: 64,
                 dv: 48,
+            },
+            &mut seed,
+        ),
+        Layer::new(
+            "gated delta rule 9 heads per key head",
+            Kind::Gdn {
+                nk: 1,
+                nv: 9,
+                dk: 32,
+                dv: 16,
+            },
+            &mut seed,
+        ),
+        Layer::new(
+            "mamba-2 scan 9 heads per group",
+            Kind::Mamba {
+                heads: 18,
+                head_dim: 16,
+                d_state: 32,
+                groups: 2,
             },
             &mut seed,
         ),
