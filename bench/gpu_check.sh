@@ -182,8 +182,9 @@ stalls() {
 }
 # The tensor-core state passes against the f32 ones in one call (`gpu_check.sh OUT 540 tensor`):
 # the CUDA unit tests, then per hybrid (an 8-layer Qwen3.5 9B slice, a 10-block Nemotron-H-8B
-# slice: the full models' layer shapes) files of both compared, wall-clock A/B and each state
-# pass's kernel time (ncu) at 2 x 4,096 and 1 x 8,192 tokens; then the parity suite and the
+# slice: the full models' layer shapes) files of both compared, wall-clock A/B and the kernel
+# times (ncu) of each state pass and of the intra-block output at 2 x 4,096 and 1 x 8,192
+# tokens; then the parity suite and the
 # sanitizers on the chunked tests, each skipped when the deadline would cut it.
 left() { echo $((deadline - ($(date +%s) - t0))); }
 timed() { # name limit command...: step, or a skip line when the deadline is nearer than limit
@@ -220,10 +221,10 @@ tensor_ab() { # NAME SHAPE BLOCKS LAYER_IDS
     for p in p2 p1; do
         for k in tensor chunked; do
             HSX_CUDA_RECURRENT=$k HSX_BENCH_DISCARD_OUTPUT=1 timed ncu-$name-$p 60 ncu \
-                -k regex:chunk_state -c 4 --metrics gpu__time_duration.sum \
+                -k 'regex:chunk_(state|out)' -c 8 --metrics gpu__time_duration.sum \
                 gpu/hsx extract --config /tmp/$name-$k.toml --input /tmp/$name-$p.jsonl --quiet
         done
-        grep -E "chunk_state|duration" "$out/ncu-$name-$p.log" | head -24
+        grep -E "chunk_(state|out)|duration" "$out/ncu-$name-$p.log" | head -40
     done
 }
 tensor() {
