@@ -37,6 +37,8 @@ step() { # name timeout_s command...
     rc=$?
     echo "$name rc=$rc $(($(date +%s) - s))s" | tee -a "$summary"
 }
+# Seconds left before DEADLINE_S.
+left() { echo $((deadline - ($(date +%s) - t0))); }
 
 tar xJf gpu/bins.tar.xz -C gpu || exit 1
 # The test binaries name fixtures and hsx by the build machine's absolute paths.
@@ -184,9 +186,8 @@ stalls() {
 # the CUDA unit tests, then per hybrid (an 8-layer Qwen3.5 9B slice, a 10-block Nemotron-H-8B
 # slice: the full models' layer shapes) files of both compared, wall-clock A/B and the kernel
 # times (ncu) of each state pass and of the intra-block output at 2 x 4,096 and 1 x 8,192
-# tokens; then the parity suite and the
-# sanitizers on the chunked tests, each skipped when the deadline would cut it.
-left() { echo $((deadline - ($(date +%s) - t0))); }
+# tokens; then the parity suite and the sanitizers on the chunked tests, each skipped when the
+# deadline would cut it.
 timed() { # name limit command...: step, or a skip line when the deadline is nearer than limit
     local name=$1 limit=$2
     if [ "$(left)" -lt "$limit" ]; then
@@ -320,13 +321,13 @@ attention_ab() {
     grep -E "tokens/s|worst" "$out/ab.log"
 }
 
-left=$((deadline - ($(date +%s) - t0)))
-if [ "$left" -gt 150 ]; then
-    step bench $((left - 10)) python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+secs=$(left)
+if [ "$secs" -gt 150 ]; then
+    step bench $((secs - 10)) python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
         --work /tmp/hsx-gpu --tokens 100000 --long 16384
     tail -25 "$out/bench.log"
     attention_ab
 else
-    echo "bench skipped: ${left}s left" | tee -a "$summary"
+    echo "bench skipped: ${secs}s left" | tee -a "$summary"
 fi
 cat "$summary"

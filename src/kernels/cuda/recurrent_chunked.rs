@@ -167,7 +167,7 @@ fn out_cfg(blocks: usize, units: usize, heads: usize) -> CudaResult<(LaunchConfi
     let cfg = LaunchConfig {
         grid_dim: (
             u32_of(blocks, "blocks")?,
-            u32_of(units, "key heads")?,
+            u32_of(units, "key heads or groups")?,
             u32_of(per_unit.div_ceil(hpc), "heads")?,
         ),
         block_dim: (THREADS, 1, 1),
