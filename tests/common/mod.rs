@@ -193,16 +193,22 @@ impl Reference {
     }
 }
 
-/// max |a - b| / max |b|.
+/// max |a - b| / max |b|; NaN where either side holds a NaN, so that `err <= tol` fails
+/// (`f32::max` passes over a NaN: a kernel writing NaN would otherwise look exact).
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     let num = a
         .iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    let den = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
+        .fold(0f32, nan_max);
+    let den = b.iter().map(|y| y.abs()).fold(0f32, nan_max);
     num / den.max(f32::MIN_POSITIVE)
+}
+
+/// `f32::max` that keeps a NaN instead of passing over it.
+pub fn nan_max(m: f32, x: f32) -> f32 {
+    if x.is_nan() || x > m { x } else { m }
 }
 
 pub fn completed_path(ev: &CompletionEvent) -> PathBuf {

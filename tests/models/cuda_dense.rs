@@ -55,7 +55,7 @@ fn rel_err(a: &[f32], b: &[f32], k: usize, h: usize) -> f32 {
     assert_eq!(a.len(), b.len());
     (0..k)
         .map(|l| common::max_rel(&layer_of(a, l, k, h), &layer_of(b, l, k, h)))
-        .fold(0f32, f32::max)
+        .fold(0f32, common::nan_max)
 }
 
 /// Every prompt split into chunks of `c`, one forward per step with all prompts' chunks of the

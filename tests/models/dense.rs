@@ -95,14 +95,7 @@ fn row_layer(out: &[f32], t: usize, k: usize) -> &[f32] {
 }
 
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let num = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
-    let den = b.iter().map(|y| y.abs()).fold(0.0, f32::max);
-    num / den
+    common::max_rel(a, b)
 }
 
 /// One prompt as one chunk (request slot `r`).

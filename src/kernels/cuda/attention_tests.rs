@@ -119,7 +119,8 @@ impl Setup {
     }
 }
 
-/// Largest |got - want| over the largest |want| of the rows of `chunk` (at `offset` in `out`).
+/// Largest |got - want| over the largest |want| of the rows of `chunk` (at `offset` in `out`);
+/// infinite where an output is not finite (`f64::max` would pass over a NaN).
 fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usize, usize)) -> f64 {
     let hd = s.hd;
     let (mut worst, mut top) = (0f64, 0f64);
@@ -128,6 +129,9 @@ fn err_of(s: &Setup, out: &[f32], offset: usize, (seq, start, len): (usize, usiz
             let want = &s.want[seq][((start + i) * HEADS + h) * hd..][..hd];
             let got = &out[(offset + i) * HEADS * hd + h * hd..][..hd];
             for d in 0..hd {
+                if !got[d].is_finite() {
+                    return f64::INFINITY;
+                }
                 worst = worst.max((got[d] as f64 - want[d]).abs());
                 top = top.max(want[d].abs());
             }

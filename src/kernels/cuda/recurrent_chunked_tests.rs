@@ -15,14 +15,15 @@ use crate::kernels::attention_reference::rnd;
 /// Request lengths: A spans four blocks, B two.
 const LENS: [usize; 2] = [200, 90];
 
-/// max |a - b| / max |b|.
+/// max |a - b| / max |b|; NaN where either side holds a NaN (`f64::max` would pass over it).
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let top = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let nan_max = |m: f64, x: f64| if x.is_nan() || x > m { x } else { m };
+    let top = b.iter().fold(0f64, |m, v| nan_max(m, v.abs() as f64));
     let worst = a
         .iter()
         .zip(b)
-        .fold(0f64, |m, (x, y)| m.max((*x as f64 - *y as f64).abs()));
+        .fold(0f64, |m, (x, y)| nan_max(m, (*x as f64 - *y as f64).abs()));
     worst / top
 }
 
