@@ -242,7 +242,7 @@ impl Rng {
 #[test]
 fn random_shared_prefixes_compute_each_reusable_block_once() {
     for seed in 1..200u64 {
-        let mut rng = Rng(seed * 0x2545_f491_4f6c_dd1d);
+        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
         let mut sim = Sim::new(4 + rng.below(40));
         let base = prompt(40);
         for r in 0..6 {
@@ -267,7 +267,7 @@ fn random_shared_prefixes_compute_each_reusable_block_once() {
 fn random_shared_prefixes_with_failures_and_aborts_always_drain() {
     let mut waited = 0;
     for seed in 1..200u64 {
-        let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut sim = Sim::bounded(4 + rng.below(40), rng.below(12));
         let base = prompt(40);
         for r in 0..6 {
