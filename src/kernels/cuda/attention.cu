@@ -187,62 +187,72 @@ HSX_ATTN(attention_f16_f32, f16_t, float)
 //
 // The same causal GQA attention as attention_t, for a bf16 cache without window or sinks, on
 // mma.sync (mma_bf16_16816): a block is 4 warps over MMA_TILE query tokens of one sequence and
-// one head, a warp owns 16 query rows. Per block of MMA_KB keys counted from position 0: K and
-// V (transposed) are copied to shared memory, each warp computes S = Q Kᵀ with q rounded to bf16
-// once (kept in registers as A fragments), scales it, masks keys past each row's position,
-// updates its online softmax (block max, rescale by exp(m_old - m_new)), rounds P to bf16 and
-// accumulates O += P V in f32; the denominator sums the rounded P. As in attention_t, a row's
-// arithmetic depends only on its own position (rows of a tile never interact, key blocks are
-// fixed by absolute position), so it does not depend on the batch or the chunking.
+// one head, a warp owns 16 query rows. Per block of MMA_KB keys counted from position 0, each
+// warp computes S = Q Kᵀ with q rounded to bf16 once (kept in registers as A fragments),
+// scales it, masks keys past each row's position, updates its online softmax (block max,
+// rescale by exp(m_old - m_new)), rounds P to bf16 and accumulates O += P V in f32; the
+// denominator sums the rounded P. As in attention_t, a row's arithmetic depends only on its
+// own position (rows of a tile never interact, key blocks are fixed by absolute position), so
+// it does not depend on the batch or the chunking.
+// K and V blocks reach shared memory by cp.async, row-major as in the cache, and the B
+// fragments come out by ldmatrix (V's transposed): the next block's K is in flight while the
+// warps take their softmax and P V, the next V while they take the next S, so the block never
+// waits a whole global-memory round trip between key blocks (one K and one V buffer, as flash
+// attention 2 does).
 // Head dim 256 (Qwen3.5 / Qwen3-Next) does not fit a warp's registers that way (O alone would
 // be 128 of them): there a block is 8 warps, warps w and w + 4 own the same 16 rows and compute
 // the same S and softmax (the same bits), each accumulating O for one half of the head dim,
 // over key blocks of 32 (shared memory stays under 48 KiB).
-// Launch: grid (tiles of <= MMA_TILE tokens, heads), block (128 * MMA_SPLIT(HD)), no dynamic
+// Launch: grid (tiles of <= MMA_TILE tokens, heads), block (MMA_THREADS(HD)), no dynamic
 // shared memory.
 #define MMA_TILE 64
 #define MMA_SPLIT(HD) ((HD) > 128 ? 2 : 1)
 #define MMA_KB(HD) ((HD) > 128 ? 32 : 64)
+#define MMA_THREADS(HD) (128 * MMA_SPLIT(HD))
 
-struct alignas(16) hsx_b128 {
-    unsigned w[4];
-};
-// 16 bytes (both 16-byte aligned), and one 32-bit word (4-byte aligned), from src to dst.
-__device__ __forceinline__ void copy16(void* dst, const void* src) {
-#ifdef HSX_EMU
-    memcpy(dst, src, 16);
-#else
-    *reinterpret_cast<hsx_b128*>(dst) = *reinterpret_cast<const hsx_b128*>(src);
-#endif
-}
-__device__ __forceinline__ unsigned load_u32(const unsigned short* p) {
-#ifdef HSX_EMU
-    unsigned v;
-    memcpy(&v, p, 4);
-    return v;
-#else
-    return *reinterpret_cast<const unsigned*>(p);
-#endif
+// Keys kb .. kb + KB of kv group g into `dst` (row j: key kb + j; zeros past max_len), by
+// cp.async from every thread of the block: 16 bytes each, consecutive threads along a key's
+// row so that a warp reads whole sectors.
+template <int HD, int KB>
+__device__ __forceinline__ void attn_fetch(unsigned short (*dst)[HD + 8], const bf16_t* cache,
+                                           const AttnArgs& a, const int* table, int g, int kb,
+                                           int max_len) {
+    constexpr int PER_ROW = HD / 8, N = KB * PER_ROW, NT = MMA_THREADS(HD);
+    static_assert(N % NT == 0, "a key block is a whole number of rounds of the block");
+#pragma unroll
+    for (int round = 0; round < N / NT; ++round) {
+        const int i = threadIdx.x + round * NT;  // blockDim.x == NT
+        const int j = i / PER_ROW, c = (i % PER_ROW) * 8, p = kb + j;
+        const bool ok = p < max_len;
+        const size_t off =
+            ok ? cache_slot(table, a.block_size, p) * (size_t)(a.kv_heads * HD) + (size_t)g * HD + c
+               : 0;
+        cp_async16(&dst[j][c], cache + off, ok);
+    }
 }
 
 template <int HD, typename OUT>
 __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc, OUT* out) {
     constexpr int KB = MMA_KB(HD), OD = HD / MMA_SPLIT(HD);  // keys per block, O columns
-    // +8 halves per row: the fragment loads of a warp's 8 row groups hit 32 distinct banks.
+    // +8 halves per row: the 8 row addresses of an ldmatrix phase fall in 32 distinct banks.
     alignas(16) __shared__ unsigned short ks[KB][HD + 8];
-    alignas(16) __shared__ unsigned short vt[HD][KB + 8];
+    alignas(16) __shared__ unsigned short vs[KB][HD + 8];
     const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
     const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
     const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
     const int lane = threadIdx.x & 31, gr = lane >> 2, qd = lane & 3;
     // The warp's 16 rows, and its O columns from d0.
     const int warp = (threadIdx.x >> 5) & 3, d0 = (threadIdx.x >> 7) * OD;
-    const int kv_dim = a.kv_heads * HD;
     // A tile's positions are consecutive: row r sees keys 0 .. p0 + r.
     const int p0 = a.positions[t0], max_len = p0 + n;
     const int r0 = warp * 16 + gr, r1 = r0 + 8;
     const int len0 = r0 < n ? p0 + 1 + r0 : 0, len1 = r1 < n ? p0 + 1 + r1 : 0;
     const int warp_len = warp * 16 < n ? p0 + min(n, warp * 16 + 16) : 0;
+
+    attn_fetch<HD, KB>(ks, kc, a, table, g, 0, max_len);
+    cp_async_commit();
+    attn_fetch<HD, KB>(vs, vc, a, table, g, 0, max_len);
+    cp_async_commit();
 
     unsigned qa[HD / 16][4];
     {
@@ -265,100 +275,105 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
     float m0 = -HSX_INF, m1 = -HSX_INF, l0 = 0.f, l1 = 0.f;
 
     for (int kb = 0; kb < max_len; kb += KB) {
-        __syncthreads();  // the previous block's keys are no longer read
-        // Thread i copies 16 bytes of key j: pairs of threads take a row's 32-byte sector,
-        // and a warp's transposed V stores fall in distinct banks but for pairs.
-        for (int i = threadIdx.x; i < KB * (HD / 8); i += blockDim.x) {
-            const int j = (i >> 1) % KB, c = ((i / (2 * KB)) * 2 + (i & 1)) * 8;
-            const int p = kb + j;
-            alignas(16) unsigned short vv8[8];
-            if (p < max_len) {
-                const size_t slot = cache_slot(table, a.block_size, p);
-                const size_t off = slot * kv_dim + (size_t)g * HD + c;
-                copy16(&ks[j][c], kc + off);
-                copy16(vv8, vc + off);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) ks[j][c + e] = vv8[e] = 0;
-            }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) vt[c + e][j] = vv8[e];
-        }
-        __syncthreads();
-        if (kb >= warp_len) continue;  // warp-uniform: every row of the warp is done
-        // Key tiles of 8 holding a key some row of the warp sees.
-        const int tiles8 = min(KB / 8, (warp_len - kb + 7) / 8);
+        // Warp-uniform: whether some row of the warp sees a key of this block, and the key
+        // tiles of 8 holding a key some row of the warp sees.
+        const bool active = kb < warp_len;
+        const int tiles8 = active ? min(KB / 8, (warp_len - kb + 7) / 8) : 0;
+        cp_async_wait<1>();  // this thread's part of K (V may still be in flight)
+        __syncthreads();     // everyone's part
         float s[KB / 8][4];
 #pragma unroll
         for (int nt = 0; nt < KB / 8; ++nt) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
             if (nt >= tiles8) continue;
+            const unsigned short* kr = &ks[nt * 8 + (lane & 7)][0];
 #pragma unroll
-            for (int st = 0; st < HD / 16; ++st) {
-                const unsigned short* kr = &ks[nt * 8 + gr][st * 16 + 2 * qd];
-                const unsigned b[2] = {load_u32(kr), load_u32(kr + 8)};
-                mma_bf16_16816(s[nt], qa[st], b);
+            for (int st = 0; st < HD / 16; st += 2) {
+                if (st + 1 < HD / 16) {  // two k-steps of 16 dims: matrices at dims + 0, 8, 16, 24
+                    unsigned b[4];
+                    ldsm<4, false>(b, kr + st * 16 + (lane >> 3) * 8);
+                    mma_bf16_16816(s[nt], qa[st], b);
+                    mma_bf16_16816(s[nt], qa[st + 1], b + 2);
+                } else {
+                    unsigned b[2];
+                    ldsm<2, false>(b, kr + st * 16 + ((lane >> 3) & 1) * 8);
+                    mma_bf16_16816(s[nt], qa[st], b);
+                }
             }
         }
-        float mx0 = -HSX_INF, mx1 = -HSX_INF;
-#pragma unroll
-        for (int nt = 0; nt < KB / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = kb + nt * 8 + 2 * qd + (e & 1);
-                const bool valid = key < (e < 2 ? len0 : len1);
-                s[nt][e] = valid ? __fmul_rn(s[nt][e], a.scale) : -HSX_INF;
-            }
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        // The 4 lanes of a row group hold its row's keys.
-        mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with no key yet (or none at all) keeps 0 / 0 without forming inf - inf.
-        const float b0 = n0 == -HSX_INF ? 0.f : n0, b1 = n1 == -HSX_INF ? 0.f : n1;
-        const float al0 = expf(m0 - b0), al1 = expf(m1 - b1);
-        float sum0 = 0.f, sum1 = 0.f;
+        __syncthreads();  // every warp is done with ks: the next block's keys may land there
+        if (kb + KB < max_len) attn_fetch<HD, KB>(ks, kc, a, table, g, kb + KB, max_len);
+        cp_async_commit();
         unsigned pa[KB / 8][2];
+        if (active) {
+            float mx0 = -HSX_INF, mx1 = -HSX_INF;
 #pragma unroll
-        for (int nt = 0; nt < KB / 8; ++nt) {
-            const unsigned u0 = pack_bf16(expf(s[nt][0] - b0), expf(s[nt][1] - b0));
-            const unsigned u1 = pack_bf16(expf(s[nt][2] - b1), expf(s[nt][3] - b1));
-            sum0 += bf16_lo(u0) + bf16_hi(u0);
-            sum1 += bf16_lo(u1) + bf16_hi(u1);
-            pa[nt][0] = u0;
-            pa[nt][1] = u1;
-        }
-        sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 1);
-        sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 2);
-        sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 1);
-        sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 2);
-        l0 = fmaf(l0, al0, sum0);
-        l1 = fmaf(l1, al1, sum1);
-        m0 = n0;
-        m1 = n1;
+            for (int nt = 0; nt < KB / 8; ++nt) {
 #pragma unroll
-        for (int dt = 0; dt < OD / 8; ++dt) {
-            o[dt][0] *= al0;
-            o[dt][1] *= al0;
-            o[dt][2] *= al1;
-            o[dt][3] *= al1;
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kb + nt * 8 + 2 * qd + (e & 1);
+                    const bool valid = key < (e < 2 ? len0 : len1);
+                    s[nt][e] = valid ? __fmul_rn(s[nt][e], a.scale) : -HSX_INF;
+                }
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            // The 4 lanes of a row group hold its row's keys.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(HSX_FULL_MASK, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(HSX_FULL_MASK, mx1, 2));
+            const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+            // A row with no key yet (or none at all) keeps 0 / 0 without forming inf - inf.
+            const float b0 = n0 == -HSX_INF ? 0.f : n0, b1 = n1 == -HSX_INF ? 0.f : n1;
+            const float al0 = expf(m0 - b0), al1 = expf(m1 - b1);
+            float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < KB / 8; ++nt) {
+                const unsigned u0 = pack_bf16(expf(s[nt][0] - b0), expf(s[nt][1] - b0));
+                const unsigned u1 = pack_bf16(expf(s[nt][2] - b1), expf(s[nt][3] - b1));
+                sum0 += bf16_lo(u0) + bf16_hi(u0);
+                sum1 += bf16_lo(u1) + bf16_hi(u1);
+                pa[nt][0] = u0;
+                pa[nt][1] = u1;
+            }
+            sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 1);
+            sum0 += __shfl_xor_sync(HSX_FULL_MASK, sum0, 2);
+            sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 1);
+            sum1 += __shfl_xor_sync(HSX_FULL_MASK, sum1, 2);
+            l0 = fmaf(l0, al0, sum0);
+            l1 = fmaf(l1, al1, sum1);
+            m0 = n0;
+            m1 = n1;
+#pragma unroll
+            for (int dt = 0; dt < OD / 8; ++dt) {
+                o[dt][0] *= al0;
+                o[dt][1] *= al0;
+                o[dt][2] *= al1;
+                o[dt][3] *= al1;
+            }
         }
+        cp_async_wait<1>();  // this thread's part of V (the next K may still be in flight)
+        __syncthreads();
 #pragma unroll
         for (int kt = 0; kt < KB / 16; ++kt) {
             if (2 * kt >= tiles8) continue;
             const unsigned p[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0],
                                    pa[2 * kt + 1][1]};
+            // Keys kt*16 + 0..15 by lanes 0..15 and again by 16..31, at dims + 0 and + 8:
+            // the B fragments of two column tiles.
+            const unsigned short* vr = &vs[kt * 16 + (lane & 15)][d0 + (lane >> 4) * 8];
 #pragma unroll
-            for (int dt = 0; dt < OD / 8; ++dt) {
-                const unsigned short* vr = &vt[d0 + dt * 8 + gr][kt * 16 + 2 * qd];
-                const unsigned b[2] = {load_u32(vr), load_u32(vr + 8)};
+            for (int dt = 0; dt < OD / 8; dt += 2) {
+                unsigned b[4];
+                ldsm<4, true>(b, vr + dt * 8);
                 mma_bf16_16816(o[dt], p, b);
+                mma_bf16_16816(o[dt + 1], p, b + 2);
             }
         }
+        __syncthreads();  // every warp is done with vs
+        if (kb + KB < max_len) attn_fetch<HD, KB>(vs, vc, a, table, g, kb + KB, max_len);
+        cp_async_commit();
     }
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
 #pragma unroll

@@ -184,3 +184,99 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
+
+// Shared-memory operands for the tensor cores, as the PTX ISA defines them (sm_80+; the
+// emulator and a GPU before sm_80, where hsx never selects a caller, do the same by hand).
+//
+// The shared-window address of a generic pointer to shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+#ifdef HSX_EMU
+    (void)p;
+    return 0;
+#else
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+#endif
+}
+
+// 16 bytes from global `src` to shared `dst` (both 16-byte aligned) without passing through
+// registers (`cp.async.cg`, cached in L2 only); zeros instead where `valid` is false (`src` is
+// then not read, but must still be a valid address). The copy belongs to the thread's next
+// `cp_async_commit` group and is in place once the thread's `cp_async_wait` has let that group
+// land; other threads see it after a barrier that follows the wait.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(HSX_EMU)
+    hsx_emu::async_copy(dst, src, valid ? 16u : 0u, 16u);
+#elif __CUDA_ARCH__ < 800
+    unsigned* d = reinterpret_cast<unsigned*>(dst);
+    const unsigned* s = reinterpret_cast<const unsigned*>(src);
+    for (int i = 0; i < 4; ++i) d[i] = valid ? s[i] : 0u;
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(HSX_EMU)
+    hsx_emu::async_commit();
+#elif __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most the NEWEST most recently committed groups of this thread are in flight.
+template <int NEWEST>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(HSX_EMU)
+    hsx_emu::async_wait(NEWEST);
+#elif __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(NEWEST) : "memory");
+#endif
+}
+
+// N (2 or 4) 8 x 8 matrices of 16-bit elements from shared memory, by one warp (`ldmatrix`):
+// lanes 8i .. 8i + 7 give the addresses of matrix i's 8 rows (16 bytes each, 16-byte aligned)
+// in `row`; lane l (g = l / 4, q = l % 4) receives in r[i] matrix i's row g, columns 2q and
+// 2q + 1 (the lower in the low half) — or with TRANS its column g, rows 2q and 2q + 1: the B
+// fragment of mma_bf16_16816 from a row-major [k][n] tile.
+template <int N, bool TRANS>
+__device__ __forceinline__ void ldsm(unsigned r[N], const unsigned short* row) {
+#if defined(HSX_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const unsigned long long mine = (unsigned long long)row;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        if constexpr (TRANS) {
+            const unsigned short* r0 =
+                (const unsigned short*)__shfl_sync(HSX_FULL_MASK, mine, 8 * i + 2 * q);
+            const unsigned short* r1 =
+                (const unsigned short*)__shfl_sync(HSX_FULL_MASK, mine, 8 * i + 2 * q + 1);
+            r[i] = (unsigned)r0[g] | ((unsigned)r1[g] << 16);
+        } else {
+            const unsigned short* rg =
+                (const unsigned short*)__shfl_sync(HSX_FULL_MASK, mine, 8 * i + g);
+            r[i] = (unsigned)rg[2 * q] | ((unsigned)rg[2 * q + 1] << 16);
+        }
+    }
+#else
+    const unsigned a = smem_addr(row);
+    if constexpr (N == 4 && TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    } else if constexpr (N == 4) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    } else if constexpr (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(a));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(a));
+    }
+#endif
+}

@@ -21,7 +21,8 @@ const MMA_TILE: usize = 64;
 const MMA_HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
 
 /// Threads per block of the tensor-core kernel: 4 warps, twice over past head dim 128, where
-/// two warps share a row tile and split its output columns (MMA_SPLIT in attention.cu).
+/// two warps share a row tile and split its output columns (MMA_THREADS in attention.cu; the
+/// kernel's key-block copy rounds assume exactly this many).
 fn mma_threads(hd: usize) -> u32 {
     if hd > 128 { 256 } else { 128 }
 }

@@ -52,6 +52,11 @@ int sync_block_or(int pred, const char* site);
 uint64_t warp_exchange(unsigned mask, uint64_t bits, int src_lane, const char* site);
 unsigned warp_ballot(unsigned mask, int pred, const char* site);
 void* dyn_shared();
+// cp.async (sm_80): the copy is recorded at issue and lands at the issuing lane's
+// `async_wait` for its group; until then its destination holds NaN bits (runtime.cpp).
+void async_copy(void* dst, const void* src, unsigned src_bytes, unsigned bytes);
+void async_commit();
+void async_wait(unsigned newest);
 
 template <typename T>
 inline uint64_t to_bits(T v) {

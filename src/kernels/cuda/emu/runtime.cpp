@@ -101,12 +101,23 @@ inline void raw_switch(Context* from, Context* to) { swapcontext(&from->uc, &to-
 
 enum class State { Fresh, Running, WaitBlock, WaitWarp, Done };
 
+// A cp.async copy issued and not yet waited for: its source bytes (read at issue; the global
+// memory a kernel copies from does not change while it runs) and its commit group.
+struct AsyncCopy {
+    void* dst;
+    unsigned char data[16];
+    unsigned bytes;
+    unsigned group;
+};
+
 struct Fiber {
     Lane lane;
     Context ctx;
     State state;
     unsigned wait_gen;
     char* stack;  // usable part (above the guard page)
+    std::vector<AsyncCopy> pending;
+    unsigned groups = 0;  // groups committed so far
 };
 
 struct Warp {
@@ -194,6 +205,7 @@ void lane_entry() {
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
     b->body(b->arg);
+    if (!f->pending.empty()) fail_lane("a thread exited with cp.async copies never waited for");
     f->state = State::Done;
     b->exited += 1;
     b->warps[f->lane.lin >> 5].exited |= 1u << (f->lane.lin & 31);
@@ -240,6 +252,8 @@ bool run_block(Block& b, std::vector<Fiber>& lanes) {
         f.lane.lin = i;
         f.lane.tid = uint3{i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
         f.state = State::Fresh;
+        f.pending.clear();
+        f.groups = 0;
         b.warps[i >> 5].present |= 1u << (i & 31);
 #if defined(HSX_EMU_ASAN)
         ASAN_UNPOISON_MEMORY_REGION(f.stack, STACK_BYTES);
@@ -357,6 +371,39 @@ unsigned warp_ballot(unsigned mask, int pred, const char* site) {
     for (int i = 0; i < 32; ++i)
         if ((w.present >> i) & 1u) r |= (w.slots[gen & 1][i] ? 1u : 0u) << i;
     return r;
+}
+
+void async_copy(void* dst, const void* src, unsigned src_bytes, unsigned bytes) {
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes > bytes ||
+        reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+        (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % bytes != 0))
+        fail_lane("cp.async: size not 4, 8 or 16 bytes, or an address not aligned to it");
+    Fiber* f = tl_fiber;
+    AsyncCopy c{dst, {}, bytes, f->groups};
+    std::memcpy(c.data, src, src_bytes);  // the rest of the bytes stay zero, as src-size asks
+    // Until its wait the destination holds NaN bits (0xff bytes): a read that is not ordered
+    // after the wait and a barrier, or a copy issued over data another lane still reads,
+    // yields NaN instead of silently seeing the data a GPU might have delivered by then.
+    std::memset(dst, 0xff, bytes);
+    f->pending.push_back(c);
+}
+
+void async_commit() { tl_fiber->groups += 1; }
+
+void async_wait(unsigned newest) {
+    Fiber* f = tl_fiber;
+    std::vector<AsyncCopy>& p = f->pending;
+    size_t kept = 0;
+    for (AsyncCopy& c : p) {
+        // Groups older than the `newest` most recent committed ones land; so does nothing of
+        // the open (uncommitted) group, as on a GPU.
+        if (c.group + newest < f->groups) {
+            std::memcpy(c.dst, c.data, c.bytes);
+        } else {
+            p[kept++] = c;
+        }
+    }
+    p.resize(kept);
 }
 
 void* dyn_shared() { return tl_block->dyn.data(); }
