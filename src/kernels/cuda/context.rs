@@ -351,6 +351,18 @@ pub fn rows_cfg(rows: usize, threads: u32) -> CudaResult<LaunchConfig> {
     })
 }
 
+/// Blocks of 256 threads over a `[rows, cols]` array: grid (rows, ceil(cols / per_block)), so
+/// that a kernel takes its row from blockIdx.x and its columns from blockIdx.y instead of
+/// dividing a flat 64-bit index per element.
+pub fn row_tiles_cfg(rows: usize, cols: usize, per_block: usize) -> CudaResult<LaunchConfig> {
+    let mut cfg = rows_cfg(rows, 256)?;
+    cfg.grid_dim.1 = u32::try_from(cols.div_ceil(per_block))
+        .ok()
+        .filter(|y| (1..=65_535).contains(y))
+        .ok_or_else(|| CudaError::Invalid(format!("{cols} columns do not fit a launch grid")))?;
+    Ok(cfg)
+}
+
 /// One thread per element, 256 per block.
 pub fn elems_cfg(total: usize) -> CudaResult<LaunchConfig> {
     rows_cfg(total.div_ceil(256), 256)
@@ -366,6 +378,16 @@ mod tests {
     use super::*;
     use cudarc::driver::DriverError;
     use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn row_tiles_cover_every_column_or_say_why_not() {
+        let g = row_tiles_cfg(3, 1000, 256).unwrap();
+        assert_eq!((g.grid_dim, g.block_dim), ((3, 4, 1), (256, 1, 1)));
+        assert_eq!(row_tiles_cfg(2, 1024, 1024).unwrap().grid_dim, (2, 1, 1));
+        assert!(row_tiles_cfg(1, 0, 256).is_err());
+        assert!(row_tiles_cfg(1, 65_536 * 256, 256).is_err());
+        assert!(row_tiles_cfg(1 << 32, 8, 256).is_err());
+    }
 
     /// Sticky results mark the device lost; others fail only their step. (Formatting a
     /// DriverError needs libcuda, so only the classification is checked here.)

@@ -19,7 +19,7 @@
 // chunk come from the state, in the same order.
 //
 // conv1d_silu_f32 reads the state and must run (same stream) before conv1d_state_update_f32
-// advances it.
+// advances it. Launch: grid (T, ceil(ch / 256)), block (256); the others: grid-stride.
 
 extern "C" __global__ void conv1d_silu_f32(
     const float* __restrict__ x, int x_stride,
@@ -32,11 +32,9 @@ extern "C" __global__ void conv1d_silu_f32(
     float* __restrict__ out,
     int num_tokens, int ch, int k)
 {
-    const long long total = (long long)num_tokens * ch;
     const int hist = k - 1;
-    HSX_GRID_STRIDE(idx, total) {
-        const int t = (int)(idx / ch);
-        const int c = (int)(idx - (long long)t * ch);
+    const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t < num_tokens && c < ch) {
         const int s = tok_seq[t];
         const int r0 = seq_start[s];
         const int local = t - r0;

@@ -1,51 +1,64 @@
 // Element-wise kernels: SwiGLU on stacked gate/up rows, bias add, residual add, casts.
 // Launch (all): grid (ceil(total / 256)), block (256) unless noted; `total` is a long long.
 
-// out[t, i] = silu(gu[t, i]) * gu[t, inter + i] for gu of shape [T, 2 * inter].
-template <typename OUT>
-__device__ void silu_mul_t(const float* gu, OUT* out, int inter, long long total) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    const long long t = idx / inter, i = idx % inter;
-    const float g = gu[t * 2 * inter + i];
-    const float u = gu[t * 2 * inter + inter + i];
-    out[idx] = from_f32<OUT>(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
-}
-extern "C" __global__ void silu_mul_f32(const float* gu, float* out, int inter, long long total) {
-    silu_mul_t<float>(gu, out, inter, total);
-}
-extern "C" __global__ void silu_mul_bf16(const float* gu, bf16_t* out, int inter,
-                                         long long total) {
-    silu_mul_t<bf16_t>(gu, out, inter, total);
-}
-extern "C" __global__ void silu_mul_f16(const float* gu, f16_t* out, int inter, long long total) {
-    silu_mul_t<f16_t>(gu, out, inter, total);
+// Gated activations on stacked [gate | up] rows: out[t, i] = f(gu[t, i], gu[t, inter + i])
+// for gu of shape [T, 2 * inter]. Launch: grid (T, ceil(inter / (256 * GLU_COLS))), block
+// (256): a thread takes GLU_COLS columns of one row, 256 apart (each load of a warp is 32
+// consecutive floats). The row is the block's, so no element needs a 64-bit division.
+#define GLU_COLS 4
+template <typename OUT, typename F>
+__device__ __forceinline__ void glu_rows(const float* gu, OUT* out, int inter, F f) {
+    const size_t t = blockIdx.x;
+    const float* g = gu + t * 2 * inter;
+    const float* u = g + inter;
+    OUT* o = out + t * inter;
+    const int i0 = blockIdx.y * blockDim.x * GLU_COLS + threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < GLU_COLS; ++e) {
+        const int i = i0 + e * blockDim.x;
+        if (i < inter) o[i] = from_f32<OUT>(f(g[i], u[i]));
+    }
 }
 
-// gpt-oss's experts (transformers GptOssExperts._apply_gate) on [gate | up] rows:
+// silu(g) * u.
+template <typename OUT>
+__device__ void silu_mul_t(const float* gu, OUT* out, int inter) {
+    glu_rows<OUT>(gu, out, inter, [](float g, float u) {
+        return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    });
+}
+extern "C" __global__ void silu_mul_f32(const float* gu, float* out, int inter) {
+    silu_mul_t<float>(gu, out, inter);
+}
+extern "C" __global__ void silu_mul_bf16(const float* gu, bf16_t* out, int inter) {
+    silu_mul_t<bf16_t>(gu, out, inter);
+}
+extern "C" __global__ void silu_mul_f16(const float* gu, f16_t* out, int inter) {
+    silu_mul_t<f16_t>(gu, out, inter);
+}
+
+// gpt-oss's experts (transformers GptOssExperts._apply_gate):
 // g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g).
 template <typename OUT>
-__device__ void swiglu_clamped_t(const float* gu, OUT* out, int inter, float alpha, float limit,
-                                 long long total) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    const long long t = idx / inter, i = idx % inter;
-    const float g = fminf(gu[t * 2 * inter + i], limit);
-    const float u = fminf(fmaxf(gu[t * 2 * inter + inter + i], -limit), limit);
-    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, alpha))));
-    out[idx] = from_f32<OUT>(__fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sig)));
+__device__ void swiglu_clamped_t(const float* gu, OUT* out, int inter, float alpha, float limit) {
+    glu_rows<OUT>(gu, out, inter, [alpha, limit](float gate, float up) {
+        const float g = fminf(gate, limit);
+        const float u = fminf(fmaxf(up, -limit), limit);
+        const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, alpha))));
+        return __fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sig));
+    });
 }
 extern "C" __global__ void swiglu_clamped_f32(const float* gu, float* out, int inter, float alpha,
-                                            float limit, long long total) {
-    swiglu_clamped_t<float>(gu, out, inter, alpha, limit, total);
+                                              float limit) {
+    swiglu_clamped_t<float>(gu, out, inter, alpha, limit);
 }
-extern "C" __global__ void swiglu_clamped_bf16(const float* gu, bf16_t* out, int inter, float alpha,
-                                            float limit, long long total) {
-    swiglu_clamped_t<bf16_t>(gu, out, inter, alpha, limit, total);
+extern "C" __global__ void swiglu_clamped_bf16(const float* gu, bf16_t* out, int inter,
+                                               float alpha, float limit) {
+    swiglu_clamped_t<bf16_t>(gu, out, inter, alpha, limit);
 }
 extern "C" __global__ void swiglu_clamped_f16(const float* gu, f16_t* out, int inter, float alpha,
-                                            float limit, long long total) {
-    swiglu_clamped_t<f16_t>(gu, out, inter, alpha, limit, total);
+                                              float limit) {
+    swiglu_clamped_t<f16_t>(gu, out, inter, alpha, limit);
 }
 
 // y[r, i] += b[i] for y of shape [rows, n] (total = rows * n).

@@ -84,15 +84,12 @@ extern "C" __global__ void moe_route_f32(
 }
 
 // out[i, :] = x[rows[i], :] for i < n (rows of width h): the normed rows (GEMM input dtype;
-// bf16 and f16 are moved as raw 16-bit values). Launch: grid (ceil(n * h / 256)), block (256).
+// bf16 and f16 are moved as raw 16-bit values). Launch: grid (n, ceil(h / 256)), block (256).
 template <typename T>
 __device__ void moe_gather_rows_t(const T* x, const int* rows, T* out, int n, int h) {
-    const long long total = (long long)n * h;
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < total) {
-        const int i = (int)(idx / h);
-        const int c = (int)(idx - (long long)i * h);
-        out[idx] = x[(size_t)rows[i] * h + c];
+    const int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < n && c < h) {
+        out[(size_t)i * h + c] = x[(size_t)rows[i] * h + c];
     }
 }
 extern "C" __global__ void moe_gather_rows_f32(const float* x, const int* rows, float* out,
@@ -142,7 +139,7 @@ extern "C" __global__ void moe_shared_gate_f16(const f16_t* x, const float* w, f
 
 // out[t, c] = sum_i tok_w[t, i] * y[tok_pos[t, i], c]  (i ascending = expert ascending, from 0)
 //             + gate[t] * shared[t, c]   (only when has_shared; else shared / gate are unread)
-// Launch: grid (ceil(T * h / 256)), block (256).
+// Launch: grid (T, ceil(h / 256)), block (256).
 extern "C" __global__ void moe_combine_f32(
     const float* __restrict__ y,
     const int* __restrict__ tok_pos,
@@ -152,10 +149,9 @@ extern "C" __global__ void moe_combine_f32(
     float* __restrict__ out,
     int num_tokens, int top_k, int h, int has_shared)
 {
-    const long long total = (long long)num_tokens * h;
-    HSX_GRID_STRIDE(idx, total) {
-        const int t = (int)(idx / h);
-        const int c = (int)(idx - (long long)t * h);
+    const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t < num_tokens && c < h) {
+        const size_t idx = (size_t)t * h + c;
         float acc = 0.0f;
         for (int i = 0; i < top_k; ++i) {
             const size_t k = (size_t)t * top_k + i;

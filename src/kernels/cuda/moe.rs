@@ -4,7 +4,7 @@
 //! planned on the host ([`crate::kernels::routing::Routing`]) so that every device sums a
 //! token's experts in the same order.
 
-use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch};
+use super::context::{CudaError, CudaResult, Gpu, launch, row_tiles_cfg};
 use super::ops::{i32_of, suffix};
 use super::recurrent::warps_cfg;
 use crate::kernels::dtype::WeightDtype;
@@ -64,7 +64,7 @@ pub fn gather_rows(
     launch!(
         gpu,
         name => "moe_gather_rows_f32",
-        elems_cfg(n * h)?,
+        row_tiles_cfg(n, h, 256)?,
         x,
         rows,
         out,
@@ -122,7 +122,7 @@ pub fn combine(gpu: &Gpu, io: CombineIo, t: usize, k: usize, h: usize) -> CudaRe
     launch!(
         gpu,
         "moe_combine_f32",
-        elems_cfg(t * h)?,
+        row_tiles_cfg(t, h, 256)?,
         io.y,
         io.tok_pos,
         io.tok_w,

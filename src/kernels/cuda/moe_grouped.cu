@@ -109,21 +109,19 @@ extern "C" __global__ void moe_route_grouped_f32(
 }
 
 // out[t, c] = sum_i tok_w[t, i] * y[tok_pos[t, i], c]  (i ascending = expert ascending, from 0),
-// written in OUT (the next GEMM's input dtype, or f32). Launch: grid (ceil(T * h / 256)),
+// written in OUT (the next GEMM's input dtype, or f32). Launch: grid (T, ceil(h / 256)),
 // block (256).
 template <typename OUT>
 __device__ void moe_weighted_sum_t(const float* y, const int* tok_pos, const float* tok_w,
                                    OUT* out, int num_tokens, int top_k, int h) {
-    const long long total = (long long)num_tokens * h;
-    HSX_GRID_STRIDE(idx, total) {
-        const int t = (int)(idx / h);
-        const int c = (int)(idx - (long long)t * h);
+    const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t < num_tokens && c < h) {
         float acc = 0.0f;
         for (int i = 0; i < top_k; ++i) {
             const size_t k = (size_t)t * top_k + i;
             acc = __fadd_rn(acc, __fmul_rn(y[(size_t)tok_pos[k] * h + c], tok_w[k]));
         }
-        out[idx] = from_f32<OUT>(acc);
+        out[(size_t)t * h + c] = from_f32<OUT>(acc);
     }
 }
 extern "C" __global__ void moe_weighted_sum_f32(const float* y, const int* tok_pos,

@@ -3,7 +3,7 @@
 //! the routed experts' outputs written in the next GEMM's input dtype; plus the f32 -> GEMM
 //! input cast of a latent projection. Each op checks its operands on the host first.
 
-use super::context::{CudaError, CudaResult, DevBuf, Gpu, elems_cfg, launch};
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch, row_tiles_cfg};
 use super::device::CudaDevice;
 use super::device_types::{CudaBuf, check_len, invalid};
 use super::ops::{self, i32_of, suffix};
@@ -69,7 +69,7 @@ pub fn weighted_sum(
     launch!(
         gpu,
         &name => "moe_weighted_sum_f32",
-        elems_cfg(t * h)?,
+        row_tiles_cfg(t, h, 256)?,
         y,
         tok_pos,
         tok_w,

@@ -5,7 +5,10 @@
 //! `*_dtype` arguments name the dtype a kernel writes for a following GEMM (the weights'
 //! dtype); the residual stream and everything else stays f32.
 
-use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch, rows_cfg};
+use super::api::limits::ATTN_MAX_HEAD_DIM;
+use super::context::{
+    CudaError, CudaResult, Gpu, LaunchConfig, elems_cfg, launch, row_tiles_cfg, rows_cfg,
+};
 use super::gemm::DevWeight;
 use crate::kernels::dtype::WeightDtype;
 
@@ -94,7 +97,7 @@ pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
     }
-    let cfg = super::context::LaunchConfig {
+    let cfg = LaunchConfig {
         grid_dim: (
             u32::try_from(x.rows).map_err(|_| CudaError::Invalid("rows".into()))?,
             u32::try_from(x.heads).map_err(|_| CudaError::Invalid("heads".into()))?,
@@ -117,9 +120,9 @@ pub fn rope(gpu: &Gpu, x: Heads, rot: usize, positions: u64, inv_freq: u64) -> C
     if x.rows == 0 {
         return Ok(());
     }
-    if rot == 0 || !rot.is_multiple_of(2) || rot > x.head_dim {
+    if rot == 0 || !rot.is_multiple_of(2) || rot > x.head_dim || rot > ATTN_MAX_HEAD_DIM {
         return Err(CudaError::Invalid(format!(
-            "rotary dims {rot} must be even and within head_dim {}",
+            "rotary dims {rot} must be even and within head_dim {} (at most {ATTN_MAX_HEAD_DIM})",
             x.head_dim
         )));
     }
@@ -144,13 +147,13 @@ pub fn silu_mul(
     rows: usize,
     inter: usize,
 ) -> CudaResult<()> {
-    let total = rows * inter;
-    if total == 0 {
+    if rows * inter == 0 {
         return Ok(());
     }
     let name = format!("silu_mul_{}", suffix(dtype));
+    let cfg = row_tiles_cfg(rows, inter, GLU_COLS_PER_BLOCK)?;
     let inter = i32_of(inter, "intermediate")?;
-    launch!(gpu, &name => "silu_mul_f32", elems_cfg(total)?, gu, out, inter, i64_of(total))
+    launch!(gpu, &name => "silu_mul_f32", cfg, gu, out, inter)
 }
 
 /// gpt-oss's clamped SwiGLU of `gu` `[rows, 2 · inter]` (f32) into `out` (`dtype`).
@@ -161,24 +164,18 @@ pub fn swiglu_clamped(
     (rows, inter): (usize, usize),
     (alpha, limit): (f32, f32),
 ) -> CudaResult<()> {
-    let total = rows * inter;
-    if total == 0 {
+    if rows * inter == 0 {
         return Ok(());
     }
     let name = format!("swiglu_clamped_{}", suffix(dtype));
+    let cfg = row_tiles_cfg(rows, inter, GLU_COLS_PER_BLOCK)?;
     let inter = i32_of(inter, "intermediate")?;
-    launch!(
-        gpu,
-        &name => "swiglu_clamped_f32",
-        elems_cfg(total)?,
-        gu,
-        out,
-        inter,
-        alpha,
-        limit,
-        i64_of(total)
-    )
+    launch!(gpu, &name => "swiglu_clamped_f32", cfg, gu, out, inter, alpha, limit)
 }
+
+/// Columns per block of the gated activations (`glu_rows` in elementwise.cu: 256 threads ×
+/// GLU_COLS 4).
+const GLU_COLS_PER_BLOCK: usize = 1024;
 
 /// `y[r, i] += b[i]` over `rows` rows of `n`.
 pub fn bias_add(gpu: &Gpu, y: u64, b: u64, rows: usize, n: usize) -> CudaResult<()> {
@@ -265,23 +262,22 @@ pub fn attn_gate(
     rows: usize,
     qd: usize,
 ) -> CudaResult<()> {
-    let total = rows * qd;
-    if total == 0 {
+    if rows * qd == 0 {
         return Ok(());
     }
     let name = format!("attn_gate_{}", suffix(dtype));
+    let cfg = row_tiles_cfg(rows, qd, 256)?;
     let (col, qd) = (i32_of(gate_col, "gate column")?, i32_of(qd, "q dim")?);
     launch!(
         gpu,
         &name => "attn_gate_f32",
-        elems_cfg(total)?,
+        cfg,
         attn,
         gate,
         i64_of(gate_stride),
         col,
         out,
-        qd,
-        i64_of(total)
+        qd
     )
 }
 

@@ -9,7 +9,7 @@
 
 use super::context::LaunchConfig;
 
-use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch, row_tiles_cfg};
 use super::ops::i32_of;
 use super::recurrent_chunked::{self as chunked, DevBlocks, Recurrence};
 use crate::kernels::plan::SeqState;
@@ -323,7 +323,7 @@ pub fn conv_silu(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
     launch!(
         gpu,
         "conv1d_silu_f32",
-        stride_cfg(t * c.ch)?,
+        row_tiles_cfg(t, c.ch, 256)?,
         c.x,
         stride,
         c.w,
