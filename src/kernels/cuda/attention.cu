@@ -210,24 +210,35 @@ HSX_ATTN(attention_f16_f32, f16_t, float)
 #define MMA_KB(HD) ((HD) > 128 ? 32 : 64)
 #define MMA_THREADS(HD) (128 * MMA_SPLIT(HD))
 
-// Keys kb .. kb + KB of kv group g into `dst` (row j: key kb + j; zeros past max_len), by
-// cp.async from every thread of the block: 16 bytes each, consecutive threads along a key's
-// row so that a warp reads whole sectors.
+// Where keys kb .. kb + KB of kv group g start in the cache (elements; -1 past max_len), one
+// per thread below KB: the block table is read and divided once per key, not once per copy.
+template <int HD, int KB>
+__device__ __forceinline__ void attn_rows(long long* rows, const AttnArgs& a, const int* table,
+                                          int g, int kb, int max_len) {
+    static_assert(KB <= MMA_THREADS(HD), "a thread per key");
+    const int p = kb + (int)threadIdx.x;
+    if (threadIdx.x < KB) {
+        rows[threadIdx.x] = p < max_len ? (long long)cache_slot(table, a.block_size, p) *
+                                                  (a.kv_heads * HD) +
+                                              (long long)g * HD
+                                        : -1;
+    }
+}
+
+// The keys whose cache rows are in `rows` (attn_rows) into `dst` (row j: the j-th key; zeros
+// for -1), by cp.async from every thread of the block: 16 bytes each, consecutive threads
+// along a key's row so that a warp reads whole sectors. Not unrolled: unrolled, the copies'
+// addresses held ~60 more registers across the kernel (a block per SM fewer).
 template <int HD, int KB>
 __device__ __forceinline__ void attn_fetch(unsigned short (*dst)[HD + 8], const bf16_t* cache,
-                                           const AttnArgs& a, const int* table, int g, int kb,
-                                           int max_len) {
+                                           const long long* rows) {
     constexpr int PER_ROW = HD / 8, N = KB * PER_ROW, NT = MMA_THREADS(HD);
     static_assert(N % NT == 0, "a key block is a whole number of rounds of the block");
-#pragma unroll
-    for (int round = 0; round < N / NT; ++round) {
-        const int i = threadIdx.x + round * NT;  // blockDim.x == NT
-        const int j = i / PER_ROW, c = (i % PER_ROW) * 8, p = kb + j;
-        const bool ok = p < max_len;
-        const size_t off =
-            ok ? cache_slot(table, a.block_size, p) * (size_t)(a.kv_heads * HD) + (size_t)g * HD + c
-               : 0;
-        cp_async16(&dst[j][c], cache + off, ok);
+#pragma unroll 1
+    for (int i = threadIdx.x; i < N; i += NT) {  // blockDim.x == NT
+        const int j = i / PER_ROW, c = (i % PER_ROW) * 8;
+        const long long r = rows[j];
+        cp_async16(&dst[j][c], cache + (r < 0 ? 0 : r + c), r >= 0);
     }
 }
 
@@ -237,6 +248,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
     // +8 halves per row: the 8 row addresses of an ldmatrix phase fall in 32 distinct banks.
     alignas(16) __shared__ unsigned short ks[KB][HD + 8];
     alignas(16) __shared__ unsigned short vs[KB][HD + 8];
+    __shared__ long long rows[KB];  // cache rows of the next keys to copy (attn_rows)
     const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
     const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
     const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
@@ -249,9 +261,11 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
     const int len0 = r0 < n ? p0 + 1 + r0 : 0, len1 = r1 < n ? p0 + 1 + r1 : 0;
     const int warp_len = warp * 16 < n ? p0 + min(n, warp * 16 + 16) : 0;
 
-    attn_fetch<HD, KB>(ks, kc, a, table, g, 0, max_len);
+    attn_rows<HD, KB>(rows, a, table, g, 0, max_len);
+    __syncthreads();
+    attn_fetch<HD, KB>(ks, kc, rows);
     cp_async_commit();
-    attn_fetch<HD, KB>(vs, vc, a, table, g, 0, max_len);
+    attn_fetch<HD, KB>(vs, vc, rows);
     cp_async_commit();
 
     unsigned qa[HD / 16][4];
@@ -280,7 +294,9 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         const bool active = kb < warp_len;
         const int tiles8 = active ? min(KB / 8, (warp_len - kb + 7) / 8) : 0;
         cp_async_wait<1>();  // this thread's part of K (V may still be in flight)
-        __syncthreads();     // everyone's part
+        __syncthreads();     // everyone's part; the last copies that read `rows` are issued
+        const bool more = kb + KB < max_len;
+        if (more) attn_rows<HD, KB>(rows, a, table, g, kb + KB, max_len);
         float s[KB / 8][4];
 #pragma unroll
         for (int nt = 0; nt < KB / 8; ++nt) {
@@ -302,7 +318,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
             }
         }
         __syncthreads();  // every warp is done with ks: the next block's keys may land there
-        if (kb + KB < max_len) attn_fetch<HD, KB>(ks, kc, a, table, g, kb + KB, max_len);
+        if (more) attn_fetch<HD, KB>(ks, kc, rows);
         cp_async_commit();
         unsigned pa[KB / 8][2];
         if (active) {
@@ -372,7 +388,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
             }
         }
         __syncthreads();  // every warp is done with vs
-        if (kb + KB < max_len) attn_fetch<HD, KB>(vs, vc, a, table, g, kb + KB, max_len);
+        if (more) attn_fetch<HD, KB>(vs, vc, rows);
         cp_async_commit();
     }
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;

@@ -381,9 +381,10 @@ void async_copy(void* dst, const void* src, unsigned src_bytes, unsigned bytes) 
     Fiber* f = tl_fiber;
     AsyncCopy c{dst, {}, bytes, f->groups};
     std::memcpy(c.data, src, src_bytes);  // the rest of the bytes stay zero, as src-size asks
-    // Until its wait the destination holds NaN bits (0xff bytes): a read that is not ordered
-    // after the wait and a barrier, or a copy issued over data another lane still reads,
-    // yields NaN instead of silently seeing the data a GPU might have delivered by then.
+    // Until its wait the destination holds NaN bits (0xff bytes): a read not ordered after the
+    // wait and a barrier sees NaN instead of whatever a GPU might have delivered by then; so
+    // does a lane that runs after this one (fibers run in lane order between barriers) and
+    // still reads the data this copy overwrites.
     std::memset(dst, 0xff, bytes);
     f->pending.push_back(c);
 }
@@ -395,8 +396,8 @@ void async_wait(unsigned newest) {
     std::vector<AsyncCopy>& p = f->pending;
     size_t kept = 0;
     for (AsyncCopy& c : p) {
-        // Groups older than the `newest` most recent committed ones land; so does nothing of
-        // the open (uncommitted) group, as on a GPU.
+        // Groups older than the `newest` most recent committed ones land; copies of the open
+        // (not yet committed) group never do here, as on a GPU.
         if (c.group + newest < f->groups) {
             std::memcpy(c.dst, c.data, c.bytes);
         } else {
