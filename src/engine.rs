@@ -189,7 +189,8 @@ impl Engine {
             connector: connector.clone(),
             blocks: caching.then(|| (blocks.clone(), e.block_size)),
         };
-        let runner = model_runner::spawn(backend, shape, plan_rx, runner_links)
+        let step_tokens = e.max_num_batched_tokens;
+        let runner = model_runner::spawn(backend, shape, step_tokens, plan_rx, runner_links)
             .map_err(EngineError::Thread)?;
         Ok(Self {
             info,

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::actors::chunk_bytes::ChunkBytes;
+
 /// A request id that is safe to use as a file name: no path separators, no `..`, no NUL,
 /// not empty, at most 200 bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -187,7 +189,8 @@ pub struct CapturedChunk {
     pub id: RequestId,
     pub start: usize,
     pub rows: usize,
-    pub data: Vec<u8>,
+    /// Back to the runner's pool when dropped (see [`ChunkBytes`]).
+    pub data: ChunkBytes,
 }
 
 // ---------------------------------------------------------------- scheduler -> connector

@@ -3,6 +3,7 @@
 //! wrapper only moves messages.
 
 pub mod block_manager;
+pub mod chunk_bytes;
 pub mod connector;
 pub mod events;
 pub mod messages;

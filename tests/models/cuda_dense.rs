@@ -236,3 +236,34 @@ fn fp8_capture_matches_the_cpu() {
     eprintln!("fp8 codes differing from the cpu: {differ} of {total}");
     assert!(differ * 1000 <= total, "{differ} of {total} codes differ");
 }
+
+/// The runner hands each step's captured bytes back (`recycle_captured`) and the next step is
+/// copied into them: the same allocation, exactly the bytes a fresh backend gives (fewer rows
+/// than the buffer held, f32 and fp8).
+#[test]
+fn a_recycled_capture_buffer_gives_the_bytes_of_a_fresh_one() {
+    use hsx::kernels::OutputDtype;
+    if !cuda_usable() {
+        return;
+    }
+    let name = "llama";
+    let spec = ModelSpec::from_dir(&common::model_dir(name)).unwrap();
+    let ps = prompts(&spec);
+    let (long, short) = (&ps[3], &ps[0]);
+    for dtype in [OutputDtype::F32, OutputDtype::Fp8] {
+        let backend = || cuda_backend_as(name, vec![0, 2, 4], NUM_BLOCKS, 0, BUDGET, dtype);
+        let (mut reused, mut fresh) = (backend(), backend());
+        let first = PAGING.alone(reused.as_mut(), 0, long);
+        let addr = first.captured.as_ptr();
+        reused.recycle_captured(first.captured);
+        let got = PAGING.alone(reused.as_mut(), 1, short);
+        assert_eq!(
+            got.captured.as_ptr(),
+            addr,
+            "{dtype:?}: the buffer is reused"
+        );
+        let want = PAGING.alone(fresh.as_mut(), 1, short);
+        assert_eq!(got.captured.len(), want.captured.len(), "{dtype:?}");
+        assert!(got.captured == want.captured, "{dtype:?}: bytes differ");
+    }
+}

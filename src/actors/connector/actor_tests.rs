@@ -27,7 +27,7 @@ fn chunk(id: &str, start: usize, rows: usize) -> CapturedChunk {
         id: rid(id),
         start,
         rows,
-        data: vec![start as u8 + 1; rows * 32],
+        data: vec![start as u8 + 1; rows * 32].into(),
     }
 }
 

@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{CompleteHiddenStates, ConnectorError, FileLayout};
-use crate::actors::messages::{CapturedChunk, FinishedRequest, RequestId};
+use crate::actors::messages::{CapturedChunk, ChunkBytes, FinishedRequest, RequestId};
 
 /// Rows held for one unfinished request.
 #[derive(Debug)]
 enum Pending {
     /// Chunks in row order; kept as received (no concatenation copy), written one after another.
     Rows {
-        chunks: Vec<Vec<u8>>,
+        chunks: Vec<ChunkBytes>,
         rows: usize,
         bytes: usize,
     },
@@ -213,7 +213,7 @@ mod tests {
             id: rid(id),
             start,
             rows,
-            data: vec![start as u8; rows * 24],
+            data: vec![start as u8; rows * 24].into(),
         }
     }
 
@@ -334,7 +334,7 @@ mod tests {
     fn wrong_length_rejected() {
         let mut s = state();
         let mut c = chunk("a", 0, 2);
-        c.data.pop();
+        c.data = vec![0; 47].into();
         let e = s.capture(c).unwrap_err();
         assert!(
             matches!(
@@ -352,7 +352,7 @@ mod tests {
             id: rid("h"),
             start: 0,
             rows: usize::MAX,
-            data: vec![],
+            data: vec![].into(),
         };
         assert!(matches!(
             s.capture(huge),

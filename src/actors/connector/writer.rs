@@ -12,7 +12,9 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, View};
 
 use super::FileLayout;
-use crate::actors::messages::{EventKind, FinishedRequest, OutputDtype, PrefixOutput, RequestId};
+use crate::actors::messages::{
+    ChunkBytes, EventKind, FinishedRequest, OutputDtype, PrefixOutput, RequestId,
+};
 use crate::kernels::fp8::SCALE_BYTES;
 
 /// The fp8 files' per-token scales, `[T, 1, 1]` f32 (`hs_connectors.fp8_utils.SCALES_KEY`).
@@ -30,7 +32,7 @@ pub struct CompleteHiddenStates {
     output_token_ids: Vec<u32>,
     path: PathBuf,
     /// Row chunks in order, shared with the files sliced from this one's leading rows.
-    chunks: Arc<[Vec<u8>]>,
+    chunks: Arc<[ChunkBytes]>,
     lock_files: bool,
     /// Files to cut from the leading rows (taken by [`Self::take_prefixes`]).
     prefixes: Vec<PrefixOutput>,
@@ -92,7 +94,7 @@ impl CompleteHiddenStates {
     pub(super) fn new(
         req: FinishedRequest,
         layout: Arc<FileLayout>,
-        chunks: Vec<Vec<u8>>,
+        chunks: Vec<ChunkBytes>,
         lock_files: bool,
     ) -> Self {
         Self {

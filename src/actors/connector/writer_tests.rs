@@ -69,7 +69,7 @@ fn complete(
             id: rid("req-1"),
             start,
             rows: n,
-            data,
+            data: data.into(),
         };
         state.capture(chunk).unwrap();
         start += n;
@@ -340,7 +340,7 @@ fn prefixes_are_the_leading_rows_of_the_full_file() {
                 id: rid("full"),
                 start,
                 rows: end - start,
-                data: data(start, end),
+                data: data(start, end).into(),
             })
             .unwrap();
     }

@@ -117,7 +117,10 @@ mod tests {
             id: id(name),
             start,
             rows,
-            data: (start..start + rows).flat_map(|t| [t as u8; 2]).collect(),
+            data: (start..start + rows)
+                .flat_map(|t| [t as u8; 2])
+                .collect::<Vec<u8>>()
+                .into(),
         }
     }
 

@@ -14,6 +14,7 @@ use kameo::actor::ActorRef;
 pub use state::{PlanError, PreparedStep, RowShape, RunnerState};
 
 use crate::actors::block_manager::{BlockManagerHandle, BlocksComputed};
+use crate::actors::chunk_bytes::{ChunkPool, MIN_POOLED_BYTES};
 use crate::actors::connector::ConnectorHandle;
 use crate::actors::messages::{SlotCopy, StepPlan};
 use crate::actors::scheduler::{Scheduler, StepResult};
@@ -27,20 +28,24 @@ pub struct RunnerLinks {
     pub blocks: Option<(BlockManagerHandle, usize)>,
 }
 
-/// Starts the runner thread; it ends when every sender of `plans` is dropped.
+/// Starts the runner thread; it ends when every sender of `plans` is dropped. `step_tokens`:
+/// the most tokens a plan holds (spare chunk allocations are kept for two steps' rows).
 pub fn spawn(
     mut backend: Box<dyn Backend>,
     shape: RowShape,
+    step_tokens: usize,
     plans: flume::Receiver<StepPlan>,
     links: RunnerLinks,
 ) -> std::io::Result<JoinHandle<()>> {
+    let spare_bytes = step_tokens.saturating_mul(shape.bytes()).saturating_mul(2);
     std::thread::Builder::new()
         .name("hsx-runner".into())
         .spawn(move || {
-            let mut state = match &links.blocks {
+            let state = match &links.blocks {
                 Some((_, block_size)) => RunnerState::with_block_rows(*block_size, shape.bytes()),
                 None => RunnerState::default(),
             };
+            let mut state = state.with_chunk_pool(ChunkPool::new(spare_bytes, MIN_POOLED_BYTES));
             while let Ok(plan) = plans.recv() {
                 let result = run_step(&mut state, backend.as_mut(), shape, &plan, &links);
                 if links.scheduler.tell(result).blocking_send().is_err() {
@@ -100,6 +105,7 @@ fn run_step(
     };
     // The rows are copied out per request: the step's buffer goes back for the next step.
     backend.recycle_captured(out.captured);
+    metrics::gauge!("hsx_runner_spare_chunk_bytes").set(state.spare_chunk_bytes() as f64);
     if let Err(e) = copy_slots(backend, &plan.snapshots) {
         return failed(format!("snapshotting recurrent state: {e}"));
     }

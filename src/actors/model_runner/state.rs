@@ -7,6 +7,7 @@ use thiserror::Error;
 
 use super::block_rows::BlockRows;
 use crate::actors::block_manager::ComputedBlocks;
+use crate::actors::chunk_bytes::ChunkPool;
 use crate::actors::messages::{CapturedChunk, OutputDtype, RequestId, StepOutput, StepPlan};
 use crate::kernels::{BadRow, BatchOutput, SeqChunk};
 
@@ -76,6 +77,8 @@ pub struct RunnerState {
     seqs: HashMap<RequestId, Seq>,
     /// Prefix reuse: full prompt blocks' rows for the block manager.
     block_rows: Option<BlockRows>,
+    /// Allocations of earlier chunks, for this step's (see [`ChunkPool`]).
+    chunks: ChunkPool,
 }
 
 impl RunnerState {
@@ -86,6 +89,16 @@ impl RunnerState {
             block_rows: Some(BlockRows::new(block_size, row_bytes)),
             ..Self::default()
         }
+    }
+
+    /// Cuts each step's rows into allocations of earlier chunks (see [`ChunkPool`]).
+    pub fn with_chunk_pool(self, chunks: ChunkPool) -> Self {
+        Self { chunks, ..self }
+    }
+
+    /// Capacity of earlier chunks kept for later steps.
+    pub fn spare_chunk_bytes(&self) -> usize {
+        self.chunks.spare_bytes()
     }
 
     /// The full prompt blocks completed by these captured chunks, with their rows (empty
@@ -191,7 +204,7 @@ impl RunnerState {
                     id: c.id.clone(),
                     start: c.start,
                     rows: c.capture_len,
-                    data: bytes.to_vec(),
+                    data: self.chunks.copy(bytes),
                 });
             }
             row += c.len;
@@ -291,7 +304,7 @@ mod tests {
         assert_eq!(res.sampled, vec![(id("b"), 5)]);
         assert_eq!(caps.len(), 2);
         assert_eq!(caps[1].start, 0);
-        assert_eq!(caps[1].data, f32_bytes(&[2.0, 2.5]));
+        assert_eq!(*caps[1].data, f32_bytes(&[2.0, 2.5]));
         assert_eq!(caps[0].rows, 2);
         // The sampled token becomes b's next input.
         let plan2 = StepPlan {
@@ -324,6 +337,48 @@ mod tests {
             s.prepare(&plan),
             Err(PlanError::UnknownRequest(_))
         ));
+    }
+
+    /// Chunks cut into allocations of earlier, dropped chunks hold exactly their step's rows.
+    #[test]
+    fn pooled_chunks_hold_exactly_their_rows() {
+        let pool = ChunkPool::new(1 << 20, 1);
+        let mut s = RunnerState::default().with_chunk_pool(pool);
+        let plan = |step, new_requests, chunks| StepPlan {
+            step,
+            new_requests,
+            chunks,
+            ..Default::default()
+        };
+        let output = |rows: usize, seed: f32| BatchOutput {
+            captured: f32_bytes(&(0..rows * 2).map(|i| seed + i as f32).collect::<Vec<_>>()),
+            dtype: OutputDtype::F32,
+            sampled: vec![None; 2],
+            bad_rows: vec![],
+        };
+        let first = plan(
+            0,
+            vec![new_req("a", &[1; 9]), new_req("b", &[2; 4])],
+            vec![chunk("a", 0, 5, false), chunk("b", 0, 4, false)],
+        );
+        s.prepare(&first).unwrap();
+        let (_, caps) = s.commit(&first, &output(9, 0.0), SHAPE).unwrap();
+        let addrs: Vec<_> = caps.iter().map(|c| c.data.as_ptr()).collect();
+        drop(caps);
+        let second = plan(
+            1,
+            vec![new_req("c", &[3; 3])],
+            vec![chunk("a", 5, 4, false), chunk("c", 0, 3, false)],
+        );
+        s.prepare(&second).unwrap();
+        let out = output(7, 100.0);
+        let (_, caps) = s.commit(&second, &out, SHAPE).unwrap();
+        assert_eq!(*caps[0].data, out.captured[..32]);
+        assert_eq!(*caps[1].data, out.captured[32..]);
+        assert!(
+            caps.iter().all(|c| addrs.contains(&c.data.as_ptr())),
+            "the first step's allocations hold the second's chunks"
+        );
     }
 
     #[test]

@@ -203,12 +203,11 @@ impl Scheduler {
     /// first chunk (rows `0..cached`); sent before the plan, so before the runner's chunks.
     async fn send_prefix_rows(&mut self) {
         for state::PrefixRows { id, rows, blocks } in self.state.take_prefix_rows() {
-            let data = blocks.concat();
             let chunk = CapturedChunk {
                 id,
                 start: 0,
                 rows,
-                data,
+                data: blocks.concat().into(),
             };
             // A stopped connector only happens at shutdown.
             let _ = self.links.connector.capture(chunk).await;

@@ -45,11 +45,14 @@ impl PinnedBuf {
         })
     }
 
-    /// The first `n` bytes. The caller guarantees no download into them is in flight.
-    fn read(&self, n: usize) -> Vec<u8> {
+    /// The first `n` bytes, in place of `out`'s. The caller guarantees no download into them
+    /// is in flight.
+    fn read_into(&self, n: usize, out: &mut Vec<u8>) {
         assert!(n <= self.len, "pinned read of {n} bytes past {}", self.len);
         // SAFETY: `ptr` holds `len` bytes (zeroed or written by finished downloads).
-        unsafe { std::slice::from_raw_parts(self.ptr, n) }.to_vec()
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, n) };
+        out.clear();
+        out.extend_from_slice(bytes);
     }
 }
 
@@ -76,6 +79,10 @@ pub struct Capture {
     /// Per slot: check for all-zero rows; `None`: no guard.
     guard: Option<Vec<bool>>,
     pinned: PinnedBuf,
+    /// The last step's bytes, handed back by the runner once cut into requests
+    /// ([`Self::recycle`]): the next step is copied into them instead of fresh pages (the
+    /// faults of a fresh buffer cost several times the copy, with the GPU waiting).
+    spare: Vec<u8>,
     ready: Event,
     dev: Arc<dyn DeviceApi>,
 }
@@ -115,6 +122,7 @@ impl Capture {
             flags: gpu.zeros(layers.saturating_mul(max_tokens))?,
             guard,
             pinned,
+            spare: Vec::new(),
             ready: gpu.dev.new_event()?,
             dev: gpu.dev.clone(),
         })
@@ -239,9 +247,16 @@ impl Capture {
         }
     }
 
+    /// Takes back bytes an earlier [`Self::finish`] handed over, for the next step.
+    pub fn recycle(&mut self, bytes: Vec<u8>) {
+        if bytes.capacity() > self.spare.capacity() {
+            self.spare = bytes;
+        }
+    }
+
     /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
     /// bytes of the output dtype, with the rows the guard refused.
-    pub fn finish(&self, gpu: &Gpu, t: usize) -> CudaResult<Captured> {
+    pub fn finish(&mut self, gpu: &Gpu, t: usize) -> CudaResult<Captured> {
         if t > self.max_tokens {
             self.dev.synchronize(Stream::Copy)?;
             return Err(CudaError::Invalid(format!(
@@ -252,7 +267,8 @@ impl Capture {
             self.quantize_and_download(gpu, t)?;
         }
         self.dev.synchronize(Stream::Copy)?;
-        let bytes = self.pinned.read(t * self.host_row_bytes());
+        let mut bytes = std::mem::take(&mut self.spare);
+        self.pinned.read_into(t * self.host_row_bytes(), &mut bytes);
         let mut refused = Vec::new();
         if let Some(zero_check) = &self.guard {
             let flags = gpu.download(&self.flags, t * self.layers)?;

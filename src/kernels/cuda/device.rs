@@ -542,6 +542,10 @@ impl Device for CudaDevice {
     fn capture_finish(&self, cap: &mut Capture, rows: usize) -> DevResult<Captured> {
         Ok(cap.finish(&self.gpu, rows)?)
     }
+
+    fn capture_recycle(&self, cap: &mut Capture, bytes: Vec<u8>) {
+        cap.recycle(bytes);
+    }
 }
 
 #[cfg(test)]
