@@ -22,6 +22,7 @@
 #   memcheck compute-sanitizer memcheck (bf16 dense and hybrid, Mamba-2), racecheck (bf16 dense)
 #   bench    bench/gpu.py (8B-shaped random model), only if DEADLINE_S leaves time for it
 #   ab       the two attention kernels at the bench model's shape: files compared, speed
+#   host     (profile mode) the runner's host work between steps, bench/step_host.rs
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [DEADLINE_S] [profile]}
 deadline=${2:-0}
@@ -268,6 +269,9 @@ if [ "$mode" = hybrid ]; then
     exit 0
 fi
 if [ "$mode" = profile ]; then
+    # The runner's host work between steps on this machine's cores (bench/step_host.rs).
+    step host 120 gpu/step_host --requests 4 --steps 12
+    grep "runner host time" "$out/host.log"
     profile /tmp/hsx-gpu llama8b 2,16,29,32 2,8,16,24,32
     cat "$summary"
     exit 0

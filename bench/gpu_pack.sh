@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu_check.sh runs on a GPU machine (which has no Rust toolchain) and packs it
 # into gpu/bins.tar.xz: the library's, tests/models' and tests/engine's test binaries, hsx and the
-# random_model example, all with `--features cuda`, stripped (~13 MB packed).
+# random_model and step_host examples, all with `--features cuda`, stripped (~13 MB packed).
 #
 #   bench/gpu_pack.sh
 #
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/gpu/' .git/info/exclude 2>/dev/null || echo '/gpu/' >>.git/info/exclude
-cargo build --release --features cuda --bin hsx --example random_model
+cargo build --release --features cuda --bin hsx --example random_model --example step_host
 # The test binaries' paths, from cargo's own report of what it built.
 bins=$(cargo test --release --features cuda --no-run --message-format=json 2>/dev/null |
     python3 -c '
@@ -30,9 +30,10 @@ while read -r name path; do
 done <<<"$bins"
 strip --strip-all -o "$stage/hsx" target/release/hsx
 strip --strip-all -o "$stage/random_model" target/release/examples/random_model
-for f in libtests models engine hsx random_model; do
+strip --strip-all -o "$stage/step_host" target/release/examples/step_host
+for f in libtests models engine hsx random_model step_host; do
     test -x "$stage/$f" || { echo "missing $f" >&2; exit 1; }
 done
 mkdir -p gpu
-tar cJf gpu/bins.tar.xz -C "$stage" libtests models engine hsx random_model
+tar cJf gpu/bins.tar.xz -C "$stage" libtests models engine hsx random_model step_host
 ls -l gpu/bins.tar.xz

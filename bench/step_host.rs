@@ -15,9 +15,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use hsx::actors::chunk_bytes::{ChunkPool, MIN_POOLED_BYTES};
-use hsx::actors::messages::{NewRequestData, OutputDtype, PlannedChunk, RequestId, StepPlan};
+use hsx::actors::messages::{
+    CapturedChunk, NewRequestData, OutputDtype, PlannedChunk, RequestId, StepPlan,
+};
 use hsx::actors::model_runner::{RowShape, RunnerState};
 use hsx::kernels::BatchOutput;
+use hsx::kernels::host_copy::copy_into;
 
 struct Args {
     tokens: usize,
@@ -100,6 +103,91 @@ fn plan(step: u64, lens: &[usize], released: Vec<RequestId>) -> StepPlan {
     }
 }
 
+/// One way of doing the runner's host work, and its timings.
+struct Way {
+    name: &'static str,
+    state: RunnerState,
+    /// Reuse the step's buffer (else a new one per step, dropped after the cut).
+    recycle: bool,
+    /// Copies on this pool (1 thread), else on rayon's global pool.
+    threads: Option<rayon::ThreadPool>,
+    spare: Vec<u8>,
+    released: Vec<RequestId>,
+    ms: Vec<f64>,
+}
+
+impl Way {
+    fn new(name: &'static str, pool: Option<ChunkPool>, one_thread: bool) -> Result<Self> {
+        let threads = match one_thread {
+            true => Some(rayon::ThreadPoolBuilder::new().num_threads(1).build()?),
+            false => None,
+        };
+        Ok(Self {
+            name,
+            recycle: pool.is_some(),
+            state: pool.map_or_else(RunnerState::default, |p| {
+                RunnerState::default().with_chunk_pool(p)
+            }),
+            threads,
+            spare: Vec::new(),
+            released: Vec::new(),
+            ms: Vec::new(),
+        })
+    }
+
+    /// One step: the copy out of `pinned`, the cut; returns the chunks (timed up to here).
+    fn step(
+        &mut self,
+        step: u64,
+        lens: &[usize],
+        pinned: &[u8],
+        shape: RowShape,
+    ) -> Result<Vec<CapturedChunk>> {
+        let p = plan(step, lens, std::mem::take(&mut self.released));
+        self.state.prepare(&p)?;
+        let t0 = Instant::now();
+        let mut work = || -> Result<Vec<CapturedChunk>> {
+            let captured = match self.recycle {
+                true => {
+                    let mut b = std::mem::take(&mut self.spare);
+                    copy_into(&mut b, pinned);
+                    b
+                }
+                false => pinned.to_vec(),
+            };
+            let out = BatchOutput {
+                captured,
+                dtype: OutputDtype::Bf16,
+                sampled: vec![None; p.chunks.len()],
+                bad_rows: Vec::new(),
+            };
+            let (_, chunks) = self.state.commit(&p, &out, shape)?;
+            if self.recycle {
+                self.spare = out.captured;
+            }
+            Ok(chunks)
+        };
+        let chunks = match self.threads.take() {
+            Some(pool) => {
+                let c = pool.install(&mut work);
+                self.threads = Some(pool);
+                c?
+            }
+            None => work()?,
+        };
+        if step > 0 {
+            self.ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        self.released = p.chunks.iter().map(|c| c.id.clone()).collect();
+        Ok(chunks)
+    }
+
+    fn median(&mut self) -> f64 {
+        self.ms.sort_by(f64::total_cmp);
+        self.ms[self.ms.len() / 2]
+    }
+}
+
 fn main() -> Result<()> {
     let a = parse()?;
     let shape = RowShape {
@@ -110,78 +198,45 @@ fn main() -> Result<()> {
     let step_bytes = a.tokens * shape.bytes();
     let pinned: Vec<u8> = (0..step_bytes).map(|i| (i % 251) as u8).collect();
     // The writers: chunks are dropped there (a pooled one's allocation goes back from there).
-    let (to_writer, writer) = flume::bounded::<Vec<hsx::actors::messages::CapturedChunk>>(4);
+    let (to_writer, writer) = flume::bounded::<Vec<CapturedChunk>>(4);
     let dropper = std::thread::spawn(move || {
         for chunks in writer.iter() {
             drop(chunks)
         }
     });
-    let mut fresh = RunnerState::default();
-    let pool = ChunkPool::new(2 * a.tokens * shape.bytes(), MIN_POOLED_BYTES);
-    let mut reused = RunnerState::default().with_chunk_pool(pool);
-    let mut spare: Vec<u8> = Vec::new();
-    let (mut t_fresh, mut t_reused) = (Vec::new(), Vec::new());
-    let mut released = (Vec::new(), Vec::new());
+    let pool = || Some(ChunkPool::new(2 * step_bytes, MIN_POOLED_BYTES));
+    let mut ways = [
+        Way::new("new buffers", None, true)?,
+        Way::new("reused, 1 thread", pool(), true)?,
+        Way::new("reused, all threads", pool(), false)?,
+    ];
     for step in 0..a.steps as u64 {
-        for pooled in [false, true] {
-            let (state, rel) = match pooled {
-                false => (&mut fresh, &mut released.0),
-                true => (&mut reused, &mut released.1),
-            };
-            let p = plan(
-                step,
-                &lengths(step, a.tokens, a.requests),
-                std::mem::take(rel),
-            );
-            state.prepare(&p)?;
-            let t0 = Instant::now();
-            let captured = if pooled {
-                let mut b = std::mem::take(&mut spare);
-                b.clear();
-                b.extend_from_slice(&pinned);
-                b
-            } else {
-                pinned.clone()
-            };
-            let out = BatchOutput {
-                captured,
-                dtype: OutputDtype::Bf16,
-                sampled: vec![None; p.chunks.len()],
-                bad_rows: Vec::new(),
-            };
-            let (_, chunks) = state.commit(&p, &out, shape)?;
-            if pooled {
-                spare = out.captured;
-            } else {
-                drop(out);
-            }
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            to_writer.send(chunks)?;
-            *rel = p.chunks.iter().map(|c| c.id.clone()).collect();
-            if step > 0 {
-                if pooled { &mut t_reused } else { &mut t_fresh }.push(ms);
-            }
+        let lens = lengths(step, a.tokens, a.requests);
+        for way in &mut ways {
+            to_writer.send(way.step(step, &lens, &pinned, shape)?)?;
         }
         // As a writer would have finished by the next step.
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     drop(to_writer);
     dropper.join().expect("dropper");
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let times: Vec<String> = (ways.iter_mut())
+        .map(|w| {
+            let ms = w.median();
+            format!("{} {ms:.1} ms", w.name)
+        })
+        .collect();
     println!(
-        "step of {} tokens x {} layers x {} (bf16, {:.0} MiB) in {} chunks of varying lengths, {} steps: \
-         runner host time per step (median) fresh {:.1} ms, reused {:.1} ms",
+        "step of {} tokens x {} layers x {} (bf16, {:.0} MiB) in {} chunks of varying lengths, \
+         {} steps, {cpu} threads: runner host time per step (median): {}",
         a.tokens,
         a.layers,
         a.hidden,
         step_bytes as f64 / (1 << 20) as f64,
         a.requests,
         a.steps - 1,
-        median(&mut t_fresh),
-        median(&mut t_reused)
+        times.join(", ")
     );
     Ok(())
 }

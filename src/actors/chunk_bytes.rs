@@ -11,6 +11,8 @@
 use std::fmt;
 use std::ops::Deref;
 
+use crate::kernels::host_copy::copy_into;
+
 /// The runner's pooling threshold: smaller chunks are plain allocations (the allocator
 /// reuses small ones itself).
 pub const MIN_POOLED_BYTES: usize = 1 << 20;
@@ -100,7 +102,7 @@ impl ChunkPool {
         }
         self.collect_returns();
         let mut data = self.take_fitting(rows.len()).unwrap_or_default();
-        data.extend_from_slice(rows);
+        copy_into(&mut data, rows);
         ChunkBytes {
             data,
             home: Some(self.home.clone()),
@@ -132,10 +134,8 @@ impl ChunkPool {
             .filter(|&i| (len..=len.saturating_mul(2)).contains(&cap(i)))
             .min_by_key(|&i| cap(i));
         let i = fitting.or_else(|| indices.filter(|&i| cap(i) < len).max_by_key(|&i| cap(i)))?;
-        let mut buf = self.free.swap_remove(i);
+        let buf = self.free.swap_remove(i);
         self.free_bytes -= buf.capacity();
-        buf.clear();
-        buf.reserve_exact(len);
         Some(buf)
     }
 }

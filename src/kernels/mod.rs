@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod fp8;
+pub mod host_copy;
 pub mod plan;
 pub mod rope;
 pub mod routing;

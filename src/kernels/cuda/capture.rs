@@ -51,8 +51,7 @@ impl PinnedBuf {
         assert!(n <= self.len, "pinned read of {n} bytes past {}", self.len);
         // SAFETY: `ptr` holds `len` bytes (zeroed or written by finished downloads).
         let bytes = unsafe { std::slice::from_raw_parts(self.ptr, n) };
-        out.clear();
-        out.extend_from_slice(bytes);
+        crate::kernels::host_copy::copy_into(out, bytes);
     }
 }
 
