@@ -280,8 +280,7 @@ impl DevKvCache {
         }
         if let Some((rot, inv_freq)) = rope {
             let pos = plan.positions.ptr();
-            ops::rope(gpu, q, rot, pos, inv_freq)?;
-            ops::rope(gpu, k, rot, pos, inv_freq)?;
+            ops::rope_qk(gpu, q, k, rot, pos, inv_freq)?;
         }
         let v_col = rows.k_col + rows.kv_heads * hd;
         self.write(gpu, layer, q, rows.k_col, v_col, plan)?;

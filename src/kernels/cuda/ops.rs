@@ -138,6 +138,29 @@ pub fn rope(gpu: &Gpu, x: Heads, rot: usize, positions: u64, inv_freq: u64) -> C
     )
 }
 
+/// [`rope`] of q's and k's heads. Where k's heads follow q's in the same rows (the fused qkv
+/// layout), one launch covers both, so each row's cos / sin are computed once, not twice.
+pub fn rope_qk(
+    gpu: &Gpu,
+    q: Heads,
+    k: Heads,
+    rot: usize,
+    positions: u64,
+    inv_freq: u64,
+) -> CudaResult<()> {
+    let same_rows =
+        (q.base, q.stride, q.rows, q.head_dim) == (k.base, k.stride, k.rows, k.head_dim);
+    if same_rows && k.col == q.col + q.heads * q.head_dim {
+        let both = Heads {
+            heads: q.heads + k.heads,
+            ..q
+        };
+        return rope(gpu, both, rot, positions, inv_freq);
+    }
+    rope(gpu, q, rot, positions, inv_freq)?;
+    rope(gpu, k, rot, positions, inv_freq)
+}
+
 /// `out[t, i] = silu(gu[t, i]) * gu[t, inter + i]` (out in `dtype`).
 pub fn silu_mul(
     gpu: &Gpu,
