@@ -7,9 +7,15 @@
 //! ~26 ms into pages already mapped, time in which a GPU waits for the next step. So a chunk's
 //! allocation goes back to the runner when the chunk is dropped (its file written or the
 //! request discarded), over a bounded channel, and a later step's rows are copied into it.
+//!
+//! The spare allocations (on their way back and kept by the runner) are bounded in bytes by
+//! a counter the returning chunks share with the pool: an idle engine holds at most that
+//! much, not every allocation its last burst of requests returned.
 
 use std::fmt;
 use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::kernels::host_copy::copy_into;
 
@@ -17,14 +23,38 @@ use crate::kernels::host_copy::copy_into;
 /// reuses small ones itself).
 pub const MIN_POOLED_BYTES: usize = 1 << 20;
 
-/// Allocations on their way back to the runner (a full channel drops them instead), and the
-/// most spare ones the runner keeps.
+/// Spare allocations at most, on their way back and kept (a full channel drops them).
 const MAX_SPARE: usize = 64;
 
 /// A chunk's bytes. Dropped, its allocation goes back to the pool it came from, if any.
 pub struct ChunkBytes {
     data: Vec<u8>,
-    home: Option<flume::Sender<Vec<u8>>>,
+    home: Option<Home>,
+}
+
+/// Where a pooled chunk's allocation goes back to.
+#[derive(Clone)]
+struct Home {
+    returns: flume::Sender<Vec<u8>>,
+    /// Capacity of the spare allocations, on their way back or kept by the pool.
+    spare: Arc<AtomicUsize>,
+    max_bytes: usize,
+}
+
+impl Home {
+    /// Sends `buf` back if the spare bytes stay within the bound; else it is freed here.
+    fn give_back(&self, buf: Vec<u8>) {
+        let cap = buf.capacity();
+        let reserved = self
+            .spare
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + cap <= self.max_bytes).then_some(held + cap)
+            });
+        // A full or closed channel (the runner gone): freed here after all.
+        if reserved.is_ok() && self.returns.try_send(buf).is_err() {
+            self.spare.fetch_sub(cap, Ordering::AcqRel);
+        }
+    }
 }
 
 impl ChunkBytes {
@@ -63,31 +93,32 @@ impl fmt::Debug for ChunkBytes {
 impl Drop for ChunkBytes {
     fn drop(&mut self) {
         if let Some(home) = self.home.take() {
-            // A full or closed channel (the runner gone) drops the allocation here instead.
-            let _ = home.try_send(std::mem::take(&mut self.data));
+            home.give_back(std::mem::take(&mut self.data));
         }
     }
 }
 
-/// The runner's spare chunk allocations: at most `max_bytes` of capacity kept.
+/// The runner's spare chunk allocations: at most `max_bytes` of capacity, counting those on
+/// their way back.
 pub struct ChunkPool {
     free: Vec<Vec<u8>>,
-    free_bytes: usize,
-    max_bytes: usize,
     min_bytes: usize,
     returns: flume::Receiver<Vec<u8>>,
-    home: flume::Sender<Vec<u8>>,
+    home: Home,
 }
 
 impl ChunkPool {
     /// A pool keeping at most `max_bytes` of spare capacity (0: chunks are plain allocations),
     /// for chunks of at least `min_bytes`.
     pub fn new(max_bytes: usize, min_bytes: usize) -> Self {
-        let (home, returns) = flume::bounded(MAX_SPARE);
+        let (tx, returns) = flume::bounded(MAX_SPARE);
+        let home = Home {
+            returns: tx,
+            spare: Arc::new(AtomicUsize::new(0)),
+            max_bytes,
+        };
         Self {
             free: Vec::new(),
-            free_bytes: 0,
-            max_bytes,
             min_bytes,
             returns,
             home,
@@ -97,7 +128,7 @@ impl ChunkPool {
     /// A chunk holding a copy of `rows`, in a returned allocation of at least their size and
     /// at most twice it where there is one.
     pub fn copy(&mut self, rows: &[u8]) -> ChunkBytes {
-        if rows.len() < self.min_bytes || self.max_bytes == 0 {
+        if rows.len() < self.min_bytes || self.home.max_bytes == 0 {
             return rows.to_vec().into();
         }
         self.collect_returns();
@@ -109,18 +140,14 @@ impl ChunkPool {
         }
     }
 
-    /// Capacity kept for later chunks.
+    /// Capacity kept for later chunks (on its way back included).
     pub fn spare_bytes(&self) -> usize {
-        self.free_bytes
+        self.home.spare.load(Ordering::Acquire)
     }
 
     fn collect_returns(&mut self) {
-        while let Ok(buf) = self.returns.try_recv() {
-            if self.free_bytes + buf.capacity() <= self.max_bytes && self.free.len() < MAX_SPARE {
-                self.free_bytes += buf.capacity();
-                self.free.push(buf);
-            }
-        }
+        // At most MAX_SPARE: the channel's capacity.
+        self.free.extend(self.returns.try_iter());
     }
 
     /// The smallest spare allocation holding `len` bytes, if it is at most twice that (a much
@@ -135,7 +162,7 @@ impl ChunkPool {
             .min_by_key(|&i| cap(i));
         let i = fitting.or_else(|| indices.filter(|&i| cap(i) < len).max_by_key(|&i| cap(i)))?;
         let buf = self.free.swap_remove(i);
-        self.free_bytes -= buf.capacity();
+        self.home.spare.fetch_sub(buf.capacity(), Ordering::AcqRel);
         Some(buf)
     }
 }
@@ -143,9 +170,9 @@ impl ChunkPool {
 impl fmt::Debug for ChunkPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChunkPool")
-            .field("spare", &self.free.len())
-            .field("spare_bytes", &self.free_bytes)
-            .field("max_bytes", &self.max_bytes)
+            .field("kept", &self.free.len())
+            .field("spare_bytes", &self.spare_bytes())
+            .field("max_bytes", &self.home.max_bytes)
             .finish()
     }
 }
@@ -215,9 +242,13 @@ mod tests {
         let mut pool = ChunkPool::new(5 * MIB, MIB);
         let chunks: Vec<_> = (0..3).map(|i| pool.copy(&rows(2 * MIB, i))).collect();
         drop(chunks);
-        pool.copy(&rows(MIB, 9));
-        // Two of the three returned allocations fit in 5 MiB, less the one just taken.
-        assert!(pool.spare_bytes() <= 5 * MIB, "{}", pool.spare_bytes());
+        // Before the pool takes any back (an idle runner): two of the three fit in 5 MiB, the
+        // third was freed by its chunk.
+        assert_eq!(pool.spare_bytes(), 4 * MIB);
+        let taken = pool.copy(&rows(MIB, 9));
+        assert_eq!(pool.spare_bytes(), 2 * MIB);
+        drop(taken);
+        assert_eq!(pool.spare_bytes(), 4 * MIB);
         let small = pool.copy(&rows(MIB - 1, 3));
         assert!(small.home.is_none());
         let unpooled = ChunkPool::default().copy(&rows(2 * MIB, 0));
