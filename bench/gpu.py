@@ -4,7 +4,7 @@ transformers on the same GPU when torch is there.
 
     python3 bench/gpu.py --hsx target/release/hsx \
         --random-model target/release/examples/random_model [--work /tmp/hsx-gpu] \
-        [--shape llama8b] [--tokens 200000] [--min-len 1024] [--max-len 4096] \
+        [--shape llama8b] [--model-layers N] [--tokens 200000] [--min-len 1024] [--max-len 4096] \
         [--budget 8192] [--layers 2,16,29,32] [--long 32768] [--long-layers 2,8,16,24,32] \
         [--peer-python python3] [--peer-batch 4] [--peer-max-seconds S] [--no-peer] [--device cuda]
 
@@ -171,7 +171,8 @@ def run_peer(a, model: Path, prompts: Path, mode: str) -> dict:
 def prepare(a, work: Path) -> tuple[Path, Path, Path]:
     model = work / "model"
     if not (model / "config.json").exists():
-        subprocess.run([a.random_model, str(model), "--shape", a.shape], check=True)
+        layers = ["--layers", str(a.model_layers)] if a.model_layers else []
+        subprocess.run([a.random_model, str(model), "--shape", a.shape, *layers], check=True)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     prompts, long = work / "prompts.jsonl", work / "long.jsonl"
     mk = [sys.executable, str(BENCH / "make_prompts.py")]
@@ -216,6 +217,8 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/hsx-gpu")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", default="llama8b")
+    ap.add_argument("--model-layers", type=int, default=None,
+                    help="keep the shape's first N layers (random_model --layers)")
     ap.add_argument("--tokens", type=int, default=200_000)
     ap.add_argument("--min-len", type=int, default=1024)
     ap.add_argument("--max-len", type=int, default=4096)

@@ -9,6 +9,7 @@
 #   bench/gpu_check.sh OUT_DIR 0 recurrent  # the chunked recurrences: tests, hybrid bench,
 #                                           # A/B tensor-core vs f32 state passes, profile
 #   bench/gpu_check.sh OUT_DIR 0 mamba      # the Nemotron-H (Mamba-2) bench row, A/B, profile
+#   bench/gpu_check.sh OUT_DIR 0 moe        # the Qwen3-30B-A3B-shaped MoE bench row (16 layers)
 #   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
 #   bench/gpu_check.sh OUT_DIR 540 tensor   # tensor-core vs f32 state passes in one call: tests,
 #                                           # A/B (files, speed, ncu), parity, sanitizers
@@ -165,6 +166,18 @@ mamba() {
     grep -E "tokens/s" "$out/mamba.log" | tail -2
     profile $m nemotronh_8b 2,26,49,52
 }
+# The MoE row: Qwen3-30B-A3B's geometry (128 experts of 768, 8 per token), its first 16 of 48
+# layers (20 GB of random bf16 weights; all 48 would not fit the 64 GiB disk beside the rest),
+# EAGLE-3-style layers 2, 8, 13, 16; hsx and transformers on the GPU. No ncu profile: hsx runs
+# a cuBLAS GEMM pair per expert that got rows (~4,000 launches per step here), too many for
+# ncu's replay in the time left.
+moe() {
+    local m=/tmp/hsx-moe
+    step moe 420 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+        --work $m --shape qwen3moe_30b --model-layers 16 --tokens 30000 --long 16384 \
+        --layers 2,8,13,16 --long-layers 2,4,8,13,16 --peer-max-seconds 30
+    tail -16 "$out/moe.log"
+}
 # Where the Gated DeltaNet state pass stalls (gdn_chunk_state_mma for bf16 weights;
 # gdn_chunk_state_f32 under HSX_CUDA_RECURRENT=chunked): ncu's throughput, occupancy,
 # warp-state and memory sections over two of its launches in a 4-layer model of the hybrid
@@ -260,6 +273,11 @@ if [ "$mode" = mamba ]; then
 fi
 if [ "$mode" = recurrent ]; then
     recurrent
+    cat "$summary"
+    exit 0
+fi
+if [ "$mode" = moe ]; then
+    moe
     cat "$summary"
     exit 0
 fi

@@ -2,13 +2,15 @@
 //! machines have no package registry, and a 16 GB model is too big to carry there.
 //!
 //!     cargo run --release --example random_model -- OUT_DIR
-//!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny|nemotronh_8b|nemotronh_tiny]
+//!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny|nemotronh_8b|nemotronh_tiny|
+//!                  qwen3moe_30b|qwen3moe_tiny]
 //!         [--layers N] [--dtype bf16|f32]
 //!
 //! `llama*` are Llama-shaped; `qwen35_*` are Qwen3.5 hybrids (`Qwen3_5ForCausalLM`): three
 //! Gated DeltaNet layers to one gated full-attention layer, the layout of the fixtures;
 //! `nemotronh_*` are Nemotron-H hybrids (`NemotronHForCausalLM`, `backbone.*` names): Mamba-2,
-//! relu² MLP and attention blocks in Nemotron-H-8B's pattern (`--layers N` keeps its first N).
+//! relu² MLP and attention blocks in Nemotron-H-8B's pattern (`--layers N` keeps its first N);
+//! `qwen3moe_*` are Qwen3-MoE models (`Qwen3MoeForCausalLM`, per-expert tensors as on the Hub).
 //!
 //! Writes `config.json`, `model-0000i-of-0000n.safetensors` shards (≤ 4 GiB each) and
 //! `model.safetensors.index.json`, as Hugging Face does. Weights are uniform with std 0.02
@@ -25,181 +27,13 @@ use half::bf16;
 use rayon::prelude::*;
 use serde_json::json;
 
-#[derive(Clone, Copy)]
-struct Shape {
-    vocab: usize,
-    hidden: usize,
-    intermediate: usize,
-    layers: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    rope_theta: f64,
-    /// Qwen3.5's Gated DeltaNet geometry; `None` for Llama.
-    gdn: Option<Gdn>,
-    /// Nemotron-H's Mamba-2 geometry; `None` for the others.
-    mamba: Option<Mamba>,
-}
-
-/// Mamba-2 heads, head dim, state size, groups; and the block pattern (`M` Mamba-2, `-` MLP,
-/// `*` attention).
-#[derive(Clone, Copy)]
-struct Mamba {
-    heads: usize,
-    head_dim: usize,
-    d_state: usize,
-    groups: usize,
-    pattern: &'static str,
-}
-
-impl Mamba {
-    fn inner(&self) -> usize {
-        self.heads * self.head_dim
-    }
-    /// Conv channels: x | B | C.
-    fn conv(&self) -> usize {
-        self.inner() + 2 * self.groups * self.d_state
-    }
-}
-
-/// Nemotron-H-8B's 52 blocks: 24 Mamba-2, 24 MLP, 4 attention.
-const NEMOTRON_H_8B: &str = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
-
-/// Gated DeltaNet heads: key heads, value heads, key and value head dims.
-#[derive(Clone, Copy)]
-struct Gdn {
-    nk: usize,
-    nv: usize,
-    dk: usize,
-    dv: usize,
-}
+#[path = "random_model_shapes.rs"]
+mod shapes;
+use shapes::{Mamba, Shape, shape};
 
 /// Qwen3.5's `full_attention_interval` default: every 4th layer is full attention.
 fn is_full_attention(layer: usize) -> bool {
     (layer + 1).is_multiple_of(4)
-}
-
-fn shape(name: &str) -> Result<Shape> {
-    Ok(match name {
-        // Llama-3.1-8B's geometry.
-        "llama8b" => Shape {
-            vocab: 128256,
-            hidden: 4096,
-            intermediate: 14336,
-            layers: 32,
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 128,
-            rope_theta: 500000.0,
-            gdn: None,
-            mamba: None,
-        },
-        // Llama-3.2-1B's geometry (untied here).
-        "llama1b" => Shape {
-            vocab: 128256,
-            hidden: 2048,
-            intermediate: 8192,
-            layers: 16,
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 64,
-            rope_theta: 500000.0,
-            gdn: None,
-            mamba: None,
-        },
-        "tiny" => Shape {
-            vocab: 512,
-            hidden: 64,
-            intermediate: 128,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            rope_theta: 10000.0,
-            gdn: None,
-            mamba: None,
-        },
-        // A 9B-class Qwen3.5 hybrid: the head geometry of Qwen3.5's config defaults (attention
-        // head dim 256, linear heads 16 key / 32 value of 128), hidden 4096, 32 layers.
-        "qwen35_9b" => Shape {
-            vocab: 248320,
-            hidden: 4096,
-            intermediate: 12288,
-            layers: 32,
-            heads: 16,
-            kv_heads: 4,
-            head_dim: 256,
-            rope_theta: 10_000_000.0,
-            gdn: Some(Gdn {
-                nk: 16,
-                nv: 32,
-                dk: 128,
-                dv: 128,
-            }),
-            mamba: None,
-        },
-        "qwen35_tiny" => Shape {
-            vocab: 512,
-            hidden: 64,
-            intermediate: 128,
-            layers: 4,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 32,
-            rope_theta: 10000.0,
-            gdn: Some(Gdn {
-                nk: 2,
-                nv: 4,
-                dk: 16,
-                dv: 16,
-            }),
-            mamba: None,
-        },
-        // Nemotron-H-8B's geometry (its config.json): Mamba-2 with 128 heads of 64, state 128
-        // in 8 groups; relu² MLP 21,504; attention 32 heads / 8 KV heads of 128.
-        "nemotronh_8b" => Shape {
-            vocab: 131072,
-            hidden: 4096,
-            intermediate: 21504,
-            layers: NEMOTRON_H_8B.len(),
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 128,
-            rope_theta: 10000.0,
-            gdn: None,
-            mamba: Some(Mamba {
-                heads: 128,
-                head_dim: 64,
-                d_state: 128,
-                groups: 8,
-                pattern: NEMOTRON_H_8B,
-            }),
-        },
-        "nemotronh_tiny" => Shape {
-            vocab: 512,
-            hidden: 64,
-            intermediate: 128,
-            layers: 6,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            rope_theta: 10000.0,
-            gdn: None,
-            mamba: Some(Mamba {
-                heads: 8,
-                head_dim: 16,
-                d_state: 16,
-                groups: 2,
-                pattern: "M-*-M-",
-            }),
-        },
-        other => {
-            bail!(
-                "unknown --shape {other:?} (llama8b, llama1b, tiny, qwen35_9b, qwen35_tiny, \
-                 nemotronh_8b, nemotronh_tiny)"
-            )
-        }
-    })
 }
 
 struct Args {
@@ -275,13 +109,19 @@ fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
                 push(format!("{sa}.k_proj.weight"), vec![kv, h]);
                 push(format!("{sa}.v_proj.weight"), vec![kv, h]);
                 push(format!("{sa}.o_proj.weight"), vec![h, q]);
-                if s.gdn.is_some() {
+                if s.gdn.is_some() || s.moe.is_some() {
                     push(format!("{sa}.q_norm.weight"), vec![s.head_dim]);
                     push(format!("{sa}.k_norm.weight"), vec![s.head_dim]);
                 }
             }
         }
         push(format!("{p}.post_attention_layernorm.weight"), vec![h]);
+        if let Some(m) = s.moe {
+            for (name, shape) in m.mlp_tensors(&p, h) {
+                push(name, shape);
+            }
+            continue;
+        }
         push(format!("{p}.mlp.gate_proj.weight"), vec![s.intermediate, h]);
         push(format!("{p}.mlp.up_proj.weight"), vec![s.intermediate, h]);
         push(format!("{p}.mlp.down_proj.weight"), vec![h, s.intermediate]);
@@ -403,6 +243,13 @@ fn config_json(s: &Shape, f32: bool) -> serde_json::Value {
         "eos_token_id": 2,
         "torch_dtype": if f32 { "float32" } else { "bfloat16" },
     });
+    if let Some(m) = s.moe {
+        let map = c.as_object_mut().expect("an object");
+        map.remove("mlp_bias");
+        for (k, v) in m.config(s.rope_theta).as_object().expect("an object") {
+            map.insert(k.clone(), v.clone());
+        }
+    }
     if let Some(g) = s.gdn {
         let types: Vec<&str> = (0..s.layers)
             .map(|i| {
