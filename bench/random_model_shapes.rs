@@ -195,22 +195,15 @@ pub fn shape(name: &str) -> Result<Shape> {
                 inter: 768,
             }),
         },
+        // `tiny` with 8 experts of 32, 2 per token.
         "qwen3moe_tiny" => Shape {
-            vocab: 512,
-            hidden: 64,
-            intermediate: 128,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
             rope_theta: 1_000_000.0,
-            gdn: None,
-            mamba: None,
             moe: Some(Moe {
                 experts: 8,
                 top_k: 2,
                 inter: 32,
             }),
+            ..shape("tiny")?
         },
         other => {
             bail!(
