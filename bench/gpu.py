@@ -141,7 +141,9 @@ def run_hsx(a, model: Path, prompts: Path, tag: str, layers: str, discard: bool,
     tokens, secs = sum(lens), max(parsed[1], 1e-3)
     flops = linear_flops_per_token(model) * tokens + attention_flops(model, lens)
     res.update(tokens=tokens, seconds=secs, tok_s=tokens / secs, tflops=flops / secs / 1e12,
-               memory_log=[line for line in r.stderr.splitlines() if "memory" in line.lower()][-8:])
+               memory_log=[line for line in r.stderr.splitlines() if "memory" in line.lower()][-8:],
+               runner=next((line[line.index("model runner:"):] for line in r.stderr.splitlines()
+                            if "model runner:" in line), None))
     shutil.rmtree(work / "out", ignore_errors=True)
     return res
 
@@ -203,6 +205,8 @@ def table(a, name: str, peak: float | None, rows: dict) -> str:
         ts = tok(r) if label.startswith("hsx") else (f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else r.get("error", "not run"))
         tf = f"{r['tflops']:.0f}" if "tflops" in r else "–"
         out.append(f"| {label} | {ts} | {tf} | {mfu(r) if label.startswith('hsx') else '–'} | {r.get('peak_device_mib') or '–'} |")
+    out += [f"{label}: {r['runner']}" for label, r in [("hsx (writing files)", w), ("hsx compute-only", c)]
+            if r.get("runner")]
     out += ["", f"hsx / transformers as usual: {ratio(peer['usual'])}; at best: {ratio(peer['best'])}",
             f"long prompt ({a.long} tokens, layers {a.long_layers}): {fmt_tok(rows['long'])} tok/s, "
             f"peak device memory {rows['long'].get('peak_device_mib') or '–'} MiB; hsx's memory lines:"]

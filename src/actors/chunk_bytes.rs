@@ -57,12 +57,6 @@ impl Home {
     }
 }
 
-impl ChunkBytes {
-    pub fn as_slice(&self) -> &[u8] {
-        &self.data
-    }
-}
-
 impl From<Vec<u8>> for ChunkBytes {
     /// Bytes that go nowhere when dropped.
     fn from(data: Vec<u8>) -> Self {

@@ -8,6 +8,7 @@ mod state;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kameo::actor::ActorRef;
 
@@ -46,14 +47,75 @@ pub fn spawn(
                 None => RunnerState::default(),
             };
             let mut state = state.with_chunk_pool(ChunkPool::new(spare_bytes, MIN_POOLED_BYTES));
+            let mut times = RunnerTimes::default();
+            let mut waiting = Instant::now();
             while let Ok(plan) = plans.recv() {
-                let result = run_step(&mut state, backend.as_mut(), shape, &plan, &links);
+                let started = times.waited(waiting.elapsed());
+                let result = run_step(
+                    &mut state,
+                    backend.as_mut(),
+                    shape,
+                    &plan,
+                    &links,
+                    &mut times,
+                );
+                times.stepped(started.elapsed());
+                waiting = Instant::now();
                 if links.scheduler.tell(result).blocking_send().is_err() {
                     tracing::warn!("scheduler gone; model runner stops");
                     break;
                 }
             }
+            times.log();
         })
+}
+
+/// Where the runner thread's time goes: in the backend's forward (on a GPU: launching, then
+/// waiting for the device and copying the captured rows out of its buffer), in the runner's
+/// own work after it (cutting the rows per request, handing them on), and waiting for the
+/// scheduler's next plan. Per step as metrics, in total in one log line when the runner ends:
+/// a device that idles between steps shows as host work and waiting.
+#[derive(Debug, Default)]
+struct RunnerTimes {
+    steps: u64,
+    forward: Duration,
+    host: Duration,
+    waiting: Duration,
+    /// The forward of the step in progress.
+    this_forward: Duration,
+}
+
+impl RunnerTimes {
+    /// Records the wait for a plan; returns when the step starts.
+    fn waited(&mut self, d: Duration) -> Instant {
+        self.waiting += d;
+        metrics::histogram!("hsx_runner_wait_seconds").record(d.as_secs_f64());
+        Instant::now()
+    }
+
+    fn forwarded(&mut self, d: Duration) {
+        self.this_forward = d;
+        self.forward += d;
+        metrics::histogram!("hsx_runner_forward_seconds").record(d.as_secs_f64());
+    }
+
+    /// The step took `d` in all, its forward included.
+    fn stepped(&mut self, d: Duration) {
+        let host = d.saturating_sub(std::mem::take(&mut self.this_forward));
+        self.steps += 1;
+        self.host += host;
+        metrics::histogram!("hsx_runner_host_seconds").record(host.as_secs_f64());
+    }
+
+    fn log(&self) {
+        tracing::info!(
+            "model runner: {} steps; forward {:.3} s, host work after it {:.3} s, waiting for plans {:.3} s",
+            self.steps,
+            self.forward.as_secs_f64(),
+            self.host.as_secs_f64(),
+            self.waiting.as_secs_f64()
+        );
+    }
 }
 
 fn run_step(
@@ -62,6 +124,7 @@ fn run_step(
     shape: RowShape,
     plan: &StepPlan,
     links: &RunnerLinks,
+    times: &mut RunnerTimes,
 ) -> StepResult {
     let failed = |error: String| StepResult::Failed {
         step: plan.step,
@@ -88,7 +151,10 @@ fn run_step(
         token_ids: &prepared.token_ids,
         seqs: &prepared.seqs,
     };
-    let out = match catch_unwind(AssertUnwindSafe(|| backend.forward(&batch))) {
+    let started = Instant::now();
+    let out = catch_unwind(AssertUnwindSafe(|| backend.forward(&batch)));
+    times.forwarded(started.elapsed());
+    let out = match out {
         Ok(Ok(out)) => out,
         Ok(Err(e @ BackendError::DeviceLost(_))) => {
             return StepResult::DeviceLost {
@@ -137,4 +203,26 @@ fn copy_slots(backend: &mut dyn Backend, copies: &[SlotCopy]) -> Result<(), Back
         .collect();
     catch_unwind(AssertUnwindSafe(|| backend.copy_state_slots(&pairs)))
         .unwrap_or_else(|_| Err(BackendError::Compute("the backend panicked".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_work_is_each_step_less_its_forward() {
+        let ms = Duration::from_millis;
+        let mut t = RunnerTimes::default();
+        t.waited(ms(5));
+        t.forwarded(ms(30));
+        t.stepped(ms(42));
+        t.waited(ms(1));
+        t.forwarded(ms(20));
+        t.stepped(ms(21));
+        assert_eq!(t.steps, 2);
+        assert_eq!((t.forward, t.host, t.waiting), (ms(50), ms(13), ms(6)));
+        // A step that failed before its forward: all host work.
+        t.stepped(ms(3));
+        assert_eq!(t.host, ms(16));
+    }
 }
