@@ -9,7 +9,9 @@
 //! `pending_hidden_bytes`, `admission_memory_waits_total`,
 //! `kv_blocks_used`, `kv_blocks_total`, `events_published_total`, `subscribers_dropped_total`,
 //! `socket_connections`, `prefix_cache_hit_tokens_total`, `prefix_cache_waited_tokens_total`,
-//! `prefix_cache_blocks`, `prefix_cache_bytes`, `prefix_cache_snapshots`.
+//! `prefix_cache_blocks`, `prefix_cache_bytes`, `prefix_cache_snapshots`,
+//! `runner_forward_seconds`, `runner_host_seconds`, `runner_wait_seconds`,
+//! `runner_spare_chunk_bytes`.
 
 use std::sync::OnceLock;
 
@@ -134,6 +136,27 @@ fn describe() {
         "Subscribers disconnected for lagging"
     );
     describe_gauge!("hsx_socket_connections", "Open Unix socket connections");
+    describe_histogram!(
+        "hsx_runner_forward_seconds",
+        Unit::Seconds,
+        "Per step, the backend's forward (on a GPU: launches, the wait for the device, the rows \
+         copied out)"
+    );
+    describe_histogram!(
+        "hsx_runner_host_seconds",
+        Unit::Seconds,
+        "Per step, the model runner's work after the forward (rows cut per request, handed on)"
+    );
+    describe_histogram!(
+        "hsx_runner_wait_seconds",
+        Unit::Seconds,
+        "Per step, the model runner's wait for the scheduler's plan"
+    );
+    describe_gauge!(
+        "hsx_runner_spare_chunk_bytes",
+        Unit::Bytes,
+        "Allocations of written chunks kept to cut later steps' rows into (at most two steps')"
+    );
 }
 
 /// Refreshes the gauges from the actors, then renders every series.

@@ -90,6 +90,11 @@ async fn metrics_move_by_the_right_amounts() {
     assert!(delta("hsx_steps_total") >= 1.0);
     assert!(delta("hsx_step_duration_seconds_count") >= 1.0);
     assert_eq!(delta("hsx_step_tokens_sum"), 27.0);
+    // The runner's time per step: forward, its own work after it, the wait for a plan.
+    for h in ["forward", "host", "wait"] {
+        let count = format!("hsx_runner_{h}_seconds_count");
+        assert_eq!(delta(&count), delta("hsx_steps_total"), "{count}");
+    }
     for gauge in [
         "hsx_queue_waiting_requests",
         "hsx_running_requests",
@@ -97,6 +102,7 @@ async fn metrics_move_by_the_right_amounts() {
         "hsx_pending_hidden_bytes",
         "hsx_kv_blocks_used",
         "hsx_kv_blocks_total",
+        "hsx_runner_spare_chunk_bytes",
     ] {
         assert!(after.contains_key(gauge), "{gauge} missing");
     }
