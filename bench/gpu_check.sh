@@ -173,7 +173,7 @@ mamba() {
 # ncu's replay in the time left.
 moe() {
     local m=/tmp/hsx-moe
-    step moe 420 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+    step moe 540 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
         --work $m --shape qwen3moe_30b --model-layers 16 --tokens 30000 --long 16384 \
         --layers 2,8,13,16 --long-layers 2,4,8,13,16 --peer-max-seconds 30
     tail -16 "$out/moe.log"
