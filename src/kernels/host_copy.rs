@@ -34,6 +34,14 @@ pub fn copy_into(dst: &mut Vec<u8>, src: &[u8]) {
     unsafe { dst.set_len(src.len()) };
 }
 
+/// Keeps `bytes` as the buffer a later step writes into when they hold more than `spare`: the
+/// capture backends' `recycle` (pages already mapped, not fresh ones).
+pub fn keep_larger(spare: &mut Vec<u8>, bytes: Vec<u8>) {
+    if bytes.capacity() > spare.capacity() {
+        *spare = bytes;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

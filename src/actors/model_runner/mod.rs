@@ -73,8 +73,9 @@ pub fn spawn(
 /// Where the runner thread's time goes: in the backend's forward (on a GPU: launching, then
 /// waiting for the device and copying the captured rows out of its buffer), in the runner's
 /// own work after it (cutting the rows per request, handing them on: a full connector mailbox
-/// waits there), and waiting for the scheduler's next plan. Per step as metrics, in total in one log line when the runner ends:
-/// a device that idles between steps shows as host work and waiting.
+/// waits there), and waiting for the scheduler's next plan. Per step as metrics, in total in
+/// one log line when the runner ends: a device that idles between steps shows as host work
+/// and waiting.
 #[derive(Debug, Default)]
 struct RunnerTimes {
     steps: u64,

@@ -52,9 +52,7 @@ impl CpuCapture {
 
     /// Takes back bytes an earlier [`Self::finish`] handed over, for the next step.
     pub fn recycle(&mut self, bytes: Vec<u8>) {
-        if bytes.capacity() > self.spare.capacity() {
-            self.spare = bytes;
-        }
+        crate::kernels::host_copy::keep_larger(&mut self.spare, bytes);
     }
 
     /// Rows `x` (`width` wide, f32) as slot `slot`. fp8 rows are staged in f32 (a token's

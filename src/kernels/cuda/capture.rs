@@ -248,9 +248,7 @@ impl Capture {
 
     /// Takes back bytes an earlier [`Self::finish`] handed over, for the next step.
     pub fn recycle(&mut self, bytes: Vec<u8>) {
-        if bytes.capacity() > self.spare.capacity() {
-            self.spare = bytes;
-        }
+        crate::kernels::host_copy::keep_larger(&mut self.spare, bytes);
     }
 
     /// Waits for this forward's downloads and returns the `[t, K, H]` rows as little-endian
