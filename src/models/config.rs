@@ -35,11 +35,14 @@ pub enum Architecture {
     Qwen3_5Moe,
     /// `GptOssForCausalLM`: sinks, sliding / full attention, YaRN, biased MoE (MXFP4 or not).
     GptOss,
+    /// `Glm4MoeForCausalLM` (GLM-4.5 / 4.6 / 4.7): biased q/k/v, partial rotary, optional
+    /// q/k norm, dense MLPs then routed experts with DeepSeek-V3's router + a shared expert.
+    Glm4Moe,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -51,6 +54,7 @@ impl Architecture {
         Self::Mixtral,
         Self::Qwen3_5Moe,
         Self::GptOss,
+        Self::Glm4Moe,
     ];
 
     fn from_hf(name: &str) -> Option<Self> {
@@ -71,6 +75,7 @@ impl Architecture {
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
+            Self::Glm4Moe => "Glm4MoeForCausalLM",
         }
     }
 
@@ -192,9 +197,15 @@ impl ModelSpec {
             rope_theta,
             rope_scaling,
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-            o_bias: architecture != Architecture::Qwen2 && attention_bias,
+            // Qwen2's and GLM-4.5's `attention_bias` leaves o_proj without one.
+            o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Glm4Moe)
+                && attention_bias,
             mlp_bias: cfg.bool_or("mlp_bias", false)?,
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
+            qk_norm: match architecture {
+                Architecture::Qwen3 | Architecture::Qwen3Moe => true,
+                Architecture::Glm4Moe => cfg.bool_or("use_qk_norm", false)?,
+                _ => false,
+            },
             tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
             max_position_embeddings,
             dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
@@ -241,14 +252,14 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH => 4096,
-        Architecture::GptOss => 131072,
+        Architecture::GptOss | Architecture::Glm4Moe => 131072,
     }
 }
 
 /// `rms_norm_eps` when the config names none (MixtralConfig's is 1e-5).
 fn default_eps(arch: Architecture) -> f64 {
     match arch {
-        Architecture::Mixtral => 1e-5,
+        Architecture::Mixtral | Architecture::Glm4Moe => 1e-5,
         _ => 1e-6,
     }
 }

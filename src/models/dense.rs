@@ -1,10 +1,12 @@
-//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE and Mixtral
-//! (`model.*` checkpoint names).
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE, Mixtral
+//! and GLM-4.5 (`model.*` checkpoint names).
 //!
-//! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's per-head q/k norm,
-//! RoPE incl. llama3 scaling) -> `post_attention_layernorm` -> SwiGLU MLP, or the sparse MoE
-//! block where the spec's MoE geometry makes the layer sparse (Qwen3-MoE `mlp.*`, Mixtral
-//! `block_sparse_moe.*` with experts `w1` / `w3` / `w2`).
+//! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
+//! q/k norm, RoPE incl. llama3 scaling, GLM-4.5's partial rotary) -> `post_attention_layernorm`
+//! -> SwiGLU MLP, or the sparse MoE block where the spec's MoE geometry makes the layer sparse
+//! (Qwen3-MoE and GLM-4.5 `mlp.*`, Mixtral `block_sparse_moe.*` with experts `w1` / `w3` /
+//! `w2`). GLM-4.5 checkpoints also hold the multi-token-prediction layer(s) after the last
+//! decoder layer (`model.layers.{L}.*`), which transformers does not build either: not read.
 
 use super::decoder::Decoder;
 use super::hybrid_config::MoeSpec;
@@ -69,13 +71,15 @@ pub(super) fn load_attention<D: Device>(
         h,
         spec.qkv_bias,
     )?;
-    // Sized by head_dim: made once the projections' shapes have confirmed it.
-    let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
+    // Sized by head_dim: made once the projections' shapes have confirmed it. GLM-4.5 rotates
+    // the first `rotary_dim` dims of each head only.
+    let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
+    let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
     Ok(Attention {
         qkv,
         o: ld.linear1(&attn("o_proj"), h, qd, spec.o_bias)?,
         qk_norm,
-        rope: Some((ld.dev.rope_table(&rope)?, hd)),
+        rope: Some((ld.dev.rope_table(&rope)?, rot)),
         gated: false,
         heads: spec.num_heads,
         kv_heads: spec.num_kv_heads,

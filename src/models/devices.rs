@@ -120,6 +120,18 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
             limits::MAX_EXPERTS
         ));
     }
+    if let Some(g) = h
+        .moe
+        .as_ref()
+        .and_then(|m| m.grouped())
+        .filter(|g| g.n_group > limits::MAX_EXPERT_GROUPS)
+    {
+        return Some(format!(
+            "n_group {} > {}",
+            g.n_group,
+            limits::MAX_EXPERT_GROUPS
+        ));
+    }
     if let Some(m) = h.nemotron_moe.as_ref().filter(|m| {
         m.num_experts > limits::MAX_EXPERTS || m.router.n_group > limits::MAX_EXPERT_GROUPS
     }) {

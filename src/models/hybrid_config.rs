@@ -16,6 +16,7 @@ use super::ModelError;
 use super::config::{
     Architecture, Cfg, MAX_LAYERS, ModelSpec, RopeScaling, WeightDtype, default_max_pos,
 };
+use crate::kernels::routing::GroupedTopK;
 
 /// What one decoder layer (block) of a hybrid model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +63,8 @@ impl GdnSpec {
     }
 }
 
-/// Sparse MoE block: top-k routed experts, and for Qwen3-Next / Qwen3.5-MoE a sigmoid-gated
-/// shared expert.
+/// Sparse MoE block: top-k routed SwiGLU experts, and for Qwen3-Next / Qwen3.5-MoE a
+/// sigmoid-gated shared expert, for GLM-4.5 a plain one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeSpec {
     pub num_experts: usize,
@@ -74,6 +75,44 @@ pub struct MoeSpec {
     pub norm_topk_prob: bool,
     /// Per layer: the MLP is the MoE block (else a dense MLP of `intermediate_size`).
     pub sparse_layers: Vec<bool>,
+    pub router: MoeRouter,
+}
+
+/// How a MoE block picks each token's experts and their weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MoeRouter {
+    /// Softmax over the router's logits, top-k, renormalised when `norm_topk_prob` (Qwen,
+    /// Mixtral); the shared expert (Qwen3-Next, Qwen3.5-MoE) is `shared_expert`, scaled by
+    /// `sigmoid(shared_expert_gate(x))`.
+    Softmax,
+    /// DeepSeek-V3's group-limited sigmoid router ([`GroupedTopK`]) with
+    /// `gate.e_score_correction_bias` (GLM-4.5); the shared expert is `shared_experts`, added
+    /// as it is. `scale` is `routed_scaling_factor`.
+    Grouped {
+        n_group: usize,
+        topk_group: usize,
+        scale: f32,
+    },
+}
+
+impl MoeSpec {
+    /// The grouped router's choice (`None` for the softmax router).
+    pub fn grouped(&self) -> Option<GroupedTopK> {
+        match self.router {
+            MoeRouter::Softmax => None,
+            MoeRouter::Grouped {
+                n_group,
+                topk_group,
+                scale,
+            } => Some(GroupedTopK {
+                top_k: self.top_k,
+                n_group,
+                topk_group,
+                renorm: self.norm_topk_prob,
+                scale,
+            }),
+        }
+    }
 }
 
 /// Nemotron-H Mamba-2 mixer geometry.
@@ -113,6 +152,29 @@ pub struct HybridSpec {
     pub mamba: Option<MambaSpec>,
     /// Nemotron 3's MoE blocks ([`LayerKind::Moe`]).
     pub nemotron_moe: Option<super::nemotron_moe::NemotronMoeSpec>,
+}
+
+/// Rotated dims of each attention head: `int(head_dim · partial_rotary_factor)` as transformers
+/// computes it, the factor read from `rope_parameters` or the top level (`default` when absent).
+pub(super) fn rotary_dim(
+    cfg: &Cfg<'_>,
+    head_dim: usize,
+    default: f64,
+) -> Result<usize, ModelError> {
+    let factor = cfg
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .map(Ok)
+        .unwrap_or_else(|| cfg.f64_or("partial_rotary_factor", default))?;
+    let rotary_dim = (head_dim as f64 * factor) as usize;
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+        return Err(cfg.err(
+            "partial_rotary_factor",
+            format!("{factor} gives rotary dim {rotary_dim} for head_dim {head_dim}"),
+        ));
+    }
+    Ok(rotary_dim)
 }
 
 /// Parses a hybrid config (architecture already identified).
@@ -233,20 +295,7 @@ fn parse_qwen(
     if rope_scaling != RopeScaling::None {
         return Err(unsupported(cfg, "rope scaling in a hybrid model".into()));
     }
-    let factor = cfg
-        .get("rope_parameters")
-        .and_then(|p| p.get("partial_rotary_factor"))
-        .and_then(Value::as_f64)
-        .map(Ok)
-        .unwrap_or_else(|| cfg.f64_or("partial_rotary_factor", 0.25))?;
-    // transformers: dim = int(head_dim * partial_rotary_factor)
-    let rotary_dim = (head_dim as f64 * factor) as usize;
-    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
-        return Err(cfg.err(
-            "partial_rotary_factor",
-            format!("{factor} gives rotary dim {rotary_dim} for head_dim {head_dim}"),
-        ));
-    }
+    let rotary_dim = rotary_dim(cfg, head_dim, 0.25)?;
     let gdn = GdnSpec {
         num_k_heads: cfg.usize_or("linear_num_key_heads", 16)?,
         num_v_heads: cfg.usize_or("linear_num_value_heads", 32)?,

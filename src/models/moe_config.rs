@@ -1,10 +1,12 @@
 //! The MoE fields of `config.json` -> [`MoeSpec`], for the families with routed experts:
 //! Qwen3-Next and Qwen3.5-MoE (hybrid layers, a gated shared expert), Qwen3-MoE and Mixtral
-//! (attention-only layers, no shared expert). Defaults are the transformers config classes'.
+//! (attention-only layers, no shared expert), GLM-4.5 (attention-only layers, DeepSeek-V3's
+//! grouped sigmoid router, a plain shared expert). Defaults are the transformers config
+//! classes'.
 
 use super::ModelError;
 use super::config::{Architecture, Cfg};
-use super::hybrid_config::{HybridSpec, LayerKind, MoeSpec, first_usize};
+use super::hybrid_config::{HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize, rotary_dim};
 
 /// Qwen-style MoE fields (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
 /// `shared_expert_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`,
@@ -46,6 +48,7 @@ pub(super) fn qwen_moe(
         shared_intermediate: shared,
         norm_topk_prob,
         sparse_layers,
+        router: MoeRouter::Softmax,
     }))
 }
 
@@ -75,26 +78,59 @@ fn mixtral_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> 
         shared_intermediate: None,
         norm_topk_prob: true,
         sparse_layers: vec![true; num_layers],
+        router: MoeRouter::Softmax,
     })
 }
 
-/// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral): every layer
-/// attention with full rotary `head_dim`, the MoE geometry; `None` for other architectures
-/// and for a Qwen3-MoE config with `num_experts` 0.
+/// GLM-4.5 (`Glm4MoeConfig`, DeepSeek-V3's MoE): `n_routed_experts` (alias
+/// `num_local_experts`) of `moe_intermediate_size`, top `num_experts_per_tok` by the grouped
+/// sigmoid router (`n_group`, `topk_group`, `norm_topk_prob`, `routed_scaling_factor`), a
+/// shared expert of `moe_intermediate_size · n_shared_experts`; layers below
+/// `first_k_dense_replace` are dense MLPs of `intermediate_size`.
+fn glm_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> {
+    let inter = cfg.usize_or("moe_intermediate_size", 1408)?;
+    let shared = inter
+        .checked_mul(cfg.usize_or("n_shared_experts", 1)?)
+        .ok_or_else(|| cfg.err("n_shared_experts", "too large"))?;
+    let dense = cfg.usize_or("first_k_dense_replace", 1)?;
+    Ok(MoeSpec {
+        num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], 128)?,
+        top_k: cfg.usize_or("num_experts_per_tok", 8)?,
+        expert_intermediate: inter,
+        // transformers builds a zero-wide shared expert (adding zeros) for 0 shared experts.
+        shared_intermediate: (shared > 0).then_some(shared),
+        norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
+        sparse_layers: (0..num_layers).map(|i| i >= dense).collect(),
+        router: MoeRouter::Grouped {
+            n_group: cfg.usize_or("n_group", 1)?,
+            topk_group: cfg.usize_or("topk_group", 1)?,
+            scale: cfg.f64_or("routed_scaling_factor", 1.0)? as f32,
+        },
+    })
+}
+
+/// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral, GLM-4.5): every
+/// layer attention with rotary `head_dim` (GLM-4.5: `partial_rotary_factor` of it, default
+/// 0.5), the MoE geometry; `None` for other architectures and for a Qwen3-MoE config with
+/// `num_experts` 0.
 pub(super) fn attention_moe(
     cfg: &Cfg<'_>,
     arch: Architecture,
     head_dim: usize,
 ) -> Result<Option<HybridSpec>, ModelError> {
     let num_layers = cfg.num_layers()?;
-    let moe = match arch {
-        Architecture::Qwen3Moe => qwen_moe(cfg, arch, num_layers)?,
-        Architecture::Mixtral => Some(mixtral_moe(cfg, num_layers)?),
-        _ => None,
+    let (moe, rotary_dim) = match arch {
+        Architecture::Qwen3Moe => (qwen_moe(cfg, arch, num_layers)?, head_dim),
+        Architecture::Mixtral => (Some(mixtral_moe(cfg, num_layers)?), head_dim),
+        Architecture::Glm4Moe => (
+            Some(glm_moe(cfg, num_layers)?),
+            rotary_dim(cfg, head_dim, 0.5)?,
+        ),
+        _ => (None, head_dim),
     };
     Ok(moe.map(|moe| HybridSpec {
         layers: vec![LayerKind::Attention; num_layers],
-        rotary_dim: head_dim,
+        rotary_dim,
         gdn: None,
         moe: Some(moe),
         mamba: None,
@@ -225,5 +261,88 @@ mod tests {
         assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
         assert_eq!((s.intermediate_size, h.rotary_dim), (512, 64));
         assert!(s.has_recurrent_layers());
+    }
+
+    /// GLM-4.5-Air as released (tests/fixtures/released_configs): every field hsx reads.
+    #[test]
+    fn glm_4_5_air_geometry_router_and_attention() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/released_configs"
+        );
+        let text = std::fs::read_to_string(format!("{path}/glm-4.5-air.json")).unwrap();
+        let s = parse(&super::super::pyjson::from_str(&text).unwrap());
+        assert_eq!(s.architecture, Architecture::Glm4Moe);
+        assert_eq!(
+            (s.num_layers, s.head_dim, s.intermediate_size),
+            (46, 128, 10944)
+        );
+        assert_eq!((s.qkv_bias, s.o_bias, s.qk_norm), (true, false, false));
+        assert_eq!((s.rms_norm_eps, s.rope_theta), (1e-5, 1e6));
+        let h = s.hybrid.as_ref().unwrap();
+        assert_eq!(h.rotary_dim, 64);
+        let m = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (
+                m.num_experts,
+                m.top_k,
+                m.expert_intermediate,
+                m.shared_intermediate
+            ),
+            (128, 8, 1408, Some(1408))
+        );
+        assert!(!m.sparse_layers[0] && m.sparse_layers[1..].iter().all(|&s| s));
+        let g = m.grouped().unwrap();
+        assert_eq!(
+            (g.n_group, g.topk_group, g.renorm, g.scale),
+            (1, 1, true, 1.0)
+        );
+        assert!(!s.has_recurrent_layers());
+    }
+
+    /// GLM-4.5's fields and Glm4MoeConfig's defaults; a router transformers could not run and
+    /// a non-positive scale are refused, naming the field.
+    #[test]
+    fn glm_4_5_fields_defaults_and_refusals() {
+        let mut v = json!({
+            "architectures": ["Glm4MoeForCausalLM"], "hidden_size": 5120, "head_dim": 128,
+            "intermediate_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8,
+            "num_hidden_layers": 92, "vocab_size": 151552, "first_k_dense_replace": 3,
+            "n_routed_experts": 160, "n_shared_experts": 2, "moe_intermediate_size": 1536,
+            "routed_scaling_factor": 2.5, "use_qk_norm": true, "n_group": 8, "topk_group": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                "partial_rotary_factor": 0.25}
+        });
+        let s = parse(&v);
+        assert!(s.qk_norm);
+        let h = s.hybrid.as_ref().unwrap();
+        let m = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (h.rotary_dim, m.top_k, m.shared_intermediate),
+            (32, 8, Some(3072))
+        );
+        assert_eq!(m.sparse_layers.iter().filter(|&&s| !s).count(), 3);
+        let g = m.grouped().unwrap();
+        assert_eq!(
+            (g.n_group, g.topk_group, g.renorm, g.scale),
+            (8, 4, true, 2.5)
+        );
+        let refused = |v: &Value| {
+            let e = ModelSpec::from_json(v, Path::new("config.json"), "m".into()).unwrap_err();
+            e.to_string()
+        };
+        v["n_group"] = json!(7);
+        assert!(refused(&v).contains("n_group"), "{}", refused(&v));
+        v["n_group"] = json!(8);
+        v["routed_scaling_factor"] = json!(0.0);
+        assert!(
+            refused(&v).contains("routed_scaling_factor"),
+            "{}",
+            refused(&v)
+        );
+        v["routed_scaling_factor"] = json!(1.0);
+        v["n_shared_experts"] = json!(0);
+        let s = parse(&v);
+        assert_eq!(s.hybrid.unwrap().moe.unwrap().shared_intermediate, None);
     }
 }

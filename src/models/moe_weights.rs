@@ -7,13 +7,14 @@
 //!   checkpoints ship: `experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its
 //!   up rows) and `experts.down_proj` `[E, H, I]`.
 //!
-//! The router is `gate.weight` `[E, H]`; Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and
-//! `shared_expert_gate.weight` `[1, H]`.
+//! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`);
+//! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
+//! GLM-4.5 `shared_experts.*`.
 
 use super::ModelError;
-use super::hybrid_config::MoeSpec;
+use super::hybrid_config::{MoeRouter, MoeSpec};
 use super::layers::mlp::Activation;
-use super::layers::moe::{Expert, SharedExpert};
+use super::layers::moe::{Expert, Router, SharedExpert};
 use super::layers::{Loader, Mlp, Moe};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
@@ -48,22 +49,35 @@ pub fn load<D: Device>(
             })
             .collect::<Result<Vec<_>, ModelError>>()?,
     };
-    let shared = match m.shared_intermediate {
-        Some(inter) => {
+    let shared = match (m.shared_intermediate, m.router) {
+        (Some(inter), MoeRouter::Softmax) => {
             let gate = ld.f32s(&n("shared_expert_gate.weight"), &[1, hidden])?;
             Some(SharedExpert {
                 mlp: swiglu(ld, &n("shared_expert"), hidden, inter, QWEN_EXPERTS)?,
-                gate: ld.dev.vector(&gate)?,
+                gate: Some(ld.dev.vector(&gate)?),
             })
         }
-        None => None,
+        (Some(inter), MoeRouter::Grouped { .. }) => Some(SharedExpert {
+            mlp: swiglu(ld, &n("shared_experts"), hidden, inter, QWEN_EXPERTS)?,
+            gate: None,
+        }),
+        (None, _) => None,
+    };
+    let choice = match m.grouped() {
+        Some(choice) => Router::Grouped {
+            bias: ld.vector(&n("gate.e_score_correction_bias"), m.num_experts)?,
+            choice,
+        },
+        None => Router::Softmax {
+            top_k: m.top_k,
+            renorm: m.norm_topk_prob,
+        },
     };
     Ok(Moe {
         router: ld.linear1(&n("gate"), m.num_experts, hidden, false)?,
+        choice,
         experts,
         shared,
-        top_k: m.top_k,
-        norm_topk_prob: m.norm_topk_prob,
         inter: m.expert_intermediate,
         hidden,
     })

@@ -12,7 +12,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Mistral => {
             dense::load(ld, spec)
         }
-        Architecture::Qwen3Moe | Architecture::Mixtral => dense::load(ld, spec),
+        Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::Glm4Moe => {
+            dense::load(ld, spec)
+        }
         Architecture::Qwen3_5 | Architecture::Qwen3Next => qwen3_5::load(ld, spec),
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),
         Architecture::NemotronH => nemotron_h::load(ld, spec),

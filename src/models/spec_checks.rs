@@ -149,6 +149,15 @@ fn check_hybrid(spec: &ModelSpec, h: &HybridSpec) -> Result<(), (&'static str, S
         if m.expert_intermediate == 0 || m.shared_intermediate == Some(0) {
             return Err(("moe_intermediate_size", "must be > 0".into()));
         }
+        if let Some(choice) = m.grouped() {
+            choice
+                .group_size(m.num_experts)
+                .map_err(|e| ("n_group", e))?;
+            if !(choice.scale.is_finite() && choice.scale > 0.0) {
+                let msg = format!("{} must be a positive number", choice.scale);
+                return Err(("routed_scaling_factor", msg));
+            }
+        }
         if m.sparse_layers.len() != spec.num_layers {
             let msg = format!(
                 "{} sparse flags for {} layers",

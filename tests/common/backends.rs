@@ -329,12 +329,17 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// is that, rounded up. hsx's AMX path: 2.1e-2 on qwen3_5_bf16's reference prompts.
 /// MoE (qwen3_moe_bf16): rounding flips some tokens' expert choice where router probabilities
 /// nearly tie; transformers' own bf16 run is off by up to 1.08e-1 on the reference prompts
-/// (p3 layer 4; 4.3e-2 on p2), hsx on CUDA (emulated) 3.1e-2 (p2 layer 4).
+/// (p3 layer 4; 4.3e-2 on p2), hsx on CUDA (emulated) 3.1e-2 (p2 layer 4). GLM-4.5's
+/// unrenormalised sigmoid weights pass such flips on as they are: transformers' own bf16 run
+/// is off by up to 1.66e-1 on glm4_moe_bf16 (p1 layer 3, its first MoE layer's output;
+/// torch 2.15 / transformers 5.24, 2026-11-27), hsx's portable bf16 path 1.68e-1 (same place).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("qwen3_5") {
         8e-2
     } else if name.starts_with("qwen3_moe") {
         1.1e-1
+    } else if name.starts_with("glm4_moe") {
+        2e-1
     } else {
         2e-2
     }

@@ -85,11 +85,12 @@ async fn mistral_matches_transformers() {
 }
 
 /// Qwen3-MoE (a dense MLP layer between MoE layers, top-k not renormalised), Mixtral
-/// (`block_sparse_moe`, w1/w3/w2 experts) and Qwen3.5-MoE (fused experts on disk, gated shared
-/// expert): through the engine, every layer and the greedy token.
+/// (`block_sparse_moe`, w1/w3/w2 experts), Qwen3.5-MoE (fused experts on disk, gated shared
+/// expert) and GLM-4.5 (grouped sigmoid router, plain shared expert, partial rotary, an MTP
+/// layer on disk): through the engine, every layer and the greedy token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moe_models_match_transformers() {
-    for model in ["qwen3_moe", "mixtral", "qwen3_5_moe"] {
+    for model in ["qwen3_moe", "mixtral", "qwen3_5_moe", "glm4_moe"] {
         check_model(model, 1e-4).await;
     }
 }

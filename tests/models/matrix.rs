@@ -137,4 +137,6 @@ matrix! {
     nemotron_h_latent => "nemotron_h_latent",
     gpt_oss => "gpt_oss",
     gpt_oss_mxfp4 => "gpt_oss_mxfp4",
+    glm4_moe => "glm4_moe",
+    glm4_moe_bf16 => "glm4_moe_bf16",
 }

@@ -60,6 +60,11 @@ const CASES: &[(&str, Expect)] = &[
         "mixtral-8x7b-v0.1.json",
         Accepted("MixtralForCausalLM", 32, Some("*")),
     ),
+    // Its multi-token-prediction layer (layer 46 on disk) is not a decoder layer.
+    (
+        "glm-4.5-air.json",
+        Accepted("Glm4MoeForCausalLM", 46, Some("*")),
+    ),
 ];
 
 fn dir() -> PathBuf {

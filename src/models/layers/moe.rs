@@ -1,15 +1,16 @@
 //! Sparse MoE block (transformers' `Qwen3NextSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`,
-//! `MixtralSparseMoeBlock`): router logits, softmax top-k (optionally renormalised), the token
-//! rows gathered into expert order, one GEMM pair per expert that got rows (SwiGLU over all
-//! rows at once; an expert no token chose is skipped), and the combine that adds each token's
-//! experts in ascending expert order from zero, then — Qwen3-Next / Qwen3.5-MoE — the shared
-//! expert's output scaled by `sigmoid(shared_expert_gate(x))`.
+//! `MixtralSparseMoeBlock`, `Glm4MoeMoE`): router logits, softmax top-k (optionally
+//! renormalised) or — GLM-4.5 — DeepSeek-V3's grouped sigmoid choice, the token rows gathered
+//! into expert order, one GEMM pair per expert that got rows (SwiGLU over all rows at once; an
+//! expert no token chose is skipped), and the combine that adds each token's experts in
+//! ascending expert order from zero, then the shared expert's output: scaled by
+//! `sigmoid(shared_expert_gate(x))` (Qwen3-Next / Qwen3.5-MoE) or as it is (GLM-4.5).
 
 use super::mlp::Mlp;
 use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{DevResult, DeviceError};
-use crate::kernels::routing::Routing;
+use crate::kernels::routing::{GroupedTopK, Routing};
 
 /// One routed expert: stacked `[gate | up]` and `down`.
 pub struct Expert<D: Device> {
@@ -17,19 +18,46 @@ pub struct Expert<D: Device> {
     pub down: D::Linear,
 }
 
-/// The always-on expert of Qwen3-Next / Qwen3.5-MoE and its sigmoid gate.
+/// The always-on expert of Qwen3-Next / Qwen3.5-MoE (with its sigmoid gate) and GLM-4.5.
 pub struct SharedExpert<D: Device> {
     pub mlp: Mlp<D>,
-    /// `shared_expert_gate` `[hidden]`.
-    pub gate: D::Vector,
+    /// `shared_expert_gate` `[hidden]`; `None`: added ungated.
+    pub gate: Option<D::Vector>,
+}
+
+/// How the block picks each token's experts from the router's logits.
+pub enum Router<D: Device> {
+    /// Softmax top-k, renormalised when `renorm`.
+    Softmax { top_k: usize, renorm: bool },
+    /// The grouped sigmoid choice ranking `sigmoid(logits) + bias` (`[experts]`).
+    Grouped {
+        bias: D::Vector,
+        choice: GroupedTopK,
+    },
+}
+
+impl<D: Device> Router<D> {
+    fn top_k(&self) -> usize {
+        match self {
+            Self::Softmax { top_k, .. } => *top_k,
+            Self::Grouped { choice, .. } => choice.top_k,
+        }
+    }
+
+    fn route(&self, dev: &D, logits: &D::Buf) -> DevResult<Routing> {
+        match self {
+            Self::Softmax { top_k, renorm } => dev.moe_route(logits, *top_k, *renorm),
+            Self::Grouped { bias, choice } => dev.moe_route_grouped(logits, bias, choice),
+        }
+    }
 }
 
 pub struct Moe<D: Device> {
+    /// `gate.weight` `[experts, hidden]`: the router's logits.
     pub router: D::Linear,
+    pub choice: Router<D>,
     pub experts: Vec<Expert<D>>,
     pub shared: Option<SharedExpert<D>>,
-    pub top_k: usize,
-    pub norm_topk_prob: bool,
     pub inter: usize,
     pub hidden: usize,
 }
@@ -37,7 +65,7 @@ pub struct Moe<D: Device> {
 impl<D: Device> Moe<D> {
     pub(super) fn widths(&self) -> Widths {
         Widths {
-            moe: Some((self.experts.len(), self.top_k, self.inter)),
+            moe: Some((self.experts.len(), self.choice.top_k(), self.inter)),
             ..self
                 .shared
                 .as_ref()
@@ -49,7 +77,7 @@ impl<D: Device> Moe<D> {
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
         let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
-        let routing = dev.moe_route(&m.logits, self.top_k, self.norm_topk_prob)?;
+        let routing = self.choice.route(dev, &m.logits)?;
         let sizes = (self.inter, self.hidden);
         run_experts(
             dev,
@@ -60,16 +88,22 @@ impl<D: Device> Moe<D> {
             m,
             ExpertAct::<NoAct<D>>::SiluMul,
         )?;
-        let shared = match &self.shared {
-            Some(sh) => {
-                let wide = (&mut s.wide, &mut s.act);
-                sh.mlp.run(dev, &s.normed, wide, &mut m.shared)?;
-                dev.moe_shared_gate(&s.normed, &sh.gate, &mut m.gate)?;
-                Some((&m.shared, &m.gate))
-            }
-            None => None,
+        let Some(sh) = &self.shared else {
+            return dev.moe_combine(&m.out, &routing, None, &mut s.proj);
         };
-        dev.moe_combine(&m.out, &routing, shared, &mut s.proj)
+        let wide = (&mut s.wide, &mut s.act);
+        sh.mlp.run(dev, &s.normed, wide, &mut m.shared)?;
+        match &sh.gate {
+            Some(gate) => {
+                dev.moe_shared_gate(&s.normed, gate, &mut m.gate)?;
+                dev.moe_combine(&m.out, &routing, Some((&m.shared, &m.gate)), &mut s.proj)
+            }
+            // transformers: routed + shared_experts(x).
+            None => {
+                dev.moe_combine(&m.out, &routing, None, &mut s.proj)?;
+                dev.add(&mut s.proj, &m.shared)
+            }
+        }
     }
 }
 
