@@ -1,8 +1,8 @@
 //! Chat templates rendered the way transformers' `apply_chat_template` does: the Jinja
 //! templates wherever transformers keeps them ([`crate::chat_files`]), with `trim_blocks` and
 //! `lstrip_blocks`, Python string methods, the helpers transformers adds (`raise_exception`,
-//! `strftime_now`), `tojson` with Python's separators, and the special tokens (`bos_token`,
-//! `eos_token`, ...) of `tokenizer_config.json` in the context.
+//! `strftime_now`), `tojson` as Python's `json.dumps` writes it (`chat_json.rs`), and the
+//! special tokens (`bos_token`, `eos_token`, ...) of `tokenizer_config.json` in the context.
 
 use std::path::Path;
 
@@ -10,6 +10,9 @@ use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::Value as Json;
 use thiserror::Error;
+
+#[path = "chat_json.rs"]
+mod json;
 
 #[derive(Debug, Error)]
 pub enum ChatError {
@@ -229,8 +232,9 @@ impl ChatTemplate {
         self.limits = limits;
         self.env.set_fuel(Some(limits.max_fuel));
         let max = limits.max_bytes;
-        self.env
-            .add_filter("tojson", move |v: Value, kw: Kwargs| tojson(v, kw, max));
+        self.env.add_filter("tojson", move |v: Value, kw: Kwargs| {
+            json::tojson(v, kw, max)
+        });
     }
 
     pub fn limits(&self) -> RenderLimits {
@@ -410,77 +414,6 @@ fn strftime_now(format: String) -> Result<Value, Error> {
     Ok(Value::from(out))
 }
 
-/// Python's `json.dumps(x, ensure_ascii=False)`: `", "` and `": "` separators, as transformers'
-/// own `tojson` writes them (minijinja's built-in one is compact). `indent` is honoured.
-fn tojson(value: Value, kwargs: Kwargs, max: usize) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    kwargs.assert_all_used()?;
-    let json: Json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let mut out = String::new();
-    if !write_json(&json, indent, 0, &mut out, max) {
-        let msg = format!("tojson wrote over {max} bytes (chat.max_render_bytes)");
-        return Err(Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(LimitHit(msg)));
-    }
-    Ok(Value::from_safe_string(out))
-}
-
-/// Writes `v` into `out`; false (stopping early) once `out` would grow past `max` bytes.
-fn write_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String, max: usize) -> bool {
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            let pad = n.saturating_mul(depth);
-            if out.len().saturating_add(pad) >= max {
-                return false;
-            }
-            out.push('\n');
-            out.push_str(&" ".repeat(pad));
-        }
-        true
-    };
-    let sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        Json::Array(items) if !items.is_empty() => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(sep);
-                }
-                if !newline(out, depth + 1) || !write_json(item, indent, depth + 1, out, max) {
-                    return false;
-                }
-            }
-            if !newline(out, depth) {
-                return false;
-            }
-            out.push(']');
-        }
-        Json::Object(map) if !map.is_empty() => {
-            out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(sep);
-                }
-                if !newline(out, depth + 1) || out.len().saturating_add(k.len()) > max {
-                    return false;
-                }
-                out.push_str(&Json::String(k.clone()).to_string());
-                out.push_str(": ");
-                if !write_json(item, indent, depth + 1, out, max) {
-                    return false;
-                }
-            }
-            if !newline(out, depth) {
-                return false;
-            }
-            out.push('}');
-        }
-        Json::String(s) if out.len().saturating_add(s.len()) > max => return false,
-        other => out.push_str(&other.to_string()),
-    }
-    out.len() <= max
-}
-
 /// The error text with its cause chain (minijinja nests the template's own message).
 fn describe(e: &Error) -> String {
     match e.kind() {
@@ -492,23 +425,6 @@ fn describe(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tojson_matches_python_separators() {
-        let v: Json = serde_json::json!({"a": [1, 2], "b": {"c": "é"}, "d": []});
-        let mut s = String::new();
-        assert!(write_json(&v, None, 0, &mut s, usize::MAX));
-        assert_eq!(s, r#"{"a": [1, 2], "b": {"c": "é"}, "d": []}"#);
-        let mut s = String::new();
-        assert!(write_json(
-            &serde_json::json!({"a": [1]}),
-            Some(2),
-            0,
-            &mut s,
-            64
-        ));
-        assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
-    }
 
     #[test]
     fn continue_final_message_cuts_after_the_last_content() {

@@ -1,6 +1,8 @@
 //! Chat templates render exactly as transformers' `apply_chat_template` (text and token ids),
 //! for a Llama-3 template, a Qwen3-style template (tools, <think> handling, Python string
-//! methods) and one that raises on bad role order. Fixtures: tests/fixtures/make_chat_fixtures.py.
+//! methods), one that raises on bad role order, and GLM-4.5's and MiniMax-M2's (tools through
+//! `tojson(ensure_ascii=False)`, tool calls and responses, structured content, non-ASCII text).
+//! Fixtures: tests/fixtures/make_chat_fixtures.py.
 
 use crate::common;
 
