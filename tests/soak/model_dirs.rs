@@ -124,6 +124,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5_moe",
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
+    "glm4_moe",
 ];
 
 impl Bases {
