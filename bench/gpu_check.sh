@@ -10,6 +10,7 @@
 #                                           # A/B tensor-core vs f32 state passes, profile
 #   bench/gpu_check.sh OUT_DIR 0 mamba      # the Nemotron-H (Mamba-2) bench row, A/B, profile
 #   bench/gpu_check.sh OUT_DIR 0 moe        # the Qwen3-30B-A3B-shaped MoE bench row (16 layers)
+#   bench/gpu_check.sh OUT_DIR 0 glm        # the GLM-4.5-Air-shaped MoE bench row (6 layers)
 #   bench/gpu_check.sh OUT_DIR 0 stalls     # ncu's stall reasons of the GDN state pass
 #   bench/gpu_check.sh OUT_DIR 540 tensor   # tensor-core vs f32 state passes in one call: tests,
 #                                           # A/B (files, speed, ncu), parity, sanitizers
@@ -178,6 +179,17 @@ moe() {
         --layers 2,8,13,16 --long-layers 2,4,8,13,16 --peer-max-seconds 30
     tail -16 "$out/moe.log"
 }
+# GLM-4.5-Air's geometry (`random_model --shape glm45_air`: biased q/k/v, partial rotary, the
+# grouped sigmoid router with its choice bias, a shared expert), its first 6 layers (layer 0
+# dense; 5 MoE layers of 4.7 GB: 24 GB of random bf16 weights), layers 1, 3, 6; hsx and
+# transformers on the GPU. No ncu profile, as for `moe`.
+glm() {
+    local m=/tmp/hsx-glm
+    step glm 540 python3 bench/gpu.py --hsx gpu/hsx --random-model gpu/random_model \
+        --work $m --shape glm45_air --model-layers 6 --tokens 30000 --long 16384 \
+        --layers 1,3,6 --long-layers 1,3,6 --peer-max-seconds 30
+    tail -16 "$out/glm.log"
+}
 # Where the Gated DeltaNet state pass stalls (gdn_chunk_state_mma for bf16 weights;
 # gdn_chunk_state_f32 under HSX_CUDA_RECURRENT=chunked): ncu's throughput, occupancy,
 # warp-state and memory sections over two of its launches in a 4-layer model of the hybrid
@@ -278,6 +290,11 @@ if [ "$mode" = recurrent ]; then
 fi
 if [ "$mode" = moe ]; then
     moe
+    cat "$summary"
+    exit 0
+fi
+if [ "$mode" = glm ]; then
+    glm
     cat "$summary"
     exit 0
 fi

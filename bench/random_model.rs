@@ -3,14 +3,16 @@
 //!
 //!     cargo run --release --example random_model -- OUT_DIR
 //!         [--shape llama8b|llama1b|tiny|qwen35_9b|qwen35_tiny|nemotronh_8b|nemotronh_tiny|
-//!                  qwen3moe_30b|qwen3moe_tiny]
+//!                  qwen3moe_30b|qwen3moe_tiny|glm45_air|glm45_tiny]
 //!         [--layers N] [--dtype bf16|f32]
 //!
 //! `llama*` are Llama-shaped; `qwen35_*` are Qwen3.5 hybrids (`Qwen3_5ForCausalLM`): three
 //! Gated DeltaNet layers to one gated full-attention layer, the layout of the fixtures;
 //! `nemotronh_*` are Nemotron-H hybrids (`NemotronHForCausalLM`, `backbone.*` names): Mamba-2,
 //! relu² MLP and attention blocks in Nemotron-H-8B's pattern (`--layers N` keeps its first N);
-//! `qwen3moe_*` are Qwen3-MoE models (`Qwen3MoeForCausalLM`, per-expert tensors as on the Hub).
+//! `qwen3moe_*` are Qwen3-MoE models (`Qwen3MoeForCausalLM`, per-expert tensors as on the Hub);
+//! `glm45_*` are GLM-4.5 models (`Glm4MoeForCausalLM`: layer 0 dense, then routed experts and
+//! a shared expert).
 //!
 //! Writes `config.json`, `model-0000i-of-0000n.safetensors` shards (≤ 4 GiB each) and
 //! `model.safetensors.index.json`, as Hugging Face does. Weights are uniform with std 0.02
@@ -109,7 +111,12 @@ fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
                 push(format!("{sa}.k_proj.weight"), vec![kv, h]);
                 push(format!("{sa}.v_proj.weight"), vec![kv, h]);
                 push(format!("{sa}.o_proj.weight"), vec![h, q]);
-                if s.gdn.is_some() || s.moe.is_some() {
+                let glm = s.moe.is_some_and(|m| m.glm_dense.is_some());
+                if glm {
+                    push(format!("{sa}.q_proj.bias"), vec![q]);
+                    push(format!("{sa}.k_proj.bias"), vec![kv]);
+                    push(format!("{sa}.v_proj.bias"), vec![kv]);
+                } else if s.gdn.is_some() || s.moe.is_some() {
                     push(format!("{sa}.q_norm.weight"), vec![s.head_dim]);
                     push(format!("{sa}.k_norm.weight"), vec![s.head_dim]);
                 }
@@ -117,7 +124,7 @@ fn tensors(s: &Shape) -> Vec<(String, Vec<usize>)> {
         }
         push(format!("{p}.post_attention_layernorm.weight"), vec![h]);
         if let Some(m) = s.moe {
-            for (name, shape) in m.mlp_tensors(&p, h) {
+            for (name, shape) in m.mlp_tensors(&p, i, h, s.intermediate) {
                 push(name, shape);
             }
             continue;

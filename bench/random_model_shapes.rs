@@ -1,4 +1,5 @@
-//! `random_model`'s model geometries (`--shape`), and Qwen3-MoE's expert tensors and config.
+//! `random_model`'s model geometries (`--shape`), and the MoE models' expert tensors and config
+//! (Qwen3-MoE, GLM-4.5).
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -17,7 +18,7 @@ pub struct Shape {
     pub gdn: Option<Gdn>,
     /// Nemotron-H's Mamba-2 geometry; `None` for the others.
     pub mamba: Option<Mamba>,
-    /// Qwen3-MoE's routed experts in every layer; `None` for the others.
+    /// Qwen3-MoE's or GLM-4.5's routed experts; `None` for the others.
     pub moe: Option<Moe>,
 }
 
@@ -193,6 +194,7 @@ pub fn shape(name: &str) -> Result<Shape> {
                 experts: 128,
                 top_k: 8,
                 inter: 768,
+                glm_dense: None,
             }),
         },
         // `tiny` with 8 experts of 32, 2 per token.
@@ -202,42 +204,124 @@ pub fn shape(name: &str) -> Result<Shape> {
                 experts: 8,
                 top_k: 2,
                 inter: 32,
+                glm_dense: None,
+            }),
+            ..shape("tiny")?
+        },
+        // GLM-4.5-Air's geometry (its config.json): layer 0 dense (10944), then 128 experts of
+        // 1408, 8 per token, and a shared expert; 96 heads / 8 KV heads of 128, biased q/k/v.
+        // 46 layers are ~221 GB in bf16: `--layers N` keeps the first N (4.7 GB per MoE layer).
+        "glm45_air" => Shape {
+            vocab: 151552,
+            hidden: 4096,
+            intermediate: 10944,
+            layers: 46,
+            heads: 96,
+            kv_heads: 8,
+            head_dim: 128,
+            rope_theta: 1_000_000.0,
+            gdn: None,
+            mamba: None,
+            moe: Some(Moe {
+                experts: 128,
+                top_k: 8,
+                inter: 1408,
+                glm_dense: Some(1),
+            }),
+        },
+        // `tiny` as GLM-4.5: layer 0 dense, 8 experts of 32, 2 per token, a shared expert.
+        "glm45_tiny" => Shape {
+            rope_theta: 1_000_000.0,
+            moe: Some(Moe {
+                experts: 8,
+                top_k: 2,
+                inter: 32,
+                glm_dense: Some(1),
             }),
             ..shape("tiny")?
         },
         other => {
             bail!(
                 "unknown --shape {other:?} (llama8b, llama1b, tiny, qwen35_9b, qwen35_tiny, \
-                 nemotronh_8b, nemotronh_tiny, qwen3moe_30b, qwen3moe_tiny)"
+                 nemotronh_8b, nemotronh_tiny, qwen3moe_30b, qwen3moe_tiny, glm45_air, \
+                 glm45_tiny)"
             )
         }
     })
 }
 
-/// Qwen3-MoE's routed experts (`Qwen3MoeForCausalLM`): every layer's MLP is `experts` SwiGLU
-/// experts of `inter`, the `top_k` a token's router picks renormalised.
+/// Routed experts: every MoE layer's MLP is `experts` SwiGLU experts of `inter`, the `top_k` a
+/// token's router picks renormalised. Qwen3-MoE (`Qwen3MoeForCausalLM`): softmax router, every
+/// layer sparse, q / k norms.
 #[derive(Clone, Copy)]
 pub struct Moe {
     pub experts: usize,
     pub top_k: usize,
     pub inter: usize,
+    /// GLM-4.5 (`Glm4MoeForCausalLM`) with its first `glm_dense` layers dense: the sigmoid
+    /// router with its choice bias, a shared expert of `inter`, biased q / k / v without q / k
+    /// norms, rotary on half of each head. `None`: Qwen3-MoE.
+    pub glm_dense: Option<usize>,
 }
 
 impl Moe {
-    /// Layer `p`'s MLP tensors as Hugging Face names them: the router, then each expert's.
-    pub fn mlp_tensors(&self, p: &str, hidden: usize) -> Vec<(String, Vec<usize>)> {
+    /// Layer `i`'s (`p`) MLP tensors as Hugging Face names them: the router, then each
+    /// expert's, then GLM-4.5's shared expert; GLM-4.5's dense layers a SwiGLU of `dense`.
+    pub fn mlp_tensors(
+        &self,
+        p: &str,
+        i: usize,
+        hidden: usize,
+        dense: usize,
+    ) -> Vec<(String, Vec<usize>)> {
+        let swiglu = |x: &str, inter: usize| {
+            vec![
+                (format!("{x}.gate_proj.weight"), vec![inter, hidden]),
+                (format!("{x}.up_proj.weight"), vec![inter, hidden]),
+                (format!("{x}.down_proj.weight"), vec![hidden, inter]),
+            ]
+        };
+        if self.glm_dense.is_some_and(|d| i < d) {
+            return swiglu(&format!("{p}.mlp"), dense);
+        }
         let mut v = vec![(format!("{p}.mlp.gate.weight"), vec![self.experts, hidden])];
+        if self.glm_dense.is_some() {
+            v.push((
+                format!("{p}.mlp.gate.e_score_correction_bias"),
+                vec![self.experts],
+            ));
+        }
         for e in 0..self.experts {
-            let x = format!("{p}.mlp.experts.{e}");
-            v.push((format!("{x}.gate_proj.weight"), vec![self.inter, hidden]));
-            v.push((format!("{x}.up_proj.weight"), vec![self.inter, hidden]));
-            v.push((format!("{x}.down_proj.weight"), vec![hidden, self.inter]));
+            v.extend(swiglu(&format!("{p}.mlp.experts.{e}"), self.inter));
+        }
+        if self.glm_dense.is_some() {
+            v.extend(swiglu(&format!("{p}.mlp.shared_experts"), self.inter));
         }
         v
     }
 
-    /// config.json's fields over the Llama ones (Qwen3-30B-A3B's values).
+    /// config.json's fields over the Llama ones (Qwen3-30B-A3B's or GLM-4.5-Air's values).
     pub fn config(&self, rope_theta: f64) -> serde_json::Value {
+        if let Some(dense) = self.glm_dense {
+            return json!({
+                "architectures": ["Glm4MoeForCausalLM"],
+                "model_type": "glm4_moe",
+                "n_routed_experts": self.experts,
+                "num_experts_per_tok": self.top_k,
+                "moe_intermediate_size": self.inter,
+                "n_shared_experts": 1,
+                "n_group": 1,
+                "topk_group": 1,
+                "routed_scaling_factor": 1.0,
+                "norm_topk_prob": true,
+                "first_k_dense_replace": dense,
+                "attention_bias": true,
+                "use_qk_norm": false,
+                "partial_rotary_factor": 0.5,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": rope_theta,
+            });
+        }
         json!({
             "architectures": ["Qwen3MoeForCausalLM"],
             "model_type": "qwen3_moe",

@@ -110,7 +110,7 @@ def linear_flops_per_token(model_dir: Path) -> float:
     weights a token runs through."""
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
     active = cfg["num_experts_per_tok"] / experts if experts else 1.0
     n = 0.0
     for name, t in st_header(model_dir).items():
