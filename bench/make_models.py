@@ -15,6 +15,11 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
     qwen3_moe_f32, _bf16      Qwen3-MoE-like (Qwen3-30B-A3B scaled down): 8 layers, 16 heads /
                               4 KV heads x 64 with q/k norm, 16 experts x 512, top-4
                               renormalised, every layer sparse (288M parameters, 50M active)
+    glm4_moe_f32, _bf16       GLM-4.5-like (Glm4MoeForCausalLM, GLM-4.5-Air scaled down): 8
+                              layers, 16 heads / 4 KV heads x 64 with biased q/k/v, rotary on
+                              half of each head, layer 0 a dense MLP (2816), then 16 experts x
+                              512 top-4 by the sigmoid router (choice bias), renormalised, and a
+                              shared expert of 512
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -87,12 +92,33 @@ QWEN3_MOE = dict(
 )
 
 
+GLM4_MOE = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    attention_bias=True,
+    use_qk_norm=False,
+    rope_parameters=dict(rope_type="default", rope_theta=1000000.0, partial_rotary_factor=0.5),
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=512,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=1.0,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+)
+
+
 def specs() -> list[mf.ModelSpec]:
     out = []
     for name, model_type, cfg, seed in [
         ("llama", "llama", LLAMA, 501),
         ("qwen3_5", "qwen3_5_text", QWEN3_5, 502),
         ("qwen3_moe", "qwen3_moe", QWEN3_MOE, 503),
+        ("glm4_moe", "glm4_moe", GLM4_MOE, 504),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

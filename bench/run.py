@@ -2,7 +2,7 @@
 """hsx vs transformers on the same models, prompts and machine; prints one table.
 
     bench/run.sh [--tokens 100000] [--min-len 32] [--max-len 2048] [--work /tmp/hsx-bench] [--threads 2]
-                 [--models llama,qwen3_5,qwen3_moe]
+                 [--models llama,qwen3_5,qwen3_moe] (also glm4_moe)
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
@@ -284,7 +284,7 @@ def main() -> int:
         args.no_peer = True
         fixtures = REPO / "tests" / "fixtures" / "models"
         models = {("llama", "f32"): fixtures / "llama", ("llama", "bf16"): fixtures / "llama_bf16",
-                  ("qwen3_moe", "f32"): fixtures / "qwen3_moe"}
+                  ("qwen3_moe", "f32"): fixtures / "qwen3_moe", ("glm4_moe", "f32"): fixtures / "glm4_moe"}
         vocab, prompt_args = 512, ["--count", "6", "--min-len", "8", "--max-len", "200"]
     else:
         mdir = work / "models"

@@ -151,6 +151,20 @@ pub trait Device: Send + Sync + Sized + 'static {
         call: &AttnCall<'_, Self>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// Multi-head latent attention's heads as a fused projection for [`Device::attention`]:
+    /// `out` `[T, 3 · heads · D]` = `[q | k | v]`, `D` = [`MlaDims::head_dim`]. A q or k head is
+    /// its rotated dims (in `rotate_half` order, [`MlaDims::rope_source`]) then its `nope` dims;
+    /// every k head's rotated dims are the shared `k_rope`; a v head is its `v` dims then zeros.
+    /// Inputs, f32: `q` `[T, heads · D]` (per head `nope | rope`), `kv` `[T, heads · (nope +
+    /// v)]` (per head `nope | v`), `k_rope` `[T, rope]`.
+    fn mla_heads(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Buf,
+        k_rope: &Self::Buf,
+        dims: &MlaDims,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out = x · sigmoid(gate)` (gated attention's output gate).
     fn sigmoid_gate(
         &self,

@@ -177,6 +177,61 @@ impl<'a> HostMatrix<'a> {
             data: Cow::Owned(data),
         }
     }
+
+    /// Each row's columns, `groups` runs of `width`, each followed by zeros up to `to`
+    /// (`to ≥ width`; `cols` must be `groups · width`).
+    pub fn pad_col_groups(&self, groups: usize, width: usize, to: usize) -> HostMatrix<'static> {
+        let e = self.elem();
+        let mut data = vec![0u8; self.rows * groups * to * e];
+        for (src, dst) in
+            (self.data.chunks_exact(self.cols * e)).zip(data.chunks_exact_mut(groups * to * e))
+        {
+            for (s, d) in src
+                .chunks_exact(width * e)
+                .zip(dst.chunks_exact_mut(to * e))
+            {
+                d[..s.len()].copy_from_slice(s);
+            }
+        }
+        HostMatrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: groups * to,
+            data: Cow::Owned(data),
+        }
+    }
+}
+
+/// Multi-head latent attention's heads (DeepSeek-V2 / V3): q and k heads of `nope` dims
+/// without position and `rope` rotated dims (k's rotated dims one head shared by all), v heads
+/// of `v` dims. [`Device::mla_heads`](super::Device::mla_heads) lays them out as a fused
+/// projection of [`MlaDims::head_dim`] per head for the attention kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    /// The checkpoint's rotated dims are interleaved pairs `(x0, x1), (x2, x3), …`
+    /// (`rope_interleave`); the assembled heads hold them as `x0, x2, …, x1, x3, …`, the
+    /// `rotate_half` order (q and k alike: their dot products do not change).
+    pub interleave: bool,
+}
+
+impl MlaDims {
+    /// Dims of an assembled head: `nope + rope` (v zero-padded to it).
+    pub fn head_dim(&self) -> usize {
+        self.nope + self.rope
+    }
+
+    /// The checkpoint's rotated dim at assembled dim `c < rope`.
+    pub fn rope_source(&self, c: usize) -> usize {
+        match self.interleave {
+            true if c < self.rope / 2 => 2 * c,
+            true => 2 * (c - self.rope / 2) + 1,
+            false => c,
+        }
+    }
 }
 
 /// Where q, k and v sit in a fused projection's rows: q heads from column 0, k heads from

@@ -38,11 +38,14 @@ pub enum Architecture {
     /// `Glm4MoeForCausalLM` (GLM-4.5 / 4.6 / 4.7): biased q/k/v, partial rotary, optional
     /// q/k norm, dense MLPs then routed experts with DeepSeek-V3's router + a shared expert.
     Glm4Moe,
+    /// `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight): multi-head latent
+    /// attention, dense MLPs then DeepSeek-V3's MoE.
+    DeepseekV3,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -55,6 +58,7 @@ impl Architecture {
         Self::Qwen3_5Moe,
         Self::GptOss,
         Self::Glm4Moe,
+        Self::DeepseekV3,
     ];
 
     fn from_hf(name: &str) -> Option<Self> {
@@ -76,6 +80,7 @@ impl Architecture {
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -161,6 +166,11 @@ impl ModelSpec {
         let architecture = cfg.architecture()?;
         if architecture == Architecture::GptOss {
             let spec = super::gpt_oss_config::parse(&cfg, &value, name)?;
+            spec.validate(path)?;
+            return Ok(spec);
+        }
+        if architecture == Architecture::DeepseekV3 {
+            let spec = super::deepseek_config::parse(&cfg, name)?;
             spec.validate(path)?;
             return Ok(spec);
         }
@@ -251,7 +261,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen3Moe => 32768,
-        Architecture::NemotronH => 4096,
+        Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe => 131072,
     }
 }

@@ -42,7 +42,7 @@ impl<D: Device> Decoder<D> {
         let s = &self.spec;
         let kv_layers = self
             .sublayers()
-            .filter(|l| matches!(l, Sublayer::Attention(_)))
+            .filter(|l| matches!(l, Sublayer::Attention(_) | Sublayer::Mla(_)))
             .count();
         let state_shapes = self
             .sublayers()

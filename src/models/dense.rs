@@ -96,8 +96,6 @@ fn load_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
-    let mlp = |n: &str| format!("{p}.mlp.{n}");
     let variant = AttnVariant {
         window: spec.sliding_window,
         ..AttnVariant::causal()
@@ -106,28 +104,52 @@ fn load_layer<D: Device>(
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     let ffn = match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, &p, m)?),
-        _ => Sublayer::Mlp(Mlp {
-            up: ld.linear(
-                &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
-                h,
-                spec.mlp_bias,
-            )?,
-            down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
-            act: Activation::SwiGlu,
-            inter,
-        }),
+        _ => Sublayer::Mlp(load_mlp(ld, spec, &p)?),
     };
+    attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
+}
+
+/// Layer `p`'s (`model.layers.{i}`) two parts: `input_layernorm` + `attention`, then
+/// `post_attention_layernorm` + `ffn`.
+pub(super) fn attention_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+    attention: Sublayer<D>,
+    ffn: Sublayer<D>,
+) -> Result<Layer<D>, ModelError> {
+    let h = spec.hidden_size;
     Ok(Layer {
         parts: vec![
             Part {
                 norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                sublayer: Sublayer::Attention(attention),
+                sublayer: attention,
             },
             Part {
                 norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 sublayer: ffn,
             },
         ],
+    })
+}
+
+/// Layer `p`'s dense SwiGLU MLP (`{p}.mlp.{gate,up,down}_proj`, `intermediate_size`).
+pub(super) fn load_mlp<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+) -> Result<Mlp<D>, ModelError> {
+    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
+    let mlp = |n: &str| format!("{p}.mlp.{n}");
+    Ok(Mlp {
+        up: ld.linear(
+            &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
+            h,
+            spec.mlp_bias,
+        )?,
+        down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
+        act: Activation::SwiGlu,
+        inter,
     })
 }
 

@@ -152,6 +152,8 @@ pub struct HybridSpec {
     pub mamba: Option<MambaSpec>,
     /// Nemotron 3's MoE blocks ([`LayerKind::Moe`]).
     pub nemotron_moe: Option<super::nemotron_moe::NemotronMoeSpec>,
+    /// DeepSeek-V3's multi-head latent attention in every attention layer.
+    pub mla: Option<super::deepseek_config::MlaSpec>,
 }
 
 /// Rotated dims of each attention head: `int(head_dim · partial_rotary_factor)` as transformers
@@ -349,6 +351,7 @@ fn parse_qwen(
             moe,
             mamba: None,
             nemotron_moe: None,
+            mla: None,
         }),
         sliding_window: None,
         gpt_oss: None,
@@ -478,6 +481,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             moe: None,
             mamba: Some(mamba),
             nemotron_moe,
+            mla: None,
         }),
         sliding_window: None,
         gpt_oss: None,

@@ -6,7 +6,8 @@
 //! - [`weights`]: `model.safetensors` or an index + shards, tensors as stored.
 //! - [`layers`]: attention, MLPs, MoE, Gated DeltaNet, Mamba-2, the loader helper.
 //! - [`decoder`]: embedding -> layers (residual stream + capture) -> final norm -> LM head.
-//! - [`dense`], [`qwen3_5`], [`nemotron_h`] (+ [`nemotron_moe`]): the architectures (checkpoint names live here);
+//! - [`dense`], [`qwen3_5`], [`nemotron_h`] (+ [`nemotron_moe`]), [`gpt_oss`], [`deepseek_v3`]:
+//!   the architectures (checkpoint names live here);
 //!   [`registry`] maps an architecture to its file.
 //! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
 //!   [`devices`]: the CPU and CUDA entry points.
@@ -14,6 +15,8 @@
 pub mod backend;
 pub mod config;
 pub mod decoder;
+mod deepseek_config;
+pub mod deepseek_v3;
 pub mod dense;
 pub mod devices;
 mod error;

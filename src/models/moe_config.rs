@@ -82,29 +82,66 @@ fn mixtral_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> 
     })
 }
 
-/// GLM-4.5 (`Glm4MoeConfig`, DeepSeek-V3's MoE): `n_routed_experts` (alias
-/// `num_local_experts`) of `moe_intermediate_size`, top `num_experts_per_tok` by the grouped
-/// sigmoid router (`n_group`, `topk_group`, `norm_topk_prob`, `routed_scaling_factor`), a
-/// shared expert of `moe_intermediate_size · n_shared_experts`; layers below
-/// `first_k_dense_replace` are dense MLPs of `intermediate_size`.
-fn glm_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> {
-    let inter = cfg.usize_or("moe_intermediate_size", 1408)?;
+/// The config classes' defaults of DeepSeek-V3's MoE fields.
+pub(super) struct DeepseekMoeDefaults {
+    experts: usize,
+    top_k: usize,
+    inter: usize,
+    scale: f64,
+    n_group: usize,
+    topk_group: usize,
+    first_dense: usize,
+}
+
+/// `Glm4MoeConfig`'s.
+pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 128,
+    top_k: 8,
+    inter: 1408,
+    scale: 1.0,
+    n_group: 1,
+    topk_group: 1,
+    first_dense: 1,
+};
+
+/// `DeepseekV3Config`'s.
+pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 256,
+    top_k: 8,
+    inter: 2048,
+    scale: 2.5,
+    n_group: 8,
+    topk_group: 4,
+    first_dense: 3,
+};
+
+/// DeepSeek-V3's MoE (also GLM-4.5's): `n_routed_experts` (alias `num_local_experts`) of
+/// `moe_intermediate_size`, top `num_experts_per_tok` by the grouped sigmoid router (`n_group`,
+/// `topk_group`, `norm_topk_prob`, `routed_scaling_factor`), a shared expert of
+/// `moe_intermediate_size · n_shared_experts`; layers below `first_k_dense_replace` are dense
+/// MLPs of `intermediate_size`.
+pub(super) fn deepseek_moe(
+    cfg: &Cfg<'_>,
+    num_layers: usize,
+    d: &DeepseekMoeDefaults,
+) -> Result<MoeSpec, ModelError> {
+    let inter = cfg.usize_or("moe_intermediate_size", d.inter)?;
     let shared = inter
         .checked_mul(cfg.usize_or("n_shared_experts", 1)?)
         .ok_or_else(|| cfg.err("n_shared_experts", "too large"))?;
-    let dense = cfg.usize_or("first_k_dense_replace", 1)?;
+    let dense = cfg.usize_or("first_k_dense_replace", d.first_dense)?;
     Ok(MoeSpec {
-        num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], 128)?,
-        top_k: cfg.usize_or("num_experts_per_tok", 8)?,
+        num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], d.experts)?,
+        top_k: cfg.usize_or("num_experts_per_tok", d.top_k)?,
         expert_intermediate: inter,
         // transformers builds a zero-wide shared expert (adding zeros) for 0 shared experts.
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
         sparse_layers: (0..num_layers).map(|i| i >= dense).collect(),
         router: MoeRouter::Grouped {
-            n_group: cfg.usize_or("n_group", 1)?,
-            topk_group: cfg.usize_or("topk_group", 1)?,
-            scale: cfg.f64_or("routed_scaling_factor", 1.0)? as f32,
+            n_group: cfg.usize_or("n_group", d.n_group)?,
+            topk_group: cfg.usize_or("topk_group", d.topk_group)?,
+            scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
         },
     })
 }
@@ -123,7 +160,7 @@ pub(super) fn attention_moe(
         Architecture::Qwen3Moe => (qwen_moe(cfg, arch, num_layers)?, head_dim),
         Architecture::Mixtral => (Some(mixtral_moe(cfg, num_layers)?), head_dim),
         Architecture::Glm4Moe => (
-            Some(glm_moe(cfg, num_layers)?),
+            Some(deepseek_moe(cfg, num_layers, &GLM_MOE)?),
             rotary_dim(cfg, head_dim, 0.5)?,
         ),
         _ => (None, head_dim),
@@ -135,6 +172,7 @@ pub(super) fn attention_moe(
         moe: Some(moe),
         mamba: None,
         nemotron_moe: None,
+        mla: None,
     }))
 }
 

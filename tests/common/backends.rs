@@ -333,6 +333,9 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// unrenormalised sigmoid weights pass such flips on as they are: transformers' own bf16 run
 /// is off by up to 1.66e-1 on glm4_moe_bf16 (p1 layer 3, its first MoE layer's output;
 /// torch 2.15 / transformers 5.24, 2026-11-27), hsx's portable bf16 path 1.68e-1 (same place).
+/// DeepSeek-V3's (unrenormalised, one group; MLA's latent norms between rounded GEMMs):
+/// transformers' own bf16 run is off by up to 2.34e-1 on deepseek_v3_bf16 (p3 layer 4), hsx's
+/// portable path 1.21e-1 (same place).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("qwen3_5") {
         8e-2
@@ -340,6 +343,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         1.1e-1
     } else if name.starts_with("glm4_moe") {
         2e-1
+    } else if name.starts_with("deepseek_v3") {
+        2.4e-1
     } else {
         2e-2
     }

@@ -86,11 +86,18 @@ async fn mistral_matches_transformers() {
 
 /// Qwen3-MoE (a dense MLP layer between MoE layers, top-k not renormalised), Mixtral
 /// (`block_sparse_moe`, w1/w3/w2 experts), Qwen3.5-MoE (fused experts on disk, gated shared
-/// expert) and GLM-4.5 (grouped sigmoid router, plain shared expert, partial rotary, an MTP
-/// layer on disk): through the engine, every layer and the greedy token.
+/// expert), GLM-4.5 (grouped sigmoid router, plain shared expert, partial rotary, an MTP
+/// layer on disk) and DeepSeek-V3 (multi-head latent attention, YaRN): through the engine,
+/// every layer and the greedy token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moe_models_match_transformers() {
-    for model in ["qwen3_moe", "mixtral", "qwen3_5_moe", "glm4_moe"] {
+    for model in [
+        "qwen3_moe",
+        "mixtral",
+        "qwen3_5_moe",
+        "glm4_moe",
+        "deepseek_v3",
+    ] {
         check_model(model, 1e-4).await;
     }
 }

@@ -139,4 +139,6 @@ matrix! {
     gpt_oss_mxfp4 => "gpt_oss_mxfp4",
     glm4_moe => "glm4_moe",
     glm4_moe_bf16 => "glm4_moe_bf16",
+    deepseek_v3 => "deepseek_v3",
+    deepseek_v3_bf16 => "deepseek_v3_bf16",
 }

@@ -125,6 +125,7 @@ const FIXTURES: &[&str] = &[
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",
+    "deepseek_v3",
 ];
 
 impl Bases {

@@ -18,7 +18,7 @@ use super::ops;
 use super::recurrent::{StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    GdnParams, HostMatrix, KvShape, MambaParams, check_slot_copies,
+    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -314,6 +314,37 @@ impl Device for CpuDevice {
         let tiles = self.bf16 == Bf16Kernel::Amx && self.bf16_weights.load(Ordering::Relaxed);
         attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, tiles);
         set(out, qd);
+        Ok(())
+    }
+
+    fn mla_heads(
+        &self,
+        q: &CpuBuf,
+        kv: &CpuBuf,
+        k_rope: &CpuBuf,
+        dims: &MlaDims,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let hd = dims.head_dim();
+        let widths = [
+            dims.heads * hd,
+            dims.heads * (dims.nope + dims.v),
+            dims.rope,
+        ];
+        let ok = [q, kv, k_rope]
+            .iter()
+            .zip(widths)
+            .all(|(b, w)| b.width == w)
+            && kv.rows() == q.rows()
+            && k_rope.rows() == q.rows()
+            && dims.v <= hd;
+        if !ok {
+            return Err(DeviceError::Invalid(format!(
+                "mla_heads: inputs do not fit {dims:?}"
+            )));
+        }
+        super::mla::mla_heads(&q.data, &kv.data, &k_rope.data, dims, &mut out.data);
+        set(out, 3 * dims.heads * dims.head_dim());
         Ok(())
     }
 

@@ -20,6 +20,7 @@ pub mod exp;
 pub mod gdn;
 pub mod kv_cache;
 pub mod matmul;
+pub mod mla;
 pub mod moe;
 pub mod moe_grouped;
 pub mod ops;

@@ -24,7 +24,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
-    HostMatrix, KvShape, MambaParams, check_slot_copies,
+    HostMatrix, KvShape, MambaParams, MlaDims, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -314,6 +314,37 @@ impl Device for CudaDevice {
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         self.attention_op(step, kv, qkv, call, out)
+    }
+
+    fn mla_heads(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaBuf,
+        k_rope: &CudaBuf,
+        dims: &MlaDims,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        let hd = dims.head_dim();
+        let widths = [
+            dims.heads * hd,
+            dims.heads * (dims.nope + dims.v),
+            dims.rope,
+        ];
+        for (b, w) in [q, kv, k_rope].into_iter().zip(widths) {
+            b.f32("mla_heads input")?;
+            if b.width() != w || b.rows() != q.rows() || dims.v > hd {
+                return invalid(format!("mla_heads: inputs do not fit {dims:?}"));
+            }
+        }
+        out.set(q.rows(), 3 * dims.heads * hd, "mla_heads")?;
+        let inputs = (q.ptr(), kv.ptr(), k_rope.ptr());
+        Ok(ops::mla_heads(
+            &self.gpu,
+            inputs,
+            out.ptr(),
+            q.rows(),
+            dims,
+        )?)
     }
 
     fn sigmoid_gate(

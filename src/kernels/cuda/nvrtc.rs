@@ -21,7 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embed", include_str!("embed.cu")),
     ("attention", include_str!("attention.cu")),
     ("capture", include_str!("capture.cu")),
-    // Recurrent layers, MoE and the attention output gate.
+    // Recurrent layers, MoE, the attention output gate and MLA's heads.
     ("conv1d", include_str!("conv1d.cu")),
     ("gated_delta", include_str!("gated_delta.cu")),
     ("mamba2", include_str!("mamba2.cu")),
@@ -30,6 +30,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("moe", include_str!("moe.cu")),
     ("moe_grouped", include_str!("moe_grouped.cu")),
     ("gated_attn", include_str!("gated_attn.cu")),
+    ("mla", include_str!("mla.cu")),
 ];
 
 /// The one tiny kernel the probe compiles and loads before anything else: an NVRTC that

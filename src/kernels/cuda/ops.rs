@@ -1,5 +1,5 @@
 //! Rust launchers of the row-wise and element-wise kernels (norm.cu, rope.cu,
-//! elementwise.cu, embed.cu, gated_attn.cu). Arguments are device addresses (`u64`) plus
+//! elementwise.cu, embed.cu, gated_attn.cu, mla.cu). Arguments are device addresses (`u64`) plus
 //! sizes; the caller ([`super::CudaDevice`]) checks that the buffers hold what the sizes say.
 //!
 //! `*_dtype` arguments name the dtype a kernel writes for a following GEMM (the weights'
@@ -301,6 +301,37 @@ pub fn attn_gate(
         col,
         out,
         qd
+    )
+}
+
+/// Multi-head latent attention's heads (mla.cu) for `rows` tokens: `out` `[rows, 3 · heads ·
+/// D]` from `q`, `kv`, `k_rope` (f32; the caller checked their shapes).
+pub fn mla_heads(
+    gpu: &Gpu,
+    (q, kv, k_rope): (u64, u64, u64),
+    out: u64,
+    rows: usize,
+    d: &crate::kernels::device::MlaDims,
+) -> CudaResult<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let width = 3 * d.heads * d.head_dim();
+    let cfg = row_tiles_cfg(rows, width, 256)?;
+    let i = |v: usize, what: &str| i32_of(v, what);
+    launch!(
+        gpu,
+        "mla_heads_f32",
+        cfg,
+        q,
+        kv,
+        k_rope,
+        out,
+        i(d.heads, "MLA heads")?,
+        i(d.nope, "MLA nope dims")?,
+        i(d.rope, "MLA rope dims")?,
+        i(d.v, "MLA v dims")?,
+        i32::from(d.interleave)
     )
 }
 

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod gdn;
 pub mod gpt_oss_moe;
 pub mod mamba2;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod nemotron_moe;
@@ -21,6 +22,7 @@ pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
 pub use gpt_oss_moe::GptOssMoe;
 pub use mamba2::Mamba2;
+pub use mla::MlaAttention;
 pub use mlp::Mlp;
 pub use moe::Moe;
 pub use nemotron_moe::NemotronMoe;
@@ -84,6 +86,8 @@ impl<D: Device> CausalConv<D> {
 /// One sublayer of a decoder layer.
 pub enum Sublayer<D: Device> {
     Attention(Attention<D>),
+    /// DeepSeek's multi-head latent attention.
+    Mla(MlaAttention<D>),
     Mlp(Mlp<D>),
     Moe(Moe<D>),
     /// Nemotron 3's MoE block (group-limited sigmoid router, relu² experts).
@@ -98,6 +102,7 @@ impl<D: Device> Sublayer<D> {
     pub fn forward(&self, dev: &D, ctx: &mut Ctx<'_, '_, D>, s: &mut Scratch<D>) -> DevResult<()> {
         match self {
             Self::Attention(a) => a.forward(dev, ctx, s),
+            Self::Mla(a) => a.forward(dev, ctx, s),
             Self::Mlp(m) => m.forward(dev, s),
             Self::Moe(m) => m.forward(dev, s),
             Self::NemotronMoe(m) => m.forward(dev, s),
@@ -110,6 +115,7 @@ impl<D: Device> Sublayer<D> {
     fn widths(&self) -> Widths {
         match self {
             Self::Attention(a) => a.widths(),
+            Self::Mla(a) => a.widths(),
             Self::Mlp(m) => m.widths(),
             Self::Moe(m) => m.widths(),
             Self::NemotronMoe(m) => m.widths(),
@@ -142,6 +148,8 @@ pub struct Widths {
     pub mid: usize,
     /// Input of the output projection.
     pub act: usize,
+    /// A second projection's output (f32): MLA's expanded latent.
+    pub aux: usize,
     /// MoE: (experts, top_k, expert intermediate size).
     pub moe: Option<(usize, usize, usize)>,
 }
@@ -157,6 +165,7 @@ impl Widths {
             conv: self.conv.max(o.conv),
             mid: self.mid.max(o.mid),
             act: self.act.max(o.act),
+            aux: self.aux.max(o.aux),
             moe,
         }
     }
@@ -179,6 +188,7 @@ pub struct Scratch<D: Device> {
     pub conv: D::Buf,
     pub mid: D::Buf,
     pub act: D::Buf,
+    pub aux: D::Buf,
     pub moe: Option<MoeScratch<D>>,
 }
 
@@ -228,6 +238,7 @@ impl<D: Device> Scratch<D> {
             conv: dev.buffer(t, w.conv, F32)?,
             mid: dev.buffer(t, w.mid, F32)?,
             act: dev.buffer(t, w.act, GemmIn)?,
+            aux: dev.buffer(t, w.aux, F32)?,
             moe,
         })
     }

@@ -1,0 +1,215 @@
+//! `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight, …): `config.json` ->
+//! [`ModelSpec`] with multi-head latent attention ([`MlaSpec`]) in every layer and DeepSeek-V3's
+//! MoE after `first_k_dense_replace` dense layers. Defaults are `DeepseekV3Config`'s.
+//!
+//! The spec's attention fields describe the heads the attention kernels see: `num_heads` q,
+//! k and v heads (k and v are expanded from the latent, one per q head) of `qk_nope_head_dim +
+//! qk_rope_head_dim`, v zero-padded to it; `rotary_dim` is `qk_rope_head_dim`.
+
+use super::ModelError;
+use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype};
+use super::hybrid_config::{HybridSpec, LayerKind};
+use super::moe_config::{DEEPSEEK_V3_MOE, deepseek_moe};
+use crate::kernels::device::MlaDims;
+
+/// Multi-head latent attention's geometry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaSpec {
+    /// `q_lora_rank`: q through `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`; `None`: `q_proj`.
+    pub q_lora: Option<usize>,
+    /// `kv_lora_rank`: the latent `kv_a_proj_with_mqa` makes before `kv_b_proj` expands it.
+    pub kv_lora: usize,
+    pub dims: MlaDims,
+    /// The softmax scale's factor over `head_dim^-0.5`: YaRN's `mscale(factor,
+    /// mscale_all_dim)²` (transformers' `yarn_apply_mscale`), else 1.
+    pub score_factor: f64,
+}
+
+/// The spec of a `DeepseekV3ForCausalLM` config.
+pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    cfg.check_activation()?;
+    if cfg.bool_or("attention_bias", false)? {
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: "attention_bias in multi-head latent attention (no released model has it)".into(),
+        });
+    }
+    let num_layers = cfg.num_layers()?;
+    let num_heads = cfg.usize_or("num_attention_heads", 128)?;
+    let (rope_theta, rope_scaling) = cfg.rope()?;
+    let dims = MlaDims {
+        heads: num_heads,
+        nope: cfg.usize_or("qk_nope_head_dim", 128)?,
+        rope: cfg.usize_or("qk_rope_head_dim", 64)?,
+        v: cfg.usize_or("v_head_dim", 128)?,
+        interleave: cfg.bool_or("rope_interleave", true)?,
+    };
+    if dims.rope == 0 || !dims.rope.is_multiple_of(2) || dims.v == 0 || dims.v > dims.head_dim() {
+        let msg = format!(
+            "qk_rope_head_dim {} (even, > 0), v_head_dim {} (1..=qk_nope_head_dim + \
+             qk_rope_head_dim: hsx pads v heads to the q / k heads)",
+            dims.rope, dims.v
+        );
+        return Err(cfg.err("v_head_dim", msg));
+    }
+    let mla = MlaSpec {
+        q_lora: cfg.usize_opt("q_lora_rank")?,
+        kv_lora: cfg.usize_or("kv_lora_rank", 512)?,
+        dims,
+        score_factor: score_factor(cfg, rope_scaling)?,
+    };
+    if mla.q_lora == Some(0) || mla.kv_lora == 0 {
+        return Err(cfg.err("kv_lora_rank", "q_lora_rank and kv_lora_rank must be > 0"));
+    }
+    let max_position_embeddings = cfg.usize_or("max_position_embeddings", 4096)?;
+    Ok(ModelSpec {
+        name,
+        architecture: Architecture::DeepseekV3,
+        vocab_size: cfg.usize_or("vocab_size", 129280)?,
+        hidden_size: cfg.usize_or("hidden_size", 7168)?,
+        num_layers,
+        num_heads,
+        num_kv_heads: num_heads,
+        head_dim: dims.head_dim(),
+        intermediate_size: cfg.usize_or("intermediate_size", 18432)?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        qk_norm: false,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: Some(HybridSpec {
+            layers: vec![LayerKind::Attention; num_layers],
+            rotary_dim: dims.rope,
+            gdn: None,
+            moe: Some(deepseek_moe(cfg, num_layers, &DEEPSEEK_V3_MOE)?),
+            mamba: None,
+            nemotron_moe: None,
+            mla: Some(mla),
+        }),
+        sliding_window: cfg.sliding_window(Architecture::DeepseekV3, max_position_embeddings)?,
+        gpt_oss: None,
+    })
+}
+
+/// `yarn_get_mscale(factor, mscale_all_dim)²` for a YaRN rope with a nonzero `mscale_all_dim`
+/// (in `rope_parameters` or `rope_scaling`), else 1.
+fn score_factor(cfg: &Cfg<'_>, scaling: RopeScaling) -> Result<f64, ModelError> {
+    let RopeScaling::Yarn { factor, .. } = scaling else {
+        return Ok(1.0);
+    };
+    let params = cfg
+        .get("rope_parameters")
+        .or_else(|| cfg.get("rope_scaling"));
+    let all_dim = params
+        .and_then(|p| p.get("mscale_all_dim"))
+        .filter(|v| !v.is_null());
+    let m = match all_dim {
+        None => return Ok(1.0),
+        Some(v) => super::pyjson::value_f64(v)
+            .ok_or_else(|| cfg.err("rope_scaling.mscale_all_dim", "expected a number"))?,
+    };
+    if m == 0.0 || factor <= 1.0 {
+        return Ok(1.0);
+    }
+    let mscale = 0.1 * m * factor.ln() + 1.0;
+    let f = mscale * mscale;
+    match f.is_finite() && f > 0.0 {
+        true => Ok(f),
+        false => Err(cfg.err(
+            "rope_scaling.mscale_all_dim",
+            format!("{m} gives a scale {f}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::{Value, json};
+
+    use super::super::{Architecture, ModelSpec};
+
+    fn parse(v: &Value) -> Result<ModelSpec, String> {
+        ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
+    }
+
+    /// DeepSeek-V3's published geometry (`DeepseekV3Config`'s defaults are its values), as a
+    /// bf16 conversion's config.json names it (the release itself is FP8: refused).
+    fn deepseek_v3() -> Value {
+        json!({
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+            "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+            "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": true,
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc", "hidden_act": "silu",
+            "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "rope_theta": 10000,
+            "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                "type": "yarn"},
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 129280,
+            "num_nextn_predict_layers": 1
+        })
+    }
+
+    #[test]
+    fn deepseek_v3_heads_latents_router_and_scale() {
+        let s = parse(&deepseek_v3()).unwrap();
+        assert_eq!(s.architecture, Architecture::DeepseekV3);
+        assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (128, 128, 192));
+        let h = s.hybrid.as_ref().unwrap();
+        let mla = h.mla.as_ref().unwrap();
+        assert_eq!((mla.q_lora, mla.kv_lora), (Some(1536), 512));
+        assert_eq!((mla.dims.nope, mla.dims.rope, mla.dims.v), (128, 64, 128));
+        assert!(mla.dims.interleave);
+        assert_eq!(h.rotary_dim, 64);
+        // transformers: (0.1 · 1.0 · ln 40 + 1)².
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!(
+            (mla.score_factor - m * m).abs() < 1e-12,
+            "{}",
+            mla.score_factor
+        );
+        let moe = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.shared_intermediate),
+            (256, 8, Some(2048))
+        );
+        assert_eq!(moe.sparse_layers.iter().filter(|&&s| !s).count(), 3);
+        let g = moe.grouped().unwrap();
+        assert_eq!((g.n_group, g.topk_group, g.scale), (8, 4, 2.5));
+    }
+
+    #[test]
+    fn defaults_plain_rope_and_refusals_name_the_field() {
+        let mut v = json!({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
+            "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512,
+            "q_lora_rank": null, "rope_interleave": false});
+        let s = parse(&v).unwrap();
+        let mla = s.hybrid.as_ref().unwrap().mla.clone().unwrap();
+        assert_eq!((mla.q_lora, mla.score_factor), (None, 1.0));
+        assert!(!mla.dims.interleave);
+        v["v_head_dim"] = json!(193);
+        assert!(parse(&v).unwrap_err().contains("v_head_dim"));
+        v["v_head_dim"] = json!(128);
+        v["qk_rope_head_dim"] = json!(7);
+        assert!(parse(&v).unwrap_err().contains("qk_rope_head_dim"));
+        v["qk_rope_head_dim"] = json!(64);
+        v["attention_bias"] = json!(true);
+        assert!(parse(&v).unwrap_err().contains("attention_bias"));
+        v["attention_bias"] = json!(false);
+        v["kv_lora_rank"] = json!(0);
+        assert!(parse(&v).unwrap_err().contains("kv_lora_rank"));
+        v["kv_lora_rank"] = json!(512);
+        v["n_group"] = json!(7);
+        assert!(parse(&v).unwrap_err().contains("n_group"));
+    }
+}

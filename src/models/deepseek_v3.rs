@@ -1,0 +1,93 @@
+//! `DeepseekV3ForCausalLM` (`model.*` names): per layer `input_layernorm` -> multi-head latent
+//! attention (`self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
+//! `kv_a_layernorm`, `kv_b_proj`, `o_proj`) -> `post_attention_layernorm` -> a dense SwiGLU
+//! MLP below `first_k_dense_replace`, else DeepSeek-V3's MoE (`mlp.gate` with its
+//! `e_score_correction_bias`, `mlp.experts.{e}`, `mlp.shared_experts`). The multi-token
+//! prediction layers released checkpoints carry after the last layer are not read.
+
+use super::decoder::Decoder;
+use super::deepseek_config::MlaSpec;
+use super::dense::{attention_layer, load_mlp, load_with};
+use super::layers::mla::MlaQuery;
+use super::layers::{Layer, Loader, MlaAttention, Sublayer};
+use super::moe_weights::{self, QWEN_EXPERTS};
+use super::{ModelError, ModelSpec};
+use crate::kernels::Device;
+use crate::kernels::rope::Rope;
+
+/// `DeepseekV3RMSNorm`'s default eps, which the q / kv latent norms keep.
+const LATENT_EPS: f64 = 1e-6;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    load_with(ld, spec, load_layer)
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let hybrid = spec.hybrid.as_ref();
+    let (Some(mla), Some(moe)) = (
+        hybrid.and_then(|h| h.mla.as_ref()),
+        hybrid.and_then(|h| h.moe.as_ref()),
+    ) else {
+        return Err(ModelError::InvalidOptions(
+            "a DeepSeek-V3 spec without its attention or MoE geometry".into(),
+        ));
+    };
+    let attention = Sublayer::Mla(load_mla(ld, spec, mla, i)?);
+    let ffn = match moe.sparse_layers[i] {
+        true => Sublayer::Moe(moe_weights::load(
+            ld,
+            &format!("{p}.mlp"),
+            spec.hidden_size,
+            moe,
+            QWEN_EXPERTS,
+        )?),
+        false => Sublayer::Mlp(load_mlp(ld, spec, &p)?),
+    };
+    attention_layer(ld, spec, &p, attention, ffn)
+}
+
+/// Layer `i`'s `self_attn`.
+fn load_mla<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    mla: &MlaSpec,
+    i: usize,
+) -> Result<MlaAttention<D>, ModelError> {
+    let a = |n: &str| format!("model.layers.{i}.self_attn.{n}");
+    let (h, d) = (spec.hidden_size, mla.dims);
+    let (hd, kv_lora) = (d.head_dim(), mla.kv_lora);
+    let q = match mla.q_lora {
+        None => MlaQuery::Direct(ld.linear1(&a("q_proj"), d.heads * hd, h, false)?),
+        Some(rank) => MlaQuery::Lora {
+            a: ld.linear1(&a("q_a_proj"), rank, h, false)?,
+            norm: ld.vector(&a("q_a_layernorm.weight"), rank)?,
+            b: ld.linear1(&a("q_b_proj"), d.heads * hd, rank, false)?,
+            rank,
+        },
+    };
+    let kv_a = ld.matrix(&a("kv_a_proj_with_mqa.weight"), kv_lora + d.rope, h)?;
+    let o = ld.matrix(&a("o_proj.weight"), h, d.heads * d.v)?;
+    // Sized by the rotated dims: made once the projections' shapes have confirmed them.
+    let rope = Rope::new(d.rope, spec.rope_theta, spec.rope_scaling);
+    Ok(MlaAttention {
+        q,
+        kv_latent: ld.dev.linear(kv_a.select_rows(&[(0, kv_lora)]), None)?,
+        kv_norm: ld.vector(&a("kv_a_layernorm.weight"), kv_lora)?,
+        kv_b: ld.linear1(&a("kv_b_proj"), d.heads * (d.nope + d.v), kv_lora, false)?,
+        k_rope: ld
+            .dev
+            .linear(kv_a.select_rows(&[(kv_lora, d.rope)]), None)?,
+        o: ld.dev.linear(o.pad_col_groups(d.heads, d.v, hd), None)?,
+        rope: ld.dev.rope_table(&rope)?,
+        dims: d,
+        kv_lora,
+        latent_eps: LATENT_EPS,
+        score_factor: mla.score_factor,
+        kv_layer: i,
+    })
+}
