@@ -224,6 +224,16 @@ impl MlaDims {
         self.nope + self.rope
     }
 
+    /// Row widths of the inputs `q`, `kv`, `k_rope`; `None` when v is wider than a head.
+    pub fn input_widths(&self) -> Option<[usize; 3]> {
+        let hd = self.head_dim();
+        (self.v <= hd).then_some([
+            self.heads * hd,
+            self.heads * (self.nope + self.v),
+            self.rope,
+        ])
+    }
+
     /// The checkpoint's rotated dim at assembled dim `c < rope`.
     pub fn rope_source(&self, c: usize) -> usize {
         match self.interleave {

@@ -325,19 +325,12 @@ impl Device for CpuDevice {
         dims: &MlaDims,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let hd = dims.head_dim();
-        let widths = [
-            dims.heads * hd,
-            dims.heads * (dims.nope + dims.v),
-            dims.rope,
-        ];
-        let ok = [q, kv, k_rope]
-            .iter()
-            .zip(widths)
-            .all(|(b, w)| b.width == w)
-            && kv.rows() == q.rows()
-            && k_rope.rows() == q.rows()
-            && dims.v <= hd;
+        let ok = dims.input_widths().is_some_and(|widths| {
+            [q, kv, k_rope]
+                .iter()
+                .zip(widths)
+                .all(|(b, w)| b.width == w && b.rows() == q.rows())
+        });
         if !ok {
             return Err(DeviceError::Invalid(format!(
                 "mla_heads: inputs do not fit {dims:?}"

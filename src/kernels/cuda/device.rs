@@ -324,19 +324,16 @@ impl Device for CudaDevice {
         dims: &MlaDims,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        let hd = dims.head_dim();
-        let widths = [
-            dims.heads * hd,
-            dims.heads * (dims.nope + dims.v),
-            dims.rope,
-        ];
+        let Some(widths) = dims.input_widths() else {
+            return invalid(format!("mla_heads: v wider than a head in {dims:?}"));
+        };
         for (b, w) in [q, kv, k_rope].into_iter().zip(widths) {
             b.f32("mla_heads input")?;
-            if b.width() != w || b.rows() != q.rows() || dims.v > hd {
+            if b.width() != w || b.rows() != q.rows() {
                 return invalid(format!("mla_heads: inputs do not fit {dims:?}"));
             }
         }
-        out.set(q.rows(), 3 * dims.heads * hd, "mla_heads")?;
+        out.set(q.rows(), 3 * dims.heads * dims.head_dim(), "mla_heads")?;
         let inputs = (q.ptr(), kv.ptr(), k_rope.ptr());
         Ok(ops::mla_heads(
             &self.gpu,
