@@ -234,6 +234,11 @@ impl MlaDims {
         ])
     }
 
+    /// Row width of the assembled `[q | k | v]` heads: `3 · heads · head_dim`.
+    pub fn out_width(&self) -> usize {
+        3 * self.heads * self.head_dim()
+    }
+
     /// The checkpoint's rotated dim at assembled dim `c < rope`.
     pub fn rope_source(&self, c: usize) -> usize {
         match self.interleave {

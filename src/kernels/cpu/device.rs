@@ -337,7 +337,7 @@ impl Device for CpuDevice {
             )));
         }
         super::mla::mla_heads(&q.data, &kv.data, &k_rope.data, dims, &mut out.data);
-        set(out, 3 * dims.heads * dims.head_dim());
+        set(out, dims.out_width());
         Ok(())
     }
 

@@ -8,14 +8,16 @@ use crate::kernels::device::MlaDims;
 /// `out` `[T, 3 · heads · D]` from `q` `[T, heads · D]`, `kv` `[T, heads · (nope + v)]`,
 /// `k_rope` `[T, rope]` (see [`crate::kernels::Device::mla_heads`]); rows in parallel.
 pub fn mla_heads(q: &[f32], kv: &[f32], k_rope: &[f32], d: &MlaDims, out: &mut Vec<f32>) {
-    let hd = d.head_dim();
-    let (qw, kvw, width) = (d.heads * hd, d.heads * (d.nope + d.v), 3 * d.heads * hd);
+    let Some([qw, kvw, rope]) = d.input_widths() else {
+        return out.clear();
+    };
+    let width = d.out_width();
     let rows = q.len().checked_div(qw).unwrap_or(0);
     out.clear();
     out.resize(rows * width, 0.0);
     out.par_chunks_mut(width)
         .zip(q.par_chunks(qw))
-        .zip(kv.par_chunks(kvw).zip(k_rope.par_chunks(d.rope)))
+        .zip(kv.par_chunks(kvw).zip(k_rope.par_chunks(rope)))
         .for_each(|((o, q), (kv, kr))| row(q, kv, kr, d, o));
 }
 

@@ -333,7 +333,7 @@ impl Device for CudaDevice {
                 return invalid(format!("mla_heads: inputs do not fit {dims:?}"));
             }
         }
-        out.set(q.rows(), 3 * dims.heads * dims.head_dim(), "mla_heads")?;
+        out.set(q.rows(), dims.out_width(), "mla_heads")?;
         let inputs = (q.ptr(), kv.ptr(), k_rope.ptr());
         Ok(ops::mla_heads(
             &self.gpu,

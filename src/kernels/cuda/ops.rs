@@ -316,9 +316,7 @@ pub fn mla_heads(
     if rows == 0 {
         return Ok(());
     }
-    let width = 3 * d.heads * d.head_dim();
-    let cfg = row_tiles_cfg(rows, width, 256)?;
-    let i = |v: usize, what: &str| i32_of(v, what);
+    let cfg = row_tiles_cfg(rows, d.out_width(), 256)?;
     launch!(
         gpu,
         "mla_heads_f32",
@@ -327,10 +325,10 @@ pub fn mla_heads(
         kv,
         k_rope,
         out,
-        i(d.heads, "MLA heads")?,
-        i(d.nope, "MLA nope dims")?,
-        i(d.rope, "MLA rope dims")?,
-        i(d.v, "MLA v dims")?,
+        i32_of(d.heads, "MLA heads")?,
+        i32_of(d.nope, "MLA nope dims")?,
+        i32_of(d.rope, "MLA rope dims")?,
+        i32_of(d.v, "MLA v dims")?,
         i32::from(d.interleave)
     )
 }

@@ -58,7 +58,7 @@ impl<D: Device> MlaAttention<D> {
             MlaQuery::Direct(_) => 0,
         };
         Widths {
-            wide: 3 * hd,
+            wide: d.out_width(),
             conv: q_rank.max(self.kv_lora).max(d.rope),
             mid: hd,
             act: q_rank.max(self.kv_lora).max(hd),
