@@ -9,89 +9,12 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::ModelError;
+pub use super::architecture::Architecture;
+pub(super) use super::architecture::{default_eps, default_max_pos};
 use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
 use super::weights::Weights;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
-
-/// The decoder families hsx runs: dense, and hybrid (see [`HybridSpec`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Qwen2,
-    Qwen3,
-    Mistral,
-    /// `Qwen3_5ForCausalLM` (text model): Gated DeltaNet + gated full attention, dense MLP.
-    Qwen3_5,
-    /// `Qwen3NextForCausalLM`: Gated DeltaNet + gated full attention, MoE + shared expert.
-    Qwen3Next,
-    /// `NemotronHForCausalLM`: Mamba-2 / attention / MLP blocks.
-    NemotronH,
-    /// `Qwen3MoeForCausalLM`: Qwen3 attention, routed experts (dense MLPs between them).
-    Qwen3Moe,
-    /// `MixtralForCausalLM`: Mistral attention, routed experts (`block_sparse_moe`).
-    Mixtral,
-    /// `Qwen3_5MoeForCausalLM`: Qwen3.5 layers with routed experts + a gated shared expert.
-    Qwen3_5Moe,
-    /// `GptOssForCausalLM`: sinks, sliding / full attention, YaRN, biased MoE (MXFP4 or not).
-    GptOss,
-    /// `Glm4MoeForCausalLM` (GLM-4.5 / 4.6 / 4.7): biased q/k/v, partial rotary, optional
-    /// q/k norm, dense MLPs then routed experts with DeepSeek-V3's router + a shared expert.
-    Glm4Moe,
-    /// `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight): multi-head latent
-    /// attention, dense MLPs then DeepSeek-V3's MoE.
-    DeepseekV3,
-}
-
-impl Architecture {
-    /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 13] = [
-        Self::Llama,
-        Self::Qwen2,
-        Self::Qwen3,
-        Self::Mistral,
-        Self::Qwen3_5,
-        Self::Qwen3Next,
-        Self::NemotronH,
-        Self::Qwen3Moe,
-        Self::Mixtral,
-        Self::Qwen3_5Moe,
-        Self::GptOss,
-        Self::Glm4Moe,
-        Self::DeepseekV3,
-    ];
-
-    fn from_hf(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.hf_name() == name)
-    }
-
-    /// The class name as written in `config.json`'s `architectures`.
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Self::Llama => "LlamaForCausalLM",
-            Self::Qwen2 => "Qwen2ForCausalLM",
-            Self::Qwen3 => "Qwen3ForCausalLM",
-            Self::Mistral => "MistralForCausalLM",
-            Self::Qwen3_5 => "Qwen3_5ForCausalLM",
-            Self::Qwen3Next => "Qwen3NextForCausalLM",
-            Self::NemotronH => "NemotronHForCausalLM",
-            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
-            Self::Mixtral => "MixtralForCausalLM",
-            Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
-            Self::GptOss => "GptOssForCausalLM",
-            Self::Glm4Moe => "Glm4MoeForCausalLM",
-            Self::DeepseekV3 => "DeepseekV3ForCausalLM",
-        }
-    }
-
-    /// Hybrid families (recurrent layers next to attention).
-    pub fn is_hybrid(self) -> bool {
-        matches!(
-            self,
-            Self::Qwen3_5 | Self::Qwen3Next | Self::Qwen3_5Moe | Self::NemotronH
-        )
-    }
-}
 
 /// Everything the engine and the backends need to know about a dense model.
 #[derive(Debug, Clone)]
@@ -169,8 +92,8 @@ impl ModelSpec {
             spec.validate(path)?;
             return Ok(spec);
         }
-        if architecture == Architecture::DeepseekV3 {
-            let spec = super::deepseek_config::parse(&cfg, name)?;
+        if architecture.has_latent_attention() {
+            let spec = super::deepseek_config::parse(&cfg, architecture, name)?;
             spec.validate(path)?;
             return Ok(spec);
         }
@@ -254,26 +177,6 @@ fn model_name(dir: &Path) -> String {
         .unwrap_or_else(|| "model".to_string())
 }
 
-pub(super) fn default_max_pos(arch: Architecture) -> usize {
-    match arch {
-        Architecture::Llama => 2048,
-        Architecture::Qwen2 | Architecture::Qwen3 => 32768,
-        Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
-        Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
-        Architecture::Qwen3Moe => 32768,
-        Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
-        Architecture::GptOss | Architecture::Glm4Moe => 131072,
-    }
-}
-
-/// `rms_norm_eps` when the config names none (MixtralConfig's is 1e-5).
-fn default_eps(arch: Architecture) -> f64 {
-    match arch {
-        Architecture::Mixtral | Architecture::Glm4Moe => 1e-5,
-        _ => 1e-6,
-    }
-}
-
 /// dtype of the embedding table on disk, for configs that name none.
 fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
     let weights = Weights::open(dir)?;
@@ -323,6 +226,11 @@ impl<'a> Cfg<'a> {
 
     pub(super) fn get(&self, field: &str) -> Option<&'a Value> {
         self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    /// The config names `field`, null included (where null means something else than absent).
+    pub(super) fn has(&self, field: &str) -> bool {
+        self.map.contains_key(field)
     }
 
     pub(super) fn usize_opt(&self, field: &str) -> Result<Option<usize>, ModelError> {

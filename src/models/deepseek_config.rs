@@ -1,15 +1,17 @@
-//! `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight, …): `config.json` ->
-//! [`ModelSpec`] with multi-head latent attention ([`MlaSpec`]) in every layer and DeepSeek-V3's
-//! MoE after `first_k_dense_replace` dense layers. Defaults are `DeepseekV3Config`'s.
+//! `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight, …) and
+//! `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): `config.json` -> [`ModelSpec`] with multi-head
+//! latent attention ([`MlaSpec`]) in every layer and DeepSeek-V3's MoE in the sparse layers
+//! (DeepSeek: from `first_k_dense_replace` on; GLM: as `mlp_layer_types` says). Defaults are
+//! each config class's ([`MlaFamily`]).
 //!
 //! The spec's attention fields describe the heads the attention kernels see: `num_heads` q,
 //! k and v heads (k and v are expanded from the latent, one per q head) of `qk_nope_head_dim +
 //! qk_rope_head_dim`, v zero-padded to it; `rotary_dim` is `qk_rope_head_dim`.
 
 use super::ModelError;
-use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype};
-use super::hybrid_config::{HybridSpec, LayerKind};
-use super::moe_config::{DEEPSEEK_V3_MOE, deepseek_moe};
+use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
+use super::moe_config::{DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, deepseek_moe};
 use crate::kernels::device::MlaDims;
 
 /// Multi-head latent attention's geometry.
@@ -25,8 +27,61 @@ pub struct MlaSpec {
     pub score_factor: f64,
 }
 
-/// The spec of a `DeepseekV3ForCausalLM` config.
-pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+/// A config class's defaults for the fields a config may leave out.
+struct MlaFamily {
+    vocab: usize,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    nope: usize,
+    rope: usize,
+    v: usize,
+    q_lora: usize,
+    kv_lora: usize,
+    eps: f64,
+    moe: DeepseekMoeDefaults,
+}
+
+/// `DeepseekV3Config`'s.
+const DEEPSEEK_V3: MlaFamily = MlaFamily {
+    vocab: 129280,
+    hidden: 7168,
+    intermediate: 18432,
+    heads: 128,
+    nope: 128,
+    rope: 64,
+    v: 128,
+    q_lora: 1536,
+    kv_lora: 512,
+    eps: 1e-6,
+    moe: DEEPSEEK_V3_MOE,
+};
+
+/// `Glm4MoeLiteConfig`'s (GLM-4.7-Flash's geometry).
+const GLM_4_MOE_LITE: MlaFamily = MlaFamily {
+    vocab: 154880,
+    hidden: 2048,
+    intermediate: 10240,
+    heads: 20,
+    nope: 192,
+    rope: 64,
+    v: 256,
+    q_lora: 768,
+    kv_lora: 512,
+    eps: 1e-5,
+    moe: GLM_MOE_LITE,
+};
+
+/// The spec of a `DeepseekV3ForCausalLM` or `Glm4MoeLiteForCausalLM` config.
+pub(super) fn parse(
+    cfg: &Cfg<'_>,
+    architecture: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    let f = match architecture {
+        Architecture::Glm4MoeLite => &GLM_4_MOE_LITE,
+        _ => &DEEPSEEK_V3,
+    };
     cfg.check_activation()?;
     if cfg.bool_or("attention_bias", false)? {
         return Err(ModelError::Unsupported {
@@ -35,13 +90,19 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         });
     }
     let num_layers = cfg.num_layers()?;
-    let num_heads = cfg.usize_or("num_attention_heads", 128)?;
+    let num_heads = cfg.usize_or("num_attention_heads", f.heads)?;
+    // Every head gets its own k and v from the latent; transformers' attention fails on a
+    // config naming fewer kv heads.
+    if cfg.usize_or("num_key_value_heads", num_heads)? != num_heads {
+        let msg = "multi-head latent attention has one k / v head per q head";
+        return Err(cfg.err("num_key_value_heads", msg));
+    }
     let (rope_theta, rope_scaling) = cfg.rope()?;
     let dims = MlaDims {
         heads: num_heads,
-        nope: cfg.usize_or("qk_nope_head_dim", 128)?,
-        rope: cfg.usize_or("qk_rope_head_dim", 64)?,
-        v: cfg.usize_or("v_head_dim", 128)?,
+        nope: cfg.usize_or("qk_nope_head_dim", f.nope)?,
+        rope: cfg.usize_or("qk_rope_head_dim", f.rope)?,
+        v: cfg.usize_or("v_head_dim", f.v)?,
         interleave: cfg.bool_or("rope_interleave", true)?,
     };
     if dims.rope == 0 || !dims.rope.is_multiple_of(2) || dims.v == 0 || dims.v > dims.head_dim() {
@@ -52,27 +113,34 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         );
         return Err(cfg.err("v_head_dim", msg));
     }
+    // The rotary table spans `qk_rope_head_dim · partial_rotary_factor` dims and is applied
+    // to all `qk_rope_head_dim` of them: transformers runs only a factor of 1.
+    if rotary_dim(cfg, dims.rope, 1.0)? != dims.rope {
+        let msg = "multi-head latent attention rotates all qk_rope_head_dim dims (factor 1)";
+        return Err(cfg.err("partial_rotary_factor", msg));
+    }
     let mla = MlaSpec {
-        q_lora: cfg.usize_opt("q_lora_rank")?,
-        kv_lora: cfg.usize_or("kv_lora_rank", 512)?,
+        q_lora: q_lora_rank(cfg, f.q_lora)?,
+        kv_lora: cfg.usize_or("kv_lora_rank", f.kv_lora)?,
         dims,
         score_factor: score_factor(cfg, rope_scaling)?,
     };
     if mla.q_lora == Some(0) || mla.kv_lora == 0 {
         return Err(cfg.err("kv_lora_rank", "q_lora_rank and kv_lora_rank must be > 0"));
     }
-    let max_position_embeddings = cfg.usize_or("max_position_embeddings", 4096)?;
+    let max_position_embeddings =
+        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
     Ok(ModelSpec {
         name,
-        architecture: Architecture::DeepseekV3,
-        vocab_size: cfg.usize_or("vocab_size", 129280)?,
-        hidden_size: cfg.usize_or("hidden_size", 7168)?,
+        architecture,
+        vocab_size: cfg.usize_or("vocab_size", f.vocab)?,
+        hidden_size: cfg.usize_or("hidden_size", f.hidden)?,
         num_layers,
         num_heads,
         num_kv_heads: num_heads,
         head_dim: dims.head_dim(),
-        intermediate_size: cfg.usize_or("intermediate_size", 18432)?,
-        rms_norm_eps: cfg.f64_or("rms_norm_eps", 1e-6)?,
+        intermediate_size: cfg.usize_or("intermediate_size", f.intermediate)?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", f.eps)?,
         rope_theta,
         rope_scaling,
         qkv_bias: false,
@@ -86,14 +154,23 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             layers: vec![LayerKind::Attention; num_layers],
             rotary_dim: dims.rope,
             gdn: None,
-            moe: Some(deepseek_moe(cfg, num_layers, &DEEPSEEK_V3_MOE)?),
+            moe: Some(deepseek_moe(cfg, num_layers, &f.moe)?),
             mamba: None,
             nemotron_moe: None,
             mla: Some(mla),
         }),
-        sliding_window: cfg.sliding_window(Architecture::DeepseekV3, max_position_embeddings)?,
+        sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
         gpt_oss: None,
     })
+}
+
+/// `q_lora_rank`: the config class's default when absent, `None` (q through `q_proj`) when
+/// null.
+fn q_lora_rank(cfg: &Cfg<'_>, default: usize) -> Result<Option<usize>, ModelError> {
+    match cfg.has("q_lora_rank") {
+        true => cfg.usize_opt("q_lora_rank"),
+        false => Ok(Some(default)),
+    }
 }
 
 /// `yarn_get_mscale(factor, mscale_all_dim)²` for a YaRN rope with a nonzero `mscale_all_dim`
@@ -134,6 +211,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::{Architecture, ModelSpec};
+    use super::MlaSpec;
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
@@ -211,5 +289,67 @@ mod tests {
         v["kv_lora_rank"] = json!(512);
         v["n_group"] = json!(7);
         assert!(parse(&v).unwrap_err().contains("n_group"));
+    }
+
+    fn mla(v: &Value) -> MlaSpec {
+        parse(v).unwrap().hybrid.unwrap().mla.unwrap()
+    }
+
+    /// `Glm4MoeLiteConfig`'s defaults are GLM-4.7-Flash's geometry; `mlp_layer_types` alone
+    /// says which layers are dense (the class ignores `first_k_dense_replace`).
+    #[test]
+    fn glm_4_moe_lite_defaults_and_layer_types() {
+        let mut v = json!({"architectures": ["Glm4MoeLiteForCausalLM"], "num_hidden_layers": 47});
+        let s = parse(&v).unwrap();
+        assert_eq!(s.architecture, Architecture::Glm4MoeLite);
+        assert_eq!(
+            (s.vocab_size, s.hidden_size, s.intermediate_size),
+            (154880, 2048, 10240)
+        );
+        assert_eq!((s.num_heads, s.head_dim, s.rms_norm_eps), (20, 256, 1e-5));
+        assert_eq!(s.max_position_embeddings, 202752);
+        let h = s.hybrid.as_ref().unwrap();
+        let m = h.mla.as_ref().unwrap();
+        assert_eq!((m.q_lora, m.kv_lora), (Some(768), 512));
+        assert_eq!((m.dims.nope, m.dims.rope, m.dims.v), (192, 64, 256));
+        let moe = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.expert_intermediate),
+            (64, 4, 1536)
+        );
+        assert_eq!(moe.shared_intermediate, Some(1536));
+        let g = moe.grouped().unwrap();
+        assert_eq!((g.n_group, g.topk_group, g.scale), (1, 1, 1.8));
+        assert!(!moe.sparse_layers[0] && moe.sparse_layers[1..].iter().all(|&s| s));
+        v["num_hidden_layers"] = json!(3);
+        v["first_k_dense_replace"] = json!(2);
+        v["mlp_layer_types"] = json!(["sparse", "dense", "sparse"]);
+        let moe = parse(&v).unwrap().hybrid.unwrap().moe.unwrap();
+        assert_eq!(moe.sparse_layers, [true, false, true]);
+        for bad in [
+            json!(["sparse", "dense"]),
+            json!(["sparse", "moe", "dense"]),
+        ] {
+            v["mlp_layer_types"] = bad;
+            assert!(parse(&v).unwrap_err().contains("mlp_layer_types"));
+        }
+    }
+
+    /// An absent `q_lora_rank` is the class default (q through its latent), a null one means
+    /// `q_proj`. Fewer kv heads than q heads, and a partial rotary factor, are refused: the
+    /// expanded heads and the rotated dims would not line up (transformers fails on both).
+    #[test]
+    fn q_latent_default_kv_heads_and_rotary_factor() {
+        let mut v = json!({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4});
+        assert_eq!(mla(&v).q_lora, Some(1536));
+        v["q_lora_rank"] = Value::Null;
+        assert_eq!(mla(&v).q_lora, None);
+        v["num_key_value_heads"] = json!(8);
+        assert!(parse(&v).unwrap_err().contains("num_key_value_heads"));
+        v["num_key_value_heads"] = json!(128);
+        v["partial_rotary_factor"] = json!(0.5);
+        assert!(parse(&v).unwrap_err().contains("partial_rotary_factor"));
+        v["partial_rotary_factor"] = json!(1.0);
+        assert_eq!(mla(&v).dims.rope, 64);
     }
 }

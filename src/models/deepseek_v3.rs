@@ -1,9 +1,10 @@
-//! `DeepseekV3ForCausalLM` (`model.*` names): per layer `input_layernorm` -> multi-head latent
-//! attention (`self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
-//! `kv_a_layernorm`, `kv_b_proj`, `o_proj`) -> `post_attention_layernorm` -> a dense SwiGLU
-//! MLP below `first_k_dense_replace`, else DeepSeek-V3's MoE (`mlp.gate` with its
-//! `e_score_correction_bias`, `mlp.experts.{e}`, `mlp.shared_experts`). The multi-token
-//! prediction layers released checkpoints carry after the last layer are not read.
+//! `DeepseekV3ForCausalLM` and `Glm4MoeLiteForCausalLM` (`model.*` names): per layer
+//! `input_layernorm` -> multi-head latent attention (`self_attn.{q_proj | q_a_proj,
+//! q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`) ->
+//! `post_attention_layernorm` -> a dense SwiGLU MLP or DeepSeek-V3's MoE (`mlp.gate` with its
+//! `e_score_correction_bias`, `mlp.experts.{e}`, `mlp.shared_experts`) as the spec's sparse
+//! layers say. The multi-token prediction layers released checkpoints carry after the last
+//! layer are not read.
 
 use super::decoder::Decoder;
 use super::deepseek_config::MlaSpec;

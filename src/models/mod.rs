@@ -12,6 +12,7 @@
 //! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
 //!   [`devices`]: the CPU and CUDA entry points.
 
+mod architecture;
 pub mod backend;
 pub mod config;
 pub mod decoder;

@@ -90,7 +90,16 @@ pub(super) struct DeepseekMoeDefaults {
     scale: f64,
     n_group: usize,
     topk_group: usize,
-    first_dense: usize,
+    dense: DenseLayers,
+}
+
+/// Which layers keep a dense MLP.
+enum DenseLayers {
+    /// Those below `first_k_dense_replace` (this default).
+    FirstK(usize),
+    /// Those `mlp_layer_types` names `"dense"`; by default layer 0
+    /// (`Glm4MoeLiteConfig`, which ignores `first_k_dense_replace`).
+    LayerTypes,
 }
 
 /// `Glm4MoeConfig`'s.
@@ -101,7 +110,18 @@ pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     scale: 1.0,
     n_group: 1,
     topk_group: 1,
-    first_dense: 1,
+    dense: DenseLayers::FirstK(1),
+};
+
+/// `Glm4MoeLiteConfig`'s (GLM-4.7-Flash's).
+pub(super) const GLM_MOE_LITE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 64,
+    top_k: 4,
+    inter: 1536,
+    scale: 1.8,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::LayerTypes,
 };
 
 /// `DeepseekV3Config`'s.
@@ -112,14 +132,14 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     scale: 2.5,
     n_group: 8,
     topk_group: 4,
-    first_dense: 3,
+    dense: DenseLayers::FirstK(3),
 };
 
 /// DeepSeek-V3's MoE (also GLM-4.5's): `n_routed_experts` (alias `num_local_experts`) of
 /// `moe_intermediate_size`, top `num_experts_per_tok` by the grouped sigmoid router (`n_group`,
 /// `topk_group`, `norm_topk_prob`, `routed_scaling_factor`), a shared expert of
-/// `moe_intermediate_size · n_shared_experts`; layers below `first_k_dense_replace` are dense
-/// MLPs of `intermediate_size`.
+/// `moe_intermediate_size · n_shared_experts`; the dense layers ([`DenseLayers`]) are MLPs of
+/// `intermediate_size`.
 pub(super) fn deepseek_moe(
     cfg: &Cfg<'_>,
     num_layers: usize,
@@ -129,7 +149,13 @@ pub(super) fn deepseek_moe(
     let shared = inter
         .checked_mul(cfg.usize_or("n_shared_experts", 1)?)
         .ok_or_else(|| cfg.err("n_shared_experts", "too large"))?;
-    let dense = cfg.usize_or("first_k_dense_replace", d.first_dense)?;
+    let sparse_layers = match d.dense {
+        DenseLayers::FirstK(k) => {
+            let dense = cfg.usize_or("first_k_dense_replace", k)?;
+            (0..num_layers).map(|i| i >= dense).collect()
+        }
+        DenseLayers::LayerTypes => mlp_layer_types(cfg, num_layers)?,
+    };
     Ok(MoeSpec {
         num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], d.experts)?,
         top_k: cfg.usize_or("num_experts_per_tok", d.top_k)?,
@@ -137,12 +163,34 @@ pub(super) fn deepseek_moe(
         // transformers builds a zero-wide shared expert (adding zeros) for 0 shared experts.
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
-        sparse_layers: (0..num_layers).map(|i| i >= dense).collect(),
+        sparse_layers,
         router: MoeRouter::Grouped {
             n_group: cfg.usize_or("n_group", d.n_group)?,
             topk_group: cfg.usize_or("topk_group", d.topk_group)?,
             scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
         },
+    })
+}
+
+/// `mlp_layer_types` (`"dense"` / `"sparse"` per layer) as sparse flags; absent: layer 0
+/// dense, the rest sparse.
+fn mlp_layer_types(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelError> {
+    let Some(v) = cfg.get("mlp_layer_types") else {
+        return Ok((0..num_layers).map(|i| i > 0).collect());
+    };
+    let kinds = v.as_array().filter(|a| a.len() == num_layers);
+    let sparse: Option<Vec<bool>> = kinds.and_then(|a| {
+        a.iter()
+            .map(|k| match k.as_str() {
+                Some("dense") => Some(false),
+                Some("sparse") => Some(true),
+                _ => None,
+            })
+            .collect()
+    });
+    sparse.ok_or_else(|| {
+        let msg = format!("expected {num_layers} entries, each \"dense\" or \"sparse\"");
+        cfg.err("mlp_layer_types", msg)
     })
 }
 

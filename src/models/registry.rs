@@ -19,6 +19,6 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),
         Architecture::NemotronH => nemotron_h::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
-        Architecture::DeepseekV3 => super::deepseek_v3::load(ld, spec),
+        Architecture::DeepseekV3 | Architecture::Glm4MoeLite => super::deepseek_v3::load(ld, spec),
     }
 }

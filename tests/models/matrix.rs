@@ -141,4 +141,5 @@ matrix! {
     glm4_moe_bf16 => "glm4_moe_bf16",
     deepseek_v3 => "deepseek_v3",
     deepseek_v3_bf16 => "deepseek_v3_bf16",
+    glm4_moe_lite => "glm4_moe_lite",
 }

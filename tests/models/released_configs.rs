@@ -65,6 +65,11 @@ const CASES: &[(&str, Expect)] = &[
         "glm-4.5-air.json",
         Accepted("Glm4MoeForCausalLM", 46, Some("*")),
     ),
+    // Multi-head latent attention; its MTP layer (47 on disk) is not a decoder layer either.
+    (
+        "glm-4.7-flash.json",
+        Accepted("Glm4MoeLiteForCausalLM", 47, Some("*")),
+    ),
 ];
 
 fn dir() -> PathBuf {

@@ -126,6 +126,7 @@ const FIXTURES: &[&str] = &[
     "gpt_oss_mxfp4",
     "glm4_moe",
     "deepseek_v3",
+    "glm4_moe_lite",
 ];
 
 impl Bases {

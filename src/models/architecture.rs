@@ -1,0 +1,112 @@
+//! The decoder families hsx runs and the defaults their config classes give fields a
+//! `config.json` may leave out.
+
+/// The decoder families hsx runs: dense, and hybrid (see [`HybridSpec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Mistral,
+    /// `Qwen3_5ForCausalLM` (text model): Gated DeltaNet + gated full attention, dense MLP.
+    Qwen3_5,
+    /// `Qwen3NextForCausalLM`: Gated DeltaNet + gated full attention, MoE + shared expert.
+    Qwen3Next,
+    /// `NemotronHForCausalLM`: Mamba-2 / attention / MLP blocks.
+    NemotronH,
+    /// `Qwen3MoeForCausalLM`: Qwen3 attention, routed experts (dense MLPs between them).
+    Qwen3Moe,
+    /// `MixtralForCausalLM`: Mistral attention, routed experts (`block_sparse_moe`).
+    Mixtral,
+    /// `Qwen3_5MoeForCausalLM`: Qwen3.5 layers with routed experts + a gated shared expert.
+    Qwen3_5Moe,
+    /// `GptOssForCausalLM`: sinks, sliding / full attention, YaRN, biased MoE (MXFP4 or not).
+    GptOss,
+    /// `Glm4MoeForCausalLM` (GLM-4.5 / 4.6 / 4.7): biased q/k/v, partial rotary, optional
+    /// q/k norm, dense MLPs then routed experts with DeepSeek-V3's router + a shared expert.
+    Glm4Moe,
+    /// `DeepseekV3ForCausalLM` (DeepSeek-V3 / R1, Kimi-K2, Moonlight): multi-head latent
+    /// attention, dense MLPs then DeepSeek-V3's MoE.
+    DeepseekV3,
+    /// `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): DeepSeek-V3's multi-head latent attention
+    /// and MoE, dense or sparse per layer as `mlp_layer_types` says.
+    Glm4MoeLite,
+}
+
+impl Architecture {
+    /// Every architecture, in the order the supported list names them.
+    pub const ALL: [Self; 14] = [
+        Self::Llama,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Mistral,
+        Self::Qwen3_5,
+        Self::Qwen3Next,
+        Self::NemotronH,
+        Self::Qwen3Moe,
+        Self::Mixtral,
+        Self::Qwen3_5Moe,
+        Self::GptOss,
+        Self::Glm4Moe,
+        Self::DeepseekV3,
+        Self::Glm4MoeLite,
+    ];
+
+    pub(super) fn from_hf(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.hf_name() == name)
+    }
+
+    /// The class name as written in `config.json`'s `architectures`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen3_5 => "Qwen3_5ForCausalLM",
+            Self::Qwen3Next => "Qwen3NextForCausalLM",
+            Self::NemotronH => "NemotronHForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
+            Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
+            Self::GptOss => "GptOssForCausalLM",
+            Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+        }
+    }
+
+    /// Hybrid families (recurrent layers next to attention).
+    pub fn is_hybrid(self) -> bool {
+        matches!(
+            self,
+            Self::Qwen3_5 | Self::Qwen3Next | Self::Qwen3_5Moe | Self::NemotronH
+        )
+    }
+
+    /// Families whose attention is multi-head latent attention (DeepSeek-V3's).
+    pub fn has_latent_attention(self) -> bool {
+        matches!(self, Self::DeepseekV3 | Self::Glm4MoeLite)
+    }
+}
+
+pub(super) fn default_max_pos(arch: Architecture) -> usize {
+    match arch {
+        Architecture::Llama => 2048,
+        Architecture::Qwen2 | Architecture::Qwen3 => 32768,
+        Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
+        Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
+        Architecture::Qwen3Moe => 32768,
+        Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
+        Architecture::GptOss | Architecture::Glm4Moe => 131072,
+        Architecture::Glm4MoeLite => 202752,
+    }
+}
+
+/// `rms_norm_eps` when the config names none (MixtralConfig's is 1e-5).
+pub(super) fn default_eps(arch: Architecture) -> f64 {
+    match arch {
+        Architecture::Mixtral | Architecture::Glm4Moe => 1e-5,
+        _ => 1e-6,
+    }
+}
