@@ -75,6 +75,21 @@ pub struct HostMatrix<'a> {
     pub data: Cow<'a, [u8]>,
 }
 
+/// `values` as little-endian `dtype` elements (round to nearest even when narrowing).
+fn f32_bytes_in(values: &[f32], dtype: WeightDtype) -> Vec<u8> {
+    match dtype {
+        WeightDtype::F32 => bytemuck::cast_slice(values).to_vec(),
+        WeightDtype::Bf16 => {
+            let h: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
+            bytemuck::cast_slice(&h).to_vec()
+        }
+        WeightDtype::F16 => {
+            let h: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+            bytemuck::cast_slice(&h).to_vec()
+        }
+    }
+}
+
 impl<'a> HostMatrix<'a> {
     /// f32 values `[rows, cols]` as a matrix.
     pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> HostMatrix<'static> {
@@ -83,6 +98,21 @@ impl<'a> HostMatrix<'a> {
             rows,
             cols,
             data: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
+        }
+    }
+
+    /// f32 values `[rows, cols]` stored in `dtype` (rounded to nearest even when narrowing).
+    pub fn from_f32_in(
+        values: &[f32],
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+    ) -> HostMatrix<'static> {
+        HostMatrix {
+            dtype,
+            rows,
+            cols,
+            data: Cow::Owned(f32_bytes_in(values, dtype)),
         }
     }
 
@@ -108,21 +138,9 @@ impl<'a> HostMatrix<'a> {
     /// The same values in `dtype` (round to nearest even when narrowing; exact when widening;
     /// a view when `dtype` is already the stored one).
     pub fn to_dtype(&self, dtype: WeightDtype) -> HostMatrix<'_> {
-        let data = if dtype == self.dtype {
-            Cow::Borrowed(&self.data[..])
-        } else {
-            let v = self.to_f32();
-            Cow::Owned(match dtype {
-                WeightDtype::F32 => bytemuck::cast_slice(&v).to_vec(),
-                WeightDtype::Bf16 => {
-                    let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-                    bytemuck::cast_slice(&h).to_vec()
-                }
-                WeightDtype::F16 => {
-                    let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
-                    bytemuck::cast_slice(&h).to_vec()
-                }
-            })
+        let data = match dtype == self.dtype {
+            true => Cow::Borrowed(&self.data[..]),
+            false => Cow::Owned(f32_bytes_in(&self.to_f32(), dtype)),
         };
         HostMatrix {
             dtype,

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use super::ModelError;
 pub use super::architecture::Architecture;
 pub(super) use super::architecture::{default_eps, default_max_pos};
+use super::fp8_weights::Fp8Blocks;
 use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
 use super::weights::Weights;
@@ -53,6 +54,8 @@ pub struct ModelSpec {
     pub sliding_window: Option<usize>,
     /// gpt-oss's windows, sinks and experts; `None` for other architectures.
     pub gpt_oss: Option<GptOssSpec>,
+    /// Block-quantized FP8 weights (`quant_method: "fp8"`), dequantized at load to `dtype`.
+    pub fp8: Option<Fp8Blocks>,
 }
 
 impl ModelSpec {
@@ -87,65 +90,13 @@ impl ModelSpec {
         let value = super::export_config::text_model_config(value, path)?;
         let cfg = Cfg::new(&value, path)?;
         let architecture = cfg.architecture()?;
-        if architecture == Architecture::GptOss {
-            let spec = super::gpt_oss_config::parse(&cfg, &value, name)?;
-            spec.validate(path)?;
-            return Ok(spec);
-        }
-        if architecture.has_latent_attention() {
-            let spec = super::deepseek_config::parse(&cfg, architecture, name)?;
-            spec.validate(path)?;
-            return Ok(spec);
-        }
-        if architecture.is_hybrid() {
-            let spec = super::hybrid_config::parse(&cfg, architecture, name)?;
-            spec.validate(path)?;
-            return Ok(spec);
-        }
-        cfg.check_activation()?;
-        let hidden_size = cfg.usize_req("hidden_size")?;
-        let num_heads = cfg.usize_req("num_attention_heads")?;
-        let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
-        let default_head_dim = match architecture {
-            // Qwen3Config's head_dim defaults to 128, not hidden/heads.
-            Architecture::Qwen3 => 128,
-            _ => hidden_size / num_heads.max(1),
+        let mut spec = match architecture {
+            Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
+            a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
+            a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
+            a => dense_spec(&cfg, a, name)?,
         };
-        let max_position_embeddings =
-            cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
-        let (rope_theta, rope_scaling) = cfg.rope()?;
-        let attention_bias = cfg.bool_or("attention_bias", false)?;
-        let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
-        let spec = ModelSpec {
-            name,
-            architecture,
-            vocab_size: cfg.usize_req("vocab_size")?,
-            hidden_size,
-            num_layers: cfg.num_layers()?,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            intermediate_size: cfg.usize_req("intermediate_size")?,
-            rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
-            rope_theta,
-            rope_scaling,
-            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-            // Qwen2's and GLM-4.5's `attention_bias` leaves o_proj without one.
-            o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Glm4Moe)
-                && attention_bias,
-            mlp_bias: cfg.bool_or("mlp_bias", false)?,
-            qk_norm: match architecture {
-                Architecture::Qwen3 | Architecture::Qwen3Moe => true,
-                Architecture::Glm4Moe => cfg.bool_or("use_qk_norm", false)?,
-                _ => false,
-            },
-            tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
-            max_position_embeddings,
-            dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-            hybrid: super::moe_config::attention_moe(&cfg, architecture, head_dim)?,
-            sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
-            gpt_oss: None,
-        };
+        spec.fp8 = cfg.fp8_blocks()?;
         spec.validate(path)?;
         Ok(spec)
     }
@@ -167,6 +118,60 @@ impl ModelSpec {
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+}
+
+/// The spec of a dense or attention-only MoE config (Llama, Qwen2 / 3, Mistral, Qwen3-MoE,
+/// Mixtral, GLM-4.5).
+fn dense_spec(
+    cfg: &Cfg<'_>,
+    architecture: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    cfg.check_activation()?;
+    let hidden_size = cfg.usize_req("hidden_size")?;
+    let num_heads = cfg.usize_req("num_attention_heads")?;
+    let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
+    let default_head_dim = match architecture {
+        // Qwen3Config's head_dim defaults to 128, not hidden/heads.
+        Architecture::Qwen3 => 128,
+        _ => hidden_size / num_heads.max(1),
+    };
+    let max_position_embeddings =
+        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
+    let (rope_theta, rope_scaling) = cfg.rope()?;
+    let attention_bias = cfg.bool_or("attention_bias", false)?;
+    let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
+    Ok(ModelSpec {
+        name,
+        architecture,
+        vocab_size: cfg.usize_req("vocab_size")?,
+        hidden_size,
+        num_layers: cfg.num_layers()?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate_size: cfg.usize_req("intermediate_size")?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+        // Qwen2's and GLM-4.5's `attention_bias` leaves o_proj without one.
+        o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Glm4Moe)
+            && attention_bias,
+        mlp_bias: cfg.bool_or("mlp_bias", false)?,
+        qk_norm: match architecture {
+            Architecture::Qwen3 | Architecture::Qwen3Moe => true,
+            Architecture::Glm4Moe => cfg.bool_or("use_qk_norm", false)?,
+            _ => false,
+        },
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: super::moe_config::attention_moe(cfg, architecture, head_dim)?,
+        sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
+        gpt_oss: None,
+        fp8: None,
+    })
 }
 
 fn model_name(dir: &Path) -> String {
@@ -231,6 +236,14 @@ impl<'a> Cfg<'a> {
     /// The config names `field`, null included (where null means something else than absent).
     pub(super) fn has(&self, field: &str) -> bool {
         self.map.contains_key(field)
+    }
+
+    /// The FP8 blocks of `quantization_config` (`None` when not `fp8`).
+    fn fp8_blocks(&self) -> Result<Option<Fp8Blocks>, ModelError> {
+        match self.get("quantization_config") {
+            None => Ok(None),
+            Some(q) => super::fp8_weights::fp8_blocks(q, |f, m| self.err(f, m)),
+        }
     }
 
     pub(super) fn usize_opt(&self, field: &str) -> Result<Option<usize>, ModelError> {

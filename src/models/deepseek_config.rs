@@ -161,6 +161,7 @@ pub(super) fn parse(
         }),
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
         gpt_oss: None,
+        fp8: None,
     })
 }
 
@@ -210,15 +211,15 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelSpec};
+    use super::super::{Architecture, ModelSpec, WeightDtype};
     use super::MlaSpec;
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
     }
 
-    /// DeepSeek-V3's published geometry (`DeepseekV3Config`'s defaults are its values), as a
-    /// bf16 conversion's config.json names it (the release itself is FP8: refused).
+    /// DeepSeek-V3's published geometry (`DeepseekV3Config`'s defaults are its values) and its
+    /// FP8 blocks, as its config.json names them.
     fn deepseek_v3() -> Value {
         json!({
             "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
@@ -234,7 +235,9 @@ mod tests {
                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
                 "type": "yarn"},
             "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 129280,
-            "num_nextn_predict_layers": 1
+            "num_nextn_predict_layers": 1,
+            "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                "quant_method": "fp8", "weight_block_size": [128, 128]}
         })
     }
 
@@ -264,6 +267,8 @@ mod tests {
         assert_eq!(moe.sparse_layers.iter().filter(|&&s| !s).count(), 3);
         let g = moe.grouped().unwrap();
         assert_eq!((g.n_group, g.topk_group, g.scale), (8, 4, 2.5));
+        let fp8 = s.fp8.unwrap();
+        assert_eq!((fp8.rows, fp8.cols, s.dtype), (128, 128, WeightDtype::Bf16));
     }
 
     #[test]

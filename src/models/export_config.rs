@@ -3,7 +3,9 @@
 //!   and `Qwen3_5MoeForConditionalGeneration` (the text fields under `text_config`, the weights
 //!   under `model.language_model.*`, the vision tower `model.visual.*` left unread); other
 //!   multimodal exports are refused;
-//! - quantized checkpoints (`quantization_config`) are refused: hsx loads bf16 / f16 / f32.
+//! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
+//!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
+//!   bf16 / f16 / f32.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -23,7 +25,12 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
 
 /// Top-level fields of a multimodal config that describe its language model too (taken when
 /// `text_config` does not set them).
-const SHARED_FIELDS: &[&str] = &["tie_word_embeddings", "dtype", "torch_dtype"];
+const SHARED_FIELDS: &[&str] = &[
+    "tie_word_embeddings",
+    "dtype",
+    "torch_dtype",
+    "quantization_config",
+];
 
 fn first_architecture(value: &Value) -> &str {
     value
@@ -92,9 +99,13 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
         return Ok(());
     };
     let method = q.get("quant_method").and_then(Value::as_str);
-    // gpt-oss's MXFP4 experts are dequantized at load (models::mxfp4).
+    // gpt-oss's MXFP4 experts are dequantized at load (models::mxfp4), FP8 weights too
+    // (models::fp8_weights, which checks the rest of the config; not gpt-oss's experts,
+    // stored transposed and stacked, and never released in FP8).
+    let gpt_oss = first_architecture(value) == "GptOssForCausalLM";
     if method == Some("none")
-        || (method == Some("mxfp4") && first_architecture(value) == "GptOssForCausalLM")
+        || (method == Some("fp8") && !gpt_oss)
+        || (method == Some("mxfp4") && gpt_oss)
     {
         return Ok(());
     }
@@ -102,8 +113,8 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
         path: path.to_path_buf(),
         what: format!(
             "quantized checkpoint (quantization_config, quant_method `{}`): hsx loads bf16, f16 \
-             and f32 weights (and gpt-oss's MXFP4 experts); use the unquantized release of the \
-             model",
+             and f32 weights, block-quantized FP8 (`fp8`) and gpt-oss's MXFP4 experts; use the \
+             unquantized release of the model",
             method.unwrap_or("?")
         ),
     })
@@ -192,10 +203,18 @@ mod tests {
             let e = text_of(&v).unwrap_err().to_string();
             assert!(e.contains(arch) && e.contains("multimodal"), "{e}");
         }
+        // NVIDIA's FP8 releases (ModelOpt's per-tensor scales) are not the block format.
         let v = json!({"architectures": ["NemotronHForCausalLM"],
-            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}});
+            "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}});
         let e = text_of(&v).unwrap_err().to_string();
-        assert!(e.contains("quantized") && e.contains("fp8"), "{e}");
+        assert!(e.contains("quantized") && e.contains("modelopt"), "{e}");
+        let fp8 = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+        let v = json!({"architectures": ["Qwen3ForCausalLM"], "quantization_config": fp8});
+        assert!(text_of(&v).is_ok());
+        // A multimodal export's quantization_config describes its language model too.
+        let v = json!({"architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": {}, "quantization_config": fp8});
+        assert_eq!(text_of(&v).unwrap()["quantization_config"], fp8);
         let v = json!({"architectures": ["LlamaForCausalLM"], "quantization_config": null});
         assert!(text_of(&v).is_ok());
     }

@@ -83,6 +83,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         hybrid: None,
         sliding_window: None,
         gpt_oss: Some(gpt_oss),
+        fp8: None,
     })
 }
 

@@ -355,6 +355,7 @@ fn parse_qwen(
         }),
         sliding_window: None,
         gpt_oss: None,
+        fp8: None,
     })
 }
 
@@ -485,6 +486,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         }),
         sliding_window: None,
         gpt_oss: None,
+        fp8: None,
     })
 }
 

@@ -22,6 +22,7 @@ pub mod dense;
 pub mod devices;
 mod error;
 mod export_config;
+pub mod fp8_weights;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod hybrid_config;

@@ -9,8 +9,10 @@ use std::path::{Component, Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
+use super::fp8_weights::{self, Fp8Blocks};
 use super::{ModelError, WeightDtype};
 use crate::kernels::device::{HostMatrix, widen};
+use crate::kernels::dtype::dtype_size;
 
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
@@ -51,6 +53,8 @@ pub struct Weights {
     shards: Vec<Shard>,
     /// tensor name -> index into `shards`
     index: HashMap<String, usize>,
+    /// FP8 weights' blocks and the dtype they are dequantized to ([`Weights::dequantizing`]).
+    fp8: Option<(Fp8Blocks, WeightDtype)>,
 }
 
 impl Weights {
@@ -87,7 +91,15 @@ impl Weights {
             dir: dir.to_path_buf(),
             shards,
             index,
+            fp8: None,
         })
+    }
+
+    /// The same weights, FP8 matrices (float8_e4m3fn with a `_scale_inv` sibling) read in
+    /// `dtype` when `blocks` is given (the config's `quantization_config`), refused otherwise.
+    pub fn dequantizing(mut self, blocks: Option<Fp8Blocks>, dtype: WeightDtype) -> Self {
+        self.fp8 = blocks.map(|b| (b, dtype));
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -123,6 +135,9 @@ impl Weights {
         rows: usize,
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
+        if let (Dtype::F8_E4M3, codes) = self.located(name, &[rows, cols])? {
+            return self.fp8_stack(name, codes, (1, rows, cols), &[]);
+        }
         let (dtype, bytes) = self.raw(name, &[rows, cols])?;
         Ok(HostMatrix {
             dtype,
@@ -141,7 +156,56 @@ impl Weights {
         rows: usize,
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
+        if let (Dtype::F8_E4M3, codes) = self.located(name, &[n, rows, cols])? {
+            return self.fp8_stack(name, codes, (n, rows, cols), &[n]);
+        }
         self.stacked_matrix(name, &[n, rows, cols])
+    }
+
+    /// `n` FP8 matrices `[rows, cols]` (their `codes`) dequantized with `{name}_scale_inv`
+    /// (`[lead.., row blocks, col blocks]`), stacked.
+    fn fp8_stack(
+        &self,
+        name: &str,
+        codes: &[u8],
+        (n, rows, cols): (usize, usize, usize),
+        lead: &[usize],
+    ) -> Result<HostMatrix<'static>, ModelError> {
+        let Some((blocks, dtype)) = self.fp8 else {
+            return Err(ModelError::TensorDtype {
+                name: name.to_string(),
+                dtype: "F8_E4M3 (the config names no fp8 quantization_config)".into(),
+            });
+        };
+        let scale_name = format!("{name}_scale_inv");
+        if !self.contains(&scale_name) && self.contains(&format!("{name}_scale")) {
+            return Err(ModelError::InvalidOptions(format!(
+                "FP8 weight `{name}` has a per-tensor `{name}_scale` (AutoFP8's layout): hsx \
+                 reads block-quantized FP8 (`{scale_name}`)"
+            )));
+        }
+        let grid = blocks.grid(rows, cols);
+        let shape = [lead, &grid[..]].concat();
+        let scales = self.tensor(&scale_name, &shape)?;
+        let (per, per_scales) = (rows * cols, grid[0] * grid[1]);
+        let mut data = Vec::with_capacity(n * per * dtype_size(dtype));
+        for i in 0..n {
+            let m = fp8_weights::dequantize(
+                name,
+                &codes[i * per..][..per],
+                &scales[i * per_scales..][..per_scales],
+                (rows, cols),
+                blocks,
+                dtype,
+            )?;
+            data.extend_from_slice(&m.data);
+        }
+        Ok(HostMatrix {
+            dtype,
+            rows: n * rows,
+            cols,
+            data: std::borrow::Cow::Owned(data),
+        })
     }
 
     /// The tensor `name` of `shape` seen as `[shape[0] · … · shape[n-2], shape[n-1]]` rows as

@@ -335,9 +335,13 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// torch 2.15 / transformers 5.24, 2026-11-27), hsx's portable bf16 path 1.68e-1 (same place).
 /// DeepSeek-V3's (unrenormalised, one group; MLA's latent norms between rounded GEMMs):
 /// transformers' own bf16 run is off by up to 2.34e-1 on deepseek_v3_bf16 (p3 layer 4), hsx's
-/// portable path 1.21e-1 (same place).
+/// portable path 1.21e-1 (same place). qwen3_moe_fp8 (its FP8 weights dequantized to bf16):
+/// transformers' own bf16 run is off by up to 1.29e-1 (p3 layer 2), hsx's portable path
+/// 1.07e-1 (same place; torch 2.15 / transformers 5.24, 2026-11-27).
 pub fn bf16_tol(name: &str) -> f32 {
-    if name.starts_with("qwen3_5") {
+    if name == "qwen3_moe_fp8" {
+        1.3e-1
+    } else if name.starts_with("qwen3_5") {
         8e-2
     } else if name.starts_with("qwen3_moe") {
         1.1e-1

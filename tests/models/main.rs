@@ -11,6 +11,7 @@ mod cuda_lost;
 mod cuda_moe;
 mod cuda_moe_ops;
 mod dense;
+mod fp8;
 mod golden;
 mod hybrid;
 mod matrix;

@@ -20,6 +20,11 @@ const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 640;
 const SLOTS: usize = 8;
 
+/// The fixture's weights load as bf16 (bf16 on disk, or FP8 dequantized to bf16).
+fn bf16_weights(name: &str) -> bool {
+    ModelSpec::from_dir(&model_dir(name)).unwrap().dtype == WeightDtype::Bf16
+}
+
 fn check(name: &str, dev: Dev) {
     let spec = ModelSpec::from_dir(&model_dir(name)).unwrap();
     let l = spec.num_layers;
@@ -102,7 +107,7 @@ macro_rules! matrix {
             fn cpu_bf16_paths() {
                 use hsx::kernels::Bf16Kernel::{Amx, Avx2, Avx512bf16, Portable};
                 for k in [Amx, Avx512bf16, Avx2, Portable] {
-                    if $fixture.ends_with("_bf16") {
+                    if super::bf16_weights($fixture) {
                         super::check($fixture, super::Dev::CpuBf16(k));
                     }
                 }
@@ -142,4 +147,5 @@ matrix! {
     deepseek_v3 => "deepseek_v3",
     deepseek_v3_bf16 => "deepseek_v3_bf16",
     glm4_moe_lite => "glm4_moe_lite",
+    qwen3_moe_fp8 => "qwen3_moe_fp8",
 }

@@ -65,6 +65,11 @@ const CASES: &[(&str, Expect)] = &[
         "glm-4.5-air.json",
         Accepted("Glm4MoeForCausalLM", 46, Some("*")),
     ),
+    // Multi-head latent attention, block-quantized FP8 weights (dequantized at load).
+    (
+        "deepseek-v3.json",
+        Accepted("DeepseekV3ForCausalLM", 61, Some("*")),
+    ),
     // Multi-head latent attention; its MTP layer (47 on disk) is not a decoder layer either.
     (
         "glm-4.7-flash.json",
@@ -205,7 +210,7 @@ fn unknown_architecture_names_the_supported_ones() {
 fn unsupported_options_name_the_option() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit, &str); 9] = [
+    let cases: [(&str, Edit, &str); 10] = [
         (
             "llama-3.1-8b.json",
             |c| c["hidden_act"] = json!("gelu"),
@@ -218,8 +223,13 @@ fn unsupported_options_name_the_option() {
         ),
         (
             "qwen3-8b.json",
-            |c| c["quantization_config"] = json!({"quant_method": "fp8"}),
-            "quant_method `fp8`",
+            |c| c["quantization_config"] = json!({"quant_method": "awq", "bits": 4}),
+            "quant_method `awq`",
+        ),
+        (
+            "qwen3-8b.json",
+            |c| c["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e5m2"}),
+            "quantization_config.fmt",
         ),
         (
             "qwen3-8b.json",

@@ -127,6 +127,7 @@ const FIXTURES: &[&str] = &[
     "glm4_moe",
     "deepseek_v3",
     "glm4_moe_lite",
+    "qwen3_moe_fp8",
 ];
 
 impl Bases {

@@ -144,6 +144,21 @@ const FIELDS: &[&str] = &[
     "vision_config",
     "text_config",
     "quantization_config",
+    "quantization_config.weight_block_size",
+    "quantization_config.fmt",
+    "n_routed_experts",
+    "n_shared_experts",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+    "first_k_dense_replace",
+    "mlp_layer_types",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "rope_interleave",
 ];
 
 const WORDS: &[&str] = &[
@@ -188,6 +203,15 @@ const WORDS: &[&str] = &[
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
     "Qwen3_5MoeForCausalLM",
+    "GptOssForCausalLM",
+    "Glm4MoeForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "e4m3",
+    "e5m2",
+    "static",
+    "dense",
+    "sparse",
     "GPT2LMHeadModel",
 ];
 
@@ -236,7 +260,10 @@ pub fn value() -> impl Strategy<Value = Json> {
                         "low_freq_factor",
                         "high_freq_factor",
                         "original_max_position_embeddings",
-                        "quant_method"
+                        "quant_method",
+                        "weight_block_size",
+                        "fmt",
+                        "activation_scheme"
                     ]),
                     inner
                 ),
