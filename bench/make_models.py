@@ -20,6 +20,11 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
                               half of each head, layer 0 a dense MLP (2816), then 16 experts x
                               512 top-4 by the sigmoid router (choice bias), renormalised, and a
                               shared expert of 512
+    glm4_moe_lite_f32, _bf16  GLM-4.7-Flash-like (Glm4MoeLiteForCausalLM scaled down): 8 layers,
+                              16 heads of multi-head latent attention (q latent 384, kv latent
+                              256, 48 + 16 rotated dims, v 64), layer 0 a dense MLP (2816), then
+                              16 experts x 512 top-4 by the sigmoid router, renormalised, scale
+                              1.8, and a shared expert of 512
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -112,6 +117,29 @@ GLM4_MOE = dict(
 )
 
 
+GLM4_MOE_LITE = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    q_lora_rank=384,
+    kv_lora_rank=256,
+    qk_nope_head_dim=48,
+    qk_rope_head_dim=16,
+    v_head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+    mlp_layer_types=["dense"] + ["sparse"] * 7,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=512,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=1.8,
+    norm_topk_prob=True,
+)
+
+
 def specs() -> list[mf.ModelSpec]:
     out = []
     for name, model_type, cfg, seed in [
@@ -119,6 +147,7 @@ def specs() -> list[mf.ModelSpec]:
         ("qwen3_5", "qwen3_5_text", QWEN3_5, 502),
         ("qwen3_moe", "qwen3_moe", QWEN3_MOE, 503),
         ("glm4_moe", "glm4_moe", GLM4_MOE, 504),
+        ("glm4_moe_lite", "glm4_moe_lite", GLM4_MOE_LITE, 505),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

@@ -3,13 +3,12 @@
 
 use std::borrow::Cow;
 
-use half::{bf16, f16};
 use thiserror::Error;
 
 use super::Device;
 use crate::kernels::RowFault;
 use crate::kernels::dtype::{OutputDtype, WeightDtype};
-use crate::kernels::dtype::{dtype_size, widen};
+use crate::kernels::dtype::{dtype_size, narrow_into, widen};
 
 /// A device op failed or was given inconsistent sizes.
 #[derive(Debug, Error)]
@@ -77,17 +76,9 @@ pub struct HostMatrix<'a> {
 
 /// `values` as little-endian `dtype` elements (round to nearest even when narrowing).
 fn f32_bytes_in(values: &[f32], dtype: WeightDtype) -> Vec<u8> {
-    match dtype {
-        WeightDtype::F32 => bytemuck::cast_slice(values).to_vec(),
-        WeightDtype::Bf16 => {
-            let h: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
-            bytemuck::cast_slice(&h).to_vec()
-        }
-        WeightDtype::F16 => {
-            let h: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
-            bytemuck::cast_slice(&h).to_vec()
-        }
-    }
+    let mut out = vec![0u8; values.len() * dtype_size(dtype)];
+    narrow_into(values, dtype, &mut out);
+    out
 }
 
 impl<'a> HostMatrix<'a> {
@@ -98,21 +89,6 @@ impl<'a> HostMatrix<'a> {
             rows,
             cols,
             data: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
-        }
-    }
-
-    /// f32 values `[rows, cols]` stored in `dtype` (rounded to nearest even when narrowing).
-    pub fn from_f32_in(
-        values: &[f32],
-        rows: usize,
-        cols: usize,
-        dtype: WeightDtype,
-    ) -> HostMatrix<'static> {
-        HostMatrix {
-            dtype,
-            rows,
-            cols,
-            data: Cow::Owned(f32_bytes_in(values, dtype)),
         }
     }
 

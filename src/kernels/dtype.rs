@@ -111,6 +111,19 @@ pub fn widen(bytes: &[u8], dtype: WeightDtype) -> Vec<f32> {
     out
 }
 
+/// f32 values -> little-endian `dtype` bytes into `out` (`values.len()` elements; round to
+/// nearest even when narrowing).
+pub fn narrow_into(values: &[f32], dtype: WeightDtype, out: &mut [u8]) {
+    let size = dtype_size(dtype);
+    for (&v, o) in values.iter().zip(out.chunks_exact_mut(size)) {
+        match dtype {
+            WeightDtype::F32 => o.copy_from_slice(&v.to_le_bytes()),
+            WeightDtype::Bf16 => o.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes()),
+            WeightDtype::F16 => o.copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes()),
+        }
+    }
+}
+
 /// Bytes per element of a stored dtype.
 pub fn dtype_size(d: WeightDtype) -> usize {
     match d {

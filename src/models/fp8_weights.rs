@@ -9,11 +9,14 @@
 //! in f32, rounded once to that dtype. The model then runs as its bf16 release would.
 //! Activations are not quantized (`activation_scheme` must be `dynamic`: no stored scales).
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 use serde_json::Value;
 
 use super::{ModelError, WeightDtype};
 use crate::kernels::device::HostMatrix;
+use crate::kernels::dtype::{dtype_size, narrow_into};
 use crate::kernels::fp8::e4m3fn_to_f32;
 
 /// `weight_block_size`: values per scale along rows and along columns.
@@ -101,18 +104,25 @@ pub fn dequantize(
         return Err(bad(format!("value {i} is NaN")));
     }
     let table: Vec<f32> = (0..=255u8).map(e4m3fn_to_f32).collect();
-    let mut values = vec![0f32; rows * cols];
-    values
-        .par_chunks_mut(cols.max(1))
-        .zip(codes.par_chunks(cols.max(1)))
+    let width = cols.max(1);
+    let mut data = vec![0u8; rows * cols * dtype_size(dtype)];
+    // Rows in parallel, each narrowed as it is made (no f32 copy of the whole matrix).
+    data.par_chunks_mut(width * dtype_size(dtype))
+        .zip(codes.par_chunks(width))
         .enumerate()
         .for_each(|(r, (out, row))| {
             let s = &scales[r / blocks.rows * grid_cols..][..grid_cols];
-            for (c, (o, &code)) in out.iter_mut().zip(row).enumerate() {
-                *o = table[usize::from(code)] * s[c / blocks.cols];
-            }
+            let values: Vec<f32> = (row.iter().enumerate())
+                .map(|(c, &code)| table[usize::from(code)] * s[c / blocks.cols])
+                .collect();
+            narrow_into(&values, dtype, out);
         });
-    Ok(HostMatrix::from_f32_in(&values, rows, cols, dtype))
+    Ok(HostMatrix {
+        dtype,
+        rows,
+        cols,
+        data: Cow::Owned(data),
+    })
 }
 
 #[cfg(test)]
