@@ -21,6 +21,37 @@ pub fn model_dir(name: &str) -> PathBuf {
     fixture_dir().join("models").join(name)
 }
 
+/// A fixture's tensors as plain data: name -> (dtype, shape, bytes).
+pub type Tensors = HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
+
+/// Copies fixture model `name` (config.json and one model.safetensors) to `dst`, with `edit`
+/// applied to its config and `rewrite` to its tensors.
+pub fn fixture_variant(
+    name: &str,
+    dst: &Path,
+    edit: impl Fn(&mut serde_json::Value),
+    rewrite: impl Fn(&mut Tensors),
+) {
+    let src = model_dir(name);
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut all: Tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
+        .collect();
+    rewrite(&mut all);
+    let views = all.iter().map(|(n, (d, s, b))| {
+        let view = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+        (n.clone(), view)
+    });
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+}
+
 /// A config for a fixture model writing into `out`.
 pub fn config(model: &str, out: &Path, budget: usize, layers: Option<Vec<usize>>) -> Config {
     let mut c = Config::parse("[model]\npath = \"x\"\n").unwrap();

@@ -4,42 +4,21 @@
 
 use crate::common;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use common::backends::{cpu_backend, cpu_options, run_split, same_bits};
-use common::{Reference, model_dir};
+use common::{Reference, Tensors, fixture_variant};
 use hsx::models::{CpuBackend, ModelSpec};
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 
 const FIXTURE: &str = "qwen3_moe_fp8";
 /// qwen3_moe_fp8's experts per MoE layer; layer 1 is dense.
 const EXPERTS: usize = 8;
 const MOE_LAYERS: [usize; 3] = [0, 2, 3];
 
-type Tensors = HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
-
-/// Copies the fixture to `dst` with `edit` applied to config.json and its tensors rewritten
-/// by `tensors` (name -> (dtype, shape, bytes)).
-fn variant(dst: &Path, edit: impl Fn(&mut serde_json::Value), tensors: impl Fn(&mut Tensors)) {
-    let src = model_dir(FIXTURE);
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut cfg);
-    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut all: Tensors = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
-        .collect();
-    tensors(&mut all);
-    let views = all
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()));
-    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+/// The fixture copied to `dst` with `edit` applied to config.json and `rewrite` to its tensors.
+fn variant(dst: &Path, edit: impl Fn(&mut serde_json::Value), rewrite: impl Fn(&mut Tensors)) {
+    fixture_variant(FIXTURE, dst, edit, rewrite);
 }
 
 /// Each MoE layer's per-expert FP8 matrices and scales replaced by `experts.gate_up_proj`

@@ -10,7 +10,7 @@ use common::backends::{
     check_bad_state_slots, cpu_backend, cpu_options, layer_of, reused_slot_runs, run_split,
     same_bits, snapshot_restore_runs,
 };
-use common::{Reference, max_rel, model_dir, random_prompt};
+use common::{Reference, fixture_variant, max_rel, model_dir, random_prompt};
 use hsx::models::{CpuBackend, CpuOptions};
 use hsx::models::{ModelError, ModelSpec};
 
@@ -137,7 +137,8 @@ fn bad_state_slots_are_rejected() {
     check_bad_state_slots(&mut backend("qwen3_5", vec![0, 4]), SLOTS);
 }
 
-/// Copies a fixture model to `dst`, editing its config and optionally renaming its tensors.
+/// Copies a fixture model to `dst`, editing its config and optionally renaming its tensors
+/// and adding small `extra` ones.
 fn variant(
     name: &str,
     dst: &Path,
@@ -145,25 +146,17 @@ fn variant(
     rename: Option<&dyn Fn(&str) -> String>,
     extra: &[&str],
 ) {
-    let src = model_dir(name);
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut cfg);
-    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| (rename.map_or(n.clone(), |f| f(&n)), t))
-        .collect();
-    let small = [0u8; 16];
-    for e in extra {
-        let v =
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &small).unwrap();
-        tensors.push((e.to_string(), v));
-    }
-    safetensors::serialize_to_file(tensors, None, &dst.join("model.safetensors")).unwrap();
+    fixture_variant(name, dst, edit, |t| {
+        if let Some(f) = rename {
+            *t = t.drain().map(|(n, v)| (f(&n), v)).collect();
+        }
+        for e in extra {
+            t.insert(
+                e.to_string(),
+                (safetensors::Dtype::F32, vec![4], vec![0; 16]),
+            );
+        }
+    });
 }
 
 /// Multimodal exports' `model.language_model.*` names (with `model.visual.*` and `mtp.*`
