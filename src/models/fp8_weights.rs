@@ -43,17 +43,17 @@ pub fn fp8_blocks(
     if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
         return Ok(None);
     }
-    let text = |f: &str| q.get(f).filter(|v| !v.is_null()).map(|v| v.as_str());
-    if let Some(fmt) = text("fmt")
-        && fmt != Some("e4m3")
+    let field = |f: &str| q.get(f).filter(|v| !v.is_null());
+    if let Some(fmt) = field("fmt")
+        && fmt.as_str() != Some("e4m3")
     {
-        let msg = format!("{fmt:?}: hsx reads float8_e4m3fn weights only");
+        let msg = format!("{fmt}: hsx reads float8_e4m3fn weights only");
         return Err(err("quantization_config.fmt", msg));
     }
-    if let Some(scheme) = text("activation_scheme")
-        && scheme != Some("dynamic")
+    if let Some(scheme) = field("activation_scheme")
+        && scheme.as_str() != Some("dynamic")
     {
-        let msg = format!("{scheme:?}: only `dynamic` (no stored activation scales)");
+        let msg = format!("{scheme}: only `dynamic` (no stored activation scales)");
         return Err(err("quantization_config.activation_scheme", msg));
     }
     // FineGrainedFP8Config's default.
