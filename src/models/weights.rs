@@ -136,7 +136,7 @@ impl Weights {
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
         if let (Dtype::F8_E4M3, codes) = self.located(name, &[rows, cols])? {
-            return self.fp8_stack(name, codes, (1, rows, cols), &[]);
+            return self.fp8_stack(name, codes, &[], (rows, cols));
         }
         let (dtype, bytes) = self.raw(name, &[rows, cols])?;
         Ok(HostMatrix {
@@ -157,20 +157,22 @@ impl Weights {
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
         if let (Dtype::F8_E4M3, codes) = self.located(name, &[n, rows, cols])? {
-            return self.fp8_stack(name, codes, (n, rows, cols), &[n]);
+            return self.fp8_stack(name, codes, &[n], (rows, cols));
         }
         self.stacked_matrix(name, &[n, rows, cols])
     }
 
-    /// `n` FP8 matrices `[rows, cols]` (their `codes`) dequantized with `{name}_scale_inv`
-    /// (`[lead.., row blocks, col blocks]`), stacked.
+    /// The FP8 tensor `name` (`codes`: `[lead.., rows, cols]`, matrices stacked along the
+    /// leading dims) dequantized with `{name}_scale_inv` (`[lead.., row blocks, col blocks]`)
+    /// as the matrix `[n · rows, cols]`, `n` the product of `lead`.
     fn fp8_stack(
         &self,
         name: &str,
         codes: &[u8],
-        (n, rows, cols): (usize, usize, usize),
         lead: &[usize],
+        (rows, cols): (usize, usize),
     ) -> Result<HostMatrix<'static>, ModelError> {
+        let n: usize = lead.iter().product();
         let Some((blocks, dtype)) = self.fp8 else {
             return Err(ModelError::TensorDtype {
                 name: name.to_string(),
