@@ -8,10 +8,9 @@
 
 use super::decoder::Decoder;
 use super::deepseek_config::MlaSpec;
-use super::dense::{attention_layer, load_mlp, load_with};
+use super::dense::{attention_layer, load_ffn, load_with};
 use super::layers::mla::MlaQuery;
 use super::layers::{Layer, Loader, MlaAttention, Sublayer};
-use super::moe_weights::{self, QWEN_EXPERTS};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
@@ -30,7 +29,7 @@ fn load_layer<D: Device>(
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
     let hybrid = spec.hybrid.as_ref();
-    let (Some(mla), Some(moe)) = (
+    let (Some(mla), Some(_)) = (
         hybrid.and_then(|h| h.mla.as_ref()),
         hybrid.and_then(|h| h.moe.as_ref()),
     ) else {
@@ -39,17 +38,7 @@ fn load_layer<D: Device>(
         ));
     };
     let attention = Sublayer::Mla(load_mla(ld, spec, mla, i)?);
-    let ffn = match moe.sparse_layers[i] {
-        true => Sublayer::Moe(moe_weights::load(
-            ld,
-            &format!("{p}.mlp"),
-            spec.hidden_size,
-            moe,
-            QWEN_EXPERTS,
-        )?),
-        false => Sublayer::Mlp(load_mlp(ld, spec, &p)?),
-    };
-    attention_layer(ld, spec, &p, attention, ffn)
+    attention_layer(ld, spec, &p, attention, load_ffn(ld, spec, &p, i)?)
 }
 
 /// Layer `i`'s `self_attn`.

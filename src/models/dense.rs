@@ -101,12 +101,23 @@ fn load_layer<D: Device>(
         ..AttnVariant::causal()
     };
     let attention = load_attention(ld, spec, i, variant)?;
-    let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
-    let ffn = match moe {
-        Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, &p, m)?),
-        _ => Sublayer::Mlp(load_mlp(ld, spec, &p)?),
-    };
+    let ffn = load_ffn(ld, spec, &p, i)?;
     attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
+}
+
+/// Layer `i`'s (`p`) feed-forward part: its experts where the spec's MoE makes layer `i`
+/// sparse, else the dense SwiGLU MLP.
+pub(super) fn load_ffn<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+    i: usize,
+) -> Result<Sublayer<D>, ModelError> {
+    let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
+    Ok(match moe {
+        Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, p, m)?),
+        _ => Sublayer::Mlp(load_mlp(ld, spec, p)?),
+    })
 }
 
 /// Layer `p`'s (`model.layers.{i}`) two parts: `input_layernorm` + `attention`, then
@@ -134,7 +145,7 @@ pub(super) fn attention_layer<D: Device>(
 }
 
 /// Layer `p`'s dense SwiGLU MLP (`{p}.mlp.{gate,up,down}_proj`, `intermediate_size`).
-pub(super) fn load_mlp<D: Device>(
+fn load_mlp<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     p: &str,
