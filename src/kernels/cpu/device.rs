@@ -75,6 +75,9 @@ use types::{expert_rows, gather_cols, set};
 #[path = "device_hybrid.rs"]
 mod device_hybrid;
 
+#[path = "device_moe.rs"]
+mod device_moe;
+
 impl Device for CpuDevice {
     type Buf = CpuBuf;
     type Linear = Linear;
@@ -481,15 +484,7 @@ impl Device for CpuDevice {
     }
 
     fn moe_shared_gate(&self, x: &CpuBuf, w: &Vec<f32>, out: &mut CpuBuf) -> DevResult<()> {
-        out.data.clear();
-        out.data.extend(x.data.chunks_exact(x.width).map(|xr| {
-            // A plain fixed-order dot per row (gemm with N = 1 was measured not to be
-            // row-invariant for large M).
-            let g: f32 = xr.iter().zip(w).map(|(a, b)| a * b).sum();
-            sigmoid(g)
-        }));
-        set(out, 1);
-        Ok(())
+        device_moe::moe_shared_gate(x, w, out)
     }
 
     fn moe_combine(
@@ -499,28 +494,7 @@ impl Device for CpuDevice {
         shared: Option<(&CpuBuf, &CpuBuf)>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let h = y.width;
-        let t = routing.tokens;
-        if let Some((shared, gate)) = shared
-            && (shared.data.len() != t * h || gate.data.len() != t)
-        {
-            return Err(DeviceError::Invalid(format!(
-                "moe combine of {t} tokens with a shared expert of {} values, gate {}",
-                shared.data.len(),
-                gate.data.len()
-            )));
-        }
-        weighted_sum(&y.data, routing, t, h, &mut out.data);
-        if let Some((shared, gate)) = shared {
-            for (tok, o) in out.data.chunks_exact_mut(h).enumerate() {
-                let sg = gate.data[tok];
-                for (oi, &si) in o.iter_mut().zip(&shared.data[tok * h..(tok + 1) * h]) {
-                    *oi += sg * si;
-                }
-            }
-        }
-        set(out, h);
-        Ok(())
+        device_moe::moe_combine(y, routing, shared, out)
     }
 
     fn moe_route_grouped(
