@@ -257,6 +257,24 @@ impl QkvLayout {
     pub fn v_col(&self) -> usize {
         self.k_col + self.kv_heads * self.head_dim
     }
+
+    /// The pieces (count, width) of each row's q and of its k that q / k RMSNorm weights of
+    /// `lens` values norm one by one: every head (Qwen3: `head_dim` values) or the whole
+    /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length.
+    pub fn norm_pieces(&self, lens: (usize, usize)) -> Result<[(usize, usize); 2], String> {
+        let hd = self.head_dim;
+        let piece = |len: usize, heads: usize, what: &str| match len {
+            _ if len == hd => Ok((heads, hd)),
+            _ if len == heads * hd => Ok((1, len)),
+            _ => Err(format!(
+                "{what} of {len} values for {heads} heads of {hd}: neither a head nor all"
+            )),
+        };
+        Ok([
+            piece(lens.0, self.heads, "q_norm")?,
+            piece(lens.1, self.kv_heads, "k_norm")?,
+        ])
+    }
 }
 
 /// Head geometry of one attention layer, as every device's attention kernel takes it.
@@ -280,8 +298,9 @@ impl AttnShape {
     }
 }
 
-/// One attention layer's call: its KV cache layer, the qkv layout, optional per-head q/k
-/// RMSNorm weights and RoPE (table, rotary dims of each head), and the softmax's variant.
+/// One attention layer's call: its KV cache layer, the qkv layout, optional q/k RMSNorm
+/// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]) and RoPE
+/// (table, rotary dims of each head), and the softmax's variant.
 pub struct AttnCall<'a, D: Device> {
     pub kv_layer: usize,
     pub layout: QkvLayout,
@@ -445,4 +464,25 @@ pub fn check_slot_copies(copies: &[(usize, usize)], slots: usize) -> DevResult<(
         return bad(format!("state slot {f} is both copied from and into"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QkvLayout;
+
+    #[test]
+    fn qk_norm_pieces_are_heads_or_the_whole_projection() {
+        let l = QkvLayout {
+            k_col: 48,
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        assert_eq!(l.norm_pieces((8, 8)), Ok([(6, 8), (2, 8)]));
+        assert_eq!(l.norm_pieces((48, 16)), Ok([(1, 48), (1, 16)]));
+        assert!(l.norm_pieces((48, 8)).is_ok(), "each weight on its own");
+        let err = l.norm_pieces((8, 24)).unwrap_err();
+        assert!(err.contains("k_norm of 24 values"), "{err}");
+        assert!(l.norm_pieces((16, 8)).is_err());
+    }
 }

@@ -31,11 +31,15 @@ pub enum Architecture {
     /// `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): DeepSeek-V3's multi-head latent attention
     /// and MoE, dense or sparse per layer as `mlp_layer_types` says.
     Glm4MoeLite,
+    /// `MiniMaxM2ForCausalLM` (MiniMax-M2 / M2.1 / M2.5): q/k RMSNorm over the whole
+    /// projection, partial rotary, every layer routed experts with a sigmoid router and a
+    /// correction bias, no shared expert.
+    MiniMaxM2,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -50,6 +54,7 @@ impl Architecture {
         Self::Glm4Moe,
         Self::DeepseekV3,
         Self::Glm4MoeLite,
+        Self::MiniMaxM2,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -73,6 +78,7 @@ impl Architecture {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
         }
     }
 
@@ -100,6 +106,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe => 131072,
         Architecture::Glm4MoeLite => 202752,
+        Architecture::MiniMaxM2 => 196608,
     }
 }
 
@@ -108,5 +115,15 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe => 1e-5,
         _ => 1e-6,
+    }
+}
+
+/// `rope_theta` when the config names none (the config class's `default_theta`).
+pub(super) fn default_theta(arch: Architecture) -> f64 {
+    match arch {
+        Architecture::Mixtral => 1e6,
+        Architecture::GptOss => 150000.0,
+        Architecture::MiniMaxM2 => 5e6,
+        _ => 10000.0,
     }
 }

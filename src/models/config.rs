@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::ModelError;
 pub use super::architecture::Architecture;
-pub(super) use super::architecture::{default_eps, default_max_pos};
+pub(super) use super::architecture::{default_eps, default_max_pos, default_theta};
 use super::fp8_weights::Fp8Blocks;
 use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
@@ -40,8 +40,8 @@ pub struct ModelSpec {
     pub o_bias: bool,
     /// gate/up/down projections carry a bias (Llama `mlp_bias`).
     pub mlp_bias: bool,
-    /// Qwen3 per-head RMSNorm on q and k.
-    pub qk_norm: bool,
+    /// RMSNorm on q and k before RoPE.
+    pub qk_norm: QkNorm,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub dtype: WeightDtype,
@@ -120,6 +120,17 @@ impl ModelSpec {
     }
 }
 
+/// Where the attention's q / k RMSNorm applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head on its own (`q_norm` / `k_norm` of `head_dim` values: Qwen3, GLM-4.5).
+    PerHead,
+    /// The whole projection before it is split into heads (`heads · head_dim` values:
+    /// MiniMax-M2's `qk_norm_type` `per_layer`).
+    Whole,
+}
+
 /// The spec of a dense or attention-only MoE config (Llama, Qwen2 / 3, Mistral, Qwen3-MoE,
 /// Mixtral, GLM-4.5).
 fn dense_spec(
@@ -132,14 +143,16 @@ fn dense_spec(
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
     let default_head_dim = match architecture {
-        // Qwen3Config's head_dim defaults to 128, not hidden/heads.
-        Architecture::Qwen3 => 128,
+        // Qwen3Config's and MiniMaxM2Config's head_dim default to 128, not hidden/heads.
+        Architecture::Qwen3 | Architecture::MiniMaxM2 => 128,
         _ => hidden_size / num_heads.max(1),
     };
     let max_position_embeddings =
         cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
-    let (rope_theta, rope_scaling) = cfg.rope()?;
-    let attention_bias = cfg.bool_or("attention_bias", false)?;
+    let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
+    // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
+    let attention_bias =
+        architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", false)?;
     let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
     Ok(ModelSpec {
         name,
@@ -160,9 +173,10 @@ fn dense_spec(
             && attention_bias,
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
         qk_norm: match architecture {
-            Architecture::Qwen3 | Architecture::Qwen3Moe => true,
-            Architecture::Glm4Moe => cfg.bool_or("use_qk_norm", false)?,
-            _ => false,
+            Architecture::Qwen3 | Architecture::Qwen3Moe => QkNorm::PerHead,
+            Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
+            Architecture::MiniMaxM2 => QkNorm::Whole,
+            _ => QkNorm::None,
         },
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings,
@@ -368,9 +382,9 @@ impl<'a> Cfg<'a> {
     }
 
     /// (theta, scaling) from transformers 5.x `rope_parameters` or the older top-level
-    /// `rope_theta` + `rope_scaling`.
-    pub(super) fn rope(&self) -> Result<(f64, RopeScaling), ModelError> {
-        let top_theta = self.f64_or("rope_theta", 10000.0)?;
+    /// `rope_theta` + `rope_scaling`; theta `default_theta(arch)` where neither names one.
+    pub(super) fn rope(&self, arch: Architecture) -> Result<(f64, RopeScaling), ModelError> {
+        let top_theta = self.f64_or("rope_theta", default_theta(arch))?;
         let (field, params) = match self.get("rope_parameters") {
             Some(p) => ("rope_parameters", Some(p)),
             None => ("rope_scaling", self.get("rope_scaling")),

@@ -31,7 +31,26 @@ fn llama_defaults_and_old_rope_fields() {
         s.rope_scaling,
         RopeScaling::Llama3 { factor: 8.0, .. }
     ));
-    assert!(!s.qkv_bias && !s.qk_norm && !s.tie_word_embeddings);
+    assert!(!s.qkv_bias && s.qk_norm == QkNorm::None && !s.tie_word_embeddings);
+}
+
+/// A config naming no `rope_theta` takes its config class's `default_theta` (MixtralConfig's
+/// is 1e6, not 1e4), also where `rope_parameters` leaves it out.
+#[test]
+fn rope_theta_defaults_per_config_class() {
+    let theta = |arch: &str, params: Option<Value>| {
+        let mut v = base();
+        v["architectures"] = json!([arch]);
+        if let Some(p) = params {
+            v["rope_parameters"] = p;
+        }
+        parse(&v).unwrap().rope_theta
+    };
+    assert_eq!(theta("LlamaForCausalLM", None), 1e4);
+    assert_eq!(theta("MixtralForCausalLM", None), 1e6);
+    let default = json!({"rope_type": "default"});
+    assert_eq!(theta("MixtralForCausalLM", Some(default.clone())), 1e6);
+    assert_eq!(theta("MiniMaxM2ForCausalLM", Some(default)), 5e6);
 }
 
 #[test]
@@ -44,7 +63,7 @@ fn new_rope_parameters_and_qwen_flags() {
     assert!(s.qkv_bias && !s.o_bias);
     v["architectures"] = json!(["Qwen3ForCausalLM"]);
     let s = parse(&v).unwrap();
-    assert!(s.qk_norm && !s.qkv_bias);
+    assert!(s.qk_norm == QkNorm::PerHead && !s.qkv_bias);
     assert_eq!(s.head_dim, 128);
 }
 

@@ -9,7 +9,9 @@
 //! qk_rope_head_dim`, v zero-padded to it; `rotary_dim` is `qk_rope_head_dim`.
 
 use super::ModelError;
-use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+use super::config::{
+    Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
+};
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
 use super::moe_config::{DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, deepseek_moe};
 use crate::kernels::device::MlaDims;
@@ -97,7 +99,7 @@ pub(super) fn parse(
         let msg = "multi-head latent attention has one k / v head per q head";
         return Err(cfg.err("num_key_value_heads", msg));
     }
-    let (rope_theta, rope_scaling) = cfg.rope()?;
+    let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
     let dims = MlaDims {
         heads: num_heads,
         nope: cfg.usize_or("qk_nope_head_dim", f.nope)?,
@@ -146,7 +148,7 @@ pub(super) fn parse(
         qkv_bias: false,
         o_bias: false,
         mlp_bias: false,
-        qk_norm: false,
+        qk_norm: QkNorm::None,
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),

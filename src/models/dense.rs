@@ -1,19 +1,19 @@
-//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE, Mixtral
-//! and GLM-4.5 (`model.*` checkpoint names).
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE, Mixtral,
+//! GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
-//! q/k norm, RoPE incl. llama3 scaling, GLM-4.5's partial rotary) -> `post_attention_layernorm`
-//! -> SwiGLU MLP, or the sparse MoE block where the spec's MoE geometry makes the layer sparse
-//! (Qwen3-MoE and GLM-4.5 `mlp.*`, Mixtral `block_sparse_moe.*` with experts `w1` / `w3` /
-//! `w2`). GLM-4.5 checkpoints also hold the multi-token-prediction layer(s) after the last
+//! q/k norm or MiniMax-M2's over the whole projection, RoPE incl. llama3 scaling, partial
+//! rotary) -> `post_attention_layernorm` -> SwiGLU MLP, or the sparse MoE block where the
+//! spec's MoE geometry makes the layer sparse (Qwen3-MoE and GLM-4.5 `mlp.*`, Mixtral and
+//! MiniMax-M2 `block_sparse_moe.*` with experts `w1` / `w3` / `w2`). GLM-4.5 checkpoints also hold the multi-token-prediction layer(s) after the last
 //! decoder layer (`model.layers.{L}.*`), which transformers does not build either: not read.
 
 use super::decoder::Decoder;
 use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
 use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
-use super::moe_weights::{self, MIXTRAL_EXPERTS, QWEN_EXPERTS};
-use super::{Architecture, ModelError, ModelSpec};
+use super::moe_weights::{self, GATE_BIAS, MIXTRAL_EXPERTS, QWEN_EXPERTS};
+use super::{Architecture, ModelError, ModelSpec, QkNorm};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -55,12 +55,16 @@ pub(super) fn load_attention<D: Device>(
     let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let norms = |q: usize, k: usize| {
+        Ok::<_, ModelError>(Some((
+            ld.vector(&attn("q_norm.weight"), q)?,
+            ld.vector(&attn("k_norm.weight"), k)?,
+        )))
+    };
     let qk_norm = match spec.qk_norm {
-        true => Some((
-            ld.vector(&attn("q_norm.weight"), hd)?,
-            ld.vector(&attn("k_norm.weight"), hd)?,
-        )),
-        false => None,
+        QkNorm::PerHead => norms(hd, hd)?,
+        QkNorm::Whole => norms(qd, kvd)?,
+        QkNorm::None => None,
     };
     let qkv = ld.linear(
         &[
@@ -164,9 +168,9 @@ fn load_mlp<D: Device>(
     })
 }
 
-/// The MoE block of layer `p` (`model.layers.{i}`): Mixtral's under `block_sparse_moe` with
-/// `w1` / `w3` / `w2` experts as released (or, saved from transformers' in-memory names,
-/// under `mlp`), Qwen3-MoE's under `mlp`.
+/// The MoE block of layer `p` (`model.layers.{i}`): Mixtral's and MiniMax-M2's under
+/// `block_sparse_moe` with `w1` / `w3` / `w2` experts as released (or, saved from
+/// transformers' in-memory names, under `mlp`), Qwen3-MoE's and GLM-4.5's under `mlp`.
 fn load_moe<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -174,11 +178,17 @@ fn load_moe<D: Device>(
     m: &MoeSpec,
 ) -> Result<Moe<D>, ModelError> {
     let h = spec.hidden_size;
-    let mixtral = format!("{p}.block_sparse_moe");
-    if spec.architecture == Architecture::Mixtral
-        && ld.w.contains(&format!("{mixtral}.gate.weight"))
+    let arch = spec.architecture;
+    // MiniMax-M2 keeps the router's correction bias beside `gate`, GLM-4.5 inside it.
+    let bias = match arch {
+        Architecture::MiniMaxM2 => "e_score_correction_bias",
+        _ => GATE_BIAS,
+    };
+    let released = format!("{p}.block_sparse_moe");
+    if matches!(arch, Architecture::Mixtral | Architecture::MiniMaxM2)
+        && ld.w.contains(&format!("{released}.gate.weight"))
     {
-        return moe_weights::load(ld, &mixtral, h, m, MIXTRAL_EXPERTS);
+        return moe_weights::load(ld, &released, h, m, (MIXTRAL_EXPERTS, bias));
     }
-    moe_weights::load(ld, &format!("{p}.mlp"), h, m, QWEN_EXPERTS)
+    moe_weights::load(ld, &format!("{p}.mlp"), h, m, (QWEN_EXPERTS, bias))
 }

@@ -44,8 +44,9 @@ pub fn fp8_blocks(
         return Ok(None);
     }
     let field = |f: &str| q.get(f).filter(|v| !v.is_null());
+    // DeepSeek-V3 writes `e4m3`, MiniMax-M2 the torch dtype's name.
     if let Some(fmt) = field("fmt")
-        && fmt.as_str() != Some("e4m3")
+        && !matches!(fmt.as_str(), Some("e4m3" | "float8_e4m3fn"))
     {
         let msg = format!("{fmt}: hsx reads float8_e4m3fn weights only");
         return Err(err("quantization_config.fmt", msg));
@@ -153,9 +154,14 @@ mod tests {
                 cols: 128
             })
         );
+        let minimax = json!({"activation_scheme": "dynamic", "fmt": "float8_e4m3fn",
+            "quant_method": "fp8", "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]});
+        assert_eq!(blocks(minimax).unwrap().map(|b| b.rows), Some(128));
         assert_eq!(blocks(json!({"quant_method": "mxfp4"})).unwrap(), None);
         for (q, field) in [
             (json!({"quant_method": "fp8", "fmt": "e5m2"}), "fmt"),
+            (json!({"quant_method": "fp8", "fmt": "float8_e5m2"}), "fmt"),
             (
                 json!({"quant_method": "fp8", "activation_scheme": "static"}),
                 "activation_scheme",

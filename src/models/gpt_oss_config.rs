@@ -7,7 +7,9 @@
 
 use serde_json::Value;
 
-use super::config::{Architecture, Cfg, ModelSpec, RopeScaling, WeightDtype, default_max_pos};
+use super::config::{
+    Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
+};
 use super::{ModelError, config::shown};
 
 /// The gpt-oss part of a [`ModelSpec`].
@@ -44,7 +46,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
     let num_heads = cfg.usize_or("num_attention_heads", 64)?;
     let has_rope = cfg.get("rope_parameters").is_some() || cfg.get("rope_scaling").is_some();
     let (rope_theta, rope_scaling) = match has_rope {
-        true => cfg.rope()?,
+        true => cfg.rope(Architecture::GptOss)?,
         false => (cfg.f64_or("rope_theta", 150000.0)?, DEFAULT_YARN),
     };
     let bias = cfg.bool_or("attention_bias", true)?;
@@ -73,7 +75,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         qkv_bias: bias,
         o_bias: bias,
         mlp_bias: true,
-        qk_norm: false,
+        qk_norm: QkNorm::None,
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings: cfg.usize_or(
             "max_position_embeddings",

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::ModelError;
 use super::config::{
-    Architecture, Cfg, MAX_LAYERS, ModelSpec, RopeScaling, WeightDtype, default_max_pos,
+    Architecture, Cfg, MAX_LAYERS, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
 use crate::kernels::routing::GroupedTopK;
 
@@ -293,7 +293,7 @@ fn parse_qwen(
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let head_dim = cfg.usize_or("head_dim", 256)?;
-    let (rope_theta, rope_scaling) = cfg.rope()?;
+    let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
     if rope_scaling != RopeScaling::None {
         return Err(unsupported(cfg, "rope scaling in a hybrid model".into()));
     }
@@ -339,7 +339,7 @@ fn parse_qwen(
         qkv_bias: cfg.bool_or("attention_bias", false)?,
         o_bias: cfg.bool_or("attention_bias", false)?,
         mlp_bias: false,
-        qk_norm: true,
+        qk_norm: QkNorm::PerHead,
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings: cfg
             .usize_or("max_position_embeddings", default_max_pos(architecture))?,
@@ -468,7 +468,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         qkv_bias: false,
         o_bias: false,
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
-        qk_norm: false,
+        qk_norm: QkNorm::None,
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings: cfg.usize_or(
             "max_position_embeddings",

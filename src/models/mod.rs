@@ -27,6 +27,7 @@ pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod hybrid_config;
 pub mod layers;
+mod minimax_config;
 mod moe_config;
 pub mod moe_weights;
 mod mxfp4;
@@ -39,7 +40,7 @@ mod spec_checks;
 pub mod weights;
 
 pub use backend::{Layout, ModelBackend};
-pub use config::{Architecture, ModelSpec, RopeScaling, WeightDtype};
+pub use config::{Architecture, ModelSpec, QkNorm, RopeScaling, WeightDtype};
 pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;
 pub use gpt_oss_config::GptOssSpec;

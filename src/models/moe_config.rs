@@ -1,12 +1,14 @@
 //! The MoE fields of `config.json` -> [`MoeSpec`], for the families with routed experts:
 //! Qwen3-Next and Qwen3.5-MoE (hybrid layers, a gated shared expert), Qwen3-MoE and Mixtral
 //! (attention-only layers, no shared expert), GLM-4.5 (attention-only layers, DeepSeek-V3's
-//! grouped sigmoid router, a plain shared expert). Defaults are the transformers config
+//! grouped sigmoid router, a plain shared expert), MiniMax-M2 (attention-only layers, a
+//! sigmoid router with a correction bias, no shared expert). Defaults are the transformers config
 //! classes'.
 
 use super::ModelError;
 use super::config::{Architecture, Cfg};
 use super::hybrid_config::{HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize, rotary_dim};
+use super::minimax_config::{minimax_moe, minimax_rotary_dim};
 
 /// Qwen-style MoE fields (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
 /// `shared_expert_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`,
@@ -194,7 +196,8 @@ fn mlp_layer_types(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelE
     })
 }
 
-/// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral, GLM-4.5): every
+/// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral, GLM-4.5,
+/// MiniMax-M2): every
 /// layer attention with rotary `head_dim` (GLM-4.5: `partial_rotary_factor` of it, default
 /// 0.5), the MoE geometry; `None` for other architectures and for a Qwen3-MoE config with
 /// `num_experts` 0.
@@ -210,6 +213,10 @@ pub(super) fn attention_moe(
         Architecture::Glm4Moe => (
             Some(deepseek_moe(cfg, num_layers, &GLM_MOE)?),
             rotary_dim(cfg, head_dim, 0.5)?,
+        ),
+        Architecture::MiniMaxM2 => (
+            Some(minimax_moe(cfg, num_layers)?),
+            minimax_rotary_dim(cfg, head_dim)?,
         ),
         _ => (None, head_dim),
     };
@@ -230,7 +237,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelSpec};
+    use super::super::{Architecture, ModelSpec, QkNorm};
 
     fn parse(v: &Value) -> ModelSpec {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).unwrap()
@@ -262,7 +269,7 @@ mod tests {
         );
         assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
         assert!(m.sparse_layers.iter().all(|&s| s) && m.sparse_layers.len() == 48);
-        assert!(s.qk_norm && !s.has_recurrent_layers());
+        assert!(s.qk_norm == QkNorm::PerHead && !s.has_recurrent_layers());
         assert_eq!((s.head_dim, h.rotary_dim), (128, 128));
         // transformers 5 saves `num_experts` as `num_local_experts`; sparse step 2 and
         // mlp_only_layers make layers 1 and 5 of 0..6 the MoE ones.
@@ -363,7 +370,8 @@ mod tests {
             (s.num_layers, s.head_dim, s.intermediate_size),
             (46, 128, 10944)
         );
-        assert_eq!((s.qkv_bias, s.o_bias, s.qk_norm), (true, false, false));
+        assert_eq!((s.qkv_bias, s.o_bias), (true, false));
+        assert_eq!(s.qk_norm, QkNorm::None);
         assert_eq!((s.rms_norm_eps, s.rope_theta), (1e-5, 1e6));
         let h = s.hybrid.as_ref().unwrap();
         assert_eq!(h.rotary_dim, 64);
@@ -400,7 +408,7 @@ mod tests {
                 "partial_rotary_factor": 0.25}
         });
         let s = parse(&v);
-        assert!(s.qk_norm);
+        assert_eq!(s.qk_norm, QkNorm::PerHead);
         let h = s.hybrid.as_ref().unwrap();
         let m = h.moe.as_ref().unwrap();
         assert_eq!(

@@ -7,7 +7,8 @@
 //!   checkpoints ship: `experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its
 //!   up rows) and `experts.down_proj` `[E, H, I]`.
 //!
-//! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`);
+//! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`,
+//! MiniMax-M2 `e_score_correction_bias`);
 //! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
 //! GLM-4.5 `shared_experts.*`.
 
@@ -26,14 +27,18 @@ pub type ExpertNames = (&'static str, &'static str, &'static str);
 pub const QWEN_EXPERTS: ExpertNames = ("gate_proj", "up_proj", "down_proj");
 /// Mixtral's released names.
 pub const MIXTRAL_EXPERTS: ExpertNames = ("w1", "w3", "w2");
+/// Where a grouped sigmoid router keeps its correction bias (GLM-4.5, as transformers names it
+/// for every family).
+pub const GATE_BIAS: &str = "gate.e_score_correction_bias";
 
-/// The MoE block under `prefix` (e.g. `model.layers.3.mlp`).
+/// The MoE block under `prefix` (e.g. `model.layers.3.mlp`), its experts' tensors named
+/// `names`, a grouped router's correction bias `router_bias` (both below `prefix`).
 pub fn load<D: Device>(
     ld: &Loader<'_, D>,
     prefix: &str,
     hidden: usize,
     m: &MoeSpec,
-    names: ExpertNames,
+    (names, router_bias): (ExpertNames, &str),
 ) -> Result<Moe<D>, ModelError> {
     let n = |s: &str| format!("{prefix}.{s}");
     let experts = match ld.w.contains(&n("experts.gate_up_proj")) {
@@ -65,7 +70,7 @@ pub fn load<D: Device>(
     };
     let choice = match m.grouped() {
         Some(choice) => Router::Grouped {
-            bias: ld.vector(&n("gate.e_score_correction_bias"), m.num_experts)?,
+            bias: ld.vector(&n(router_bias), m.num_experts)?,
             choice,
         },
         None => Router::Softmax {

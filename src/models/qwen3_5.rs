@@ -15,7 +15,7 @@ use super::layers::{
     Attention, AttnVariant, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp,
     one_plus,
 };
-use super::moe_weights::{self, QWEN_EXPERTS, swiglu};
+use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::{GdnDims, HostMatrix};
@@ -106,9 +106,13 @@ fn load_layer<D: Device>(
     };
     let mlp = format!("{p}.mlp");
     let ffn = match &hybrid.moe {
-        Some(m) if m.sparse_layers[i] => {
-            Sublayer::Moe(moe_weights::load(ld, &mlp, h, m, QWEN_EXPERTS)?)
-        }
+        Some(m) if m.sparse_layers[i] => Sublayer::Moe(moe_weights::load(
+            ld,
+            &mlp,
+            h,
+            m,
+            (QWEN_EXPERTS, GATE_BIAS),
+        )?),
         _ => Sublayer::Mlp(swiglu(ld, &mlp, h, spec.intermediate_size, QWEN_EXPERTS)?),
     };
     let norm = |n: &str| -> Result<D::Vector, ModelError> {

@@ -337,10 +337,14 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// transformers' own bf16 run is off by up to 2.34e-1 on deepseek_v3_bf16 (p3 layer 4), hsx's
 /// portable path 1.21e-1 (same place). qwen3_moe_fp8 (its FP8 weights dequantized to bf16):
 /// transformers' own bf16 run is off by up to 1.29e-1 (p3 layer 2), hsx's portable path
-/// 1.07e-1 (same place; torch 2.15 / transformers 5.24, 2026-11-27).
+/// 1.07e-1 (same place; torch 2.15 / transformers 5.24, 2026-11-27). minimax_m2_fp8 (sigmoid
+/// router, renormalised): transformers' own bf16 run is off by up to 1.54e-1 (p3 layer 1),
+/// hsx's portable path 1.04e-1 (p3 layer 3; 2026-11-27).
 pub fn bf16_tol(name: &str) -> f32 {
     if name == "qwen3_moe_fp8" {
         1.3e-1
+    } else if name.starts_with("minimax_m2") {
+        1.6e-1
     } else if name.starts_with("qwen3_5") {
         8e-2
     } else if name.starts_with("qwen3_moe") {

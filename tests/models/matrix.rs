@@ -47,6 +47,10 @@ fn check(name: &str, dev: Dev) {
         for i in 0..=l {
             let got = layer_of(&rows, i, l + 1, HIDDEN);
             let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
+            // What a new fixture's bound is measured with.
+            if std::env::var_os("HSX_PRINT_ERR").is_some() {
+                eprintln!("ERR {name} {dev:?} p{j} layer {i}: {err:e}");
+            }
             assert!(
                 err <= tol,
                 "{name} on {dev:?} p{j} layer {i}: max-rel {err:e}"
@@ -148,4 +152,6 @@ matrix! {
     deepseek_v3_bf16 => "deepseek_v3_bf16",
     glm4_moe_lite => "glm4_moe_lite",
     qwen3_moe_fp8 => "qwen3_moe_fp8",
+    minimax_m2 => "minimax_m2",
+    minimax_m2_fp8 => "minimax_m2_fp8",
 }

@@ -75,6 +75,11 @@ const CASES: &[(&str, Expect)] = &[
         "glm-4.7-flash.json",
         Accepted("Glm4MoeLiteForCausalLM", 47, Some("*")),
     ),
+    // q/k norm over whole projections, rotary_dim 64 of 128, FP8 (`fmt` float8_e4m3fn).
+    (
+        "minimax-m2.5.json",
+        Accepted("MiniMaxM2ForCausalLM", 62, Some("*")),
+    ),
 ];
 
 fn dir() -> PathBuf {

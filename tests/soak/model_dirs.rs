@@ -128,6 +128,7 @@ const FIXTURES: &[&str] = &[
     "deepseek_v3",
     "glm4_moe_lite",
     "qwen3_moe_fp8",
+    "minimax_m2_fp8",
 ];
 
 impl Bases {

@@ -159,6 +159,13 @@ const FIELDS: &[&str] = &[
     "qk_rope_head_dim",
     "v_head_dim",
     "rope_interleave",
+    "rotary_dim",
+    "use_qk_norm",
+    "qk_norm_type",
+    "scoring_func",
+    "use_routing_bias",
+    "shared_intermediate_size",
+    "attn_type_list",
 ];
 
 const WORDS: &[&str] = &[
@@ -207,6 +214,9 @@ const WORDS: &[&str] = &[
     "Glm4MoeForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
+    "MiniMaxM2ForCausalLM",
+    "per_layer",
+    "sigmoid",
     "e4m3",
     "e5m2",
     "static",

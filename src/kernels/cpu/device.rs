@@ -288,6 +288,10 @@ impl Device for CpuDevice {
         let hd = l.head_dim;
         let (qd, kvd) = (l.heads * hd, l.kv_heads * hd);
         let plan = step.plan;
+        if let Some((qn, kn, _)) = call.qk_norm {
+            l.norm_pieces((qn.len(), kn.len()))
+                .map_err(DeviceError::Invalid)?;
+        }
         let split = ops::QkvSplit {
             width: qkv.width,
             q_dim: qd,

@@ -16,7 +16,9 @@ use super::moe::{self, CombineIo};
 use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use super::recurrent_chunked::Recurrence;
-use crate::kernels::device::{AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaParams};
+use crate::kernels::device::{
+    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams,
+};
 use crate::kernels::routing::Routing;
 
 /// Fails unless `rows` (of `what`) is the step's token count.
@@ -61,10 +63,13 @@ impl CudaDevice {
                 qkv.width()
             ));
         }
-        if let Some((qn, kn, _)) = call.qk_norm {
-            check_len(qn, hd, "q_norm")?;
-            check_len(kn, hd, "k_norm")?;
-        }
+        let norms = match call.qk_norm {
+            Some((q, k, eps)) => {
+                let pieces = l.norm_pieces((q.len(), k.len()));
+                Some((q.ptr(), k.ptr(), eps, pieces.map_err(DeviceError::Invalid)?))
+            }
+            None => None,
+        };
         if let Some((rope, rot)) = call.rope
             && rot / 2 > rope.inv_freq.len()
         {
@@ -83,7 +88,6 @@ impl CudaDevice {
             kv_heads: l.kv_heads,
             head_dim: hd,
         };
-        let norms = call.qk_norm.map(|(q, k, eps)| (q.ptr(), k.ptr(), eps));
         let rope = call.rope.map(|(r, rot)| (rot, r.inv_freq.ptr()));
         let sm = &call.softmax;
         if let Some(s) = sm.sinks {

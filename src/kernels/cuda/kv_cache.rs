@@ -107,6 +107,10 @@ fn tiles_of(plan: &BatchPlan<'_>, tile: usize) -> Vec<i32> {
 pub use crate::kernels::device::AttnShape;
 use crate::kernels::device::KvShape;
 
+/// q/k RMSNorm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, and the
+/// (count, width) of the pieces of q and of k each normalises.
+pub type QkNorms = (u64, u64, f64, [(usize, usize); 2]);
+
 /// Fused projection rows `[q | … | k | v]` (f32, `width` apart, one per batch token): q heads
 /// at column 0, k heads at `k_col`, v right after k.
 #[derive(Debug, Clone, Copy)]
@@ -248,8 +252,8 @@ impl DevKvCache {
         )
     }
 
-    /// An attention layer over fused projection rows: per-head q/k RMSNorm in place where
-    /// `norms` = (q weight, k weight, eps) is given, RoPE of the first `rot` dims at the plan's
+    /// An attention layer over fused projection rows: q/k RMSNorm in place where `norms` =
+    /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, RoPE of the first `rot` dims at the plan's
     /// positions where `rope` = (rot, inv_freq) is given, every token's K/V into `layer`, then
     /// the causal attention (`softmax`'s scale, window and sinks) into `out` = (address, dtype).
     #[allow(clippy::too_many_arguments)]
@@ -258,7 +262,7 @@ impl DevKvCache {
         gpu: &Gpu,
         layer: usize,
         rows: QkvRows,
-        norms: Option<(u64, u64, f64)>,
+        norms: Option<QkNorms>,
         rope: Option<(usize, u64)>,
         softmax: DevSoftmax,
         (out, out_dtype): (u64, WeightDtype),
@@ -274,9 +278,14 @@ impl DevKvCache {
             head_dim: hd,
         };
         let (q, k) = (heads(0, rows.heads), heads(rows.k_col, rows.kv_heads));
-        if let Some((qn, kn, eps)) = norms {
-            ops::head_rms_norm(gpu, q, qn, eps)?;
-            ops::head_rms_norm(gpu, k, kn, eps)?;
+        if let Some((qn, kn, eps, [(qc, qw), (kc, kw)])) = norms {
+            let pieces = |x: Heads, heads, head_dim| Heads {
+                heads,
+                head_dim,
+                ..x
+            };
+            ops::head_rms_norm(gpu, pieces(q, qc, qw), qn, eps)?;
+            ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
         }
         if let Some((rot, inv_freq)) = rope {
             let pos = plan.positions.ptr();

@@ -92,7 +92,8 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
-/// Per-head RMSNorm in place (Qwen3 q_norm / k_norm), `w` of `head_dim` values.
+/// RMSNorm in place of each of `x`'s heads, `w` of `head_dim` values: Qwen3's per-head q_norm /
+/// k_norm, or (one head as wide as the projection) MiniMax-M2's over all of q or k.
 pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
