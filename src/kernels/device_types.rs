@@ -155,6 +155,26 @@ impl<'a> HostMatrix<'a> {
         })
     }
 
+    /// Rows `rows` (a `[in, out]` block, as `x @ W` stores it) transposed to `[out, in]`, the
+    /// output columns taken in the order of `cols`; raw elements, no conversion.
+    pub fn transposed(&self, rows: std::ops::Range<usize>, cols: &[usize]) -> HostMatrix<'static> {
+        let es = self.elem();
+        let inp = rows.len();
+        let mut data = Vec::with_capacity(cols.len() * inp * es);
+        for &c in cols {
+            for r in rows.clone() {
+                let at = (r * self.cols + c) * es;
+                data.extend_from_slice(&self.data[at..at + es]);
+            }
+        }
+        HostMatrix {
+            dtype: self.dtype,
+            rows: cols.len(),
+            cols: inp,
+            data: Cow::Owned(data),
+        }
+    }
+
     /// The rows of `ranges` (start, count), concatenated in the order given.
     pub fn select_rows(&self, ranges: &[(usize, usize)]) -> HostMatrix<'static> {
         let row_bytes = self.cols * self.elem();

@@ -1,8 +1,9 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
-//! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`
-//!   and `Qwen3_5MoeForConditionalGeneration` (the text fields under `text_config`, the weights
-//!   under `model.language_model.*`, the vision tower `model.visual.*` left unread); other
-//!   multimodal exports are refused;
+//! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
+//!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration` and
+//!   `Qwen3VLMoeForConditionalGeneration` (the text fields under `text_config`, the weights under
+//!   `model.language_model.*`, the vision tower `model.visual.*` left unread); other multimodal
+//!   exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
 //!   bf16 / f16 / f32.
@@ -10,7 +11,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::ModelError;
 
@@ -21,16 +22,34 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
         "Qwen3_5MoeForConditionalGeneration",
         "Qwen3_5MoeForCausalLM",
     ),
+    // Qwen3's layers; MRoPE over text-only positions (t = h = w) is Qwen3's RoPE.
+    ("Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
+    ("Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM"),
 ];
+
+/// Where a multimodal export's text config class reads a field otherwise than the text
+/// model's class hsx parses it as: (field and the other names it is saved under, value,
+/// forced). A forced value replaces the config's (the class ignores the field); the others
+/// fill it in where no name of it is set (the class's default differs).
+fn text_class_fields(export: &str) -> Vec<(&'static [&'static str], Value, bool)> {
+    let theta = (&["rope_theta"][..], json!(500000.0), false);
+    match export {
+        "Qwen3VLForConditionalGeneration" => vec![theta],
+        "Qwen3VLMoeForConditionalGeneration" => vec![
+            theta,
+            // Qwen3VLMoeTextTopKRouter always renormalises the top-k weights.
+            (&["norm_topk_prob"], json!(true), true),
+            (&["num_experts", "num_local_experts"], json!(60), false),
+            (&["num_experts_per_tok"], json!(4), false),
+            (&["moe_intermediate_size"], json!(1408), false),
+        ],
+        _ => Vec::new(),
+    }
+}
 
 /// Top-level fields of a multimodal config that describe its language model too (taken when
 /// `text_config` does not set them).
-const SHARED_FIELDS: &[&str] = &[
-    "tie_word_embeddings",
-    "dtype",
-    "torch_dtype",
-    "quantization_config",
-];
+const SHARED_FIELDS: &[&str] = &["dtype", "torch_dtype", "quantization_config"];
 
 fn first_architecture(value: &Value) -> &str {
     value
@@ -82,6 +101,22 @@ pub(super) fn text_model_config<'a>(
     for field in SHARED_FIELDS {
         if let Some(v) = value.get(*field).filter(|v| !v.is_null()) {
             text.entry(field.to_string()).or_insert_with(|| v.clone());
+        }
+    }
+    // The export's model ties its LM head by its own config (false by default in every
+    // export class hsx runs), whatever its text config says (transformers 5.24, checked).
+    let tied = value.get("tie_word_embeddings").and_then(Value::as_bool);
+    text.insert(
+        "tie_word_embeddings".into(),
+        Value::from(tied.unwrap_or(false)),
+    );
+    for (names, v, forced) in text_class_fields(arch) {
+        if forced
+            || !names
+                .iter()
+                .any(|n| text.get(*n).is_some_and(|x| !x.is_null()))
+        {
+            text.insert(names[0].into(), v);
         }
     }
     text.insert("architectures".into(), Value::from(vec![text_arch]));
@@ -141,8 +176,16 @@ mod tests {
         assert_eq!(t["architectures"], json!(["Qwen3_5ForCausalLM"]));
         assert_eq!(t["hidden_size"], 64);
         assert_eq!(t["dtype"], "bfloat16");
-        // text_config's own value wins over the top level's.
-        assert_eq!(t["tie_word_embeddings"], false);
+        // The top level's tie wins over text_config's (the export's model ties by its own
+        // config), and is false where absent.
+        assert_eq!(t["tie_word_embeddings"], true);
+        let mut untied = v.clone();
+        untied
+            .as_object_mut()
+            .unwrap()
+            .remove("tie_word_embeddings");
+        untied["text_config"]["tie_word_embeddings"] = json!(true);
+        assert_eq!(text_of(&untied).unwrap()["tie_word_embeddings"], false);
         let mut no_text = v.clone();
         no_text.as_object_mut().unwrap().remove("text_config");
         let e = text_of(&no_text).unwrap_err().to_string();
@@ -193,11 +236,66 @@ mod tests {
         assert_eq!(s.rope_theta, 1e7);
     }
 
+    /// Qwen3-VL-MoE as released (tests/fixtures/released_configs): Qwen3-MoE layers whose
+    /// router always renormalises, and Qwen3VLMoeTextConfig's defaults where fields are absent.
+    #[test]
+    fn qwen3_vl_moe_export_runs_as_qwen3_moe() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/released_configs"
+        );
+        let text =
+            std::fs::read_to_string(format!("{dir}/qwen3-vl-30b-a3b-instruct.json")).unwrap();
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        let spec =
+            |v: &Value| super::super::ModelSpec::from_json(v, Path::new("config.json"), "m".into());
+        let s = spec(&v).unwrap();
+        assert_eq!(s.architecture.hf_name(), "Qwen3MoeForCausalLM");
+        assert_eq!((s.num_layers, s.head_dim, s.rope_theta), (48, 128, 5e6));
+        assert!(!s.tie_word_embeddings);
+        let m = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 8, 768)
+        );
+        assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
+        let t = v["text_config"].as_object_mut().unwrap();
+        t.insert("norm_topk_prob".into(), json!(false));
+        t.insert("num_local_experts".into(), t["num_experts"].clone());
+        for k in [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "rope_theta",
+        ] {
+            t.remove(k);
+        }
+        let s = spec(&v).unwrap();
+        assert_eq!(s.rope_theta, 5e5, "Qwen3VLMoeTextConfig's default_theta");
+        let m = s.hybrid.unwrap().moe.unwrap();
+        assert!(
+            m.norm_topk_prob,
+            "the router renormalises whatever the field says"
+        );
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 4, 1408)
+        );
+        v["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("num_local_experts");
+        assert_eq!(
+            spec(&v).unwrap().hybrid.unwrap().moe.unwrap().num_experts,
+            60
+        );
+    }
+
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
             "Llama4ForConditionalGeneration",
-            "Qwen3VLMoeForConditionalGeneration",
+            "Gemma3ForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});
             let e = text_of(&v).unwrap_err().to_string();

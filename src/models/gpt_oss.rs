@@ -20,7 +20,7 @@ use super::layers::moe::Expert;
 use super::layers::{Attention, AttnVariant, GptOssMoe, Layer, Loader, Part, Sublayer};
 use super::{ModelError, ModelSpec, mxfp4};
 use crate::kernels::Device;
-use crate::kernels::device::{HostMatrix, dtype_size};
+use crate::kernels::device::HostMatrix;
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::rope::Rope;
 
@@ -180,12 +180,8 @@ impl<'a> ExpertWeights<'a> {
             } => {
                 let (h, inter) = (*h, *inter);
                 Ok((
-                    transposed(gate_up, x * h..(x + 1) * h, &gate_then_up(inter)),
-                    transposed(
-                        down,
-                        x * inter..(x + 1) * inter,
-                        &(0..h).collect::<Vec<_>>(),
-                    ),
+                    gate_up.transposed(x * h..(x + 1) * h, &gate_then_up(inter)),
+                    down.transposed(x * inter..(x + 1) * inter, &(0..h).collect::<Vec<_>>()),
                 ))
             }
             Self::Mxfp4 {
@@ -216,29 +212,5 @@ impl<'a> ExpertWeights<'a> {
                 Ok((gu.select_rows(&ranges), one(*down, &names.1, h, inter)?))
             }
         }
-    }
-}
-
-/// Rows `rows` of `m` (an expert's `[in, out]` block) transposed to `[out, in]`, taking the
-/// output columns in the order of `cols`; raw elements, no conversion.
-fn transposed(
-    m: &HostMatrix<'_>,
-    rows: std::ops::Range<usize>,
-    cols: &[usize],
-) -> HostMatrix<'static> {
-    let es = dtype_size(m.dtype);
-    let inp = rows.len();
-    let mut data = Vec::with_capacity(cols.len() * inp * es);
-    for &c in cols {
-        for r in rows.clone() {
-            let at = (r * m.cols + c) * es;
-            data.extend_from_slice(&m.data[at..at + es]);
-        }
-    }
-    HostMatrix {
-        dtype: m.dtype,
-        rows: cols.len(),
-        cols: inp,
-        data: std::borrow::Cow::Owned(data),
     }
 }

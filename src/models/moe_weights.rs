@@ -5,7 +5,8 @@
 //!   `w3` / `w2`);
 //! - fused 3-D tensors, transformers 5's in-memory form, in which released Qwen3.5-MoE
 //!   checkpoints ship: `experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its
-//!   up rows) and `experts.down_proj` `[E, H, I]`.
+//!   up rows) and `experts.down_proj` `[E, H, I]`; or those transposed (`[E, H, 2·I]`,
+//!   `[E, I, H]`), as Qwen3-VL-MoE ships them.
 //!
 //! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`,
 //! MiniMax-M2 `e_score_correction_bias`);
@@ -88,7 +89,8 @@ pub fn load<D: Device>(
     })
 }
 
-/// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`.
+/// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`, or of
+/// those stored transposed (`[E, H, 2I]`, `[E, I, H]`: released Qwen3-VL-MoE checkpoints).
 fn fused_experts<D: Device>(
     ld: &Loader<'_, D>,
     prefix: &str,
@@ -96,25 +98,65 @@ fn fused_experts<D: Device>(
     m: &MoeSpec,
 ) -> Result<Vec<Expert<D>>, ModelError> {
     let (e, inter) = (m.num_experts, m.expert_intermediate);
-    let gate_up = ld.w.stacked(
+    let gate_up = fused(
+        ld,
         &format!("{prefix}.experts.gate_up_proj"),
         e,
         2 * inter,
         hidden,
     )?;
-    let down =
-        ld.w.stacked(&format!("{prefix}.experts.down_proj"), e, hidden, inter)?;
-    let linear = |m: &HostMatrix<'_>, rows: usize, i: usize| {
-        Ok::<_, ModelError>(ld.dev.linear(m.select_rows(&[(i * rows, rows)]), None)?)
-    };
+    let down = fused(ld, &format!("{prefix}.experts.down_proj"), e, hidden, inter)?;
     (0..e)
         .map(|i| {
             Ok(Expert {
-                gate_up: linear(&gate_up, 2 * inter, i)?,
-                down: linear(&down, hidden, i)?,
+                gate_up: ld.dev.linear(gate_up.expert(i), None)?,
+                down: ld.dev.linear(down.expert(i), None)?,
             })
         })
         .collect()
+}
+
+/// `n` stacked matrices `[out, in]` as stored: in that shape, or transposed (`[n, in, out]`).
+struct Fused<'a> {
+    m: HostMatrix<'a>,
+    out: usize,
+    inp: usize,
+    transposed: bool,
+}
+
+impl Fused<'_> {
+    /// Matrix `i` as `[out, in]`.
+    fn expert(&self, i: usize) -> HostMatrix<'_> {
+        match self.transposed {
+            false => self.m.select_rows(&[(i * self.out, self.out)]),
+            true => {
+                let cols: Vec<usize> = (0..self.out).collect();
+                self.m.transposed(i * self.inp..(i + 1) * self.inp, &cols)
+            }
+        }
+    }
+}
+
+/// transformers' rule (`Transpose(1, 2, check_dims=True)`): the tensor is taken as it is when
+/// it has the in-memory shape `[n, out, in]`, read as `[n, in, out]` and transposed when it
+/// has that one.
+fn fused<'a, D: Device>(
+    ld: &Loader<'a, D>,
+    name: &str,
+    n: usize,
+    out: usize,
+    inp: usize,
+) -> Result<Fused<'a>, ModelError> {
+    // A tensor of neither shape is refused with the in-memory one named.
+    let shape = ld.w.shape_of(name)?;
+    let transposed = shape != [n, out, inp] && shape == [n, inp, out];
+    let (rows, cols) = if transposed { (inp, out) } else { (out, inp) };
+    Ok(Fused {
+        m: ld.w.stacked(name, n, rows, cols)?,
+        out,
+        inp,
+        transposed,
+    })
 }
 
 /// A SwiGLU MLP of `{prefix}.{gate,up,down}.weight` (no bias).

@@ -2,7 +2,7 @@
 //! attention (zero-centred `(1 + w)` q/k norms, partial rotary), zero-centred RMSNorms, a
 //! dense SwiGLU MLP (Qwen3.5) or a sparse MoE with a gated shared expert (Qwen3.5-MoE every
 //! layer; Qwen3-Next per `decoder_sparse_step` / `mlp_only_layers`). Weights sit under
-//! `model.` or (multimodal exports) `model.language_model.`.
+//! `model.` (a multimodal export's `model.language_model.` answers to it: `Weights`).
 //!
 //! Re-orderings at load (rows only, any dtype): the gated `q_proj` rows, per head
 //! `[q(hd) | gate(hd)]` on disk, become `[q (all heads) | gate (all heads)]`, so the fused
@@ -24,15 +24,8 @@ use crate::kernels::rope::Rope;
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let hybrid = spec.hybrid.clone().ok_or_else(|| missing(&spec))?;
     let gdn = hybrid.gdn.clone().ok_or_else(|| missing(&spec))?;
-    let prefix = if !ld.w.contains("model.embed_tokens.weight")
-        && ld.w.contains("model.language_model.embed_tokens.weight")
-    {
-        "model.language_model"
-    } else {
-        "model"
-    };
     let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1(&format!("{prefix}.embed_tokens"), v, h, false)?;
+    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
     let (mut attn, mut rec) = (0, 0);
     let mut layers = Vec::new();
     for i in 0..spec.num_layers {
@@ -40,15 +33,11 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             LayerKind::Attention => &mut attn,
             _ => &mut rec,
         };
-        let at = LayerAt {
-            prefix,
-            i,
-            index: *index,
-        };
+        let at = LayerAt { i, index: *index };
         *index += 1;
         layers.push(load_layer(ld, &spec, &hybrid, &gdn, at)?);
     }
-    let norm = one_plus(ld.f32s(&format!("{prefix}.norm.weight"), &[h])?);
+    let norm = one_plus(ld.f32s("model.norm.weight", &[h])?);
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         final_norm: ld.dev.vector(&norm)?,
@@ -66,9 +55,8 @@ fn missing(spec: &ModelSpec) -> ModelError {
     ))
 }
 
-/// Where a layer sits: weight prefix, layer index, index among the layers of its kind.
-struct LayerAt<'a> {
-    prefix: &'a str,
+/// Where a layer sits: layer index, index among the layers of its kind.
+struct LayerAt {
     i: usize,
     index: usize,
 }
@@ -78,9 +66,9 @@ fn load_layer<D: Device>(
     spec: &ModelSpec,
     hybrid: &HybridSpec,
     gdn: &GdnSpec,
-    at: LayerAt<'_>,
+    at: LayerAt,
 ) -> Result<Layer<D>, ModelError> {
-    let (i, p) = (at.i, format!("{}.layers.{}", at.prefix, at.i));
+    let (i, p) = (at.i, format!("model.layers.{}", at.i));
     let h = spec.hidden_size;
     let mixer = match hybrid.layers[i] {
         LayerKind::GatedDeltaNet => Sublayer::GatedDeltaNet(load_gdn(

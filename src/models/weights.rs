@@ -53,6 +53,9 @@ pub struct Weights {
     shards: Vec<Shard>,
     /// tensor name -> index into `shards`
     index: HashMap<String, usize>,
+    /// The text model's name of each tensor of a multimodal export's language model
+    /// (`model.X` for `model.language_model.X`) -> its stored name.
+    aliases: HashMap<String, String>,
     /// FP8 weights' blocks and the dtype they are dequantized to ([`Weights::dequantizing`]).
     fp8: Option<(Fp8Blocks, WeightDtype)>,
 }
@@ -89,6 +92,7 @@ impl Weights {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            aliases: text_model_aliases(&index),
             shards,
             index,
             fp8: None,
@@ -107,7 +111,13 @@ impl Weights {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        self.index.contains_key(self.stored_name(name))
+    }
+
+    /// `name` as the checkpoint stores it (a multimodal export's language model is read under
+    /// the text model's names).
+    fn stored_name<'n>(&'n self, name: &'n str) -> &'n str {
+        self.aliases.get(name).map_or(name, String::as_str)
     }
 
     /// Shape of a tensor as stored.
@@ -294,10 +304,29 @@ impl Weights {
             name: name.to_string(),
             dir: self.dir.clone(),
         };
-        let shard = &self.shards[*self.index.get(name).ok_or_else(missing)?];
-        let info = shard.metadata.info(name).ok_or_else(missing)?;
+        let stored = self.stored_name(name);
+        let shard = &self.shards[*self.index.get(stored).ok_or_else(missing)?];
+        let info = shard.metadata.info(stored).ok_or_else(missing)?;
         Ok((shard, info))
     }
+}
+
+/// A multimodal export (Qwen3.5, Qwen3-VL) keeps its language model under
+/// `model.language_model.`, the text model under `model.`: where the text model's embedding is
+/// absent and the export's present, each `model.language_model.X` answers to `model.X` (the
+/// vision tower, `model.visual.*`, is never named).
+fn text_model_aliases(index: &HashMap<String, usize>) -> HashMap<String, String> {
+    const EXPORT: &str = "model.language_model.";
+    let exported = !index.contains_key("model.embed_tokens.weight")
+        && index.contains_key("model.language_model.embed_tokens.weight");
+    if !exported {
+        return HashMap::new();
+    }
+    index
+        .keys()
+        .filter_map(|n| Some((format!("model.{}", n.strip_prefix(EXPORT)?), n.clone())))
+        .filter(|(alias, _)| !index.contains_key(alias))
+        .collect()
 }
 
 /// The shard files named by an index, in first-seen order, deduplicated.

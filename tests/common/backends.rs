@@ -339,9 +339,11 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// transformers' own bf16 run is off by up to 1.29e-1 (p3 layer 2), hsx's portable path
 /// 1.07e-1 (same place; torch 2.15 / transformers 5.24, 2026-11-27). minimax_m2_fp8 (sigmoid
 /// router, renormalised): transformers' own bf16 run is off by up to 1.54e-1 (p3 layer 1),
-/// hsx's portable path 1.04e-1 (p3 layer 3; 2026-11-27).
+/// hsx's portable path 1.04e-1 (p3 layer 3; 2026-11-27). qwen3_vl_moe (renormalised top-2):
+/// transformers' own bf16 run is off by up to 1.29e-1 (p2 layer 3), hsx's portable path
+/// 7.41e-2, CUDA (emulated) 7.52e-2 (both p2 layer 4; 2026-11-27).
 pub fn bf16_tol(name: &str) -> f32 {
-    if name == "qwen3_moe_fp8" {
+    if name == "qwen3_moe_fp8" || name == "qwen3_vl_moe" {
         1.3e-1
     } else if name.starts_with("minimax_m2") {
         1.6e-1

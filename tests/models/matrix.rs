@@ -154,4 +154,6 @@ matrix! {
     qwen3_moe_fp8 => "qwen3_moe_fp8",
     minimax_m2 => "minimax_m2",
     minimax_m2_fp8 => "minimax_m2_fp8",
+    qwen3_vl => "qwen3_vl",
+    qwen3_vl_moe => "qwen3_vl_moe",
 }

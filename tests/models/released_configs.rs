@@ -80,6 +80,11 @@ const CASES: &[(&str, Expect)] = &[
         "minimax-m2.5.json",
         Accepted("MiniMaxM2ForCausalLM", 62, Some("*")),
     ),
+    // Its language model, text-only (MRoPE over t = h = w positions is plain RoPE).
+    (
+        "qwen3-vl-30b-a3b-instruct.json",
+        Accepted("Qwen3MoeForCausalLM", 48, Some("*")),
+    ),
 ];
 
 fn dir() -> PathBuf {

@@ -129,6 +129,7 @@ const FIXTURES: &[&str] = &[
     "glm4_moe_lite",
     "qwen3_moe_fp8",
     "minimax_m2_fp8",
+    "qwen3_vl_moe",
 ];
 
 impl Bases {

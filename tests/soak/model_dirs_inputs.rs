@@ -166,6 +166,9 @@ const FIELDS: &[&str] = &[
     "use_routing_bias",
     "shared_intermediate_size",
     "attn_type_list",
+    "text_config.tie_word_embeddings",
+    "text_config.num_experts",
+    "text_config.moe_intermediate_size",
 ];
 
 const WORDS: &[&str] = &[
@@ -215,6 +218,8 @@ const WORDS: &[&str] = &[
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
     "MiniMaxM2ForCausalLM",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
     "per_layer",
     "sigmoid",
     "e4m3",
