@@ -25,6 +25,10 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
                               256, 48 + 16 rotated dims, v 64), layer 0 a dense MLP (2816), then
                               16 experts x 512 top-4 by the sigmoid router, renormalised, scale
                               1.8, and a shared expert of 512
+    minimax_m2_f32, _bf16     MiniMax-M2-like (MiniMaxM2ForCausalLM scaled down): 8 layers, 16
+                              heads / 4 KV heads x 64 with q/k norm over the whole projection,
+                              rotary on half of each head, every layer 16 experts x 512 top-4
+                              by the sigmoid router (choice bias), renormalised, no shared expert
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -140,6 +144,22 @@ GLM4_MOE_LITE = dict(
 )
 
 
+# MiniMax-M2-like: q/k RMSNorm over the whole projection (16 x 64 = 1024 q values), rotary on
+# half of each head (rotary_dim 32), 16 experts of 512 top-4 by sigmoid + correction bias,
+# renormalised, in every layer, no shared expert.
+MINIMAX_M2 = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    rotary_dim=32,
+    rope_theta=5000000.0,
+    num_local_experts=16,
+    num_experts_per_tok=4,
+    intermediate_size=512,
+)
+
+
 def specs() -> list[mf.ModelSpec]:
     out = []
     for name, model_type, cfg, seed in [
@@ -148,6 +168,7 @@ def specs() -> list[mf.ModelSpec]:
         ("qwen3_moe", "qwen3_moe", QWEN3_MOE, 503),
         ("glm4_moe", "glm4_moe", GLM4_MOE, 504),
         ("glm4_moe_lite", "glm4_moe_lite", GLM4_MOE_LITE, 505),
+        ("minimax_m2", "minimax_m2", MINIMAX_M2, 506),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

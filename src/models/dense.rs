@@ -5,8 +5,9 @@
 //! q/k norm or MiniMax-M2's over the whole projection, RoPE incl. llama3 scaling, partial
 //! rotary) -> `post_attention_layernorm` -> SwiGLU MLP, or the sparse MoE block where the
 //! spec's MoE geometry makes the layer sparse (Qwen3-MoE and GLM-4.5 `mlp.*`, Mixtral and
-//! MiniMax-M2 `block_sparse_moe.*` with experts `w1` / `w3` / `w2`). GLM-4.5 checkpoints also hold the multi-token-prediction layer(s) after the last
-//! decoder layer (`model.layers.{L}.*`), which transformers does not build either: not read.
+//! MiniMax-M2 `block_sparse_moe.*` with experts `w1` / `w3` / `w2`). GLM-4.5 checkpoints also
+//! hold the multi-token-prediction layer(s) after the last decoder layer (`model.layers.{L}.*`),
+//! which transformers does not build either: not read.
 
 use super::decoder::Decoder;
 use super::hybrid_config::MoeSpec;

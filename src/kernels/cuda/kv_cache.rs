@@ -253,9 +253,10 @@ impl DevKvCache {
     }
 
     /// An attention layer over fused projection rows: q/k RMSNorm in place where `norms` =
-    /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, RoPE of the first `rot` dims at the plan's
-    /// positions where `rope` = (rot, inv_freq) is given, every token's K/V into `layer`, then
-    /// the causal attention (`softmax`'s scale, window and sinks) into `out` = (address, dtype).
+    /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, RoPE of
+    /// the first `rot` dims at the plan's positions where `rope` = (rot, inv_freq) is given,
+    /// every token's K/V into `layer`, then the causal attention (`softmax`'s scale, window
+    /// and sinks) into `out` = (address, dtype).
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,

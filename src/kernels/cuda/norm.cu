@@ -63,7 +63,8 @@ extern "C" __global__ void add_rms_norm_f16(float* x, const float* y, const floa
 }
 
 // Per-head RMSNorm in place (Qwen3 q_norm / k_norm; MiniMax-M2's over a whole projection is one
-// head of all its values): heads of `hd` values starting at column `col` of rows `stride` apart. Launch: grid (rows, heads), block (32), one warp per head.
+// head of all its values): heads of `hd` values starting at column `col` of rows `stride` apart.
+// Launch: grid (rows, heads), block (32), one warp per head.
 extern "C" __global__ void head_rms_norm(float* x, long long stride, int col, int hd,
                                          const float* w, double eps) {
     float* h = x + (size_t)blockIdx.x * stride + col + (size_t)blockIdx.y * hd;
