@@ -196,14 +196,11 @@ fn model_name(dir: &Path) -> String {
         .unwrap_or_else(|| "model".to_string())
 }
 
-/// dtype of the embedding table on disk, for configs that name none.
+/// dtype of the embedding table on disk, for configs that name none (a multimodal export's
+/// `model.language_model.embed_tokens` answers to `model.embed_tokens`: `Weights`).
 fn detect_dtype(dir: &Path) -> Result<WeightDtype, ModelError> {
     let weights = Weights::open(dir)?;
-    let names = [
-        "model.embed_tokens.weight",
-        "model.language_model.embed_tokens.weight",
-        "backbone.embeddings.weight",
-    ];
+    let names = ["model.embed_tokens.weight", "backbone.embeddings.weight"];
     let name = names
         .iter()
         .find(|n| weights.contains(n))
