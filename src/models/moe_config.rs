@@ -2,8 +2,8 @@
 //! Qwen3-Next and Qwen3.5-MoE (hybrid layers, a gated shared expert), Qwen3-MoE and Mixtral
 //! (attention-only layers, no shared expert), GLM-4.5 (attention-only layers, DeepSeek-V3's
 //! grouped sigmoid router, a plain shared expert), MiniMax-M2 (attention-only layers, a
-//! sigmoid router with a correction bias, no shared expert). Defaults are the transformers config
-//! classes'.
+//! sigmoid router with a correction bias, no shared expert). Defaults are the transformers
+//! config classes'.
 
 use super::ModelError;
 use super::config::{Architecture, Cfg};
@@ -197,10 +197,9 @@ fn mlp_layer_types(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelE
 }
 
 /// The layer pattern of an attention-only MoE model (Qwen3-MoE, Mixtral, GLM-4.5,
-/// MiniMax-M2): every
-/// layer attention with rotary `head_dim` (GLM-4.5: `partial_rotary_factor` of it, default
-/// 0.5), the MoE geometry; `None` for other architectures and for a Qwen3-MoE config with
-/// `num_experts` 0.
+/// MiniMax-M2): every layer attention with rotary `head_dim` (GLM-4.5: `partial_rotary_factor`
+/// of it, default 0.5; MiniMax-M2: `rotary_dim`), the MoE geometry; `None` for other
+/// architectures and for a Qwen3-MoE config with `num_experts` 0.
 pub(super) fn attention_moe(
     cfg: &Cfg<'_>,
     arch: Architecture,
