@@ -1,7 +1,16 @@
 //! Test support shared by the CPU and the CUDA attention tests: random inputs and a naive f64
 //! attention to check every kernel against.
 
-use crate::kernels::device::AttnShape;
+use crate::kernels::device::{AttnShape, QueryTemperature, first_key};
+
+/// What the naive attention's softmax sees: a sliding window or chunks of keys, a query
+/// temperature.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Variant {
+    pub window: Option<usize>,
+    pub chunk: Option<usize>,
+    pub temperature: Option<QueryTemperature>,
+}
 
 /// `n` values uniform in [-2, 2) from a 64-bit LCG advanced in `seed`.
 pub fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
@@ -16,11 +25,12 @@ pub fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
 }
 
 /// Causal GQA attention of q `[len, heads, hd]` over k, v `[len, kv_heads, hd]`, in f64:
-/// `[len, heads, hd]`. The softmax runs over the keys in the `window` (the last `window`
-/// positions, or all) and the head's sink logit, whose weight is dropped.
+/// `[len, heads, hd]`. The softmax runs over the keys in the variant's window or chunk (or
+/// all) and the head's sink logit, whose weight is dropped; each query times its position's
+/// temperature factor (f32) first.
 pub fn naive(
     shape: AttnShape,
-    window: Option<usize>,
+    variant: Variant,
     sinks: Option<&[f32]>,
     len: usize,
     (q, k, v): (&[f32], &[f32], &[f32]),
@@ -31,8 +41,12 @@ pub fn naive(
     for t in 0..len {
         for head in 0..h {
             let kh = head / group;
-            let qv = &q[(t * h + head) * hd..][..hd];
-            let lo = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let f = variant.temperature.map_or(1.0, |tm| tm.factor(t));
+            let qv: Vec<f32> = q[(t * h + head) * hd..][..hd]
+                .iter()
+                .map(|x| x * f)
+                .collect();
+            let lo = first_key(t, variant.window, variant.chunk);
             let s: Vec<f64> = (lo..=t)
                 .map(|j| {
                     let kv = &k[(j * kvh + kh) * hd..][..hd];

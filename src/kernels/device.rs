@@ -266,8 +266,15 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Softmax over the router's logits `[T, E]`, top-k (lower index first on ties),
     /// optionally renormalised, planned on the host.
     fn moe_route(&self, logits: &Self::Buf, top_k: usize, renorm: bool) -> DevResult<Routing>;
-    /// `out[i] = x[routing.rows[i]]` (expert order; `x`'s kind).
-    fn moe_gather(&self, x: &Self::Buf, routing: &Routing, out: &mut Self::Buf) -> DevResult<()>;
+    /// `out[i] = x[routing.rows[i]]` (expert order; `x`'s kind), times `scale[i]` where given
+    /// (one per row, rounded to `x`'s kind once: Llama-4 scales the experts' inputs).
+    fn moe_gather(
+        &self,
+        x: &Self::Buf,
+        routing: &Routing,
+        scale: Option<&[f32]>,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out[t] = sigmoid(x[t] · w)`, one value per row (the shared expert's gate).
     fn moe_shared_gate(
         &self,

@@ -329,15 +329,43 @@ pub struct AttnCall<'a, D: Device> {
     pub softmax: AttnSoftmax<'a, D>,
 }
 
-/// What the attention's softmax sees beyond the causal keys (gpt-oss): a sliding window
-/// (query at position p sees keys `p - window + 1 ..= p`), a learned per-head sink logit
-/// that joins the denominator only, and a factor on the scores (YaRN's attention factor
-/// squared) on top of `head_dim^-0.5`.
+/// What the attention's softmax sees beyond the causal keys: a sliding window (gpt-oss,
+/// Mistral: query at position p sees keys `p - window + 1 ..= p`) or Llama-4's chunks (keys
+/// `p - p % chunk ..= p`), a learned per-head sink logit that joins the denominator only, a
+/// factor on the scores (YaRN's attention factor squared) on top of `head_dim^-0.5`, and
+/// Llama-4's per-position query temperature.
 pub struct AttnSoftmax<'a, D: Device> {
     pub window: Option<usize>,
+    pub chunk: Option<usize>,
     /// `[heads]` logits.
     pub sinks: Option<&'a D::Vector>,
     pub score_factor: f64,
+    pub temperature: Option<QueryTemperature>,
+}
+
+/// Llama-4's attention temperature tuning (its NoPE layers): the query at position p, after
+/// RoPE and norm, times `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`, in f32 as
+/// transformers computes it (1 exactly below `floor_scale - 1`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryTemperature {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+}
+
+impl QueryTemperature {
+    /// The factor on the query at position `p`.
+    pub fn factor(&self, p: usize) -> f32 {
+        ((p as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
+}
+
+/// First key a query at position `p` sees: the window's or the chunk's start (0 for neither).
+pub fn first_key(p: usize, window: Option<usize>, chunk: Option<usize>) -> usize {
+    match (window, chunk) {
+        (Some(w), _) => (p + 1).saturating_sub(w),
+        (None, Some(c)) if c > 0 => p - p % c,
+        _ => 0,
+    }
 }
 
 impl<D: Device> AttnSoftmax<'_, D> {
@@ -345,8 +373,29 @@ impl<D: Device> AttnSoftmax<'_, D> {
     pub fn causal() -> Self {
         Self {
             window: None,
+            chunk: None,
             sinks: None,
             score_factor: 1.0,
+            temperature: None,
+        }
+    }
+
+    /// The variant's sizes make sense: a window or a chunk of at least one key (not both), a
+    /// positive floor scale.
+    pub fn check(&self) -> Result<(), DeviceError> {
+        let bad = match (self.window, self.chunk) {
+            (Some(0), _) | (_, Some(0)) => Some("attention window or chunk of 0 keys"),
+            (Some(_), Some(_)) => Some("attention with both a sliding window and chunks"),
+            _ => None,
+        };
+        let cold =
+            (self.temperature).is_some_and(|t| t.floor_scale.is_nan() || t.floor_scale < 1.0);
+        match (bad, cold) {
+            (Some(m), _) => Err(DeviceError::Invalid(m.into())),
+            (None, true) => Err(DeviceError::Invalid(
+                "temperature floor_scale below 1".into(),
+            )),
+            (None, false) => Ok(()),
         }
     }
 

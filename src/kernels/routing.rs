@@ -20,6 +20,9 @@ pub struct GroupedTopK {
     pub topk_group: usize,
     pub renorm: bool,
     pub scale: f32,
+    /// The choice ranks `logits + bias` instead (Llama-4's router: top-k of the logits, weights
+    /// their sigmoid; f32's sigmoid would tie every logit above ~17 at 1).
+    pub by_logit: bool,
 }
 
 impl GroupedTopK {
@@ -114,9 +117,35 @@ impl Routing {
     }
 }
 
+impl Routing {
+    /// Llama-4 weighs each expert's input, not its output: the weight of every expert-ordered
+    /// row (to scale the gathered rows by), the routing's own weights left at 1 (so the
+    /// combine adds the experts' outputs as they are: `1 · y` is `y` exactly).
+    pub fn take_row_weights(&mut self) -> Vec<f32> {
+        let mut w = vec![0.0; self.rows.len()];
+        for (&pos, tw) in self.tok_pos.iter().zip(&mut self.tok_w) {
+            w[pos as usize] = std::mem::replace(tw, 1.0);
+        }
+        w
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_weights_follow_the_rows_and_leave_unit_weights() {
+        // 3 tokens, top-2 of 4 experts: rows 0, 1 expert 0 (tokens 0, 1), row 2 expert 1
+        // (token 2), rows 3, 4 expert 2 (tokens 0, 2), row 5 expert 3 (token 1).
+        let ids = [2, 0, 0, 3, 2, 1];
+        let wts = [0.6, 0.4, 0.7, 0.3, 0.5, 0.25];
+        let mut r = Routing::build(&ids, &wts, 3, 2, 4).unwrap();
+        let rows = r.rows.clone();
+        assert_eq!(r.take_row_weights(), vec![0.4, 0.7, 0.25, 0.6, 0.5, 0.3]);
+        assert_eq!(r.rows, rows);
+        assert!(r.tok_w.iter().all(|&w| w == 1.0));
+    }
 
     #[test]
     fn routing_orders_rows_by_expert_then_token() {

@@ -35,11 +35,16 @@ pub enum Architecture {
     /// projection, partial rotary, every layer routed experts with a sigmoid router and a
     /// correction bias, no shared expert.
     MiniMaxM2,
+    /// `Llama4ForCausalLM` (Llama-4 Scout / Maverick's language model): RoPE layers (complex,
+    /// interleaved pairs; chunked attention, weightless q/k norm) and NoPE layers (query
+    /// temperature), dense MLPs and / or routed experts (top-k of the logits, their sigmoid
+    /// scaling each expert's input) + a shared expert.
+    Llama4,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -55,6 +60,7 @@ impl Architecture {
         Self::DeepseekV3,
         Self::Glm4MoeLite,
         Self::MiniMaxM2,
+        Self::Llama4,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -79,6 +85,7 @@ impl Architecture {
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
+            Self::Llama4 => "Llama4ForCausalLM",
         }
     }
 
@@ -107,13 +114,14 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::GptOss | Architecture::Glm4Moe => 131072,
         Architecture::Glm4MoeLite => 202752,
         Architecture::MiniMaxM2 => 196608,
+        Architecture::Llama4 => 131072,
     }
 }
 
 /// `rms_norm_eps` when the config names none (MixtralConfig's is 1e-5).
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
-        Architecture::Mixtral | Architecture::Glm4Moe => 1e-5,
+        Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         _ => 1e-6,
     }
 }
@@ -124,6 +132,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::Mixtral => 1e6,
         Architecture::GptOss => 150000.0,
         Architecture::MiniMaxM2 => 5e6,
+        Architecture::Llama4 => 5e5,
         _ => 10000.0,
     }
 }

@@ -14,6 +14,7 @@ pub(super) use super::architecture::{default_eps, default_max_pos, default_theta
 use super::fp8_weights::Fp8Blocks;
 use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
+pub use super::llama4_config::Llama4Spec;
 use super::weights::Weights;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
 
@@ -56,6 +57,9 @@ pub struct ModelSpec {
     pub gpt_oss: Option<GptOssSpec>,
     /// Block-quantized FP8 weights (`quant_method: "fp8"`), dequantized at load to `dtype`.
     pub fp8: Option<Fp8Blocks>,
+    /// Llama-4's per-layer RoPE, chunks, q/k norm and query temperature; `None` for other
+    /// architectures.
+    pub llama4: Option<Llama4Spec>,
 }
 
 impl ModelSpec {
@@ -143,8 +147,9 @@ fn dense_spec(
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
     let default_head_dim = match architecture {
-        // Qwen3Config's and MiniMaxM2Config's head_dim default to 128, not hidden/heads.
-        Architecture::Qwen3 | Architecture::MiniMaxM2 => 128,
+        // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
+        // not hidden/heads.
+        Architecture::Qwen3 | Architecture::MiniMaxM2 | Architecture::Llama4 => 128,
         _ => hidden_size / num_heads.max(1),
     };
     let max_position_embeddings =
@@ -163,7 +168,11 @@ fn dense_spec(
         num_heads,
         num_kv_heads,
         head_dim,
-        intermediate_size: cfg.usize_req("intermediate_size")?,
+        intermediate_size: match architecture {
+            // Llama-4's dense MLPs (its `intermediate_size` is the experts').
+            Architecture::Llama4 => cfg.usize_or("intermediate_size_mlp", 16384)?,
+            _ => cfg.usize_req("intermediate_size")?,
+        },
         rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
         rope_theta,
         rope_scaling,
@@ -185,6 +194,10 @@ fn dense_spec(
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
         gpt_oss: None,
         fp8: None,
+        llama4: match architecture {
+            Architecture::Llama4 => Some(super::llama4_config::attention(cfg, cfg.num_layers()?)?),
+            _ => None,
+        },
     })
 }
 

@@ -164,6 +164,7 @@ pub(super) fn parse(
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
         gpt_oss: None,
         fp8: None,
+        llama4: None,
     })
 }
 

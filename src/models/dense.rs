@@ -80,15 +80,34 @@ pub(super) fn load_attention<D: Device>(
     // the first `rotary_dim` dims of each head only.
     let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
     let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
+    let rope = Some((ld.dev.rope_table(&rope)?, rot));
+    attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
+}
+
+/// An attention's q and k norm weights.
+pub(super) type QkNormOf<D> = Option<(<D as Device>::Vector, <D as Device>::Vector)>;
+/// An attention's RoPE table and rotated dims.
+pub(super) type RopeOf<D> = Option<(<D as Device>::Rope, usize)>;
+
+/// Layer `i`'s attention of the fused `qkv`, its q/k norms and RoPE, and `o_proj` (read here).
+pub(super) fn attention_of<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+    (qkv, qk_norm, rope): (D::Linear, QkNormOf<D>, RopeOf<D>),
+    variant: AttnVariant<D>,
+) -> Result<Attention<D>, ModelError> {
+    let (h, qd) = (spec.hidden_size, spec.num_heads * spec.head_dim);
+    let o = format!("model.layers.{i}.self_attn.o_proj");
     Ok(Attention {
         qkv,
-        o: ld.linear1(&attn("o_proj"), h, qd, spec.o_bias)?,
+        o: ld.linear1(&o, h, qd, spec.o_bias)?,
         qk_norm,
-        rope: Some((ld.dev.rope_table(&rope)?, rot)),
+        rope,
         gated: false,
         heads: spec.num_heads,
         kv_heads: spec.num_kv_heads,
-        head_dim: hd,
+        head_dim: spec.head_dim,
         eps: spec.rms_norm_eps,
         kv_layer: i,
         variant,

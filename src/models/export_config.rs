@@ -1,9 +1,10 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
-//!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration` and
-//!   `Qwen3VLMoeForConditionalGeneration` (the text fields under `text_config`, the weights under
-//!   `model.language_model.*`, the vision tower `model.visual.*` left unread); other multimodal
-//!   exports are refused;
+//!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
+//!   `Qwen3VLMoeForConditionalGeneration` and `Llama4ForConditionalGeneration` (the text fields
+//!   under `text_config`, the weights under `model.language_model.*` — Llama-4's
+//!   `language_model.model.*` and `language_model.lm_head` — the vision tower left unread);
+//!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
 //!   bf16 / f16 / f32.
@@ -25,6 +26,8 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     // Qwen3's layers; MRoPE over text-only positions (t = h = w) is Qwen3's RoPE.
     ("Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
     ("Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM"),
+    // Its text config is Llama4ForCausalLM's own class (`Llama4TextConfig`).
+    ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"),
 ];
 
 /// Where a multimodal export's text config class reads a field otherwise than the text
@@ -294,7 +297,7 @@ mod tests {
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
-            "Llama4ForConditionalGeneration",
+            "Qwen2_5_VLForConditionalGeneration",
             "Gemma3ForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});

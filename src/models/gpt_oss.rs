@@ -64,6 +64,7 @@ fn load_attention<D: Device>(
         window: g.windows[i],
         sinks: Some(ld.vector(&sinks, spec.num_heads)?),
         score_factor: Rope::score_factor(spec.rope_scaling),
+        ..AttnVariant::causal()
     };
     super::dense::load_attention(ld, spec, i, variant)
 }

@@ -86,6 +86,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         sliding_window: None,
         gpt_oss: Some(gpt_oss),
         fp8: None,
+        llama4: None,
     })
 }
 

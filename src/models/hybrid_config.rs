@@ -93,6 +93,9 @@ pub enum MoeRouter {
         topk_group: usize,
         scale: f32,
     },
+    /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
+    /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
+    Llama4,
 }
 
 impl MoeSpec {
@@ -110,6 +113,16 @@ impl MoeSpec {
                 topk_group,
                 renorm: self.norm_topk_prob,
                 scale,
+                by_logit: false,
+            }),
+            // The grouped choice with one group, no bias and the logits ranked.
+            MoeRouter::Llama4 => Some(GroupedTopK {
+                top_k: self.top_k,
+                n_group: 1,
+                topk_group: 1,
+                renorm: false,
+                scale: 1.0,
+                by_logit: true,
             }),
         }
     }
@@ -356,6 +369,7 @@ fn parse_qwen(
         sliding_window: None,
         gpt_oss: None,
         fp8: None,
+        llama4: None,
     })
 }
 
@@ -487,6 +501,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         sliding_window: None,
         gpt_oss: None,
         fp8: None,
+        llama4: None,
     })
 }
 
@@ -571,7 +586,7 @@ mod tests {
         assert_eq!(s.architecture, Architecture::Qwen3_5);
         assert_eq!(s.hybrid, parse_json(&qwen()).unwrap().hybrid);
         let mut v = qwen();
-        v["architectures"] = json!(["Llama4ForConditionalGeneration"]);
+        v["architectures"] = json!(["Qwen2_5_VLForConditionalGeneration"]);
         v["vision_config"] = json!({"depth": 2});
         let e = parse_json(&v).unwrap_err().to_string();
         assert!(e.contains("multimodal"), "{e}");

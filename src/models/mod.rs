@@ -6,7 +6,8 @@
 //! - [`weights`]: `model.safetensors` or an index + shards, tensors as stored.
 //! - [`layers`]: attention, MLPs, MoE, Gated DeltaNet, Mamba-2, the loader helper.
 //! - [`decoder`]: embedding -> layers (residual stream + capture) -> final norm -> LM head.
-//! - [`dense`], [`qwen3_5`], [`nemotron_h`] (+ [`nemotron_moe`]), [`gpt_oss`], [`deepseek_v3`]:
+//! - [`dense`], [`qwen3_5`], [`nemotron_h`] (+ [`nemotron_moe`]), [`gpt_oss`], [`deepseek_v3`],
+//!   [`llama4`]:
 //!   the architectures (checkpoint names live here);
 //!   [`registry`] maps an architecture to its file.
 //! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
@@ -27,6 +28,8 @@ pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod hybrid_config;
 pub mod layers;
+pub mod llama4;
+mod llama4_config;
 mod minimax_config;
 mod moe_config;
 pub mod moe_weights;

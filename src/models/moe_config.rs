@@ -217,6 +217,10 @@ pub(super) fn attention_moe(
             Some(minimax_moe(cfg, num_layers)?),
             minimax_rotary_dim(cfg, head_dim)?,
         ),
+        Architecture::Llama4 => (
+            Some(super::llama4_config::llama4_moe(cfg, num_layers)?),
+            head_dim,
+        ),
         _ => (None, head_dim),
     };
     Ok(moe.map(|moe| HybridSpec {

@@ -6,12 +6,12 @@
 //! - fused 3-D tensors, transformers 5's in-memory form, in which released Qwen3.5-MoE
 //!   checkpoints ship: `experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its
 //!   up rows) and `experts.down_proj` `[E, H, I]`; or those transposed (`[E, H, 2·I]`,
-//!   `[E, I, H]`), as Qwen3-VL-MoE ships them.
+//!   `[E, I, H]`), as Qwen3-VL-MoE ships them and Llama-4 always stores them.
 //!
 //! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`,
-//! MiniMax-M2 `e_score_correction_bias`);
+//! MiniMax-M2 `e_score_correction_bias`; Llama-4's is `router.weight`);
 //! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
-//! GLM-4.5 `shared_experts.*`.
+//! GLM-4.5 `shared_experts.*`, Llama-4 an ungated `shared_expert.*`.
 
 use super::ModelError;
 use super::hybrid_config::{MoeRouter, MoeSpec};
@@ -42,8 +42,9 @@ pub fn load<D: Device>(
     (names, router_bias): (ExpertNames, &str),
 ) -> Result<Moe<D>, ModelError> {
     let n = |s: &str| format!("{prefix}.{s}");
+    let llama4 = m.router == MoeRouter::Llama4;
     let experts = match ld.w.contains(&n("experts.gate_up_proj")) {
-        true => fused_experts(ld, prefix, hidden, m)?,
+        true => fused_experts(ld, prefix, hidden, m, llama4)?,
         false => (0..m.num_experts)
             .map(|e| {
                 let p = n(&format!("experts.{e}"));
@@ -67,11 +68,19 @@ pub fn load<D: Device>(
             mlp: swiglu(ld, &n("shared_experts"), hidden, inter, QWEN_EXPERTS)?,
             gate: None,
         }),
+        (Some(inter), MoeRouter::Llama4) => Some(SharedExpert {
+            mlp: swiglu(ld, &n("shared_expert"), hidden, inter, QWEN_EXPERTS)?,
+            gate: None,
+        }),
         (None, _) => None,
     };
     let choice = match m.grouped() {
         Some(choice) => Router::Grouped {
-            bias: ld.vector(&n(router_bias), m.num_experts)?,
+            // Llama-4's router has no bias.
+            bias: match llama4 {
+                true => ld.dev.vector(&vec![0.0; m.num_experts])?,
+                false => ld.vector(&n(router_bias), m.num_experts)?,
+            },
             choice,
         },
         None => Router::Softmax {
@@ -79,33 +88,39 @@ pub fn load<D: Device>(
             renorm: m.norm_topk_prob,
         },
     };
+    let router = if llama4 { "router" } else { "gate" };
     Ok(Moe {
-        router: ld.linear1(&n("gate"), m.num_experts, hidden, false)?,
+        router: ld.linear1(&n(router), m.num_experts, hidden, false)?,
         choice,
         experts,
         shared,
+        weighs_input: llama4,
         inter: m.expert_intermediate,
         hidden,
     })
 }
 
 /// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`, or of
-/// those stored transposed (`[E, H, 2I]`, `[E, I, H]`: released Qwen3-VL-MoE checkpoints).
+/// those stored transposed (`[E, H, 2I]`, `[E, I, H]`: released Qwen3-VL-MoE checkpoints);
+/// `in_major`: always the transposed layout (Llama-4's own, whatever the shapes).
 fn fused_experts<D: Device>(
     ld: &Loader<'_, D>,
     prefix: &str,
     hidden: usize,
     m: &MoeSpec,
+    in_major: bool,
 ) -> Result<Vec<Expert<D>>, ModelError> {
     let (e, inter) = (m.num_experts, m.expert_intermediate);
-    let gate_up = fused(
-        ld,
-        &format!("{prefix}.experts.gate_up_proj"),
-        e,
-        2 * inter,
-        hidden,
-    )?;
-    let down = fused(ld, &format!("{prefix}.experts.down_proj"), e, hidden, inter)?;
+    let stacked = |name: &str, out, inp| {
+        fused(
+            ld,
+            &format!("{prefix}.experts.{name}"),
+            (e, out, inp),
+            in_major,
+        )
+    };
+    let gate_up = stacked("gate_up_proj", 2 * inter, hidden)?;
+    let down = stacked("down_proj", hidden, inter)?;
     (0..e)
         .map(|i| {
             Ok(Expert {
@@ -139,17 +154,16 @@ impl Fused<'_> {
 
 /// transformers' rule (`Transpose(1, 2, check_dims=True)`): the tensor is taken as it is when
 /// it has the in-memory shape `[n, out, in]`, read as `[n, in, out]` and transposed when it
-/// has that one.
+/// has that one (always, when `in_major`).
 fn fused<'a, D: Device>(
     ld: &Loader<'a, D>,
     name: &str,
-    n: usize,
-    out: usize,
-    inp: usize,
+    (n, out, inp): (usize, usize, usize),
+    in_major: bool,
 ) -> Result<Fused<'a>, ModelError> {
     // A tensor of neither shape is refused with the in-memory one named.
     let shape = ld.w.shape_of(name)?;
-    let transposed = shape != [n, out, inp] && shape == [n, inp, out];
+    let transposed = in_major || (shape != [n, out, inp] && shape == [n, inp, out]);
     let (rows, cols) = if transposed { (inp, out) } else { (out, inp) };
     Ok(Fused {
         m: ld.w.stacked(name, n, rows, cols)?,

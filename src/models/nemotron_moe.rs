@@ -45,6 +45,7 @@ pub(super) fn parse(
             topk_group: cfg.usize_or("topk_group", 1)?,
             renorm: cfg.bool_or("norm_topk_prob", true)?,
             scale: scale as f32,
+            by_logit: false,
         },
         expert_intermediate: cfg.usize_or("moe_intermediate_size", 7688)?,
         shared_intermediate: cfg.usize_or("moe_shared_expert_intermediate_size", 7688)?,

@@ -311,20 +311,32 @@ impl Weights {
     }
 }
 
-/// A multimodal export (Qwen3.5, Qwen3-VL) keeps its language model under
-/// `model.language_model.`, the text model under `model.`: where the text model's embedding is
-/// absent and the export's present, each `model.language_model.X` answers to `model.X` (the
-/// vision tower, `model.visual.*`, is never named).
+/// Where a multimodal export keeps its language model (export prefix, the text model's): Qwen3.5
+/// and Qwen3-VL under `model.language_model.`, Llama-4 under `language_model.model.` with its
+/// head `language_model.lm_head`.
+const EXPORT_PREFIXES: [(&str, &str); 3] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+];
+
+/// Where the text model's embedding is absent and an export's present, each export tensor
+/// answers to the text model's name (`model.language_model.X` to `model.X`, …; the vision tower
+/// is never named).
 fn text_model_aliases(index: &HashMap<String, usize>) -> HashMap<String, String> {
-    const EXPORT: &str = "model.language_model.";
-    let exported = !index.contains_key("model.embed_tokens.weight")
-        && index.contains_key("model.language_model.embed_tokens.weight");
+    let embed = "embed_tokens.weight";
+    let exported = !index.contains_key(&format!("model.{embed}"))
+        && (EXPORT_PREFIXES.iter()).any(|(from, _)| index.contains_key(&format!("{from}{embed}")));
     if !exported {
         return HashMap::new();
     }
+    let alias = |n: &str| {
+        (EXPORT_PREFIXES.iter())
+            .find_map(|(from, to)| Some(format!("{to}{}", n.strip_prefix(from)?)))
+    };
     index
         .keys()
-        .filter_map(|n| Some((format!("model.{}", n.strip_prefix(EXPORT)?), n.clone())))
+        .filter_map(|n| Some((alias(n)?, n.clone())))
         .filter(|(alias, _)| !index.contains_key(alias))
         .collect()
 }

@@ -341,9 +341,14 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// router, renormalised): transformers' own bf16 run is off by up to 1.54e-1 (p3 layer 1),
 /// hsx's portable path 1.04e-1 (p3 layer 3; 2026-11-27). qwen3_vl_moe (renormalised top-2):
 /// transformers' own bf16 run is off by up to 1.29e-1 (p2 layer 3), hsx's portable path
-/// 7.41e-2, CUDA (emulated) 7.52e-2 (both p2 layer 4; 2026-11-27).
+/// 7.41e-2, CUDA (emulated) 7.52e-2 (both p2 layer 4; 2026-11-27). llama4_vl (top-2 of the
+/// logits, their sigmoid scaling the experts' inputs): transformers' own bf16 run is off by up
+/// to 1.65e-1 (p2 layer 4), hsx's portable path 7.54e-2 (p3 layer 4), CUDA (emulated) 9.87e-2
+/// (p2 layer 3; 2026-11-27).
 pub fn bf16_tol(name: &str) -> f32 {
-    if name == "qwen3_moe_fp8" || name == "qwen3_vl_moe" {
+    if name.starts_with("llama4") {
+        1.7e-1
+    } else if name == "qwen3_moe_fp8" || name == "qwen3_vl_moe" {
         1.3e-1
     } else if name.starts_with("minimax_m2") {
         1.6e-1

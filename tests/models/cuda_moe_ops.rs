@@ -2,7 +2,8 @@
 //! sigmoid router on ties (equal logits, equal groups), coarse logits full of ties and random
 //! ones, up to 1,024 experts in 32 groups — the same experts in the same order with the same
 //! weights; and the experts' weighted sum and the latent cast, in f32 and written as bf16 (read
-//! back through an identity GEMM, exact) against the CPU's values rounded to bf16.
+//! back through an identity GEMM, exact) against the CPU's values rounded to bf16; Llama-4's
+//! router (the logits ranked) and its scaled gather of the experts' input rows.
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 use crate::common::backends::cuda_usable;
@@ -19,6 +20,7 @@ fn router(top_k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
         topk_group,
         renorm: true,
         scale: 2.5,
+        by_logit: false,
     }
 }
 
@@ -73,10 +75,23 @@ fn grouped_routing_matches_the_cpu() {
         .map(|v| (v * 2.0).round() / 2.0)
         .collect();
     cases.push(("coarse", 64, router(6, 8, 3), coarse, vec![0.0; 64]));
+    // Llama-4's router: the logits ranked (f32's sigmoid ties 20 and 21), weights unscaled.
+    let llama4 = GroupedTopK {
+        n_group: 1,
+        topk_group: 1,
+        renorm: false,
+        scale: 1.0,
+        by_logit: true,
+        ..router(2, 1, 1)
+    };
+    let saturated = vec![20.0, 21.0, -1.0, 0.5, 0.0, 1.0, 1.0, 3.0];
+    let top1 = GroupedTopK { top_k: 1, ..llama4 };
+    cases.push(("llama4 saturated", 4, top1, saturated, vec![0.0; 4]));
     for (name, t, e, r) in [
         ("random", 37, 64, router(6, 8, 3)),
         ("nano", 19, 128, router(6, 1, 1)),
         ("widest", 5, 1024, router(8, 32, 4)),
+        ("llama4", 29, 16, llama4),
     ] {
         let bias = random(&mut rng, e, 0.1);
         cases.push((name, e, r, random(&mut rng, t * e, 3.0), bias));
@@ -150,5 +165,60 @@ fn weighted_sum_and_cast_match_the_cpu() {
             _ => bf16(&y),
         };
         assert_eq!(read_gemm_in(&gpu, &cast, n, h), want, "cast to {dtype:?}");
+    }
+}
+
+/// Llama-4's expert inputs: the rows gathered into expert order times each row's routing
+/// weight, rounded once to the GEMM input dtype (f32: the CPU's products exactly; bf16: the
+/// CPU's products of the bf16 inputs, rounded to bf16).
+#[test]
+fn scaled_gather_matches_the_cpu() {
+    if !cuda_usable() {
+        return;
+    }
+    let cpu = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+    let mut rng = StdRng::seed_from_u64(17);
+    let (t, e, h) = (21, 8, 40);
+    let mut routing = route(
+        &cpu,
+        &random(&mut rng, t * e, 3.0),
+        &[0.0; 8],
+        &router(2, 2, 1),
+    );
+    let scale = routing.take_row_weights();
+    let n = routing.rows.len();
+    let x = random(&mut rng, t * h, 4.0);
+    let bf16 = |v: &[f32]| {
+        HostMatrix::from_f32(v, 1, v.len())
+            .to_dtype(WeightDtype::Bf16)
+            .to_f32()
+    };
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        let x_in = match dtype {
+            WeightDtype::F32 => x.clone(),
+            _ => bf16(&x),
+        };
+        let mut want = Vec::with_capacity(n * h);
+        for (i, &tok) in routing.rows.iter().enumerate() {
+            let row = &x_in[tok as usize * h..][..h];
+            want.extend(row.iter().map(|v| v * scale[i]));
+        }
+        if dtype == WeightDtype::Bf16 {
+            want = bf16(&want);
+        }
+        let gpu = CudaDevice::new(0, dtype).unwrap();
+        let mut xf = gpu.buffer(t, h, BufKind::F32).unwrap();
+        gpu.upload(&x, h, &mut xf).unwrap();
+        let mut xg = gpu.buffer(t, h, BufKind::GemmIn).unwrap();
+        gpu.cast(&xf, &mut xg).unwrap();
+        let mut rows = gpu.buffer(n, h, BufKind::GemmIn).unwrap();
+        gpu.moe_gather(&xg, &routing, Some(&scale), &mut rows)
+            .unwrap();
+        assert_eq!(read_gemm_in(&gpu, &rows, n, h), want, "{dtype:?}");
+        let short = &scale[..n - 1];
+        assert!(
+            gpu.moe_gather(&xg, &routing, Some(short), &mut rows)
+                .is_err()
+        );
     }
 }

@@ -217,15 +217,15 @@ fn unsupported_variants_fail_with_clear_messages() {
         (
             "qwen3_5",
             Box::new(|c| {
-                c["architectures"] = serde_json::json!(["Llama4ForConditionalGeneration"]);
+                c["architectures"] = serde_json::json!(["Qwen2_5_VLForConditionalGeneration"]);
                 c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
             }),
-            "multimodal checkpoint `Llama4ForConditionalGeneration`",
+            "multimodal checkpoint `Qwen2_5_VLForConditionalGeneration`",
         ),
         (
             "qwen3_5",
-            Box::new(|c| c["architectures"] = serde_json::json!(["Llama4ForCausalLM"])),
-            "unsupported architecture `Llama4ForCausalLM`",
+            Box::new(|c| c["architectures"] = serde_json::json!(["Gemma3ForCausalLM"])),
+            "unsupported architecture `Gemma3ForCausalLM`",
         ),
         // A MoE class on dense weights: names the first expert tensor it lacks.
         (

@@ -156,4 +156,6 @@ matrix! {
     minimax_m2_fp8 => "minimax_m2_fp8",
     qwen3_vl => "qwen3_vl",
     qwen3_vl_moe => "qwen3_vl_moe",
+    llama4 => "llama4",
+    llama4_vl => "llama4_vl",
 }

@@ -85,6 +85,11 @@ const CASES: &[(&str, Expect)] = &[
         "qwen3-vl-30b-a3b-instruct.json",
         Accepted("Qwen3MoeForCausalLM", 48, Some("*")),
     ),
+    // Its language model, text-only: every 4th layer NoPE, the others chunked (8192).
+    (
+        "llama-4-scout-17b-16e.json",
+        Accepted("Llama4ForCausalLM", 48, Some("*")),
+    ),
 ];
 
 fn dir() -> PathBuf {

@@ -130,6 +130,8 @@ const FIXTURES: &[&str] = &[
     "qwen3_moe_fp8",
     "minimax_m2_fp8",
     "qwen3_vl_moe",
+    "llama4",
+    "llama4_vl",
 ];
 
 impl Bases {

@@ -169,6 +169,18 @@ const FIELDS: &[&str] = &[
     "text_config.tie_word_embeddings",
     "text_config.num_experts",
     "text_config.moe_intermediate_size",
+    "intermediate_size_mlp",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+    "attention_chunk_size",
+    "attn_temperature_tuning",
+    "floor_scale",
+    "attn_scale",
+    "moe_layers",
+    "interleave_moe_layer_step",
+    "text_config.no_rope_layers",
+    "text_config.moe_layers",
+    "text_config.attention_chunk_size",
 ];
 
 const WORDS: &[&str] = &[
@@ -220,6 +232,9 @@ const WORDS: &[&str] = &[
     "MiniMaxM2ForCausalLM",
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
+    "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration",
+    "chunked_attention",
     "per_layer",
     "sigmoid",
     "e4m3",

@@ -16,9 +16,11 @@
 //! - `o_r[d] = (fma-chain over j = 0..len of e_rj·v_j[d], from 0) · (1 / sum_r)`.
 //!
 //! With a sliding window of `w` (gpt-oss), row r sees keys `lo_r = max(0, len_r - w) .. len_r`
-//! only: the max, the sum and the weighted values run over those, in key order from `lo_r`; a
-//! task reads keys from its first row's `lo` on. With sinks, `m_r` also takes the head's sink
-//! logit and `sum_r` ends with `+ exp(sink - m_r)` (after the keys).
+//! only, with Llama-4's chunks of `c` keys `lo_r = p - p % c ..= p`: the max, the sum and the
+//! weighted values run over those, in key order from `lo_r`; a task reads keys from its first
+//! row's `lo` on. With sinks, `m_r` also takes the head's sink logit and `sum_r` ends with
+//! `+ exp(sink - m_r)` (after the keys). With Llama-4's query temperature, `q_r` is multiplied
+//! by its position's factor (f32) as it is transposed, before any score.
 //!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
@@ -35,6 +37,7 @@ use rayon::prelude::*;
 use crate::kernels::plan::BatchPlan;
 
 pub use crate::kernels::device::AttnShape;
+use crate::kernels::device::{QueryTemperature, first_key};
 
 /// Query rows per task (tokens × query heads of one kv head), at most.
 const TILE_ROWS: usize = 64;
@@ -153,11 +156,14 @@ struct Ctx<'a> {
     out: OutPtr,
 }
 
-/// The softmax's variant: a sliding window of keys, one sink logit per query head.
+/// The softmax's variant: a sliding window or chunks of keys, one sink logit per query head,
+/// a per-position query temperature.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Softmax<'a> {
     pub window: Option<usize>,
+    pub chunk: Option<usize>,
     pub sinks: Option<&'a [f32]>,
+    pub temperature: Option<QueryTemperature>,
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
@@ -189,7 +195,8 @@ pub fn attention(
     // Every element is written by a task: resizing zeroes only growth, not the reused part.
     out.resize(q.len(), 0.0);
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    let amx = bf16_tiles && amx::usable(hd);
+    // The AMX path packs the queries itself, without the temperature.
+    let amx = bf16_tiles && softmax.temperature.is_none() && amx::usable(hd);
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     let amx = bf16_tiles && false;
     let ctx = Ctx {
@@ -205,7 +212,8 @@ pub fn attention(
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if amx {
         let tile = (AMX_ROWS / group).max(1);
-        let chains = amx_chains(plan, shape.kv_heads, tile, softmax.window.is_some());
+        let windowed = softmax.window.is_some() || softmax.chunk.is_some();
+        let chains = amx_chains(plan, shape.kv_heads, tile, windowed);
         chains
             .par_iter()
             .for_each_init(<(Scratch, AmxScratch)>::default, |(s, a), chain| {
@@ -314,7 +322,7 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
     let rp = rows.div_ceil(row_pad) * row_pad;
     let len = plan.positions[task.t0 + task.n - 1] + 1;
     // A row at position p sees keys lo(p)..=p.
-    let lo = |p: usize| ctx.softmax.window.map_or(0, |w| (p + 1).saturating_sub(w));
+    let lo = |p: usize| first_key(p, ctx.softmax.window, ctx.softmax.chunk);
     let first = lo(plan.positions[task.t0]) / key_align * key_align;
     // Key offsets first..len in position order.
     let table = plan.tables[plan.seq_of[task.t0]];
@@ -352,8 +360,9 @@ fn prepare(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, amx: bool, with_offsets:
                 continue;
             }
             let qh = &ctx.q[t * qrow + (task.kv_head * group + g) * hd..][..hd];
+            let f = ctx.softmax.temperature.map(|tm| tm.factor(p));
             for (d, &v) in qh.iter().enumerate() {
-                s.qt[d * rp + r] = v;
+                s.qt[d * rp + r] = f.map_or(v, |f| v * f);
             }
         }
     }

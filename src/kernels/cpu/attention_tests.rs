@@ -1,7 +1,7 @@
 //! The CPU attention against a naive f64 reference, chunking / CPU-path invariance.
 
 use super::*;
-use crate::kernels::attention_reference::{naive, rnd};
+use crate::kernels::attention_reference::{Variant, naive, rnd};
 use crate::kernels::cpu::kv_cache::KvCache;
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::{Batch, SeqChunk};
@@ -144,7 +144,40 @@ fn window_and_sinks_match_naive_and_are_invariant() {
         check_variant(seed, |heads| Softmax {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),
+            ..Softmax::default()
         });
+    }
+}
+
+/// Llama-4's softmax: chunks of keys (shorter and longer than the prefill pieces, 1, wider than
+/// the sequence) and the query temperature (its floor crossed inside the sequences), alone and
+/// together.
+#[test]
+fn chunks_and_temperature_match_naive_and_are_invariant() {
+    let warm = |floor_scale| QueryTemperature {
+        floor_scale,
+        attn_scale: 0.1,
+    };
+    for (seed, chunk, temperature) in [
+        (31, Some(7), None),
+        (32, Some(16), Some(warm(4.0))),
+        (33, None, Some(warm(8.0))),
+        (34, Some(1), None),
+        (35, Some(1000), Some(warm(1.0))),
+    ] {
+        check_variant(seed, |_| Softmax {
+            chunk,
+            temperature,
+            ..Softmax::default()
+        });
+    }
+}
+
+fn variant(sm: &Softmax<'_>) -> Variant {
+    Variant {
+        window: sm.window,
+        chunk: sm.chunk,
+        temperature: sm.temperature,
     }
 }
 
@@ -179,7 +212,7 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = softmax(heads);
-        let want = naive(shape, sm.window, sm.sinks, len, (&q, &k, &v));
+        let want = naive(shape, variant(&sm), sm.sinks, len, (&q, &k, &v));
         let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Fast);
         for (a, b) in whole.iter().zip(&want) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
@@ -231,8 +264,9 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
         let sm = Softmax {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),
+            ..Softmax::default()
         };
-        let want = naive(shape, sm.window, sm.sinks, len, (&q, &k, &v));
+        let want = naive(shape, variant(&sm), sm.sinks, len, (&q, &k, &v));
         let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Amx);
         for (a, b) in whole.iter().zip(&want) {
             worst = worst.max((*a as f64 - b).abs());
@@ -320,7 +354,7 @@ fn a_nan_value_reaches_only_the_rows_that_see_it() {
         bad[nan_at * kvd + (kv_heads - 1) * hd..][..hd].fill(f32::NAN);
         let sm = Softmax {
             window,
-            sinks: None,
+            ..Softmax::default()
         };
         let group = heads / kv_heads;
         for path in paths {

@@ -307,16 +307,19 @@ impl Device for CpuDevice {
         kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
         let (kc, vc) = kv.cache.layer(call.kv_layer);
         let sm = &call.softmax;
-        if sm.sinks.is_some_and(|s| s.len() != l.heads) || sm.window == Some(0) {
+        sm.check()?;
+        if sm.sinks.is_some_and(|s| s.len() != l.heads) {
             return Err(DeviceError::Invalid(format!(
-                "attention sinks / window {:?} for {} heads",
-                sm.window, l.heads
+                "attention sinks for {} heads",
+                l.heads
             )));
         }
         let shape = sm.shape(l.heads, l.kv_heads, hd);
         let softmax = self::attention::Softmax {
             window: sm.window,
+            chunk: sm.chunk,
             sinks: sm.sinks.map(|s| &s[..]),
+            temperature: sm.temperature,
         };
         let tiles = self.bf16 == Bf16Kernel::Amx && self.bf16_weights.load(Ordering::Relaxed);
         attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, tiles);
@@ -482,9 +485,16 @@ impl Device for CpuDevice {
             .map_err(DeviceError::Invalid)
     }
 
-    fn moe_gather(&self, x: &CpuBuf, routing: &Routing, out: &mut CpuBuf) -> DevResult<()> {
+    fn moe_gather(
+        &self,
+        x: &CpuBuf,
+        routing: &Routing,
+        scale: Option<&[f32]>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
         let rows: Vec<usize> = routing.rows.iter().map(|&r| r as usize).collect();
-        self.gather_rows(x, &rows, out)
+        self.gather_rows(x, &rows, out)?;
+        device_moe::scale_rows(out, scale)
     }
 
     fn moe_shared_gate(&self, x: &CpuBuf, w: &Vec<f32>, out: &mut CpuBuf) -> DevResult<()> {

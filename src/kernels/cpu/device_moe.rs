@@ -1,6 +1,6 @@
-//! The CPU device's MoE combine ops (the shared expert's gate, the weighted sum of the
-//! experts' rows plus the gated shared expert): the bodies of `CpuDevice`'s trait methods of
-//! those names.
+//! The CPU device's MoE ops (the gathered rows' scales, the shared expert's gate, the
+//! weighted sum of the experts' rows plus the gated shared expert): the bodies of
+//! `CpuDevice`'s trait methods of those names.
 
 use super::super::moe_grouped::weighted_sum;
 use super::super::recurrent::sigmoid;
@@ -47,5 +47,22 @@ pub(super) fn moe_combine(
         }
     }
     set(out, h);
+    Ok(())
+}
+
+/// Row i of `x` times `scale[i]` (`None`: unchanged).
+pub(super) fn scale_rows(x: &mut CpuBuf, scale: Option<&[f32]>) -> DevResult<()> {
+    let Some(scale) = scale else { return Ok(()) };
+    let w = x.width.max(1);
+    if scale.len() * w != x.data.len() {
+        return Err(DeviceError::Invalid(format!(
+            "moe gather of {} rows with {} scales",
+            x.data.len() / w,
+            scale.len()
+        )));
+    }
+    for (row, &s) in x.data.chunks_exact_mut(w).zip(scale) {
+        row.iter_mut().for_each(|v| *v *= s);
+    }
     Ok(())
 }

@@ -33,7 +33,7 @@ pub fn route_grouped(
     for l in logits.chunks_exact(experts) {
         for (((s, c), &v), &b) in scores.iter_mut().zip(&mut choice).zip(l).zip(bias) {
             *s = sigmoid(v);
-            *c = *s + b;
+            *c = if r.by_logit { v } else { *s } + b;
         }
         for (g, group) in group_scores.iter_mut().zip(choice.chunks_exact(size)) {
             *g = top2_sum(group);
@@ -116,6 +116,7 @@ mod tests {
             topk_group,
             renorm,
             scale: 2.0,
+            by_logit: false,
         }
     }
 
@@ -140,6 +141,25 @@ mod tests {
                 sigmoid(1.0) / (s + 1e-20) * 2.0
             ]
         );
+    }
+
+    /// Llama-4's choice ranks the logits: f32's sigmoid ties 20 and 21 (both 1), the logits
+    /// do not; the weights are still the sigmoids, unrenormalised.
+    #[test]
+    fn choice_by_logit_sees_past_a_saturated_sigmoid() {
+        let logits = [20.0, 21.0, 0.0, -1.0];
+        assert_eq!(sigmoid(20.0), sigmoid(21.0));
+        let by_score = router(1, 1, 1, false);
+        let (ids, _) = route_grouped(&logits, &[0.0; 4], 4, &by_score).unwrap();
+        assert_eq!(ids, vec![0]);
+        let llama4 = GroupedTopK {
+            by_logit: true,
+            scale: 1.0,
+            ..router(2, 1, 1, false)
+        };
+        let (ids, w) = route_grouped(&logits, &[0.0; 4], 4, &llama4).unwrap();
+        assert_eq!(ids, vec![1, 0]);
+        assert_eq!(w, vec![sigmoid(21.0), sigmoid(20.0)]);
     }
 
     /// Equal scores (and equal groups) go to the lower index.

@@ -12,10 +12,12 @@
 // block get p = 0 and are never added.
 //
 // gpt-oss: with a sliding window (`window` > 0) row r sees keys lo_r = max(0, len_r - window)
-// .. len_r only: blocks (still counted from position 0) wholly before lo_r are skipped for the
-// row, keys before lo_r inside a block get p = 0 and are never added; the tile starts at the
-// block of its first row's lo. With sinks (`sinks` non-null) the head's sink logit joins the
-// max and the denominator once, after the last key block.
+// .. len_r only (Llama-4's chunks, `chunk` > 0: lo_r = p - p % chunk for position p): blocks
+// (still counted from position 0) wholly before lo_r are skipped for the row, keys before lo_r
+// inside a block get p = 0 and are never added; the tile starts at the block of its first
+// row's lo. With sinks (`sinks` non-null) the head's sink logit joins the max and the
+// denominator once, after the last key block. Llama-4's query temperature (`temp_floor` > 0)
+// multiplies each query by its position's factor as it is loaded.
 
 // K/V rows of one token from the fused qkv rows into the cache.
 // Launch: grid (T), block (256).
@@ -69,7 +71,25 @@ struct AttnArgs {
     float scale;
     const float* sinks;      // [heads] sink logits, or null
     int window;              // sliding window in keys, or 0 for none
+    int chunk;               // Llama-4's chunks of keys, or 0 for none (never with a window)
+    float temp_floor;        // Llama-4's query temperature: floor_scale, or 0 for none
+    float temp_scale;        //   and attn_scale
 };
+
+// First key a query at position p sees: its window's or its chunk's start (0 for neither).
+__device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
+    if (a.window > 0) return max(0, p + 1 - a.window);
+    if (a.chunk > 0) return p - p % a.chunk;
+    return 0;
+}
+
+// The query at position p times Llama-4's temperature factor (f32, as the CPU computes it).
+__device__ __forceinline__ float attn_query(const AttnArgs& a, float q, int p) {
+    if (a.temp_floor <= 0.f) return q;
+    const float f = __fadd_rn(__fmul_rn(log1pf(floorf(__fdiv_rn((float)p + 1.0f, a.temp_floor))),
+                                        a.temp_scale), 1.0f);
+    return __fmul_rn(q, f);
+}
 
 // Launch: grid (num_tiles, heads), block (32 * ATTN_WARPS), dynamic shared memory
 // (ATTN_TILE * hd + kb * (hd + 1) + kb * hd) floats; kb <= 32, hd <= 256, hd % 32 == 0 not
@@ -90,7 +110,9 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
 
     for (int i = threadIdx.x; i < ATTN_TILE * hd; i += blockDim.x) {
         const int r = i / hd, d = i % hd;
-        qs[i] = r < n ? a.q[(size_t)(t0 + r) * a.q_stride + a.q_col + (size_t)h * hd + d] : 0.f;
+        qs[i] = r < n ? attn_query(a, a.q[(size_t)(t0 + r) * a.q_stride + a.q_col + (size_t)h * hd + d],
+                                   a.positions[t0 + r])
+                      : 0.f;
     }
     float m[ATTN_ROWS], l[ATTN_ROWS], acc[ATTN_ROWS][ATTN_DIMS];
     int len[ATTN_ROWS], lo[ATTN_ROWS];
@@ -98,13 +120,13 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
     for (int ri = 0; ri < ATTN_ROWS; ++ri) {
         const int r = warp + ri * ATTN_WARPS;
         len[ri] = r < n ? a.positions[t0 + r] + 1 : 0;
-        lo[ri] = a.window > 0 ? max(0, len[ri] - a.window) : 0;
+        lo[ri] = r < n ? attn_first_key(a, len[ri] - 1) : 0;
         m[ri] = -HSX_INF;
         l[ri] = 0.f;
 #pragma unroll
         for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] = 0.f;
     }
-    const int first = a.window > 0 ? max(0, a.positions[t0] + 1 - a.window) : 0;
+    const int first = attn_first_key(a, a.positions[t0]);
     for (int kb = first / kb_n * kb_n; kb < max_len; kb += kb_n) {
         __syncthreads();  // the previous block's keys are no longer read (and qs is written)
         for (int i = threadIdx.x; i < kb_n * hd; i += blockDim.x) {

@@ -10,7 +10,8 @@
 use super::super::context::test_gpu;
 use super::*;
 use crate::kernels::SeqChunk;
-use crate::kernels::attention_reference::{naive, rnd};
+use crate::kernels::attention_reference::{Variant, naive, rnd};
+use crate::kernels::device::QueryTemperature;
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::{BackendError, Batch};
 
@@ -20,6 +21,8 @@ const KV_HEADS: usize = 2;
 
 struct Setup {
     hd: usize,
+    /// The softmax's window, chunks and query temperature.
+    variant: Variant,
     /// f32 rows `[q | k | v]` of every position of sequences A and B.
     rows: [Vec<f32>; 2],
     /// [`naive`] attention of each sequence over its K and V rounded to bf16 (as cached):
@@ -28,7 +31,11 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(hd: usize, lens: [usize; 2], mut seed: u64) -> Self {
+    fn new(hd: usize, lens: [usize; 2], seed: u64) -> Self {
+        Self::with_variant(hd, lens, seed, Variant::default())
+    }
+
+    fn with_variant(hd: usize, lens: [usize; 2], mut seed: u64, variant: Variant) -> Self {
         let width = (HEADS + 2 * KV_HEADS) * hd;
         let rows = lens.map(|n| rnd(n * width, &mut seed));
         let shape = AttnShape {
@@ -48,9 +55,14 @@ impl Setup {
                 k.extend(cols(t, qn, kvn).iter().map(bf16));
                 v.extend(cols(t, qn + kvn, kvn).iter().map(bf16));
             }
-            naive(shape, None, None, lens[s], (&q, &k, &v))
+            naive(shape, variant, None, lens[s], (&q, &k, &v))
         });
-        Self { hd, rows, want }
+        Self {
+            hd,
+            variant,
+            rows,
+            want,
+        }
     }
 
     fn width(&self) -> usize {
@@ -102,7 +114,10 @@ impl Setup {
                 scale: (self.hd as f64).powf(-0.5) as f32,
             },
             sinks: 0,
-            window: 0,
+            window: self.variant.window.unwrap_or(0),
+            chunk: self.variant.chunk.unwrap_or(0),
+            temperature: (self.variant.temperature)
+                .map_or((0.0, 0.0), |t| (t.floor_scale, t.attn_scale)),
         };
         kv.attend(
             gpu,
@@ -182,6 +197,37 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// Llama-4's softmax on the CUDA-core kernel (the tensor-core one is not taken for it): chunks
+/// of keys shorter than a key block and longer than one, the query temperature crossing its
+/// floor inside the prompt; a chunk of A that starts inside a key block and a chunk of keys.
+#[test]
+fn chunks_and_temperature_match_the_reference() {
+    let Some(gpu) = test_gpu() else { return };
+    let warm = QueryTemperature {
+        floor_scale: 16.0,
+        attn_scale: 0.1,
+    };
+    for (hd, chunk, temperature) in [(32, Some(7), None), (64, Some(40), Some(warm))] {
+        let variant = Variant {
+            chunk,
+            temperature,
+            ..Variant::default()
+        };
+        let setup = Setup::with_variant(hd, [230, 90], hd as u64 + 7, variant);
+        let kv = DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+        let whole = setup.run(&gpu, &kv, &[(0, 0, 230)]);
+        let e = err_of(&setup, &whole, 0, (0, 0, 230));
+        eprintln!("hd {hd}, chunk {chunk:?}, temperature {temperature:?}: max-rel {e:.2e}");
+        assert!(e <= 1e-5, "hd {hd}: {e:e}");
+        let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
+        let same = (both[..130 * HEADS * hd].iter())
+            .zip(&whole[100 * HEADS * hd..])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "hd {hd}: rows depend on the chunking");
+        assert!(err_of(&setup, &both, 130, (1, 0, 90)) <= 1e-5);
+    }
+}
+
 #[test]
 fn mma_tiles_are_runs_of_one_sequence() {
     // The tiles the tensor-core kernel gets are runs of consecutive positions of one sequence.
@@ -225,8 +271,7 @@ fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
             head_dim: 128,
             scale: 0.088,
         },
-        sinks: 0,
-        window: 0,
+        ..DevSoftmax::causal(AttnShape::new(32, 8, 128))
     };
     let (bf16, f32) = (WeightDtype::Bf16, WeightDtype::F32);
     let pick = |c, o, hd, s: &DevSoftmax| mma_kernel(c, o, hd, s);
@@ -254,6 +299,12 @@ fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
         sinks: 0x1000,
         ..plain
     };
-    assert_eq!(pick(bf16, bf16, 64, &window), None);
-    assert_eq!(pick(bf16, bf16, 64, &sinks), None);
+    let chunks = DevSoftmax { chunk: 64, ..plain };
+    let warm = DevSoftmax {
+        temperature: (8192.0, 0.1),
+        ..plain
+    };
+    for other in [window, sinks, chunks, warm] {
+        assert_eq!(pick(bf16, bf16, 64, &other), None);
+    }
 }

@@ -99,13 +99,30 @@ impl From<CudaError> for DeviceError {
 
 pub type CudaResult<T> = Result<T, CudaError>;
 
-/// Checks the device `ordinal` (the emulated one with `cuda-emu`) without touching anything
-/// that could panic.
+/// Checks the libraries and device `ordinal` (the emulated one with `cuda-emu`); never panics,
+/// even without a driver.
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
-    #[cfg(feature = "cuda-emu")]
-    return super::driver_emu::info(ordinal);
-    #[cfg(not(feature = "cuda-emu"))]
-    return super::driver_cudarc::probe(ordinal);
+    // cudarc panics where a symbol is missing from an old driver: report it as an error.
+    std::panic::catch_unwind(|| {
+        #[cfg(feature = "cuda-emu")]
+        return super::driver_emu::info(ordinal);
+        #[cfg(not(feature = "cuda-emu"))]
+        return super::driver_cudarc::probe(ordinal);
+    })
+    .unwrap_or_else(|p| {
+        Err(CudaUnavailable::Init(format!(
+            "the CUDA driver panicked: {}",
+            panic_message(p.as_ref())
+        )))
+    })
+}
+
+/// A caught panic's message.
+pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// The CUDA driver, NVRTC and cuBLAS versions found (none on the emulator).

@@ -13,7 +13,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::api::{CudaUnavailable, DeviceInfo};
 use super::capture::Capture;
-use super::context::{CudaError, DevBuf, Gpu};
+use super::context::{CudaError, DevBuf, Gpu, panic_message, probe};
 use super::device_types::{
     CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, invalid, same_f32,
 };
@@ -30,24 +30,6 @@ use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
 use crate::kernels::rope::Rope;
 use crate::kernels::routing::{GroupedTopK, Routing};
-
-/// Checks the libraries and device `ordinal` (never panics, even without a driver).
-pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaUnavailable> {
-    // cudarc panics where a symbol is missing from an old driver: report it as an error.
-    catch_unwind(|| super::context::probe(ordinal)).unwrap_or_else(|p| {
-        Err(CudaUnavailable::Init(format!(
-            "the CUDA driver panicked: {}",
-            panic_message(p.as_ref())
-        )))
-    })
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
-}
 
 /// One CUDA device and the compute dtype of the model on it (the dtype of GEMM inputs,
 /// weights and the KV cache). `Gpu` is `Send + Sync` (its `DeviceApi` is); the ops take `&self` and share no mutable host state, and the
@@ -479,8 +461,14 @@ impl Device for CudaDevice {
         self.moe_route_op(logits, top_k, renorm)
     }
 
-    fn moe_gather(&self, x: &CudaBuf, routing: &Routing, out: &mut CudaBuf) -> DevResult<()> {
-        self.moe_gather_op(x, routing, out)
+    fn moe_gather(
+        &self,
+        x: &CudaBuf,
+        routing: &Routing,
+        scale: Option<&[f32]>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.moe_gather_op(x, routing, scale, out)
     }
 
     fn moe_shared_gate(&self, x: &CudaBuf, w: &DevBuf<f32>, out: &mut CudaBuf) -> DevResult<()> {

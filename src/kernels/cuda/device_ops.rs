@@ -93,13 +93,15 @@ impl CudaDevice {
         if let Some(s) = sm.sinks {
             check_len(s, l.heads, "attention sinks")?;
         }
-        if sm.window == Some(0) {
-            return invalid("attention window of 0 keys".to_string());
-        }
+        sm.check()?;
         let softmax = DevSoftmax {
             shape: sm.shape(l.heads, l.kv_heads, hd),
             sinks: sm.sinks.map_or(0, |s| s.ptr()),
             window: sm.window.unwrap_or(0),
+            chunk: sm.chunk.unwrap_or(0),
+            temperature: sm
+                .temperature
+                .map_or((0.0, 0.0), |t| (t.floor_scale, t.attn_scale)),
         };
         let o = (out.ptr(), out.dtype());
         Ok(kv.attend(
@@ -352,10 +354,14 @@ impl CudaDevice {
         &self,
         x: &CudaBuf,
         routing: &Routing,
+        scale: Option<&[f32]>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         let n = routing.rows.len();
         indices(&routing.rows, x.rows(), "moe gather")?;
+        if scale.is_some_and(|s| s.len() != n) {
+            return invalid(format!("moe gather of {n} rows with other than {n} scales"));
+        }
         if out.dtype() != x.dtype() {
             return invalid(format!(
                 "moe gather of {:?} rows into a {:?} buffer",
@@ -366,8 +372,16 @@ impl CudaDevice {
         out.set(n, x.width(), "moe gather")?;
         let g = &self.gpu;
         let rows = g.upload(&routing.rows)?;
+        let scale = scale.map(|s| g.upload(s)).transpose()?;
         let io = (x.ptr(), rows.ptr(), out.ptr());
-        Ok(moe::gather_rows(g, io, x.dtype(), n, x.width())?)
+        let scale_ptr = scale.as_ref().map(|s| s.ptr());
+        Ok(moe::gather_rows(
+            g,
+            io,
+            scale_ptr,
+            x.dtype(),
+            (n, x.width()),
+        )?)
     }
 
     pub(super) fn moe_shared_gate_op(

@@ -124,12 +124,28 @@ pub struct QkvRows {
 }
 
 /// The softmax's variant as the kernel takes it: scale and head geometry, the sinks' device
-/// address (0 = none), the sliding window in keys (0 = none).
+/// address (0 = none), the sliding window or the chunk in keys (0 = none), the query
+/// temperature's floor scale and attention scale (floor 0 = none).
 #[derive(Debug, Clone, Copy)]
 pub struct DevSoftmax {
     pub shape: AttnShape,
     pub sinks: u64,
     pub window: usize,
+    pub chunk: usize,
+    pub temperature: (f32, f32),
+}
+
+impl DevSoftmax {
+    /// Plain causal attention of `shape`.
+    pub fn causal(shape: AttnShape) -> Self {
+        Self {
+            shape,
+            sinks: 0,
+            window: 0,
+            chunk: 0,
+            temperature: (0.0, 0.0),
+        }
+    }
 }
 
 /// The kernel's argument struct (AttnArgs in attention.cu): same fields, same order, C layout.
@@ -151,6 +167,9 @@ pub struct AttnArgs {
     scale: f32,
     sinks: u64,
     window: i32,
+    chunk: i32,
+    temp_floor: f32,
+    temp_scale: f32,
 }
 
 /// K and V of every attention layer.
@@ -314,8 +333,10 @@ impl DevKvCache {
         let (k, v) = self.layer(layer)?;
         let shape = softmax.shape;
         check_shape(shape, self.kv_dim)?;
-        let window = i32::try_from(softmax.window)
-            .map_err(|_| CudaError::Invalid(format!("window {} exceeds i32", softmax.window)))?;
+        let keys = |n: usize| {
+            i32::try_from(n).map_err(|_| CudaError::Invalid(format!("window {n} exceeds i32")))
+        };
+        let (window, chunk) = (keys(softmax.window)?, keys(softmax.chunk)?);
         if plan.num_tiles == 0 {
             return Ok(());
         }
@@ -336,6 +357,9 @@ impl DevKvCache {
             scale: shape.scale,
             sinks: softmax.sinks,
             window,
+            chunk,
+            temp_floor: softmax.temperature.0,
+            temp_scale: softmax.temperature.1,
         };
         let mma = self
             .tensor_cores
@@ -365,15 +389,18 @@ impl DevKvCache {
 }
 
 /// The tensor-core kernel (attn_mma_* in attention.cu, sm_80+) for a layer, where it applies:
-/// a bf16 cache, a head dim it is built for, no sliding window and no sinks (those layers, and
-/// f32 / f16 caches, take the CUDA-core kernel).
+/// a bf16 cache, a head dim it is built for, no sliding window, chunks, sinks or temperature
+/// (those layers, and f32 / f16 caches, take the CUDA-core kernel).
 fn mma_kernel(
     cache: WeightDtype,
     out: WeightDtype,
     hd: usize,
     softmax: &DevSoftmax,
 ) -> Option<String> {
-    let plain = softmax.window == 0 && softmax.sinks == 0;
+    let plain = softmax.window == 0
+        && softmax.chunk == 0
+        && softmax.sinks == 0
+        && softmax.temperature.0 == 0.0;
     let out = match out {
         WeightDtype::Bf16 | WeightDtype::F32 => suffix(out),
         _ => return None,

@@ -84,9 +84,11 @@ pub mod recurrent_chunked;
 mod stub;
 
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub use context::probe;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use context::versions;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-pub use device::{CudaDevice, probe};
+pub use device::CudaDevice;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device_types::{CudaBuf, CudaLinear, CudaRope, CudaStep};
 #[cfg(feature = "cuda-emu")]

@@ -101,6 +101,26 @@ extern "C" __global__ void moe_gather_rows_u16(const unsigned short* x, const in
     moe_gather_rows_t<unsigned short>(x, rows, out, n, h);
 }
 
+// out[i, :] = x[rows[i], :] · scale[i], rounded to x's dtype once: Llama-4 scales each expert's
+// input rows by their routing weights. Launch as moe_gather_rows.
+template <typename T>
+__device__ void moe_gather_scaled_t(const T* x, const int* rows, const float* scale, T* out,
+                                    int n, int h) {
+    const int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < n && c < h) {
+        const float v = to_f32(x[(size_t)rows[i] * h + c]);
+        out[(size_t)i * h + c] = from_f32<T>(__fmul_rn(v, scale[i]));
+    }
+}
+#define HSX_GATHER_SCALED(NAME, T)                                                          \
+    extern "C" __global__ void NAME(const T* x, const int* rows, const float* scale, T* out, \
+                                    int n, int h) {                                          \
+        moe_gather_scaled_t<T>(x, rows, scale, out, n, h);                                   \
+    }
+HSX_GATHER_SCALED(moe_gather_scaled_f32, float)
+HSX_GATHER_SCALED(moe_gather_scaled_bf16, bf16_t)
+HSX_GATHER_SCALED(moe_gather_scaled_f16, f16_t)
+
 // gate[t] = sigmoid(x[t, :] . w) for the shared expert, x the normed rows in the GEMM input
 // dtype, w f32 (one warp per token: a fixed-order dot, independent of the batch, where a GEMM
 // with N = 1 need not be). Launch: grid (ceil(T / 4)), block (128).

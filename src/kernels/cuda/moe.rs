@@ -46,31 +46,29 @@ pub fn route(
 }
 
 /// `out[i] = x[rows[i]]` for `n` rows of `h` elements of `dtype` (16-bit types moved as raw
-/// bits); `rows` a device i32 array.
+/// bits); `rows` a device i32 array. With `scale` (a device f32 array, one per row): times
+/// `scale[i]`, rounded to `dtype` once.
 pub fn gather_rows(
     gpu: &Gpu,
     (x, rows, out): (u64, u64, u64),
+    scale: Option<u64>,
     dtype: WeightDtype,
-    n: usize,
-    h: usize,
+    (n, h): (usize, usize),
 ) -> CudaResult<()> {
     if n * h == 0 {
         return Ok(());
+    }
+    let (n32, h32) = (i32_of(n, "rows")?, i32_of(h, "hidden")?);
+    let cfg = row_tiles_cfg(n, h, 256)?;
+    if let Some(scale) = scale {
+        let name = format!("moe_gather_scaled_{}", suffix(dtype));
+        return launch!(gpu, &name => "moe_gather_scaled_f32", cfg, x, rows, scale, out, n32, h32);
     }
     let name = match dtype {
         WeightDtype::F32 => "moe_gather_rows_f32",
         WeightDtype::Bf16 | WeightDtype::F16 => "moe_gather_rows_u16",
     };
-    launch!(
-        gpu,
-        name => "moe_gather_rows_f32",
-        row_tiles_cfg(n, h, 256)?,
-        x,
-        rows,
-        out,
-        i32_of(n, "rows")?,
-        i32_of(h, "hidden")?
-    )
+    launch!(gpu, name => "moe_gather_rows_f32", cfg, x, rows, out, n32, h32)
 }
 
 /// `gate[t] = sigmoid(x[t] · w)` for `t` rows of `h` (x in `dtype`, w and gate f32): one

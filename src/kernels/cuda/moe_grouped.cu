@@ -14,7 +14,8 @@ __device__ __forceinline__ void moeg_top2_merge(float& a, float& b, float oa, fl
 }
 
 // One warp per token (launch: grid (ceil(T / 4)), block (128)). logits [T, E], bias [E] ->
-// ids [T, top_k] (choice order) and weights [T, top_k]: s = sigmoid(logit), choice = s + bias;
+// ids [T, top_k] (choice order) and weights [T, top_k]: s = sigmoid(logit), choice = s + bias
+// (logit + bias when by_logit != 0: Llama-4);
 // groups of E / n_group experts ranked by the sum of their two best choice values, the best
 // topk_group kept; top_k experts by choice inside them; weights s, divided by their sum
 // (+ 1e-20) when renorm != 0, times scale.
@@ -24,7 +25,7 @@ extern "C" __global__ void moe_route_grouped_f32(
     int* __restrict__ ids,
     float* __restrict__ weights,
     int num_tokens, int num_experts, int top_k, int n_group, int topk_group, int renorm,
-    float scale)
+    float scale, int by_logit)
 {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -40,7 +41,7 @@ extern "C" __global__ void moe_route_grouped_f32(
     for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
         const int e = lane + 32 * r;
         s[r] = e < num_experts ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
-        c[r] = e < num_experts ? __fadd_rn(s[r], bias[e]) : -HSX_INF;
+        c[r] = e < num_experts ? __fadd_rn(by_logit ? l[e] : s[r], bias[e]) : -HSX_INF;
     }
     // every lane ends with every group's score (butterfly reductions)
     float gsc[MOEG_MAX_GROUPS];

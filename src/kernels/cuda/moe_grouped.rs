@@ -50,7 +50,8 @@ pub fn route_grouped(
         i32_of(r.n_group, "n_group")?,
         i32_of(r.topk_group, "topk_group")?,
         i32::from(r.renorm),
-        r.scale
+        r.scale,
+        i32::from(r.by_logit)
     )
 }
 

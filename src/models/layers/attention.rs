@@ -1,11 +1,12 @@
 //! Full attention over the paged KV cache: fused q/k/v projection (+ bias), optional per-head
 //! q/k RMSNorm, RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
-//! attention (optionally gpt-oss's sliding window, sinks and YaRN score factor), optional
+//! attention (optionally gpt-oss's sliding window, sinks and YaRN score factor, Llama-4's
+//! chunks and query temperature), optional
 //! output gate `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{AttnCall, AttnSoftmax, Cols, DevResult, QkvLayout};
+use crate::kernels::device::{AttnCall, AttnSoftmax, Cols, DevResult, QkvLayout, QueryTemperature};
 
 /// One attention sublayer's weights on the device.
 pub struct Attention<D: Device> {
@@ -29,9 +30,11 @@ pub struct Attention<D: Device> {
 /// The softmax's variant ([`AttnSoftmax`]) with the sinks on the device.
 pub struct AttnVariant<D: Device> {
     pub window: Option<usize>,
+    pub chunk: Option<usize>,
     /// `[heads]` sink logits.
     pub sinks: Option<D::Vector>,
     pub score_factor: f64,
+    pub temperature: Option<QueryTemperature>,
 }
 
 impl<D: Device> AttnVariant<D> {
@@ -39,8 +42,10 @@ impl<D: Device> AttnVariant<D> {
     pub fn causal() -> Self {
         Self {
             window: None,
+            chunk: None,
             sinks: None,
             score_factor: 1.0,
+            temperature: None,
         }
     }
 }
@@ -85,8 +90,10 @@ impl<D: Device> Attention<D> {
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
             softmax: AttnSoftmax {
                 window: self.variant.window,
+                chunk: self.variant.chunk,
                 sinks: self.variant.sinks.as_ref(),
                 score_factor: self.variant.score_factor,
+                temperature: self.variant.temperature,
             },
         };
         if self.gated {

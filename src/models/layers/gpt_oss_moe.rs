@@ -39,7 +39,7 @@ impl<D: Device> GptOssMoe<D> {
         let clamp = (self.alpha, self.limit);
         run_experts(
             dev,
-            &s.normed,
+            (&s.normed, None),
             &routing,
             &self.experts,
             sizes,

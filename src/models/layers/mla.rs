@@ -101,9 +101,8 @@ impl<D: Device> MlaAttention<D> {
             qk_norm: None,
             rope: Some((&self.rope, d.rope)),
             softmax: AttnSoftmax {
-                window: None,
-                sinks: None,
                 score_factor: self.score_factor,
+                ..AttnSoftmax::causal()
             },
         };
         dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;

@@ -1,10 +1,12 @@
 //! Sparse MoE block (transformers' `Qwen3NextSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`,
 //! `MixtralSparseMoeBlock`, `Glm4MoeMoE`): router logits, softmax top-k (optionally
 //! renormalised) or — GLM-4.5 — DeepSeek-V3's grouped sigmoid choice, the token rows gathered
-//! into expert order, one GEMM pair per expert that got rows (SwiGLU over all rows at once; an
-//! expert no token chose is skipped), and the combine that adds each token's experts in
-//! ascending expert order from zero, then the shared expert's output: scaled by
-//! `sigmoid(shared_expert_gate(x))` (Qwen3-Next / Qwen3.5-MoE) or as it is (GLM-4.5).
+//! into expert order (Llama-4: scaled there by their routing weights), one GEMM pair per
+//! expert that got rows (SwiGLU over all rows at once; an expert no token chose is skipped),
+//! and the combine that adds each token's experts in ascending expert order from zero (with
+//! weight 1 where the inputs were scaled), then the shared expert's output: scaled by
+//! `sigmoid(shared_expert_gate(x))` (Qwen3-Next / Qwen3.5-MoE) or as it is (GLM-4.5,
+//! Llama-4).
 
 use super::mlp::Mlp;
 use super::{MoeScratch, Scratch, Widths};
@@ -58,6 +60,8 @@ pub struct Moe<D: Device> {
     pub choice: Router<D>,
     pub experts: Vec<Expert<D>>,
     pub shared: Option<SharedExpert<D>>,
+    /// The routing weights scale each expert's input rows instead of its output (Llama-4).
+    pub weighs_input: bool,
     pub inter: usize,
     pub hidden: usize,
 }
@@ -77,11 +81,12 @@ impl<D: Device> Moe<D> {
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
         let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
-        let routing = self.choice.route(dev, &m.logits)?;
+        let mut routing = self.choice.route(dev, &m.logits)?;
+        let input_weights = self.weighs_input.then(|| routing.take_row_weights());
         let sizes = (self.inter, self.hidden);
         run_experts(
             dev,
-            &s.normed,
+            (&s.normed, input_weights.as_deref()),
             &routing,
             &self.experts,
             sizes,
@@ -107,13 +112,14 @@ impl<D: Device> Moe<D> {
     }
 }
 
-/// The routed experts of a MoE block: `x`'s rows gathered into expert order (`m.rows`), each
+/// The routed experts of a MoE block: `x`'s rows gathered into expert order (`m.rows`; times
+/// each row's `input_weights` where given), each
 /// expert's `[gate | up]` GEMM on its rows, `act` over all rows at once (`m.gate_up` →
 /// `m.act`), each expert's down GEMM: the experts' outputs in `m.out`, in expert order. An
 /// expert no token chose is skipped.
 pub(super) fn run_experts<D: Device>(
     dev: &D,
-    x: &D::Buf,
+    (x, input_weights): (&D::Buf, Option<&[f32]>),
     routing: &Routing,
     experts: &[Expert<D>],
     (inter, hidden): (usize, usize),
@@ -121,7 +127,7 @@ pub(super) fn run_experts<D: Device>(
     act: ExpertAct<impl FnOnce(&D, &D::Buf, &mut D::Buf) -> DevResult<()>>,
 ) -> DevResult<()> {
     let n = routing.rows.len();
-    dev.moe_gather(x, routing, &mut m.rows)?;
+    dev.moe_gather(x, routing, input_weights, &mut m.rows)?;
     check_routing(routing, n, experts.len())?;
     let spans = routing.offsets.windows(2).map(|w| w[0]..w[1]);
     let fused = match act {

@@ -61,9 +61,9 @@ impl<D: Device> NemotronMoe<D> {
             Some((fc1, _)) => {
                 dev.matmul(&s.normed, fc1, &mut s.wide)?;
                 dev.cast(&s.wide, &mut s.act)?;
-                dev.moe_gather(&s.act, &routing, &mut m.rows)?;
+                dev.moe_gather(&s.act, &routing, None, &mut m.rows)?;
             }
-            None => dev.moe_gather(&s.normed, &routing, &mut m.rows)?,
+            None => dev.moe_gather(&s.normed, &routing, None, &mut m.rows)?,
         }
         // The experts' row spans must cover all n rows: `resize` leaves old values.
         check_routing(&routing, n, self.experts.len())?;
