@@ -1,9 +1,11 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
 //!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
-//!   `Qwen3VLMoeForConditionalGeneration` and `Llama4ForConditionalGeneration` (the text fields
-//!   under `text_config`, the weights under `model.language_model.*` — Llama-4's
-//!   `language_model.model.*` and `language_model.lm_head` — the vision tower left unread);
+//!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
+//!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
+//!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
+//!   weights under `model.language_model.*`, Llama-4's `language_model.model.*` and
+//!   `language_model.lm_head`, Qwen2-VL's releases' `model.*`; the vision tower left unread);
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
@@ -28,6 +30,17 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM"),
     // Its text config is Llama4ForCausalLM's own class (`Llama4TextConfig`).
     ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"),
+    // Qwen2's layers (q/k/v biased); MRoPE over text-only positions is Qwen2's RoPE.
+    ("Qwen2_5_VLForConditionalGeneration", "Qwen2ForCausalLM"),
+    ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
+];
+
+/// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top
+/// level, without a `text_config`; their LM head is tied when the top level or the text config
+/// says so (transformers' BC rule for them).
+const QWEN2_VL: [&str; 2] = [
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
 ];
 
 /// Where a multimodal export's text config class reads a field otherwise than the text
@@ -38,6 +51,11 @@ fn text_class_fields(export: &str) -> Vec<(&'static [&'static str], Value, bool)
     let theta = (&["rope_theta"][..], json!(500000.0), false);
     match export {
         "Qwen3VLForConditionalGeneration" => vec![theta],
+        a if QWEN2_VL.contains(&a) => vec![
+            (&["rope_theta"][..], json!(1000000.0), false),
+            (&["rms_norm_eps"], json!(1e-5), false),
+            (&["vocab_size"], json!(152064), false),
+        ],
         "Qwen3VLMoeForConditionalGeneration" => vec![
             theta,
             // Qwen3VLMoeTextTopKRouter always renormalises the top-k weights.
@@ -91,6 +109,7 @@ pub(super) fn text_model_config<'a>(
     };
     let mut text = match value.get("text_config") {
         Some(Value::Object(t)) => t.clone(),
+        None | Some(Value::Null) if QWEN2_VL.contains(&arch) => legacy_text_config(value),
         _ => {
             return Err(ModelError::Field {
                 path: path.to_path_buf(),
@@ -107,12 +126,17 @@ pub(super) fn text_model_config<'a>(
         }
     }
     // The export's model ties its LM head by its own config (false by default in every
-    // export class hsx runs), whatever its text config says (transformers 5.24, checked).
-    let tied = value.get("tie_word_embeddings").and_then(Value::as_bool);
-    text.insert(
-        "tie_word_embeddings".into(),
-        Value::from(tied.unwrap_or(false)),
-    );
+    // export class hsx runs), whatever its text config says (transformers 5.24, checked) —
+    // but Qwen2-VL's and Qwen2.5-VL's, which also tie where the text config says so.
+    let tie = |v: &serde_json::Map<String, Value>| {
+        v.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true)
+    };
+    let top = value.as_object().is_some_and(tie);
+    let tied = top || (QWEN2_VL.contains(&arch) && tie(&text));
+    text.insert("tie_word_embeddings".into(), Value::from(tied));
+    if QWEN2_VL.contains(&arch) {
+        plain_mrope(&mut text);
+    }
     for (names, v, forced) in text_class_fields(arch) {
         if forced
             || !names
@@ -125,10 +149,32 @@ pub(super) fn text_model_config<'a>(
     text.insert("architectures".into(), Value::from(vec![text_arch]));
     reject_quantized(&Value::Object(text.clone()), path)?;
     tracing::info!(
-        "{arch}: running its language model only ({text_arch} from text_config, weights \
-         model.language_model.* and lm_head); the vision tower (model.visual.*) is not read"
+        "{arch}: running its language model only ({text_arch}); the vision tower is not read"
     );
     Ok(Cow::Owned(Value::Object(text)))
+}
+
+/// A pre-v5 Qwen2-VL / Qwen2.5-VL config: the text fields are the top level's (transformers
+/// builds the text config from them); the vision tower's are left behind.
+fn legacy_text_config(value: &Value) -> serde_json::Map<String, Value> {
+    let mut text = value.as_object().cloned().unwrap_or_default();
+    text.remove("vision_config");
+    text
+}
+
+/// Qwen2-VL's rope type `mrope` (pre-v5 `rope_scaling: {"type": "mrope", "mrope_section"}`) is
+/// the default RoPE over text-only positions: transformers reads it as `default`.
+fn plain_mrope(text: &mut serde_json::Map<String, Value>) {
+    for field in ["rope_scaling", "rope_parameters"] {
+        let Some(Value::Object(rope)) = text.get_mut(field) else {
+            continue;
+        };
+        let kind = |k: &str| rope.get(k).and_then(Value::as_str) == Some("mrope");
+        if kind("type") || kind("rope_type") {
+            rope.remove("type");
+            rope.insert("rope_type".into(), json!("default"));
+        }
+    }
 }
 
 /// A `quantization_config` other than none: refused, naming the method.
@@ -294,10 +340,44 @@ mod tests {
         );
     }
 
+    /// Qwen2.5-VL as released (pre-v5): the text fields at the top level, `rope_scaling`
+    /// `mrope` (plain RoPE over text positions), the class's defaults; tied where the top level
+    /// or a text config says so (its BC rule; Qwen3-VL's top level alone decides).
+    #[test]
+    fn qwen2_5_vl_flat_config_runs_as_qwen2() {
+        let v = json!({
+            "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+            "hidden_size": 64, "num_hidden_layers": 4, "tie_word_embeddings": true,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "vision_config": {"depth": 2}, "torch_dtype": "bfloat16"
+        });
+        let t = text_of(&v).unwrap();
+        assert_eq!(t["architectures"], json!(["Qwen2ForCausalLM"]));
+        assert_eq!(
+            (&t["hidden_size"], &t["torch_dtype"]),
+            (&json!(64), &json!("bfloat16"))
+        );
+        assert_eq!(t["rope_scaling"]["rope_type"], "default");
+        assert!(t["rope_scaling"].get("type").is_none() && t.get("vision_config").is_none());
+        assert_eq!(
+            (&t["rope_theta"], &t["rms_norm_eps"]),
+            (&json!(1e6), &json!(1e-5))
+        );
+        assert_eq!(t["tie_word_embeddings"], true);
+        let nested = |top: bool, arch: &str| {
+            let v = json!({"architectures": [arch], "tie_word_embeddings": top,
+                "text_config": {"hidden_size": 64, "tie_word_embeddings": true}});
+            text_of(&v).unwrap()["tie_word_embeddings"].clone()
+        };
+        assert_eq!(nested(false, "Qwen2_5_VLForConditionalGeneration"), true);
+        assert_eq!(nested(false, "Qwen2VLForConditionalGeneration"), true);
+        assert_eq!(nested(false, "Qwen3VLForConditionalGeneration"), false);
+    }
+
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
-            "Qwen2_5_VLForConditionalGeneration",
+            "LlavaForConditionalGeneration",
             "Gemma3ForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});

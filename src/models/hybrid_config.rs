@@ -586,7 +586,7 @@ mod tests {
         assert_eq!(s.architecture, Architecture::Qwen3_5);
         assert_eq!(s.hybrid, parse_json(&qwen()).unwrap().hybrid);
         let mut v = qwen();
-        v["architectures"] = json!(["Qwen2_5_VLForConditionalGeneration"]);
+        v["architectures"] = json!(["LlavaForConditionalGeneration"]);
         v["vision_config"] = json!({"depth": 2});
         let e = parse_json(&v).unwrap_err().to_string();
         assert!(e.contains("multimodal"), "{e}");

@@ -217,10 +217,10 @@ fn unsupported_variants_fail_with_clear_messages() {
         (
             "qwen3_5",
             Box::new(|c| {
-                c["architectures"] = serde_json::json!(["Qwen2_5_VLForConditionalGeneration"]);
+                c["architectures"] = serde_json::json!(["LlavaForConditionalGeneration"]);
                 c["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": 32});
             }),
-            "multimodal checkpoint `Qwen2_5_VLForConditionalGeneration`",
+            "multimodal checkpoint `LlavaForConditionalGeneration`",
         ),
         (
             "qwen3_5",

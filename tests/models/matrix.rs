@@ -158,4 +158,5 @@ matrix! {
     qwen3_vl_moe => "qwen3_vl_moe",
     llama4 => "llama4",
     llama4_vl => "llama4_vl",
+    qwen2_5_vl => "qwen2_5_vl",
 }

@@ -132,6 +132,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_vl_moe",
     "llama4",
     "llama4_vl",
+    "qwen2_5_vl",
 ];
 
 impl Bases {
