@@ -29,6 +29,11 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
                               heads / 4 KV heads x 64 with q/k norm over the whole projection,
                               rotary on half of each head, every layer 16 experts x 512 top-4
                               by the sigmoid router (choice bias), renormalised, no shared expert
+    llama4_f32, _bf16         Llama-4-Scout-like (Llama4ForCausalLM scaled down): 8 layers, 16
+                              heads / 4 KV heads x 64, every 4th layer NoPE, the others RoPE
+                              with q/k norm and chunked attention (8192, as released), every
+                              layer 16 experts x 512 top-1 (sigmoid of the logit scaling the
+                              expert's input) + a shared expert of 512
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -158,6 +163,17 @@ MINIMAX_M2 = dict(
     num_experts_per_tok=4,
     intermediate_size=512,
 )
+LLAMA4 = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_local_experts=16,
+    num_experts_per_tok=1,
+    intermediate_size=512,
+    intermediate_size_mlp=2816,
+    interleave_moe_layer_step=1,
+)
 
 
 def specs() -> list[mf.ModelSpec]:
@@ -169,6 +185,7 @@ def specs() -> list[mf.ModelSpec]:
         ("glm4_moe", "glm4_moe", GLM4_MOE, 504),
         ("glm4_moe_lite", "glm4_moe_lite", GLM4_MOE_LITE, 505),
         ("minimax_m2", "minimax_m2", MINIMAX_M2, 506),
+        ("llama4", "llama4_text", LLAMA4, 507),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(
