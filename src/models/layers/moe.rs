@@ -113,10 +113,9 @@ impl<D: Device> Moe<D> {
 }
 
 /// The routed experts of a MoE block: `x`'s rows gathered into expert order (`m.rows`; times
-/// each row's `input_weights` where given), each
-/// expert's `[gate | up]` GEMM on its rows, `act` over all rows at once (`m.gate_up` →
-/// `m.act`), each expert's down GEMM: the experts' outputs in `m.out`, in expert order. An
-/// expert no token chose is skipped.
+/// each row's `input_weights` where given), each expert's `[gate | up]` GEMM on its rows,
+/// `act` over all rows at once (`m.gate_up` → `m.act`), each expert's down GEMM: the experts'
+/// outputs in `m.out`, in expert order. An expert no token chose is skipped.
 pub(super) fn run_experts<D: Device>(
     dev: &D,
     (x, input_weights): (&D::Buf, Option<&[f32]>),
