@@ -289,13 +289,7 @@ mod tests {
     /// router always renormalises, and Qwen3VLMoeTextConfig's defaults where fields are absent.
     #[test]
     fn qwen3_vl_moe_export_runs_as_qwen3_moe() {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/released_configs"
-        );
-        let text =
-            std::fs::read_to_string(format!("{dir}/qwen3-vl-30b-a3b-instruct.json")).unwrap();
-        let mut v: Value = serde_json::from_str(&text).unwrap();
+        let mut v = super::super::released_config("qwen3-vl-30b-a3b-instruct.json");
         let spec =
             |v: &Value| super::super::ModelSpec::from_json(v, Path::new("config.json"), "m".into());
         let s = spec(&v).unwrap();

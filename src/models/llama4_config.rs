@@ -184,7 +184,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelSpec, pyjson};
+    use super::super::{Architecture, ModelSpec, released_config};
     use super::*;
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
@@ -194,12 +194,7 @@ mod tests {
     /// Llama-4 Scout as released (tests/fixtures/released_configs): an export whose text config
     /// is read.
     fn scout() -> Value {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/released_configs"
-        );
-        let text = std::fs::read_to_string(format!("{dir}/llama-4-scout-17b-16e.json")).unwrap();
-        pyjson::from_str(&text).unwrap()
+        released_config("llama-4-scout-17b-16e.json")
     }
 
     fn llama4(s: &ModelSpec) -> &Llama4Spec {

@@ -80,7 +80,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelSpec, QkNorm, pyjson};
+    use super::super::{Architecture, ModelSpec, QkNorm, released_config};
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
@@ -88,12 +88,7 @@ mod tests {
 
     /// MiniMax-M2.5 as released (tests/fixtures/released_configs).
     fn released() -> Value {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/released_configs"
-        );
-        let text = std::fs::read_to_string(format!("{dir}/minimax-m2.5.json")).unwrap();
-        pyjson::from_str(&text).unwrap()
+        released_config("minimax-m2.5.json")
     }
 
     /// Every field hsx reads from the release, and MiniMaxM2Config's defaults for those a

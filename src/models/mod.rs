@@ -49,3 +49,16 @@ pub use error::ModelError;
 pub use gpt_oss_config::GptOssSpec;
 pub use hybrid_config::{HybridSpec, LayerKind};
 pub use weights::Weights;
+
+/// `tests/fixtures/released_configs/{file}` (a released `config.json`), read as
+/// `ModelSpec::from_dir` reads it (Python's JSON numbers included): for the config parsers'
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn released_config(file: &str) -> serde_json::Value {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/released_configs"
+    );
+    let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+    pyjson::from_str(&text).unwrap()
+}

@@ -362,12 +362,7 @@ mod tests {
     /// GLM-4.5-Air as released (tests/fixtures/released_configs): every field hsx reads.
     #[test]
     fn glm_4_5_air_geometry_router_and_attention() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/released_configs"
-        );
-        let text = std::fs::read_to_string(format!("{path}/glm-4.5-air.json")).unwrap();
-        let s = parse(&super::super::pyjson::from_str(&text).unwrap());
+        let s = parse(&super::super::released_config("glm-4.5-air.json"));
         assert_eq!(s.architecture, Architecture::Glm4Moe);
         assert_eq!(
             (s.num_layers, s.head_dim, s.intermediate_size),
