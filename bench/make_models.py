@@ -34,6 +34,9 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
                               with q/k norm and chunked attention (8192, as released), every
                               layer 16 experts x 512 top-1 (sigmoid of the logit scaling the
                               expert's input) + a shared expert of 512
+    gemma3_f32, _bf16         Gemma-3-1B-like (Gemma3ForCausalLM): 8 layers, 4 heads / 1 KV
+                              head x 256 with q/k norms, layer 5 full attention, the others a
+                              window of 512, sandwich norms, GeGLU of 4096, tied
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -163,6 +166,25 @@ MINIMAX_M2 = dict(
     num_experts_per_tok=4,
     intermediate_size=512,
 )
+# Gemma-3-1B-like: 4 heads / 1 KV head x 256 with (1 + w) q/k norms, scores by
+# query_pre_attn_scalar 256, every 6th layer full attention (theta 1e6, linear scaling 8 as the
+# 4B+ releases), the others a window of 512 keys (theta 1e4), sandwich norms, GeGLU of 4096,
+# embeddings x sqrt(1024), tied.
+GEMMA3 = dict(
+    {k: v for k, v in COMMON.items() if k != "hidden_act"},
+    intermediate_size=4096,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=512,
+    rope_parameters=dict(
+        full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+        sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+    ),
+    hidden_activation="gelu_pytorch_tanh",
+    tie_word_embeddings=True,
+)
 LLAMA4 = dict(
     COMMON,
     num_attention_heads=16,
@@ -186,6 +208,7 @@ def specs() -> list[mf.ModelSpec]:
         ("glm4_moe_lite", "glm4_moe_lite", GLM4_MOE_LITE, 505),
         ("minimax_m2", "minimax_m2", MINIMAX_M2, 506),
         ("llama4", "llama4_text", LLAMA4, 507),
+        ("gemma3", "gemma3_text", GEMMA3, 508),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

@@ -3,7 +3,7 @@
 
     bench/run.sh [--tokens 100000] [--min-len 32] [--max-len 2048] [--work /tmp/hsx-bench] [--threads 2]
                  [--models llama,qwen3_5,qwen3_moe] (also glm4_moe, glm4_moe_lite, minimax_m2,
-                 llama4)
+                 llama4, gemma3)
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
@@ -130,14 +130,18 @@ def attention_flops(model_dir: Path, prompts: list[int]) -> float:
     heads = cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
     # Qwen3.5's layer_types; Nemotron-H's layers_block_type (transformers 5); Llama-4's
-    # chunked_attention layers see keys p - p % chunk ..= p.
+    # chunked_attention layers see keys p - p % chunk ..= p; Gemma-3's sliding_attention layers
+    # the last `sliding_window`.
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     n_attn = sum(t == "full_attention" for t in types) if types else cfg["num_hidden_layers"]
     pairs = sum(n * (n + 1) // 2 for n in prompts)
     chunk = cfg.get("attention_chunk_size")
     n_chunked = sum(t == "chunked_attention" for t in types or [])
     chunked_pairs = sum(p % chunk + 1 for n in prompts for p in range(n)) if n_chunked else 0
-    return 4.0 * heads * hd * (n_attn * pairs + n_chunked * chunked_pairs)
+    n_sliding = sum(t == "sliding_attention" for t in types or [])
+    window = cfg.get("sliding_window")
+    sliding_pairs = sum(min(p + 1, window) for n in prompts for p in range(n)) if n_sliding else 0
+    return 4.0 * heads * hd * (n_attn * pairs + n_chunked * chunked_pairs + n_sliding * sliding_pairs)
 
 
 MAX_NUM_SEQS, MAX_WAITING = 32, 1024

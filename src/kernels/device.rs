@@ -85,11 +85,13 @@ pub trait Device: Send + Sync + Sized + 'static {
         seqs: &'a [SeqState],
         states: Option<&mut Self::States>,
     ) -> DevResult<Self::Step<'a>>;
-    /// `out[t] = table[tokens[t]]` (f32).
+    /// `out[t] = table[tokens[t]] · scale` (f32; Gemma scales its embeddings, the others pass
+    /// 1, which changes no bit).
     fn embed(
         &self,
         step: &Self::Step<'_>,
         table: &Self::Linear,
+        scale: f32,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// `out = x · Wᵀ (+ b)`, f32 accumulation, f32 out.
@@ -207,6 +209,9 @@ pub trait Device: Send + Sync + Sized + 'static {
         alpha_limit: (f32, f32),
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// Gemma's GeGLU: `out[t, i] = gelu_tanh(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`
+    /// (torch's tanh-approximated GELU, f32).
+    fn gelu_tanh_mul(&self, gate_up: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// `out = relu(x)²`.
     fn relu2(&self, x: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// Causal depthwise conv1d + SiLU over `x`'s columns, the conv state carried per slot.

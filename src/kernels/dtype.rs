@@ -37,6 +37,9 @@ impl WeightDtype {
 pub enum RopeScaling {
     /// Plain RoPE (`rope_type: "default"` or no scaling).
     None,
+    /// Positions interpolated by `factor` (`rope_type: "linear"`: every frequency divided by
+    /// it; Gemma-3's full-attention layers).
+    Linear { factor: f64 },
     /// Llama 3.x frequency-dependent scaling (transformers `_compute_llama3_parameters`).
     Llama3 {
         factor: f64,

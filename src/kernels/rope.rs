@@ -1,5 +1,5 @@
 //! The RoPE frequency table (host side, every device): `inv_freq` per rotary dim pair, with
-//! llama3 or YaRN scaling, and the f32 cos/sin transformers computes from it. YaRN's
+//! linear, llama3 or YaRN scaling, and the f32 cos/sin transformers computes from it. YaRN's
 //! attention factor, which transformers multiplies into cos and sin, is not in the table: it
 //! scales q and k alike, so the attention applies its square to the scores
 //! ([`Rope::score_factor`]).
@@ -32,6 +32,11 @@ impl Rope {
                 high_freq_factor as f32,
                 original_max_position_embeddings as f32,
             );
+        }
+        if let RopeScaling::Linear { factor } = scaling {
+            // transformers `_compute_linear_scaling_rope_parameters`: `inv_freq /= factor` (f32).
+            let factor = factor as f32;
+            inv_freq.iter_mut().for_each(|f| *f /= factor);
         }
         Self { inv_freq }
     }
@@ -157,6 +162,17 @@ mod tests {
         assert_eq!(ratios[0], 1.0);
         assert!(ratios[1] < 1.0 && ratios[1] > 0.125);
         assert!((ratios[7] - 0.125).abs() < 1e-6);
+    }
+
+    /// Linear scaling divides every frequency by the factor, in f32 as transformers does.
+    #[test]
+    fn linear_divides_every_frequency() {
+        let plain = Rope::new(16, 10000.0, RopeScaling::None);
+        let linear = Rope::new(16, 10000.0, RopeScaling::Linear { factor: 8.0 });
+        for (l, p) in linear.inv_freq().iter().zip(plain.inv_freq()) {
+            assert_eq!(*l, p / 8.0f32);
+        }
+        assert_eq!(Rope::score_factor(RopeScaling::Linear { factor: 8.0 }), 1.0);
     }
 
     /// gpt-oss's fixture geometry (head_dim 16, theta 1e4, original context 64, beta 8 / 1,

@@ -40,11 +40,15 @@ pub enum Architecture {
     /// temperature), dense MLPs and / or routed experts (top-k of the logits, their sigmoid
     /// scaling each expert's input) + a shared expert.
     Llama4,
+    /// `Gemma3ForCausalLM` (Gemma-3's language model): sliding-window and full attention
+    /// layers with their own RoPE, `(1 + w)` RMSNorms around each sublayer (sandwich), per-head
+    /// q/k norms, GeGLU MLPs, embeddings scaled by `√hidden`.
+    Gemma3,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -61,6 +65,7 @@ impl Architecture {
         Self::Glm4MoeLite,
         Self::MiniMaxM2,
         Self::Llama4,
+        Self::Gemma3,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -86,6 +91,7 @@ impl Architecture {
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -114,7 +120,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::GptOss | Architecture::Glm4Moe => 131072,
         Architecture::Glm4MoeLite => 202752,
         Architecture::MiniMaxM2 => 196608,
-        Architecture::Llama4 => 131072,
+        Architecture::Llama4 | Architecture::Gemma3 => 131072,
     }
 }
 
@@ -133,6 +139,8 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::GptOss => 150000.0,
         Architecture::MiniMaxM2 => 5e6,
         Architecture::Llama4 => 5e5,
+        // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).
+        Architecture::Gemma3 => 1e6,
         _ => 10000.0,
     }
 }

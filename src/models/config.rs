@@ -12,6 +12,7 @@ use super::ModelError;
 pub use super::architecture::Architecture;
 pub(super) use super::architecture::{default_eps, default_max_pos, default_theta};
 use super::fp8_weights::Fp8Blocks;
+pub use super::gemma3_config::Gemma3Spec;
 use super::gpt_oss_config::GptOssSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
@@ -60,6 +61,9 @@ pub struct ModelSpec {
     /// Llama-4's per-layer RoPE, chunks, q/k norm and query temperature; `None` for other
     /// architectures.
     pub llama4: Option<Llama4Spec>,
+    /// Gemma-3's sliding / full layers, their RoPEs and score scale; `None` for other
+    /// architectures.
+    pub gemma3: Option<Gemma3Spec>,
 }
 
 impl ModelSpec {
@@ -96,6 +100,7 @@ impl ModelSpec {
         let architecture = cfg.architecture()?;
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
+            Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             a => dense_spec(&cfg, a, name)?,
@@ -198,6 +203,7 @@ fn dense_spec(
             Architecture::Llama4 => Some(super::llama4_config::attention(cfg, cfg.num_layers()?)?),
             _ => None,
         },
+        gemma3: None,
     })
 }
 
@@ -282,7 +288,15 @@ impl<'a> Cfg<'a> {
     /// `num_hidden_layers`, bounded: per-layer lists (layer kinds, sparse flags) are made from
     /// it before any weight can contradict it.
     pub(super) fn num_layers(&self) -> Result<usize, ModelError> {
-        let n = self.usize_req("num_hidden_layers")?;
+        self.num_layers_of(self.usize_req("num_hidden_layers")?)
+    }
+
+    /// [`Cfg::num_layers`] with the config class's `default` where the config names none.
+    pub(super) fn num_layers_or(&self, default: usize) -> Result<usize, ModelError> {
+        self.num_layers_of(self.usize_or("num_hidden_layers", default)?)
+    }
+
+    fn num_layers_of(&self, n: usize) -> Result<usize, ModelError> {
         if n > MAX_LAYERS {
             return Err(self.err(
                 "num_hidden_layers",
@@ -402,6 +416,17 @@ impl<'a> Cfg<'a> {
         let Some(params) = params else {
             return Ok((top_theta, RopeScaling::None));
         };
+        self.rope_params(field, params, top_theta)
+    }
+
+    /// (theta, scaling) of one RoPE parameter object `params` (found at `field`; theta
+    /// `top_theta` where it names none).
+    pub(super) fn rope_params(
+        &self,
+        field: &str,
+        params: &Value,
+        top_theta: f64,
+    ) -> Result<(f64, RopeScaling), ModelError> {
         let obj = params
             .as_object()
             .ok_or_else(|| self.err(field, "expected an object"))?;
@@ -428,9 +453,19 @@ impl<'a> Cfg<'a> {
                 Ok((theta, scaling))
             }
             "yarn" => Ok((theta, self.yarn(field, obj)?)),
+            "linear" => {
+                let factor = sub_f64("factor")?
+                    .ok_or_else(|| self.err(&format!("{field}.factor"), "missing (linear rope)"))?;
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(self.err(&format!("{field}.factor"), format!("{factor} (above 0)")));
+                }
+                Ok((theta, RopeScaling::Linear { factor }))
+            }
             other => Err(ModelError::Unsupported {
                 path: self.path_buf(),
-                what: format!("{field}: rope type `{other}` (only `default`, `llama3` and `yarn`)"),
+                what: format!(
+                    "{field}: rope type `{other}` (only `default`, `linear`, `llama3` and `yarn`)"
+                ),
             }),
         }
     }

@@ -7,7 +7,7 @@
 use super::ModelSpec;
 use super::layers::{Ctx, Layer, Sublayer, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{BufKind, DevResult};
+use crate::kernels::device::{BufKind, DevResult, DeviceError};
 
 pub use super::layers::Scratch;
 
@@ -15,6 +15,8 @@ pub use super::layers::Scratch;
 pub struct Decoder<D: Device> {
     pub spec: ModelSpec,
     pub embed: D::Linear,
+    /// Multiplies the embedded rows (Gemma's `√hidden` in the weights' dtype; 1 elsewhere).
+    pub embed_scale: f32,
     pub layers: Vec<Layer<D>>,
     pub final_norm: D::Vector,
     /// `None` when tied to the embedding.
@@ -74,7 +76,7 @@ impl<D: Device> Decoder<D> {
         cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
     ) -> DevResult<()> {
         let eps = self.spec.rms_norm_eps;
-        dev.embed(ctx.step, &self.embed, &mut s.x)?;
+        dev.embed(ctx.step, &self.embed, self.embed_scale, &mut s.x)?;
         cap(0, &s.x)?;
         let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -89,6 +91,13 @@ impl<D: Device> Decoder<D> {
                 }
                 pending = true;
                 part.sublayer.forward(dev, ctx, s)?;
+                if let Some(post_norm) = &part.post_norm {
+                    let post = s.post.as_mut().ok_or_else(|| {
+                        DeviceError::Invalid("post-norm without its buffer".into())
+                    })?;
+                    dev.rms_norm(&s.proj, post_norm, eps, post)?;
+                    std::mem::swap(&mut s.proj, post);
+                }
             }
         }
         if pending {

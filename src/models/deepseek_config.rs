@@ -165,6 +165,7 @@ pub(super) fn parse(
         gpt_oss: None,
         fp8: None,
         llama4: None,
+        gemma3: None,
     })
 }
 

@@ -37,6 +37,7 @@ pub fn load_with<D: Device>(
     let final_norm = ld.vector("model.norm.weight", h)?;
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
+        embed_scale: 1.0,
         spec,
         embed,
         layers,
@@ -156,14 +157,14 @@ pub(super) fn attention_layer<D: Device>(
     let h = spec.hidden_size;
     Ok(Layer {
         parts: vec![
-            Part {
-                norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                sublayer: attention,
-            },
-            Part {
-                norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                sublayer: ffn,
-            },
+            Part::new(
+                ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attention,
+            ),
+            Part::new(
+                ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn,
+            ),
         ],
     })
 }

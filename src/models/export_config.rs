@@ -2,10 +2,11 @@
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
 //!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
-//!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
-//!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
-//!   weights under `model.language_model.*`, Llama-4's `language_model.model.*` and
-//!   `language_model.lm_head`, Qwen2-VL's releases' `model.*`; the vision tower left unread);
+//!   `Gemma3ForConditionalGeneration`, `Qwen2VLForConditionalGeneration` and
+//!   `Qwen2_5_VLForConditionalGeneration` (the text fields under `text_config` — or, in
+//!   Qwen2-VL's pre-v5 saves, at the top level — the weights under `model.language_model.*`,
+//!   Llama-4's and Gemma-3's releases' `language_model.model.*` (and Llama-4's
+//!   `language_model.lm_head`), Qwen2-VL's releases' `model.*`; the vision tower left unread);
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
@@ -33,7 +34,13 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     // Qwen2's layers (q/k/v biased); MRoPE over text-only positions is Qwen2's RoPE.
     ("Qwen2_5_VLForConditionalGeneration", "Qwen2ForCausalLM"),
     ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
+    // Its text config is Gemma3ForCausalLM's own class (`Gemma3TextConfig`).
+    ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
 ];
+
+/// Exports whose class ties the LM head to the embedding unless the config says otherwise
+/// (`Gemma3Config`'s default; the other export classes hsx runs default to untied).
+const TIED_BY_DEFAULT: [&str; 1] = ["Gemma3ForConditionalGeneration"];
 
 /// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top
 /// level, without a `text_config`; their LM head is tied when the top level or the text config
@@ -126,12 +133,15 @@ pub(super) fn text_model_config<'a>(
         }
     }
     // The export's model ties its LM head by its own config (false by default in every
-    // export class hsx runs), whatever its text config says (transformers 5.24, checked) —
-    // but Qwen2-VL's and Qwen2.5-VL's, which also tie where the text config says so.
+    // export class hsx runs but Gemma-3's), whatever its text config says (transformers 5.24,
+    // checked) — but Qwen2-VL's and Qwen2.5-VL's, which also tie where the text config says so.
     let tie = |v: &serde_json::Map<String, Value>| {
         v.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true)
     };
-    let top = value.as_object().is_some_and(tie);
+    let top = match value.get("tie_word_embeddings").and_then(Value::as_bool) {
+        Some(t) => t,
+        None => TIED_BY_DEFAULT.contains(&arch),
+    };
     let tied = top || (QWEN2_VL.contains(&arch) && tie(&text));
     text.insert("tie_word_embeddings".into(), Value::from(tied));
     if QWEN2_VL.contains(&arch) {
@@ -366,13 +376,23 @@ mod tests {
         assert_eq!(nested(false, "Qwen2_5_VLForConditionalGeneration"), true);
         assert_eq!(nested(false, "Qwen2VLForConditionalGeneration"), true);
         assert_eq!(nested(false, "Qwen3VLForConditionalGeneration"), false);
+        // Gemma3Config ties by default: an export naming no tie is tied, one naming false not.
+        let gemma = |top: Option<bool>| {
+            let mut v = json!({"architectures": ["Gemma3ForConditionalGeneration"],
+                "text_config": {"hidden_size": 64}});
+            if let Some(t) = top {
+                v["tie_word_embeddings"] = json!(t);
+            }
+            text_of(&v).unwrap()["tie_word_embeddings"].clone()
+        };
+        assert_eq!((gemma(None), gemma(Some(false))), (json!(true), json!(false)));
     }
 
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
             "LlavaForConditionalGeneration",
-            "Gemma3ForConditionalGeneration",
+            "Mistral3ForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});
             let e = text_of(&v).unwrap_err().to_string();

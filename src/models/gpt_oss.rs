@@ -41,14 +41,14 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     Ok(Layer {
         parts: vec![
-            Part {
-                norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                sublayer: Sublayer::Attention(load_attention(ld, spec, g, i)?),
-            },
-            Part {
-                norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                sublayer: Sublayer::GptOssMoe(load_moe(ld, spec, g, &format!("{p}.mlp"))?),
-            },
+            Part::new(
+                ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                Sublayer::Attention(load_attention(ld, spec, g, i)?),
+            ),
+            Part::new(
+                ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                Sublayer::GptOssMoe(load_moe(ld, spec, g, &format!("{p}.mlp"))?),
+            ),
         ],
     })
 }

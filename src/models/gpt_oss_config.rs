@@ -87,6 +87,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         gpt_oss: Some(gpt_oss),
         fp8: None,
         llama4: None,
+        gemma3: None,
     })
 }
 

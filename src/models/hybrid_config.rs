@@ -370,6 +370,7 @@ fn parse_qwen(
         gpt_oss: None,
         fp8: None,
         llama4: None,
+        gemma3: None,
     })
 }
 
@@ -502,6 +503,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         gpt_oss: None,
         fp8: None,
         llama4: None,
+        gemma3: None,
     })
 }
 

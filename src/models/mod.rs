@@ -24,6 +24,8 @@ pub mod devices;
 mod error;
 mod export_config;
 pub mod fp8_weights;
+pub mod gemma3;
+mod gemma3_config;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod hybrid_config;
@@ -43,7 +45,7 @@ mod spec_checks;
 pub mod weights;
 
 pub use backend::{Layout, ModelBackend};
-pub use config::{Architecture, ModelSpec, QkNorm, RopeScaling, WeightDtype};
+pub use config::{Architecture, Gemma3Spec, ModelSpec, QkNorm, RopeScaling, WeightDtype};
 pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;
 pub use gpt_oss_config::GptOssSpec;

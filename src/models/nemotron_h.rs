@@ -60,11 +60,12 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         };
         let norm = ld.vector(&format!("backbone.layers.{i}.norm.weight"), h)?;
         layers.push(Layer {
-            parts: vec![Part { norm, sublayer }],
+            parts: vec![Part::new(norm, sublayer)],
         });
     }
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
+        embed_scale: 1.0,
         final_norm: ld.vector("backbone.norm_f.weight", h)?,
         spec,
         embed,

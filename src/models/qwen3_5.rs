@@ -40,6 +40,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let norm = one_plus(ld.f32s("model.norm.weight", &[h])?);
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
+        embed_scale: 1.0,
         final_norm: ld.dev.vector(&norm)?,
         spec,
         embed,
@@ -109,14 +110,8 @@ fn load_layer<D: Device>(
     };
     Ok(Layer {
         parts: vec![
-            Part {
-                norm: norm("input_layernorm")?,
-                sublayer: mixer,
-            },
-            Part {
-                norm: norm("post_attention_layernorm")?,
-                sublayer: ffn,
-            },
+            Part::new(norm("input_layernorm")?, mixer),
+            Part::new(norm("post_attention_layernorm")?, ffn),
         ],
     })
 }

@@ -8,13 +8,23 @@ use crate::common;
 
 use common::backends::{
     Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_peer_options,
-    cuda_usable, cuda_vs_cpu_tol, layer_of,
+    cuda_usable, cuda_vs_cpu_tol, layer_of, read_gemm_in,
 };
-use hsx::kernels::{Backend, BackendError, Batch, SeqChunk};
+use hsx::kernels::cuda::CudaDevice;
+use hsx::kernels::device::BufKind;
+use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, SeqChunk};
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "llama_bf16"];
+const ARCHS: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "llama_bf16",
+    "gemma3",
+    "gemma3_vl",
+];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;
 const PAGING: Paging = Paging::Dense {
@@ -266,4 +276,57 @@ fn a_recycled_capture_buffer_gives_the_bytes_of_a_fresh_one() {
         assert_eq!(got.captured.len(), want.captured.len(), "{dtype:?}");
         assert!(got.captured == want.captured, "{dtype:?}: bytes differ");
     }
+}
+
+/// Gemma's GeGLU on the CUDA device against the CPU's, f32 and written as bf16 (read back
+/// through an identity GEMM): saturated tanh at both ends, the cancellation in `1 + tanh` below
+/// zero. The device's `tanhf` may differ from the host's in its last bits (bit for bit on the
+/// emulator): within 1e-6 of 1 + |gate|, times |up|.
+#[test]
+fn geglu_matches_the_cpu() {
+    if !cuda_usable() {
+        return;
+    }
+    let (t, inter) = (5, 300);
+    let gu: Vec<f32> = (0..t * 2 * inter)
+        .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 24.0)
+        .collect();
+    let cpu = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+    let mut x = cpu.buffer(t, 2 * inter, BufKind::F32).unwrap();
+    cpu.upload(&gu, 2 * inter, &mut x).unwrap();
+    let mut out = cpu.buffer(t, inter, BufKind::GemmIn).unwrap();
+    cpu.gelu_tanh_mul(&x, &mut out).unwrap();
+    let want = cpu.download(&out).unwrap();
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        let gpu = CudaDevice::new(0, dtype).unwrap();
+        let mut x = gpu.buffer(t, 2 * inter, BufKind::F32).unwrap();
+        gpu.upload(&gu, 2 * inter, &mut x).unwrap();
+        let mut out = gpu.buffer(t, inter, BufKind::GemmIn).unwrap();
+        gpu.gelu_tanh_mul(&x, &mut out).unwrap();
+        let got = read_gemm_in(&gpu, &out, t, inter);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let row = &gu[i / inter * 2 * inter..][..2 * inter];
+            let (gate, up) = (row[i % inter], row[inter + i % inter]);
+            let w = match dtype {
+                WeightDtype::Bf16 => half::bf16::from_f32(*w).to_f32(),
+                _ => *w,
+            };
+            let ulp = if dtype == WeightDtype::Bf16 {
+                w.abs() / 128.0
+            } else {
+                0.0
+            };
+            let tol = 1e-6 * (1.0 + gate.abs()) * up.abs() + ulp;
+            assert!(
+                (g - w).abs() <= tol,
+                "{dtype:?} [{i}] gelu({gate}) * {up}: {g} vs {w}"
+            );
+        }
+    }
+    // Rows of an odd width have no [gate | up] halves: refused.
+    let gpu = CudaDevice::new(0, WeightDtype::F32).unwrap();
+    let mut x = gpu.buffer(3, 3, BufKind::F32).unwrap();
+    gpu.upload(&gu[..9], 3, &mut x).unwrap();
+    let mut out = gpu.buffer(3, 1, BufKind::GemmIn).unwrap();
+    assert!(gpu.gelu_tanh_mul(&x, &mut out).is_err());
 }

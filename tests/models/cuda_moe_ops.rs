@@ -6,7 +6,7 @@
 //! router (the logits ranked) and its scaled gather of the experts' input rows.
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
-use crate::common::backends::cuda_usable;
+use crate::common::backends::{cuda_usable, read_gemm_in};
 use hsx::kernels::cuda::CudaDevice;
 use hsx::kernels::device::{BufKind, HostMatrix};
 use hsx::kernels::routing::{GroupedTopK, Routing};
@@ -101,18 +101,6 @@ fn grouped_routing_matches_the_cpu() {
         let (c, g) = (route(&cpu, logits, bias, r), route(&gpu, logits, bias, r));
         assert_same(&c, &g, name);
     }
-}
-
-/// `x` (f32 rows of `h`) read back from a GEMM-input buffer through an identity GEMM.
-fn read_gemm_in<D: Device>(dev: &D, x: &D::Buf, rows: usize, h: usize) -> Vec<f32> {
-    let mut id = vec![0f32; h * h];
-    for i in 0..h {
-        id[i * h + i] = 1.0;
-    }
-    let w = dev.linear(HostMatrix::from_f32(&id, h, h), None).unwrap();
-    let mut out = dev.buffer(rows, h, BufKind::F32).unwrap();
-    dev.matmul(x, &w, &mut out).unwrap();
-    dev.download(&out).unwrap()
 }
 
 #[test]

@@ -15,7 +15,6 @@ use hsx::kernels::Bf16Kernel;
 use hsx::kernels::plan::RECURRENT_BLOCK;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const HIDDEN: usize = 64;
 /// Request r's blocks are r, r + 64, ... (Paging::Hybrid): room for 10 requests of 640 tokens.
 const NUM_BLOCKS: usize = 640;
 const SLOTS: usize = 8;
@@ -45,7 +44,7 @@ fn check(name: &str, dev: Dev) {
             .run_pieces(be.as_mut(), std::slice::from_ref(&ids), 4096, false)
             .remove(0);
         for i in 0..=l {
-            let got = layer_of(&rows, i, l + 1, HIDDEN);
+            let got = layer_of(&rows, i, l + 1, spec.hidden_size);
             let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
             // What a new fixture's bound is measured with.
             if std::env::var_os("HSX_PRINT_ERR").is_some() {
@@ -159,4 +158,6 @@ matrix! {
     llama4 => "llama4",
     llama4_vl => "llama4_vl",
     qwen2_5_vl => "qwen2_5_vl",
+    gemma3 => "gemma3",
+    gemma3_vl => "gemma3_vl",
 }

@@ -90,6 +90,20 @@ const CASES: &[(&str, Expect)] = &[
         "llama-4-scout-17b-16e.json",
         Accepted("Llama4ForCausalLM", 48, Some("*")),
     ),
+    // Every 6th layer full attention, the others a window of 512 (1B) or 1024 keys.
+    (
+        "gemma-3-1b-it.json",
+        Accepted("Gemma3ForCausalLM", 26, None),
+    ),
+    // Their language models, text-only; the text configs name only what differs from the class.
+    (
+        "gemma-3-4b-it.json",
+        Accepted("Gemma3ForCausalLM", 34, None),
+    ),
+    (
+        "gemma-3-27b-it.json",
+        Accepted("Gemma3ForCausalLM", 62, None),
+    ),
 ];
 
 fn dir() -> PathBuf {

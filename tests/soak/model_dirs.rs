@@ -133,6 +133,8 @@ const FIXTURES: &[&str] = &[
     "llama4",
     "llama4_vl",
     "qwen2_5_vl",
+    "gemma3",
+    "gemma3_vl",
 ];
 
 impl Bases {

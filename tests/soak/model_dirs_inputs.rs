@@ -181,6 +181,18 @@ const FIELDS: &[&str] = &[
     "text_config.no_rope_layers",
     "text_config.moe_layers",
     "text_config.attention_chunk_size",
+    "query_pre_attn_scalar",
+    "sliding_window_pattern",
+    "rope_local_base_freq",
+    "hidden_activation",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "use_bidirectional_attention",
+    "rope_parameters.full_attention",
+    "rope_parameters.sliding_attention",
+    "text_config.sliding_window_pattern",
+    "text_config.rope_scaling",
+    "text_config.query_pre_attn_scalar",
 ];
 
 const WORDS: &[&str] = &[
@@ -236,6 +248,9 @@ const WORDS: &[&str] = &[
     "Llama4ForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "gelu_pytorch_tanh",
     "mrope",
     "chunked_attention",
     "per_layer",

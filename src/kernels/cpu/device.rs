@@ -192,14 +192,25 @@ impl Device for CpuDevice {
         Ok(CpuStep { tokens, plan, seqs })
     }
 
-    fn embed(&self, step: &CpuStep<'_>, table: &Linear, out: &mut CpuBuf) -> DevResult<()> {
+    fn embed(
+        &self,
+        step: &CpuStep<'_>,
+        table: &Linear,
+        scale: f32,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
         let h = table.inp;
         // Every element is written below: resizing zeroes only growth. Rows in parallel.
         out.data.resize(step.tokens.len() * h, 0.0);
         out.data
             .par_chunks_mut(h.max(1))
             .zip(step.tokens.par_iter())
-            .for_each(|(row, &t)| table.row_into(t as usize, row));
+            .for_each(|(row, &t)| {
+                table.row_into(t as usize, row);
+                if scale != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+            });
         set(out, h);
         Ok(())
     }
@@ -406,6 +417,13 @@ impl Device for CpuDevice {
     ) -> DevResult<()> {
         let inter = gate_up.width / 2;
         ops::swiglu_clamped(&gate_up.data, inter, alpha_limit, &mut out.data);
+        set(out, inter);
+        Ok(())
+    }
+
+    fn gelu_tanh_mul(&self, gate_up: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+        let inter = gate_up.width / 2;
+        ops::gelu_tanh_mul(&gate_up.data, inter, &mut out.data);
         set(out, inter);
         Ok(())
     }

@@ -91,6 +91,20 @@ pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
     glu_rows(gu, inter, out, super::exp::silu_mul_into);
 }
 
+/// Gemma's GeGLU: `gelu_tanh(gu[t, i]) · gu[t, I + i]` (transformers `gelu_pytorch_tanh`).
+pub fn gelu_tanh_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
+    glu(gu, inter, out, |g, u| gelu_tanh(g) * u);
+}
+
+/// torch's tanh-approximated GELU in f32, its order of operations:
+/// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * (x * x * x));
+    0.5 * x * (1.0 + inner.tanh())
+}
+
 /// gpt-oss's clamped SwiGLU (transformers `GptOssExperts._apply_gate`, in f32):
 /// `(clamp(u, -limit, limit) + 1) · g · sigmoid(alpha · g)` with `g = min(gate, limit)`.
 pub fn swiglu_clamped(gu: &[f32], inter: usize, (alpha, limit): (f32, f32), out: &mut Vec<f32>) {
@@ -232,6 +246,37 @@ fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
 mod tests {
     use super::*;
     use crate::kernels::dtype::RopeScaling;
+
+    /// torch 2.15's `gelu(x, approximate="tanh")` in f32 (printed from torch; a GELU of erf or
+    /// another constant is off by ~1e-4 at 1): within a few ulps of tanh (cancellation in
+    /// `1 + tanh` where x < 0 scales them by |x|).
+    #[test]
+    fn gelu_tanh_matches_torch() {
+        let torch = [
+            (-20.0f32, -0.0f32),
+            (-5.0, -2.980_232_2e-7),
+            (-3.0, -0.003_637_433),
+            (-1.5, -0.100_428_43),
+            (-0.5, -0.154_286),
+            (-1e-3, -0.000_499_601_07),
+            (0.0, 0.0),
+            (0.25, 0.149_675_35),
+            (1.0, 0.841_192),
+            (2.5, 2.484_915_7),
+            (7.0, 7.0),
+            (30.0, 30.0),
+        ];
+        for (x, want) in torch {
+            let got = gelu_tanh(x);
+            assert!(
+                (got - want).abs() <= 2e-7 * (1.0 + x.abs()),
+                "{x}: {got} vs {want}"
+            );
+        }
+        let mut out = Vec::new();
+        gelu_tanh_mul(&[1.0, -0.5, 2.0, 4.0], 2, &mut out);
+        assert_eq!(out, [gelu_tanh(1.0) * 2.0, gelu_tanh(-0.5) * 4.0]);
+    }
 
     // The separate passes `split_qkv` fuses, as they ran before it.
     /// In-place RMSNorm of every `w.len()`-wide row (Qwen3 per-head q/k norm).

@@ -212,12 +212,23 @@ impl Device for CudaDevice {
         Ok(CudaStep::new(dev_plan, dev_seqs))
     }
 
-    fn embed(&self, step: &CudaStep<'_>, table: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {
+    fn embed(
+        &self,
+        step: &CudaStep<'_>,
+        table: &CudaLinear,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
         let t = step.plan.num_tokens;
         out.f32("embed")?;
         out.set(t, table.w.cols, "embed")?;
         let tokens = step.plan.tokens.ptr();
-        Ok(ops::embed(&self.gpu, tokens, &table.w, out.ptr(), t)?)
+        Ok(ops::embed(
+            &self.gpu,
+            (tokens, &table.w, scale),
+            out.ptr(),
+            t,
+        )?)
     }
 
     fn matmul(&self, x: &CudaBuf, w: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {
@@ -384,6 +395,22 @@ impl Device for CudaDevice {
         let (g, dt) = (&self.gpu, out.dtype());
         let io = (gate_up.ptr(), out.ptr());
         Ok(ops::swiglu_clamped(g, io, dt, (rows, inter), alpha_limit)?)
+    }
+
+    fn gelu_tanh_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
+        gate_up.f32("gelu_tanh_mul input")?;
+        if !gate_up.width().is_multiple_of(2) {
+            return invalid(format!("gelu_tanh_mul over {}-wide rows", gate_up.width()));
+        }
+        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
+        out.set(rows, inter, "gelu_tanh_mul")?;
+        let (g, dt) = (&self.gpu, out.dtype());
+        Ok(ops::gelu_tanh_mul(
+            g,
+            (gate_up.ptr(), out.ptr()),
+            dt,
+            (rows, inter),
+        )?)
     }
 
     fn relu2(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {

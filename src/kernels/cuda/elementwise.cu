@@ -1,4 +1,4 @@
-// Element-wise kernels: SwiGLU on stacked gate/up rows, bias add, residual add, casts.
+// Element-wise kernels: SwiGLU / GeGLU on stacked gate/up rows, bias add, residual add, casts.
 // Launch (all): grid (ceil(total / 256)), block (256) unless noted; `total` is a long long.
 
 // Gated activations on stacked [gate | up] rows: out[t, i] = f(gu[t, i], gu[t, inter + i])
@@ -35,6 +35,28 @@ extern "C" __global__ void silu_mul_bf16(const float* gu, bf16_t* out, int inter
 }
 extern "C" __global__ void silu_mul_f16(const float* gu, f16_t* out, int inter) {
     silu_mul_t<f16_t>(gu, out, inter);
+}
+
+// Gemma's GeGLU: gelu_tanh(g) * u, torch's tanh-approximated GELU in its order of operations
+// (src/kernels/cpu/ops.rs::gelu_tanh): 0.5 * x * (1 + tanh(beta * (x + kappa * x^3))).
+template <typename OUT>
+__device__ void gelu_tanh_mul_t(const float* gu, OUT* out, int inter) {
+    glu_rows<OUT>(gu, out, inter, [](float g, float u) {
+        const float beta = 0.7978845608028654f;  // sqrt(2) * (2 / sqrt(pi)) * 0.5
+        const float cube = __fmul_rn(__fmul_rn(g, g), g);
+        const float inner = __fmul_rn(beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
+        const float gelu = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
+        return __fmul_rn(gelu, u);
+    });
+}
+extern "C" __global__ void gelu_tanh_mul_f32(const float* gu, float* out, int inter) {
+    gelu_tanh_mul_t<float>(gu, out, inter);
+}
+extern "C" __global__ void gelu_tanh_mul_bf16(const float* gu, bf16_t* out, int inter) {
+    gelu_tanh_mul_t<bf16_t>(gu, out, inter);
+}
+extern "C" __global__ void gelu_tanh_mul_f16(const float* gu, f16_t* out, int inter) {
+    gelu_tanh_mul_t<f16_t>(gu, out, inter);
 }
 
 // gpt-oss's experts (transformers GptOssExperts._apply_gate):

@@ -1,26 +1,29 @@
 // The two ends of a model: embedding gather (layer id 0) and the greedy pick of the LM head.
 
-// x[t] = f32(table[tokens[t]]): table [vocab, hidden] in the weight dtype, x [T, hidden] f32.
+// x[t] = f32(table[tokens[t]]) * scale: table [vocab, hidden] in the weight dtype, x [T, hidden]
+// f32; scale is Gemma's sqrt(hidden), 1 (no bit changed) for the other models.
 // Token ids are range-checked on the host before the launch (BatchPlan), never here.
 // Launch: grid (T), block (256).
 template <typename W>
-__device__ void embed_t(const unsigned int* tokens, const W* table, float* x, int hidden) {
+__device__ void embed_t(const unsigned int* tokens, const W* table, float* x, int hidden,
+                        float scale) {
     const size_t t = blockIdx.x;
     const W* src = table + (size_t)tokens[t] * hidden;
     float* dst = x + t * hidden;
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = to_f32(src[j]);
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        dst[j] = __fmul_rn(to_f32(src[j]), scale);
 }
 extern "C" __global__ void embed_f32(const unsigned int* tokens, const float* table, float* x,
-                                     int hidden) {
-    embed_t<float>(tokens, table, x, hidden);
+                                     int hidden, float scale) {
+    embed_t<float>(tokens, table, x, hidden, scale);
 }
 extern "C" __global__ void embed_bf16(const unsigned int* tokens, const bf16_t* table, float* x,
-                                      int hidden) {
-    embed_t<bf16_t>(tokens, table, x, hidden);
+                                      int hidden, float scale) {
+    embed_t<bf16_t>(tokens, table, x, hidden, scale);
 }
 extern "C" __global__ void embed_f16(const unsigned int* tokens, const f16_t* table, float* x,
-                                     int hidden) {
-    embed_t<f16_t>(tokens, table, x, hidden);
+                                     int hidden, float scale) {
+    embed_t<f16_t>(tokens, table, x, hidden, scale);
 }
 
 // out[i] = x[rows[i]] for [*, hidden] f32 rows (the last token of each sampled chunk).

@@ -296,6 +296,7 @@ mod tests {
                 "add_rms_norm",
                 "silu_mul",
                 "swiglu_clamped",
+                "gelu_tanh_mul",
                 "embed",
                 "kv_write",
                 "attn_gate",

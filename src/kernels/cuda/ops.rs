@@ -197,6 +197,22 @@ pub fn swiglu_clamped(
     launch!(gpu, &name => "swiglu_clamped_f32", cfg, gu, out, inter, alpha, limit)
 }
 
+/// Gemma's GeGLU of `gu` `[rows, 2 · inter]` (f32) into `out` (`dtype`).
+pub fn gelu_tanh_mul(
+    gpu: &Gpu,
+    (gu, out): (u64, u64),
+    dtype: WeightDtype,
+    (rows, inter): (usize, usize),
+) -> CudaResult<()> {
+    if rows * inter == 0 {
+        return Ok(());
+    }
+    let name = format!("gelu_tanh_mul_{}", suffix(dtype));
+    let cfg = row_tiles_cfg(rows, inter, GLU_COLS_PER_BLOCK)?;
+    let inter = i32_of(inter, "intermediate")?;
+    launch!(gpu, &name => "gelu_tanh_mul_f32", cfg, gu, out, inter)
+}
+
 /// Columns per block of the gated activations (`glu_rows` in elementwise.cu: 256 threads ×
 /// GLU_COLS 4).
 const GLU_COLS_PER_BLOCK: usize = 1024;
@@ -256,7 +272,12 @@ pub fn copy_f32(gpu: &Gpu, src: u64, dst: u64, total: usize) -> CudaResult<()> {
 
 /// `x[t] = table[tokens[t]]` (f32) for `t < rows`; token ids (device, u32) must have been
 /// range-checked on the host.
-pub fn embed(gpu: &Gpu, tokens: u64, table: &DevWeight, x: u64, rows: usize) -> CudaResult<()> {
+pub fn embed(
+    gpu: &Gpu,
+    (tokens, table, scale): (u64, &DevWeight, f32),
+    x: u64,
+    rows: usize,
+) -> CudaResult<()> {
     if rows == 0 {
         return Ok(());
     }
@@ -269,7 +290,8 @@ pub fn embed(gpu: &Gpu, tokens: u64, table: &DevWeight, x: u64, rows: usize) -> 
         tokens,
         table.data.ptr(),
         x,
-        hidden
+        hidden,
+        scale
     )
 }
 

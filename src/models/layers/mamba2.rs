@@ -48,6 +48,7 @@ impl<D: Device> Mamba2<D> {
             act: inner,
             aux: 0,
             moe: None,
+            post_norm: false,
         }
     }
 

@@ -1,5 +1,6 @@
-//! The dense MLPs: SwiGLU `down(silu(gate(x)) · up(x))` (gate and up stacked into one
-//! projection) and Nemotron-H's `down(relu(up(x))²)`.
+//! The dense MLPs: SwiGLU `down(silu(gate(x)) · up(x))` and Gemma's GeGLU
+//! `down(gelu_tanh(gate(x)) · up(x))` (gate and up stacked into one projection), and
+//! Nemotron-H's `down(relu(up(x))²)`.
 
 use super::{Scratch, Widths};
 use crate::kernels::Device;
@@ -9,6 +10,8 @@ use crate::kernels::device::DevResult;
 pub enum Activation {
     /// The first projection is `[gate | up]`.
     SwiGlu,
+    /// The first projection is `[gate | up]`.
+    GeluTanhGlu,
     Relu2,
 }
 
@@ -22,7 +25,7 @@ pub struct Mlp<D: Device> {
 impl<D: Device> Mlp<D> {
     fn wide(&self) -> usize {
         match self.act {
-            Activation::SwiGlu => 2 * self.inter,
+            Activation::SwiGlu | Activation::GeluTanhGlu => 2 * self.inter,
             Activation::Relu2 => self.inter,
         }
     }
@@ -45,6 +48,11 @@ impl<D: Device> Mlp<D> {
     ) -> DevResult<()> {
         match self.act {
             Activation::SwiGlu => dev.swiglu_mlp(x, (&self.up, &self.down), (wide, act), out),
+            Activation::GeluTanhGlu => {
+                dev.matmul(x, &self.up, wide)?;
+                dev.gelu_tanh_mul(wide, act)?;
+                dev.matmul(act, &self.down, out)
+            }
             Activation::Relu2 => {
                 dev.matmul(x, &self.up, wide)?;
                 dev.relu2(wide, act)?;

@@ -126,10 +126,23 @@ impl<D: Device> Sublayer<D> {
     }
 }
 
-/// `x += sublayer(norm(x))`.
+/// `x += sublayer(norm(x))`, or with a post-norm (Gemma's sandwich)
+/// `x += post_norm(sublayer(norm(x)))`.
 pub struct Part<D: Device> {
     pub norm: D::Vector,
     pub sublayer: Sublayer<D>,
+    pub post_norm: Option<D::Vector>,
+}
+
+impl<D: Device> Part<D> {
+    /// `x += sublayer(norm(x))`.
+    pub fn new(norm: D::Vector, sublayer: Sublayer<D>) -> Self {
+        Self {
+            norm,
+            sublayer,
+            post_norm: None,
+        }
+    }
 }
 
 /// One decoder layer (a layer id): its parts in order.
@@ -152,6 +165,8 @@ pub struct Widths {
     pub aux: usize,
     /// MoE: (experts, top_k, expert intermediate size).
     pub moe: Option<(usize, usize, usize)>,
+    /// Some part norms its sublayer's output (Gemma): a second `[T, hidden]` f32 buffer.
+    pub post_norm: bool,
 }
 
 impl Widths {
@@ -167,13 +182,17 @@ impl Widths {
             act: self.act.max(o.act),
             aux: self.aux.max(o.aux),
             moe,
+            post_norm: self.post_norm || o.post_norm,
         }
     }
 
     /// The widths every layer of `layers` fits in.
-    pub fn of(layers: &[Layer<impl Device>]) -> Widths {
-        (layers.iter().flat_map(|l| &l.parts))
-            .fold(Widths::default(), |w, p| w.max(p.sublayer.widths()))
+    pub fn of<D: Device>(layers: &[Layer<D>]) -> Widths {
+        let part = |p: &Part<D>| Widths {
+            post_norm: p.post_norm.is_some(),
+            ..p.sublayer.widths()
+        };
+        (layers.iter().flat_map(|l| &l.parts)).fold(Widths::default(), |w, p| w.max(part(p)))
     }
 }
 
@@ -184,6 +203,8 @@ pub struct Scratch<D: Device> {
     pub normed: D::Buf,
     /// A sublayer's output `[T, hidden]`, f32.
     pub proj: D::Buf,
+    /// `proj` post-normed (swapped into `proj`; only for models with post-norms), f32.
+    pub post: Option<D::Buf>,
     pub wide: D::Buf,
     pub conv: D::Buf,
     pub mid: D::Buf,
@@ -234,6 +255,10 @@ impl<D: Device> Scratch<D> {
             x: dev.buffer(t, hidden, F32)?,
             normed: dev.buffer(t, hidden, GemmIn)?,
             proj: dev.buffer(t, hidden, F32)?,
+            post: match w.post_norm {
+                true => Some(dev.buffer(t, hidden, F32)?),
+                false => None,
+            },
             wide: dev.buffer(t, w.wide, F32)?,
             conv: dev.buffer(t, w.conv, F32)?,
             mid: dev.buffer(t, w.mid, F32)?,

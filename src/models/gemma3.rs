@@ -1,0 +1,154 @@
+//! Gemma-3 (`Gemma3ForCausalLM`; the language model of `Gemma3ForConditionalGeneration`
+//! exports, whose `language_model.model.*` / `model.language_model.*` answer to `model.*`:
+//! `Weights`). Per layer, each sublayer between two `(1 + w)` RMSNorms (Gemma's sandwich):
+//! `x += post_attention_layernorm(attention(input_layernorm(x)))`, then
+//! `x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`. The attention has
+//! per-head `(1 + w)` q/k norms, scores scaled by `query_pre_attn_scalar^-½`, and per layer a
+//! sliding window with the local RoPE or full attention with the global one; the MLP is a
+//! GeGLU. The embedding rows are scaled by `√hidden` rounded to the weights' dtype (the LM head
+//! is the unscaled, tied embedding).
+
+use super::decoder::Decoder;
+use super::dense::attention_of;
+use super::layers::mlp::Activation;
+use super::layers::{AttnVariant, Layer, Loader, Mlp, Part, Sublayer, one_plus};
+use super::{Gemma3Spec, ModelError, ModelSpec, WeightDtype};
+use crate::kernels::Device;
+use crate::kernels::rope::Rope;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    let g = spec.gemma3.clone().ok_or_else(|| {
+        ModelError::InvalidOptions("Gemma3ForCausalLM spec without its layer kinds".into())
+    })?;
+    let (v, h) = (spec.vocab_size, spec.hidden_size);
+    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let layers = (0..spec.num_layers)
+        .map(|i| load_layer(ld, &spec, &g, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let final_norm = norm(ld, "model.norm", h)?;
+    let lm_head = ld.lm_head(&spec)?;
+    Ok(Decoder {
+        embed_scale: embed_scale(h, spec.dtype),
+        spec,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+/// transformers' `Gemma3TextScaledWordEmbedding`: `hidden ** 0.5` as an f32 tensor, cast to the
+/// embedding's dtype before it multiplies the rows.
+pub fn embed_scale(hidden: usize, dtype: WeightDtype) -> f32 {
+    let scale = (hidden as f64).sqrt() as f32;
+    match dtype {
+        WeightDtype::F32 => scale,
+        WeightDtype::Bf16 => half::bf16::from_f32(scale).to_f32(),
+        WeightDtype::F16 => half::f16::from_f32(scale).to_f32(),
+    }
+}
+
+/// A Gemma RMSNorm's `(1 + w)` (`{name}.weight`, `n` values).
+fn norm<D: Device>(ld: &Loader<'_, D>, name: &str, n: usize) -> Result<D::Vector, ModelError> {
+    Ok(ld
+        .dev
+        .vector(&one_plus(ld.f32s(&format!("{name}.weight"), &[n])?))?)
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &Gemma3Spec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let h = spec.hidden_size;
+    let part = |pre: &str, sublayer, post: &str| {
+        Ok::<_, ModelError>(Part {
+            norm: norm(ld, &format!("{p}.{pre}"), h)?,
+            sublayer,
+            post_norm: Some(norm(ld, &format!("{p}.{post}"), h)?),
+        })
+    };
+    let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
+    let mlp = Sublayer::Mlp(load_mlp(ld, spec, &p)?);
+    Ok(Layer {
+        parts: vec![
+            part("input_layernorm", attention, "post_attention_layernorm")?,
+            part(
+                "pre_feedforward_layernorm",
+                mlp,
+                "post_feedforward_layernorm",
+            )?,
+        ],
+    })
+}
+
+/// Layer `i`'s attention: a sliding window and the local RoPE, or full with the global one.
+fn load_attention<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &Gemma3Spec,
+    i: usize,
+) -> Result<super::layers::Attention<D>, ModelError> {
+    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
+    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let parts = [
+        (attn("q_proj"), qd),
+        (attn("k_proj"), kvd),
+        (attn("v_proj"), kvd),
+    ];
+    let qkv = ld.linear(&parts, h, spec.qkv_bias)?;
+    let qk_norm = Some((
+        norm(ld, &attn("q_norm"), hd)?,
+        norm(ld, &attn("k_norm"), hd)?,
+    ));
+    let sliding = g.sliding[i];
+    let (theta, scaling) = match sliding {
+        true => g.local_rope,
+        false => (spec.rope_theta, spec.rope_scaling),
+    };
+    let rope = Some((ld.dev.rope_table(&Rope::new(hd, theta, scaling))?, hd));
+    let variant = AttnVariant {
+        window: sliding.then_some(g.window),
+        score_factor: g.score_factor,
+        ..AttnVariant::causal()
+    };
+    attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
+}
+
+/// Layer `p`'s GeGLU MLP (`{p}.mlp.{gate,up,down}_proj`).
+fn load_mlp<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+) -> Result<Mlp<D>, ModelError> {
+    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
+    let mlp = |n: &str| format!("{p}.mlp.{n}");
+    Ok(Mlp {
+        up: ld.linear(
+            &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
+            h,
+            false,
+        )?,
+        down: ld.linear1(&mlp("down_proj"), h, inter, false)?,
+        act: Activation::GeluTanhGlu,
+        inter,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// √hidden as transformers' buffer holds it: f32, then the weights' dtype.
+    #[test]
+    fn embed_scale_is_rounded_to_the_weights_dtype() {
+        assert_eq!(embed_scale(1152, WeightDtype::F32), 33.941124);
+        assert_eq!(embed_scale(1152, WeightDtype::Bf16), 34.0);
+        assert_eq!(embed_scale(2560, WeightDtype::Bf16), 50.5);
+        assert_eq!(embed_scale(2560, WeightDtype::F16), 50.59375);
+        assert_eq!(embed_scale(64, WeightDtype::Bf16), 8.0);
+    }
+}

@@ -1,0 +1,190 @@
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::super::{Architecture, ModelSpec, released_config};
+use super::*;
+
+fn parse(v: &Value) -> Result<ModelSpec, String> {
+    ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
+}
+
+fn gemma3(s: &ModelSpec) -> &Gemma3Spec {
+    s.gemma3.as_ref().unwrap()
+}
+
+/// Full attention every 6th layer (transformers' `sliding_window_pattern` default).
+fn every_sixth_full(layers: usize) -> Vec<bool> {
+    (0..layers).map(|i| (i + 1) % 6 != 0).collect()
+}
+
+#[test]
+fn gemma_3_1b_as_released() {
+    let s = parse(&released_config("gemma-3-1b-it.json")).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma3);
+    let dims = (
+        s.hidden_size,
+        s.num_layers,
+        s.num_heads,
+        s.num_kv_heads,
+        s.head_dim,
+    );
+    assert_eq!(dims, (1152, 26, 4, 1, 256));
+    assert_eq!((s.intermediate_size, s.vocab_size), (6912, 262_144));
+    assert_eq!((s.rope_theta, s.rope_scaling), (1e6, RopeScaling::None));
+    assert_eq!((s.qk_norm, s.tie_word_embeddings), (QkNorm::PerHead, true));
+    assert_eq!((s.qkv_bias, s.o_bias, s.mlp_bias), (false, false, false));
+    assert_eq!((s.dtype, s.sliding_window), (WeightDtype::Bf16, None));
+    let g = gemma3(&s);
+    assert_eq!(g.sliding, every_sixth_full(26));
+    assert_eq!((g.window, g.local_rope), (512, (1e4, RopeScaling::None)));
+    assert_eq!(g.score_factor, 1.0);
+}
+
+/// The released multimodal configs write a sparse text config: the rest is the class's.
+#[test]
+fn gemma_3_4b_and_27b_exports_fill_the_class_defaults() {
+    let s = parse(&released_config("gemma-3-4b-it.json")).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma3);
+    let dims = (
+        s.hidden_size,
+        s.num_layers,
+        s.num_heads,
+        s.num_kv_heads,
+        s.head_dim,
+    );
+    assert_eq!(dims, (2560, 34, 8, 4, 256));
+    assert_eq!(
+        (s.vocab_size, s.max_position_embeddings),
+        (262_208, 131_072)
+    );
+    assert_eq!(s.rope_theta, 1e6);
+    assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((s.rms_norm_eps, s.dtype), (1e-6, WeightDtype::Bf16));
+    // Gemma3Config ties by default; the release names no tie.
+    assert!(s.tie_word_embeddings);
+    let g = gemma3(&s);
+    assert_eq!(g.sliding, every_sixth_full(34));
+    assert_eq!((g.window, g.local_rope), (1024, (1e4, RopeScaling::None)));
+
+    let s = parse(&released_config("gemma-3-27b-it.json")).unwrap();
+    let dims = (
+        s.hidden_size,
+        s.num_layers,
+        s.num_heads,
+        s.num_kv_heads,
+        s.head_dim,
+    );
+    assert_eq!(dims, (5376, 62, 32, 16, 128));
+    // Scores scaled by 168^-½, not head_dim^-½.
+    let scale = (s.head_dim as f64).powf(-0.5) * gemma3(&s).score_factor;
+    assert!((scale - 168f64.powf(-0.5)).abs() < 1e-15, "{scale}");
+}
+
+/// transformers 5 saves `layer_types` and `rope_parameters` per layer type.
+#[test]
+fn transformers_5_fields() {
+    let cfg = json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "sliding_window_pattern": 2,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 2e4},
+        },
+    });
+    let s = parse(&cfg).unwrap();
+    assert_eq!(
+        (s.rope_theta, s.rope_scaling),
+        (5e5, RopeScaling::Linear { factor: 4.0 })
+    );
+    let g = gemma3(&s);
+    // `layer_types` wins over the older pattern.
+    assert_eq!(g.sliding, [false, true, false]);
+    assert_eq!(g.local_rope, (2e4, RopeScaling::None));
+    // A layer type's missing entry: its default RoPE at the top-level or class theta.
+    let mut cfg = cfg;
+    cfg["rope_parameters"] = json!({"full_attention": {"rope_type": "default"}});
+    let s = parse(&cfg).unwrap();
+    assert_eq!((s.rope_theta, gemma3(&s).local_rope.0), (1e6, 1e4));
+}
+
+#[test]
+fn export_tie_follows_the_top_level_else_the_class() {
+    let mut cfg = released_config("gemma-3-4b-it.json");
+    cfg["tie_word_embeddings"] = json!(false);
+    assert!(!parse(&cfg).unwrap().tie_word_embeddings);
+    // The text config's own flag is not the export's.
+    let mut cfg = released_config("gemma-3-4b-it.json");
+    cfg["text_config"]["tie_word_embeddings"] = json!(false);
+    assert!(parse(&cfg).unwrap().tie_word_embeddings);
+}
+
+#[test]
+fn what_hsx_does_not_run_is_refused_by_name() {
+    let base = released_config("gemma-3-1b-it.json");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("attn_logit_softcapping", json!(50.0), "soft-capping"),
+        ("use_bidirectional_attention", json!(true), "bidirectional"),
+        (
+            "hidden_activation",
+            json!("gelu"),
+            "hidden_activation `gelu`",
+        ),
+        ("hidden_activation", json!(3), "hidden_activation"),
+        ("sliding_window", json!(0), "sliding_window"),
+        ("sliding_window_pattern", json!(0), "sliding_window_pattern"),
+        ("query_pre_attn_scalar", json!(0), "query_pre_attn_scalar"),
+        (
+            "query_pre_attn_scalar",
+            json!(-4.0),
+            "query_pre_attn_scalar",
+        ),
+        ("layer_types", json!(["full_attention"]), "26 layer types"),
+        (
+            "layer_types",
+            json!(vec!["chunked_attention"; 26]),
+            "chunked_attention",
+        ),
+        (
+            "rope_scaling",
+            json!({"rope_type": "dynamic", "factor": 2.0}),
+            "`dynamic`",
+        ),
+        (
+            "rope_scaling",
+            json!({"rope_type": "linear"}),
+            "rope_scaling.factor",
+        ),
+        (
+            "rope_scaling",
+            json!({"rope_type": "linear", "factor": 0}),
+            "rope_scaling.factor",
+        ),
+        (
+            "rope_parameters",
+            json!({"rope_type": "default"}),
+            "full_attention",
+        ),
+        ("rope_parameters", json!([1]), "rope_parameters"),
+        (
+            "rope_parameters",
+            json!({"sliding_attention": {"rope_type": "yarn"}}),
+            "rope_parameters.sliding_attention",
+        ),
+        ("num_hidden_layers", json!(1u64 << 20), "num_hidden_layers"),
+    ];
+    for (field, v, want) in cases {
+        let mut cfg = base.clone();
+        cfg[field] = v;
+        let err = parse(&cfg).unwrap_err();
+        assert!(err.contains(want), "{field}: {err}");
+    }
+    // final_logit_softcapping shapes the logits only (not the hidden states; the argmax
+    // keeps its order): accepted. So is a `hidden_act`, which the class ignores.
+    let mut cfg = base;
+    cfg["final_logit_softcapping"] = json!(30.0);
+    cfg["hidden_act"] = json!("silu");
+    assert!(parse(&cfg).is_ok());
+}
