@@ -1,8 +1,10 @@
 //! [`Decoder`]: what every architecture loads into — the embedding, the decoder layers, the
 //! final norm and the LM head — and the residual stream every architecture runs:
-//! `x = embed(tokens)` (layer id 0); per part `x += sublayer(norm(x))`, the add fused into the
-//! next part's norm (exact in f32), so the row captured as id `i` is the residual stream after
-//! `i` layers; id L is the last layer's output before the final norm (DESIGN.md §1.1).
+//! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's); per part
+//! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
+//! `x += post_norm(sublayer(norm(x)))` — the add fused into the next part's norm (exact in
+//! f32), so the row captured as id `i` is the residual stream after `i` layers; id L is the
+//! last layer's output before the final norm (DESIGN.md §1.1).
 
 use super::ModelSpec;
 use super::layers::{Ctx, Layer, Sublayer, Widths};

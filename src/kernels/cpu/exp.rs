@@ -1,6 +1,8 @@
 //! A fixed `exp` polynomial for `x <= 0` ([`exp_neg`]) on 1, 8 and 16 lanes with the same
-//! operations per lane (so every CPU path gives the same bits), and `silu(g) · u` built on it
-//! ([`silu_mul_into`]: the SwiGLU of the MLPs and of the AMX GEMM's fused epilogue).
+//! operations per lane (so every CPU path gives the same bits), and the gated activations built
+//! on it as `x · sigmoid(s) · u`: `silu(g) · u` ([`silu_mul_into`]: the SwiGLU of the MLPs and
+//! of the AMX GEMM's fused epilogue; `s = x = g`) and Gemma's tanh GELU ([`gelu_tanh_mul_into`]:
+//! `0.5 · x · (1 + tanh(z))` is `x · sigmoid(2z)`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -93,18 +95,48 @@ pub fn exp_neg_avx512(x: __m512) -> __m512 {
     _mm512_scalef_ps(y, n)
 }
 
-/// `silu(g) · u` on one lane: `g · sigmoid(g) · u`, with `sigmoid` from `e = exp(-|g|)`
-/// (`1 / (1 + e)` for `g >= 0`, else `e / (1 + e)`: no overflow).
+/// `x · sigmoid(s) · u` on one lane, `sigmoid` from `e = exp(-|s|)` (`1 / (1 + e)` for
+/// `s >= 0`, else `e / (1 + e)`: no overflow).
+#[inline(always)]
+fn sigmoid_gate(x: f32, s: f32, u: f32) -> f32 {
+    let e = exp_neg(-s.abs());
+    let num = if s >= 0.0 { 1.0 } else { e };
+    (x * (num / (1.0 + e))) * u
+}
+
+/// `silu(g) · u` on one lane: `g · sigmoid(g) · u`.
 #[inline(always)]
 pub fn silu_times(g: f32, u: f32) -> f32 {
-    let e = exp_neg(-g.abs());
-    let num = if g >= 0.0 { 1.0 } else { e };
-    (g * (num / (1.0 + e))) * u
+    sigmoid_gate(g, g, u)
+}
+
+/// `2 · √(2/π)` and `0.044715` of the tanh GELU.
+const GELU_2BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI) as f32;
+const GELU_KAPPA: f32 = 0.044715;
+
+/// torch's tanh-approximated GELU times `u` on one lane: `0.5 · x · (1 + tanh(z))` with
+/// `z = √(2/π) · (x + 0.044715 · x³)`, computed as the same function `x · sigmoid(2z)` (no
+/// cancellation in `1 + tanh(z)` where `x < 0`).
+#[inline(always)]
+pub fn gelu_tanh_times(x: f32, u: f32) -> f32 {
+    let s = GELU_2BETA * (x + GELU_KAPPA * (x * x * x));
+    sigmoid_gate(x, s, u)
 }
 
 /// `out[i] = silu_times(g[i], u[i])`, 16 lanes at a time on AVX-512, 8 on AVX2 + FMA: the
 /// same bits on every path.
 pub fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    gate_into::<false>(g, u, out);
+}
+
+/// `out[i] = gelu_tanh_times(g[i], u[i])`, on the lanes of [`silu_mul_into`]: the same bits on
+/// every path.
+pub fn gelu_tanh_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    gate_into::<true>(g, u, out);
+}
+
+/// [`silu_times`] (or, `GELU`, [`gelu_tanh_times`]) of every lane.
+fn gate_into<const GELU: bool>(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len().min(g.len()).min(u.len());
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
@@ -113,7 +145,7 @@ pub fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
             // SAFETY: AVX-512F present; 16 lanes at i + 16 <= n.
             while i + 16 <= n {
                 unsafe {
-                    silu16(
+                    gate16::<GELU>(
                         g.as_ptr().add(i),
                         u.as_ptr().add(i),
                         out.as_mut_ptr().add(i),
@@ -126,7 +158,7 @@ pub fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
             // SAFETY: AVX2 + FMA present; 8 lanes at i + 8 <= n.
             while i + 8 <= n {
                 unsafe {
-                    silu8(
+                    gate8::<GELU>(
                         g.as_ptr().add(i),
                         u.as_ptr().add(i),
                         out.as_mut_ptr().add(i),
@@ -137,7 +169,10 @@ pub fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
         }
     }
     for j in i..n {
-        out[j] = silu_times(g[j], u[j]);
+        out[j] = match GELU {
+            true => gelu_tanh_times(g[j], u[j]),
+            false => silu_times(g[j], u[j]),
+        };
     }
 }
 
@@ -177,17 +212,36 @@ pub fn silu_inplace(x: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn silu16(g: *const f32, u: *const f32, out: *mut f32) {
     // SAFETY: (caller).
+    unsafe { gate16::<false>(g, u, out) }
+}
+
+/// [`silu_times`] (or, `GELU`, [`gelu_tanh_times`]) on 16 lanes: the scalar's operations.
+///
+/// # Safety
+/// AVX-512F present; 16 floats at each pointer.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gate16<const GELU: bool>(g: *const f32, u: *const f32, out: *mut f32) {
+    // SAFETY: (caller).
     unsafe {
-        let (g, u) = (_mm512_loadu_ps(g), _mm512_loadu_ps(u));
+        let (x, u) = (_mm512_loadu_ps(g), _mm512_loadu_ps(u));
+        let s = match GELU {
+            true => {
+                let cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+                let inner = _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(GELU_KAPPA), cube));
+                _mm512_mul_ps(_mm512_set1_ps(GELU_2BETA), inner)
+            }
+            false => x,
+        };
         let abs = _mm512_castsi512_ps(_mm512_and_si512(
-            _mm512_castps_si512(g),
+            _mm512_castps_si512(s),
             _mm512_set1_epi32(0x7fff_ffff),
         ));
         let e = exp_neg_avx512(_mm512_sub_ps(_mm512_setzero_ps(), abs));
-        let pos = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(g, _mm512_setzero_ps());
+        let pos = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(s, _mm512_setzero_ps());
         let num = _mm512_mask_blend_ps(pos, e, _mm512_set1_ps(1.0));
-        let s = _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0), e));
-        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mul_ps(g, s), u));
+        let sig = _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mul_ps(x, sig), u));
     }
 }
 
@@ -199,14 +253,33 @@ pub(crate) unsafe fn silu16(g: *const f32, u: *const f32, out: *mut f32) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn silu8(g: *const f32, u: *const f32, out: *mut f32) {
     // SAFETY: (caller).
+    unsafe { gate8::<false>(g, u, out) }
+}
+
+/// [`silu_times`] (or, `GELU`, [`gelu_tanh_times`]) on 8 lanes: the scalar's operations.
+///
+/// # Safety
+/// AVX2 and FMA present; 8 floats at each pointer.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gate8<const GELU: bool>(g: *const f32, u: *const f32, out: *mut f32) {
+    // SAFETY: (caller).
     unsafe {
-        let (g, u) = (_mm256_loadu_ps(g), _mm256_loadu_ps(u));
-        let abs = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+        let (x, u) = (_mm256_loadu_ps(g), _mm256_loadu_ps(u));
+        let s = match GELU {
+            true => {
+                let cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(GELU_KAPPA), cube));
+                _mm256_mul_ps(_mm256_set1_ps(GELU_2BETA), inner)
+            }
+            false => x,
+        };
+        let abs = _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
         let e = exp_neg_avx2(_mm256_sub_ps(_mm256_setzero_ps(), abs));
-        let pos = _mm256_cmp_ps::<_CMP_GE_OQ>(g, _mm256_setzero_ps());
+        let pos = _mm256_cmp_ps::<_CMP_GE_OQ>(s, _mm256_setzero_ps());
         let num = _mm256_blendv_ps(e, _mm256_set1_ps(1.0), pos);
-        let s = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0), e));
-        _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(g, s), u));
+        let sig = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(x, sig), u));
     }
 }
 
@@ -242,6 +315,33 @@ mod tests {
             };
             for (xi, g) in x.iter().zip(got) {
                 assert_eq!(g.to_bits(), exp_neg(*xi).to_bits(), "exp_neg({xi})");
+            }
+        }
+    }
+
+    /// Every lane path gives the scalar's bits, and gelu_tanh · u is within a few ulps of f64
+    /// (relative to |x| · |u|: the sigmoid form has no cancellation below zero).
+    #[test]
+    fn gelu_tanh_mul_paths_agree_and_are_accurate() {
+        let g: Vec<f32> = (0..1000)
+            .map(|i| (i as f32 - 500.0) * 0.0517)
+            .chain([0.0, -0.0, 30.0, -30.0, 1e4, -1e4, f32::NAN])
+            .collect();
+        let u: Vec<f32> = g.iter().map(|x| 1.0 - x * 0.01).collect();
+        let mut out = vec![0.0; g.len()];
+        gelu_tanh_mul_into(&g, &u, &mut out);
+        for ((&x, &ui), &o) in g.iter().zip(&u).zip(&out) {
+            let s = gelu_tanh_times(x, ui);
+            assert!(
+                s.to_bits() == o.to_bits() || (s.is_nan() && o.is_nan()),
+                "{x}: {o} vs {s}"
+            );
+            if x.is_finite() {
+                let xd = x as f64;
+                let z = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3));
+                let want = 0.5 * xd * (1.0 + z.tanh()) * ui as f64;
+                let tol = 6e-7 * (xd.abs() * (ui as f64).abs()).max(1e-30);
+                assert!((o as f64 - want).abs() <= tol, "{x}: {o} vs {want}");
             }
         }
     }

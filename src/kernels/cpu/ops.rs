@@ -93,16 +93,7 @@ pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
 
 /// Gemma's GeGLU: `gelu_tanh(gu[t, i]) · gu[t, I + i]` (transformers `gelu_pytorch_tanh`).
 pub fn gelu_tanh_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
-    glu(gu, inter, out, |g, u| gelu_tanh(g) * u);
-}
-
-/// torch's tanh-approximated GELU in f32, its order of operations:
-/// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`.
-pub fn gelu_tanh(x: f32) -> f32 {
-    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
-    const KAPPA: f32 = 0.044715;
-    let inner = BETA * (x + KAPPA * (x * x * x));
-    0.5 * x * (1.0 + inner.tanh())
+    glu_rows(gu, inter, out, super::exp::gelu_tanh_mul_into);
 }
 
 /// gpt-oss's clamped SwiGLU (transformers `GptOssExperts._apply_gate`, in f32):
@@ -244,12 +235,13 @@ fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::exp::gelu_tanh_times;
     use super::*;
     use crate::kernels::dtype::RopeScaling;
 
     /// torch 2.15's `gelu(x, approximate="tanh")` in f32 (printed from torch; a GELU of erf or
-    /// another constant is off by ~1e-4 at 1): within a few ulps of tanh (cancellation in
-    /// `1 + tanh` where x < 0 scales them by |x|).
+    /// another constant is off by ~1e-4 at 1): within a few ulps (torch's `1 + tanh` cancels
+    /// where x < 0, which scales its error by |x|).
     #[test]
     fn gelu_tanh_matches_torch() {
         let torch = [
@@ -267,7 +259,7 @@ mod tests {
             (30.0, 30.0),
         ];
         for (x, want) in torch {
-            let got = gelu_tanh(x);
+            let got = gelu_tanh_times(x, 1.0);
             assert!(
                 (got - want).abs() <= 2e-7 * (1.0 + x.abs()),
                 "{x}: {got} vs {want}"
@@ -275,7 +267,8 @@ mod tests {
         }
         let mut out = Vec::new();
         gelu_tanh_mul(&[1.0, -0.5, 2.0, 4.0], 2, &mut out);
-        assert_eq!(out, [gelu_tanh(1.0) * 2.0, gelu_tanh(-0.5) * 4.0]);
+        let want = [gelu_tanh_times(1.0, 2.0), gelu_tanh_times(-0.5, 4.0)];
+        assert_eq!(out, want);
     }
 
     // The separate passes `split_qkv` fuses, as they ran before it.

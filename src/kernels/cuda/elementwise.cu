@@ -37,16 +37,17 @@ extern "C" __global__ void silu_mul_f16(const float* gu, f16_t* out, int inter) 
     silu_mul_t<f16_t>(gu, out, inter);
 }
 
-// Gemma's GeGLU: gelu_tanh(g) * u, torch's tanh-approximated GELU in its order of operations
-// (src/kernels/cpu/ops.rs::gelu_tanh): 0.5 * x * (1 + tanh(beta * (x + kappa * x^3))).
+// Gemma's GeGLU: gelu_tanh(g) * u. torch's 0.5 * x * (1 + tanh(z)), z = sqrt(2/pi) * (x +
+// 0.044715 * x^3), computed as the same function x * sigmoid(2z) (no cancellation in 1 + tanh
+// below zero), in the CPU's order (src/kernels/cpu/exp.rs::gelu_tanh_times); expf(-2z) may
+// overflow to inf, giving -0 as it should.
 template <typename OUT>
 __device__ void gelu_tanh_mul_t(const float* gu, OUT* out, int inter) {
     glu_rows<OUT>(gu, out, inter, [](float g, float u) {
-        const float beta = 0.7978845608028654f;  // sqrt(2) * (2 / sqrt(pi)) * 0.5
+        const float two_beta = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
         const float cube = __fmul_rn(__fmul_rn(g, g), g);
-        const float inner = __fmul_rn(beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
-        const float gelu = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
-        return __fmul_rn(gelu, u);
+        const float s = __fmul_rn(two_beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
+        return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-s))), u);
     });
 }
 extern "C" __global__ void gelu_tanh_mul_f32(const float* gu, float* out, int inter) {
