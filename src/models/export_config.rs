@@ -2,11 +2,12 @@
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
 //!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
-//!   `Gemma3ForConditionalGeneration`, `Qwen2VLForConditionalGeneration` and
-//!   `Qwen2_5_VLForConditionalGeneration` (the text fields under `text_config` — or, in
-//!   Qwen2-VL's pre-v5 saves, at the top level — the weights under `model.language_model.*`,
-//!   Llama-4's and Gemma-3's releases' `language_model.model.*` (and Llama-4's
-//!   `language_model.lm_head`), Qwen2-VL's releases' `model.*`; the vision tower left unread);
+//!   `Gemma3ForConditionalGeneration`, `Mistral3ForConditionalGeneration`,
+//!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
+//!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
+//!   weights under `model.language_model.*`, Llama-4's, Gemma-3's and Mistral-3's releases'
+//!   `language_model.model.*` (and `language_model.lm_head`), Qwen2-VL's releases' `model.*`;
+//!   the vision tower left unread);
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
@@ -36,10 +37,14 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
     // Its text config is Gemma3ForCausalLM's own class (`Gemma3TextConfig`).
     ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+    // Mistral-Small-3.1 / 3.2: a `mistral` text config (`MistralConfig`'s defaults).
+    ("Mistral3ForConditionalGeneration", "MistralForCausalLM"),
 ];
 
 /// Exports whose class ties the LM head to the embedding unless the config says otherwise
-/// (`Gemma3Config`'s default; the other export classes hsx runs default to untied).
+/// (`Gemma3Config`'s default; the other export classes hsx runs default to untied — but
+/// `Mistral3Config`, whose default is tied too: its releases name no tie and carry their own
+/// `language_model.lm_head`, which transformers 5.24 keeps, finding two tensors to tie).
 const TIED_BY_DEFAULT: [&str; 1] = ["Gemma3ForConditionalGeneration"];
 
 /// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top
@@ -385,14 +390,39 @@ mod tests {
             }
             text_of(&v).unwrap()["tie_word_embeddings"].clone()
         };
-        assert_eq!((gemma(None), gemma(Some(false))), (json!(true), json!(false)));
+        assert_eq!(
+            (gemma(None), gemma(Some(false))),
+            (json!(true), json!(false))
+        );
+    }
+
+    /// Mistral-Small-3.1 as released: its `mistral` text config as `MistralForCausalLM`, the
+    /// release's dtype, untied (the release names no tie and carries its own head).
+    #[test]
+    fn mistral3_export_runs_its_mistral_text_config() {
+        let v = super::super::released_config("mistral-small-3.1-24b-instruct-2503.json");
+        let t = text_of(&v).unwrap();
+        assert_eq!(t["architectures"], json!(["MistralForCausalLM"]));
+        assert_eq!(
+            (&t["torch_dtype"], &t["tie_word_embeddings"]),
+            (&json!("bfloat16"), &json!(false))
+        );
+        let s = super::super::ModelSpec::from_json(&v, Path::new("c.json"), "m".into()).unwrap();
+        assert_eq!(
+            (s.head_dim, s.rope_theta, s.sliding_window),
+            (128, 1e9, None)
+        );
+        assert_eq!(
+            (s.rms_norm_eps, s.vocab_size, s.num_layers),
+            (1e-5, 131_072, 40)
+        );
     }
 
     #[test]
     fn other_multimodal_and_quantized_checkpoints_are_refused() {
         for arch in [
             "LlavaForConditionalGeneration",
-            "Mistral3ForConditionalGeneration",
+            "Gemma3nForConditionalGeneration",
         ] {
             let v = json!({"architectures": [arch], "text_config": {}, "vision_config": {}});
             let e = text_of(&v).unwrap_err().to_string();

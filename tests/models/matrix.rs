@@ -160,4 +160,5 @@ matrix! {
     qwen2_5_vl => "qwen2_5_vl",
     gemma3 => "gemma3",
     gemma3_vl => "gemma3_vl",
+    mistral3_vl => "mistral3_vl",
 }

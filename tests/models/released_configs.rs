@@ -104,6 +104,11 @@ const CASES: &[(&str, Expect)] = &[
         "gemma-3-27b-it.json",
         Accepted("Gemma3ForCausalLM", 62, None),
     ),
+    // Its language model, text-only: Mistral's layers, no window, head_dim 128.
+    (
+        "mistral-small-3.1-24b-instruct-2503.json",
+        Accepted("MistralForCausalLM", 40, None),
+    ),
 ];
 
 fn dir() -> PathBuf {

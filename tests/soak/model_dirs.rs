@@ -135,6 +135,7 @@ const FIXTURES: &[&str] = &[
     "qwen2_5_vl",
     "gemma3",
     "gemma3_vl",
+    "mistral3_vl",
 ];
 
 impl Bases {

@@ -250,6 +250,7 @@ const WORDS: &[&str] = &[
     "Qwen2VLForConditionalGeneration",
     "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
     "gelu_pytorch_tanh",
     "mrope",
     "chunked_attention",
