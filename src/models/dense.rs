@@ -141,7 +141,7 @@ pub(super) fn load_ffn<D: Device>(
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     Ok(match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, p, m)?),
-        _ => Sublayer::Mlp(load_mlp(ld, spec, p)?),
+        _ => Sublayer::Mlp(load_mlp(ld, spec, p, Activation::SwiGlu)?),
     })
 }
 
@@ -169,11 +169,13 @@ pub(super) fn attention_layer<D: Device>(
     })
 }
 
-/// Layer `p`'s dense SwiGLU MLP (`{p}.mlp.{gate,up,down}_proj`, `intermediate_size`).
-fn load_mlp<D: Device>(
+/// Layer `p`'s dense gated MLP (`{p}.mlp.{gate,up,down}_proj`, `intermediate_size`): SwiGLU,
+/// or Gemma's GeGLU.
+pub(super) fn load_mlp<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     p: &str,
+    act: Activation,
 ) -> Result<Mlp<D>, ModelError> {
     let (h, inter) = (spec.hidden_size, spec.intermediate_size);
     let mlp = |n: &str| format!("{p}.mlp.{n}");
@@ -184,7 +186,7 @@ fn load_mlp<D: Device>(
             spec.mlp_bias,
         )?,
         down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
-        act: Activation::SwiGlu,
+        act,
         inter,
     })
 }

@@ -9,9 +9,9 @@
 //! is the unscaled, tied embedding).
 
 use super::decoder::Decoder;
-use super::dense::attention_of;
+use super::dense::{attention_of, load_mlp};
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Mlp, Part, Sublayer, one_plus};
+use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
 use super::{Gemma3Spec, ModelError, ModelSpec, WeightDtype};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
@@ -25,7 +25,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let layers = (0..spec.num_layers)
         .map(|i| load_layer(ld, &spec, &g, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = norm(ld, "model.norm", h)?;
+    let final_norm = ld.norm_one_plus("model.norm", h)?;
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: embed_scale(h, spec.dtype),
@@ -48,13 +48,6 @@ pub fn embed_scale(hidden: usize, dtype: WeightDtype) -> f32 {
     }
 }
 
-/// A Gemma RMSNorm's `(1 + w)` (`{name}.weight`, `n` values).
-fn norm<D: Device>(ld: &Loader<'_, D>, name: &str, n: usize) -> Result<D::Vector, ModelError> {
-    Ok(ld
-        .dev
-        .vector(&one_plus(ld.f32s(&format!("{name}.weight"), &[n])?))?)
-}
-
 fn load_layer<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -65,13 +58,13 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     let part = |pre: &str, sublayer, post: &str| {
         Ok::<_, ModelError>(Part {
-            norm: norm(ld, &format!("{p}.{pre}"), h)?,
+            norm: ld.norm_one_plus(&format!("{p}.{pre}"), h)?,
             sublayer,
-            post_norm: Some(norm(ld, &format!("{p}.{post}"), h)?),
+            post_norm: Some(ld.norm_one_plus(&format!("{p}.{post}"), h)?),
         })
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
-    let mlp = Sublayer::Mlp(load_mlp(ld, spec, &p)?);
+    let mlp = Sublayer::Mlp(load_mlp(ld, spec, &p, Activation::GeluTanhGlu)?);
     Ok(Layer {
         parts: vec![
             part("input_layernorm", attention, "post_attention_layernorm")?,
@@ -101,8 +94,8 @@ fn load_attention<D: Device>(
     ];
     let qkv = ld.linear(&parts, h, spec.qkv_bias)?;
     let qk_norm = Some((
-        norm(ld, &attn("q_norm"), hd)?,
-        norm(ld, &attn("k_norm"), hd)?,
+        ld.norm_one_plus(&attn("q_norm"), hd)?,
+        ld.norm_one_plus(&attn("k_norm"), hd)?,
     ));
     let sliding = g.sliding[i];
     let (theta, scaling) = match sliding {
@@ -116,26 +109,6 @@ fn load_attention<D: Device>(
         ..AttnVariant::causal()
     };
     attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
-}
-
-/// Layer `p`'s GeGLU MLP (`{p}.mlp.{gate,up,down}_proj`).
-fn load_mlp<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    p: &str,
-) -> Result<Mlp<D>, ModelError> {
-    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
-    let mlp = |n: &str| format!("{p}.mlp.{n}");
-    Ok(Mlp {
-        up: ld.linear(
-            &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
-            h,
-            false,
-        )?,
-        down: ld.linear1(&mlp("down_proj"), h, inter, false)?,
-        act: Activation::GeluTanhGlu,
-        inter,
-    })
 }
 
 #[cfg(test)]

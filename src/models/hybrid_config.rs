@@ -16,7 +16,7 @@ use super::ModelError;
 use super::config::{
     Architecture, Cfg, MAX_LAYERS, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
-use crate::kernels::routing::GroupedTopK;
+pub use super::moe_spec::{MoeRouter, MoeSpec};
 
 /// What one decoder layer (block) of a hybrid model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,71 +60,6 @@ impl GdnSpec {
     /// Channels of the causal conv: q, k, v.
     pub fn conv_dim(&self) -> usize {
         2 * self.key_dim() + self.value_dim()
-    }
-}
-
-/// Sparse MoE block: top-k routed SwiGLU experts, and for Qwen3-Next / Qwen3.5-MoE a
-/// sigmoid-gated shared expert, for GLM-4.5 a plain one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeSpec {
-    pub num_experts: usize,
-    pub top_k: usize,
-    pub expert_intermediate: usize,
-    /// The shared expert's intermediate size; `None`: no shared expert.
-    pub shared_intermediate: Option<usize>,
-    pub norm_topk_prob: bool,
-    /// Per layer: the MLP is the MoE block (else a dense MLP of `intermediate_size`).
-    pub sparse_layers: Vec<bool>,
-    pub router: MoeRouter,
-}
-
-/// How a MoE block picks each token's experts and their weights.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MoeRouter {
-    /// Softmax over the router's logits, top-k, renormalised when `norm_topk_prob` (Qwen,
-    /// Mixtral); the shared expert (Qwen3-Next, Qwen3.5-MoE) is `shared_expert`, scaled by
-    /// `sigmoid(shared_expert_gate(x))`.
-    Softmax,
-    /// DeepSeek-V3's group-limited sigmoid router ([`GroupedTopK`]) with
-    /// `gate.e_score_correction_bias` (GLM-4.5); the shared expert is `shared_experts`, added
-    /// as it is. `scale` is `routed_scaling_factor`.
-    Grouped {
-        n_group: usize,
-        topk_group: usize,
-        scale: f32,
-    },
-    /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
-    /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
-    Llama4,
-}
-
-impl MoeSpec {
-    /// The grouped router's choice (`None` for the softmax router).
-    pub fn grouped(&self) -> Option<GroupedTopK> {
-        match self.router {
-            MoeRouter::Softmax => None,
-            MoeRouter::Grouped {
-                n_group,
-                topk_group,
-                scale,
-            } => Some(GroupedTopK {
-                top_k: self.top_k,
-                n_group,
-                topk_group,
-                renorm: self.norm_topk_prob,
-                scale,
-                by_logit: false,
-            }),
-            // The grouped choice with one group, no bias and the logits ranked.
-            MoeRouter::Llama4 => Some(GroupedTopK {
-                top_k: self.top_k,
-                n_group: 1,
-                topk_group: 1,
-                renorm: false,
-                scale: 1.0,
-                by_logit: true,
-            }),
-        }
     }
 }
 

@@ -34,6 +34,7 @@ pub mod llama4;
 mod llama4_config;
 mod minimax_config;
 mod moe_config;
+mod moe_spec;
 pub mod moe_weights;
 mod mxfp4;
 pub mod nemotron_h;

@@ -13,7 +13,6 @@ use super::decoder::Decoder;
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::layers::{
     Attention, AttnVariant, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp,
-    one_plus,
 };
 use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
@@ -37,11 +36,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         *index += 1;
         layers.push(load_layer(ld, &spec, &hybrid, &gdn, at)?);
     }
-    let norm = one_plus(ld.f32s("model.norm.weight", &[h])?);
     let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: ld.dev.vector(&norm)?,
+        final_norm: ld.norm_one_plus("model.norm", h)?,
         spec,
         embed,
         layers,
@@ -104,10 +102,7 @@ fn load_layer<D: Device>(
         )?),
         _ => Sublayer::Mlp(swiglu(ld, &mlp, h, spec.intermediate_size, QWEN_EXPERTS)?),
     };
-    let norm = |n: &str| -> Result<D::Vector, ModelError> {
-        let w = one_plus(ld.f32s(&format!("{p}.{n}.weight"), &[h])?);
-        Ok(ld.dev.vector(&w)?)
-    };
+    let norm = |n: &str| ld.norm_one_plus(&format!("{p}.{n}"), h);
     Ok(Layer {
         parts: vec![
             Part::new(norm("input_layernorm")?, mixer),
@@ -146,14 +141,12 @@ fn load_attention<D: Device>(
         }
         false => None,
     };
-    let norm = |s: &str| -> Result<D::Vector, ModelError> {
-        Ok(ld.dev.vector(&one_plus(ld.f32s(&n(s), &[hd])?))?)
-    };
+    let norm = |s: &str| ld.norm_one_plus(&n(s), hd);
     let rope = Rope::new(rotary_dim, spec.rope_theta, spec.rope_scaling);
     Ok(Attention {
         qkv: ld.dev.linear(qkv, bias)?,
         o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
-        qk_norm: Some((norm("q_norm.weight")?, norm("k_norm.weight")?)),
+        qk_norm: Some((norm("q_norm")?, norm("k_norm")?)),
         rope: Some((ld.dev.rope_table(&rope)?, rotary_dim)),
         gated: true,
         heads: nh,

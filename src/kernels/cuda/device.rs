@@ -15,7 +15,7 @@ use super::api::{CudaUnavailable, DeviceInfo};
 use super::capture::Capture;
 use super::context::{CudaError, DevBuf, Gpu, panic_message, probe};
 use super::device_types::{
-    CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, invalid, same_f32,
+    CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, glu_shape, invalid, same_f32,
 };
 use super::gated_norm;
 use super::gemm::DevWeight;
@@ -370,12 +370,7 @@ impl Device for CudaDevice {
     }
 
     fn silu_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
-        gate_up.f32("silu_mul input")?;
-        if !gate_up.width().is_multiple_of(2) {
-            return invalid(format!("silu_mul over {}-wide rows", gate_up.width()));
-        }
-        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
-        out.set(rows, inter, "silu_mul")?;
+        let (rows, inter) = glu_shape(gate_up, out, "silu_mul")?;
         let (g, dt) = (&self.gpu, out.dtype());
         Ok(ops::silu_mul(g, gate_up.ptr(), out.ptr(), dt, rows, inter)?)
     }
@@ -386,24 +381,14 @@ impl Device for CudaDevice {
         alpha_limit: (f32, f32),
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        gate_up.f32("swiglu_clamped input")?;
-        if !gate_up.width().is_multiple_of(2) {
-            return invalid(format!("swiglu_clamped over {}-wide rows", gate_up.width()));
-        }
-        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
-        out.set(rows, inter, "swiglu_clamped")?;
+        let (rows, inter) = glu_shape(gate_up, out, "swiglu_clamped")?;
         let (g, dt) = (&self.gpu, out.dtype());
         let io = (gate_up.ptr(), out.ptr());
         Ok(ops::swiglu_clamped(g, io, dt, (rows, inter), alpha_limit)?)
     }
 
     fn gelu_tanh_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
-        gate_up.f32("gelu_tanh_mul input")?;
-        if !gate_up.width().is_multiple_of(2) {
-            return invalid(format!("gelu_tanh_mul over {}-wide rows", gate_up.width()));
-        }
-        let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
-        out.set(rows, inter, "gelu_tanh_mul")?;
+        let (rows, inter) = glu_shape(gate_up, out, "gelu_tanh_mul")?;
         let (g, dt) = (&self.gpu, out.dtype());
         Ok(ops::gelu_tanh_mul(
             g,

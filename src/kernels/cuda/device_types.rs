@@ -108,6 +108,22 @@ pub(super) fn cols(c: Cols<'_, CudaBuf>, what: &str) -> DevResult<(u64, usize)> 
     Ok((b.ptr() + (c.col * 4) as u64, b.width))
 }
 
+/// Checks a gated activation's input `gate_up` (f32 `[T, 2I]`, gate then up) and sizes its
+/// output `out` `[T, I]`: (T, I).
+pub(super) fn glu_shape(
+    gate_up: &CudaBuf,
+    out: &mut CudaBuf,
+    what: &str,
+) -> DevResult<(usize, usize)> {
+    gate_up.f32(what)?;
+    if !gate_up.width().is_multiple_of(2) {
+        return invalid(format!("{what} over {}-wide rows", gate_up.width()));
+    }
+    let (rows, inter) = (gate_up.rows(), gate_up.width() / 2);
+    out.set(rows, inter, what)?;
+    Ok((rows, inter))
+}
+
 /// Fails unless `v` has `n` values.
 pub(super) fn check_len(v: &DevBuf<f32>, n: usize, what: &str) -> DevResult<()> {
     if v.len() != n {

@@ -296,6 +296,12 @@ impl<'a, D: Device> Loader<'a, D> {
         Ok(self.dev.vector(&self.f32s(name, &[n])?)?)
     }
 
+    /// A zero-centred RMSNorm's `1 + w` of `{name}.weight` (`n` values: Qwen3.5's, Gemma's).
+    pub fn norm_one_plus(&self, name: &str, n: usize) -> Result<D::Vector, ModelError> {
+        let w = one_plus(self.f32s(&format!("{name}.weight"), &[n])?);
+        Ok(self.dev.vector(&w)?)
+    }
+
     /// `{name}.weight` `[rows, cols]` of each part stacked into one linear layer, with the
     /// parts' `{name}.bias` when `bias`.
     pub fn linear(
@@ -340,7 +346,7 @@ impl<'a, D: Device> Loader<'a, D> {
 }
 
 /// `1 + w` of a zero-centred RMSNorm (computed once in f32, as transformers does per call).
-pub fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
+fn one_plus(mut w: Vec<f32>) -> Vec<f32> {
     for v in &mut w {
         *v += 1.0;
     }
