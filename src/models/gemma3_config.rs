@@ -108,30 +108,18 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// `layer_types` (one `sliding_attention` / `full_attention` per layer), else every
-/// `sliding_window_pattern`-th layer full (default 6).
+/// `layer_types`, else every `sliding_window_pattern`-th layer full (default 6).
 fn sliding_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
-    let field = "layer_types";
-    let Some(kinds) = cfg.get(field) else {
-        let pattern = cfg.usize_or("sliding_window_pattern", 6)?;
-        if pattern == 0 {
-            return Err(cfg.err("sliding_window_pattern", "must be at least 1"));
-        }
-        return Ok((0..layers)
-            .map(|i| !(i + 1).is_multiple_of(pattern))
-            .collect());
-    };
-    let kinds = (kinds.as_array())
-        .filter(|a| a.len() == layers)
-        .ok_or_else(|| cfg.err(field, format!("expected a list of {layers} layer types")))?;
-    kinds
-        .iter()
-        .map(|k| match k.as_str() {
-            Some(SLIDING) => Ok(true),
-            Some(FULL) => Ok(false),
-            _ => Err(cfg.err(field, format!("layer type {k} ({SLIDING} / {FULL})"))),
-        })
-        .collect()
+    if let Some(sliding) = cfg.sliding_layer_types(layers)? {
+        return Ok(sliding);
+    }
+    let pattern = cfg.usize_or("sliding_window_pattern", 6)?;
+    if pattern == 0 {
+        return Err(cfg.err("sliding_window_pattern", "must be at least 1"));
+    }
+    Ok((0..layers)
+        .map(|i| !(i + 1).is_multiple_of(pattern))
+        .collect())
 }
 
 /// (full layers', sliding layers') RoPE: transformers 5's `rope_parameters` per layer type, or
@@ -139,15 +127,13 @@ fn sliding_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError>
 type Ropes = ((f64, RopeScaling), (f64, RopeScaling));
 
 fn ropes(cfg: &Cfg<'_>) -> Result<Ropes, ModelError> {
-    let full_theta = cfg.f64_or("rope_theta", default_theta(Architecture::Gemma3))?;
     let local_theta = cfg.f64_or("rope_local_base_freq", 1e4)?;
     let Some(params) = cfg.get("rope_parameters") else {
-        let full = match cfg.get("rope_scaling") {
-            Some(s) => cfg.rope_params("rope_scaling", s, full_theta)?,
-            None => (full_theta, RopeScaling::None),
-        };
+        // The full layers' `rope_theta` + `rope_scaling`, read as every family's.
+        let full = cfg.rope(Architecture::Gemma3)?;
         return Ok((full, (local_theta, RopeScaling::None)));
     };
+    let full_theta = cfg.f64_or("rope_theta", default_theta(Architecture::Gemma3))?;
     let field = "rope_parameters";
     let of = |kind: &str, theta: f64| match params.get(kind).filter(|v| !v.is_null()) {
         Some(p) => cfg.rope_params(&format!("{field}.{kind}"), p, theta),

@@ -7,10 +7,10 @@
 
 use serde_json::Value;
 
+use super::ModelError;
 use super::config::{
     Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
-use super::{ModelError, config::shown};
 
 /// The gpt-oss part of a [`ModelSpec`].
 #[derive(Debug, Clone, PartialEq)]
@@ -101,30 +101,10 @@ fn is_mxfp4(value: &Value) -> bool {
 /// Per-layer windows from `layer_types` and `sliding_window`.
 fn windows(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<Option<usize>>, ModelError> {
     let window = cfg.usize_or("sliding_window", 128)?;
-    let sliding: Vec<bool> = match cfg.get("layer_types") {
+    let sliding = match cfg.sliding_layer_types(num_layers)? {
+        Some(sliding) => sliding,
         None => (0..num_layers).map(|i| i % 2 == 0).collect(),
-        Some(Value::Array(types)) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(cfg.err(
-                    "layer_types",
-                    format!("`{}` (sliding_attention or full_attention)", shown(t)),
-                )),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(v) => {
-            return Err(cfg.err(
-                "layer_types",
-                format!("expected a list, found {}", shown(v)),
-            ));
-        }
     };
-    if sliding.len() != num_layers {
-        let m = format!("{} entries for {num_layers} layers", sliding.len());
-        return Err(cfg.err("layer_types", m));
-    }
     if window == 0 && sliding.contains(&true) {
         return Err(cfg.err("sliding_window", "must be > 0"));
     }

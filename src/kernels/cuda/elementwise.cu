@@ -20,12 +20,16 @@ __device__ __forceinline__ void glu_rows(const float* gu, OUT* out, int inter, F
     }
 }
 
+// x * sigmoid(s) * u: the SwiGLU's (s = x) and the GeGLU's gate (src/kernels/cpu/exp.rs's
+// sigmoid_gate, with expf).
+__device__ __forceinline__ float sigmoid_gate(float x, float s, float u) {
+    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-s))), u);
+}
+
 // silu(g) * u.
 template <typename OUT>
 __device__ void silu_mul_t(const float* gu, OUT* out, int inter) {
-    glu_rows<OUT>(gu, out, inter, [](float g, float u) {
-        return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-    });
+    glu_rows<OUT>(gu, out, inter, [](float g, float u) { return sigmoid_gate(g, g, u); });
 }
 extern "C" __global__ void silu_mul_f32(const float* gu, float* out, int inter) {
     silu_mul_t<float>(gu, out, inter);
@@ -47,7 +51,7 @@ __device__ void gelu_tanh_mul_t(const float* gu, OUT* out, int inter) {
         const float two_beta = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
         const float cube = __fmul_rn(__fmul_rn(g, g), g);
         const float s = __fmul_rn(two_beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
-        return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-s))), u);
+        return sigmoid_gate(g, s, u);
     });
 }
 extern "C" __global__ void gelu_tanh_mul_f32(const float* gu, float* out, int inter) {
