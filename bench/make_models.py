@@ -37,6 +37,10 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
     gemma3_f32, _bf16         Gemma-3-1B-like (Gemma3ForCausalLM): 8 layers, 4 heads / 1 KV
                               head x 256 with q/k norms, layer 5 full attention, the others a
                               window of 512, sandwich norms, GeGLU of 4096, tied
+    granite_h_f32, _bf16      Granite-4.0-H-Tiny-like (GraniteMoeHybridForCausalLM scaled down): 8
+                              layers, 6 Mamba-2 (32 heads x 64, state 128, 1 group, chunk 256) +
+                              2 NoPE attention (16 heads / 4 KV heads x 64), each with a shared
+                              SwiGLU of 1024 + 16 experts x 512 top-4, Granite's multipliers
 
 Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
@@ -185,6 +189,28 @@ GEMMA3 = dict(
     hidden_activation="gelu_pytorch_tanh",
     tie_word_embeddings=True,
 )
+# Granite-4.0-H-Tiny-like: layers M M M * M M M * (H-Tiny: attention every 10th of 40), Mamba-2
+# of 2 x hidden in 32 heads of 64 with state 128 and one group, NoPE attention, a shared SwiGLU
+# of 1024 beside 16 experts of 512 top-4 (H-Tiny: 64 x 512 top-6), the released multipliers.
+GRANITE_H = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    layer_types=["mamba", "mamba", "mamba", "attention"] * 2,
+    intermediate_size=512,
+    shared_intermediate_size=1024,
+    num_local_experts=16,
+    num_experts_per_tok=4,
+    position_embedding_type="nope",
+    mamba_n_heads=32,
+    mamba_d_state=128,
+    mamba_n_groups=1,
+    mamba_chunk_size=256,
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    attention_multiplier=0.0078125,
+    logits_scaling=6.0,
+)
 LLAMA4 = dict(
     COMMON,
     num_attention_heads=16,
@@ -209,6 +235,7 @@ def specs() -> list[mf.ModelSpec]:
         ("minimax_m2", "minimax_m2", MINIMAX_M2, 506),
         ("llama4", "llama4_text", LLAMA4, 507),
         ("gemma3", "gemma3_text", GEMMA3, 508),
+        ("granite_h", "granitemoehybrid", GRANITE_H, 509),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             out.append(

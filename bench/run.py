@@ -3,7 +3,7 @@
 
     bench/run.sh [--tokens 100000] [--min-len 32] [--max-len 2048] [--work /tmp/hsx-bench] [--threads 2]
                  [--models llama,qwen3_5,qwen3_moe] (also glm4_moe, glm4_moe_lite, minimax_m2,
-                 llama4, gemma3)
+                 llama4, gemma3, granite_h)
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):
@@ -119,7 +119,10 @@ def linear_flops_per_token(model_dir: Path) -> float:
         if len(t["shape"]) not in (2, 3) or embedding or name.startswith("lm_head"):
             continue
         size = math.prod(t["shape"])
-        n += size * active if ".experts." in name else size
+        # Granite keeps its experts fused as `block_sparse_moe.{input,output}_linear`.
+        routed = ".experts." in name or "block_sparse_moe.input_linear" in name \
+            or "block_sparse_moe.output_linear" in name
+        n += size * active if routed else size
     return 2.0 * n
 
 

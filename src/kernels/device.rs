@@ -142,6 +142,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     ) -> DevResult<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> DevResult<()>;
+    /// `x *= factor` (f32; Granite's residual multiplier on a sublayer's output).
+    fn scale(&self, x: &mut Self::Buf, factor: f32) -> DevResult<()>;
     /// One attention layer over fused projection rows `qkv`: q/k norms and RoPE in place,
     /// every token's K/V into the cache, then causal attention (scale `head_dim^-0.5`) into
     /// `out` (`[T, heads · head_dim]`).

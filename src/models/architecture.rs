@@ -44,11 +44,17 @@ pub enum Architecture {
     /// layers with their own RoPE, `(1 + w)` RMSNorms around each sublayer (sandwich), per-head
     /// q/k norms, GeGLU MLPs, embeddings scaled by `√hidden`.
     Gemma3,
+    /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
+    /// attention multipliers.
+    Granite,
+    /// `GraniteMoeHybridForCausalLM` (Granite 4.0): Mamba-2 or NoPE / RoPE attention, then a
+    /// SwiGLU shared MLP alone or beside routed experts, with Granite's multipliers.
+    GraniteMoeHybrid,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 19] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -66,6 +72,8 @@ impl Architecture {
         Self::MiniMaxM2,
         Self::Llama4,
         Self::Gemma3,
+        Self::Granite,
+        Self::GraniteMoeHybrid,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -92,6 +100,8 @@ impl Architecture {
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Granite => "GraniteForCausalLM",
+            Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
         }
     }
 
@@ -111,7 +121,7 @@ impl Architecture {
 
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
-        Architecture::Llama => 2048,
+        Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,

@@ -14,6 +14,7 @@ pub(super) use super::architecture::{default_eps, default_max_pos, default_theta
 use super::fp8_weights::Fp8Blocks;
 pub use super::gemma3_config::Gemma3Spec;
 use super::gpt_oss_config::GptOssSpec;
+pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 use super::weights::Weights;
@@ -64,6 +65,8 @@ pub struct ModelSpec {
     /// Gemma-3's sliding / full layers, their RoPEs and score scale; `None` for other
     /// architectures.
     pub gemma3: Option<Gemma3Spec>,
+    /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
+    pub granite: Option<GraniteSpec>,
 }
 
 impl ModelSpec {
@@ -103,7 +106,8 @@ impl ModelSpec {
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
-            a => dense_spec(&cfg, a, name)?,
+            Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,
+            a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;
         spec.validate(path)?;
@@ -138,73 +142,6 @@ pub enum QkNorm {
     /// The whole projection before it is split into heads (`heads · head_dim` values:
     /// MiniMax-M2's `qk_norm_type` `per_layer`).
     Whole,
-}
-
-/// The spec of a dense or attention-only MoE config (Llama, Qwen2 / 3, Mistral, Qwen3-MoE,
-/// Mixtral, GLM-4.5).
-fn dense_spec(
-    cfg: &Cfg<'_>,
-    architecture: Architecture,
-    name: String,
-) -> Result<ModelSpec, ModelError> {
-    cfg.check_activation()?;
-    let hidden_size = cfg.usize_req("hidden_size")?;
-    let num_heads = cfg.usize_req("num_attention_heads")?;
-    let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
-    let default_head_dim = match architecture {
-        // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
-        // not hidden/heads.
-        Architecture::Qwen3 | Architecture::MiniMaxM2 | Architecture::Llama4 => 128,
-        _ => hidden_size / num_heads.max(1),
-    };
-    let max_position_embeddings =
-        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
-    let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
-    // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
-    let attention_bias =
-        architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", false)?;
-    let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
-    Ok(ModelSpec {
-        name,
-        architecture,
-        vocab_size: cfg.usize_req("vocab_size")?,
-        hidden_size,
-        num_layers: cfg.num_layers()?,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        intermediate_size: match architecture {
-            // Llama-4's dense MLPs (its `intermediate_size` is the experts').
-            Architecture::Llama4 => cfg.usize_or("intermediate_size_mlp", 16384)?,
-            _ => cfg.usize_req("intermediate_size")?,
-        },
-        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
-        rope_theta,
-        rope_scaling,
-        qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-        // Qwen2's and GLM-4.5's `attention_bias` leaves o_proj without one.
-        o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Glm4Moe)
-            && attention_bias,
-        mlp_bias: cfg.bool_or("mlp_bias", false)?,
-        qk_norm: match architecture {
-            Architecture::Qwen3 | Architecture::Qwen3Moe => QkNorm::PerHead,
-            Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
-            Architecture::MiniMaxM2 => QkNorm::Whole,
-            _ => QkNorm::None,
-        },
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
-        max_position_embeddings,
-        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-        hybrid: super::moe_config::attention_moe(cfg, architecture, head_dim)?,
-        sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
-        gpt_oss: None,
-        fp8: None,
-        llama4: match architecture {
-            Architecture::Llama4 => Some(super::llama4_config::attention(cfg, cfg.num_layers()?)?),
-            _ => None,
-        },
-        gemma3: None,
-    })
 }
 
 fn model_name(dir: &Path) -> String {

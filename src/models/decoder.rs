@@ -1,8 +1,8 @@
 //! [`Decoder`]: what every architecture loads into — the embedding, the decoder layers, the
 //! final norm and the LM head — and the residual stream every architecture runs:
-//! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's); per part
+//! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
-//! `x += post_norm(sublayer(norm(x)))` — the add fused into the next part's norm (exact in
+//! `x += post_norm(sublayer(norm(x)))`, Granite scales it, `x += r · sublayer(norm(x))` — the add fused into the next part's norm (exact in
 //! f32), so the row captured as id `i` is the residual stream after `i` layers; id L is the
 //! last layer's output before the final norm (DESIGN.md §1.1).
 
@@ -99,6 +99,9 @@ impl<D: Device> Decoder<D> {
                     })?;
                     dev.rms_norm(&s.proj, post_norm, eps, post)?;
                     std::mem::swap(&mut s.proj, post);
+                }
+                if part.residual_scale != 1.0 {
+                    dev.scale(&mut s.proj, part.residual_scale)?;
                 }
             }
         }

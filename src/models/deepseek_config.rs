@@ -166,6 +166,7 @@ pub(super) fn parse(
         fp8: None,
         llama4: None,
         gemma3: None,
+        granite: None,
     })
 }
 

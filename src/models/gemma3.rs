@@ -61,6 +61,7 @@ fn load_layer<D: Device>(
             norm: ld.norm_one_plus(&format!("{p}.{pre}"), h)?,
             sublayer,
             post_norm: Some(ld.norm_one_plus(&format!("{p}.{post}"), h)?),
+            residual_scale: 1.0,
         })
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);

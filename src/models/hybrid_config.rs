@@ -306,6 +306,7 @@ fn parse_qwen(
         fp8: None,
         llama4: None,
         gemma3: None,
+        granite: None,
     })
 }
 
@@ -439,6 +440,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         fp8: None,
         llama4: None,
         gemma3: None,
+        granite: None,
     })
 }
 

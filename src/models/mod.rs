@@ -20,6 +20,7 @@ pub mod decoder;
 mod deepseek_config;
 pub mod deepseek_v3;
 pub mod dense;
+mod dense_config;
 pub mod devices;
 mod error;
 mod export_config;
@@ -28,6 +29,8 @@ pub mod gemma3;
 mod gemma3_config;
 pub mod gpt_oss;
 mod gpt_oss_config;
+pub mod granite;
+mod granite_config;
 pub mod hybrid_config;
 pub mod layers;
 pub mod llama4;
@@ -46,7 +49,9 @@ mod spec_checks;
 pub mod weights;
 
 pub use backend::{Layout, ModelBackend};
-pub use config::{Architecture, Gemma3Spec, ModelSpec, QkNorm, RopeScaling, WeightDtype};
+pub use config::{
+    Architecture, Gemma3Spec, GraniteSpec, ModelSpec, QkNorm, RopeScaling, WeightDtype,
+};
 pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;
 pub use gpt_oss_config::GptOssSpec;

@@ -102,7 +102,7 @@ fn load_attention<D: Device>(
     })
 }
 
-fn load_mamba<D: Device>(
+pub(super) fn load_mamba<D: Device>(
     ld: &Loader<'_, D>,
     px: &str,
     spec: &ModelSpec,

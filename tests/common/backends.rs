@@ -349,7 +349,10 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// to 1.65e-1 (p2 layer 4), hsx's portable path 7.54e-2 (p3 layer 4), CUDA (emulated) 9.87e-2
 /// (p2 layer 3; 2026-11-27). gemma3_vl (dense, under the default bound): transformers' own bf16
 /// run is off by up to 1.33e-2 (p3 layer 3), hsx's portable path 6.63e-3 (p2 layer 3), CUDA
-/// (emulated) 9.97e-3 (p3 layer 3; 2026-11-27).
+/// (emulated) 9.97e-3 (p3 layer 3; 2026-11-27). granite_h_bf16 (softmax over the top-2
+/// logits, beside a shared MLP; Mamba-2 layers): transformers' own bf16 run is off by up to
+/// 1.35e-1 (p3 layer 6), hsx's portable path 4.63e-2, CUDA (emulated) 4.69e-2 (both p1 layer
+/// 5; 2026-11-28).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -365,6 +368,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         2e-1
     } else if name.starts_with("deepseek_v3") {
         2.4e-1
+    } else if name == "granite_h_bf16" {
+        1.4e-1
     } else {
         2e-2
     }

@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 7] = [
+const ARCHS: [&str; 8] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -24,6 +24,7 @@ const ARCHS: [&str; 7] = [
     "llama_bf16",
     "gemma3",
     "gemma3_vl",
+    "granite",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

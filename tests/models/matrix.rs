@@ -161,4 +161,8 @@ matrix! {
     gemma3 => "gemma3",
     gemma3_vl => "gemma3_vl",
     mistral3_vl => "mistral3_vl",
+    granite => "granite",
+    granite_h => "granite_h",
+    granite_h_bf16 => "granite_h_bf16",
+    granite_h_dense => "granite_h_dense",
 }

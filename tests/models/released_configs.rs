@@ -21,6 +21,11 @@ const GGG_STAR: &str = "GGG*";
 /// Nemotron 3 Nano 30B-A3B's `hybrid_override_pattern`.
 const NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
+/// Granite-4.0-H-Small / Tiny / Micro / 1B: attention every 10th layer from layer 5.
+const GRANITE_H: &str = "MMMMM*MMMMMMMMM*MMMMMMMMM*MMMMMMMMM*MMMM";
+/// Granite-4.0-H-350M's layer types.
+const GRANITE_350M: &str = "MMMMMMMMMM*MM*MMM*MMMMMMMMM*MMMM";
+
 const CASES: &[(&str, Expect)] = &[
     ("llama-3.1-8b.json", Accepted("LlamaForCausalLM", 32, None)),
     // Every layer attends to a window of 4096 keys.
@@ -108,6 +113,20 @@ const CASES: &[(&str, Expect)] = &[
     (
         "mistral-small-3.1-24b-instruct-2503.json",
         Accepted("MistralForCausalLM", 40, None),
+    ),
+    // Llama's layers with the multipliers.
+    (
+        "granite-3.3-8b-instruct.json",
+        Accepted("GraniteForCausalLM", 40, None),
+    ),
+    // Attention (NoPE) at 10, 13, 17, 27; the shared MLP alone.
+    (
+        "granite-4.0-h-350m.json",
+        Accepted("GraniteMoeHybridForCausalLM", 32, Some(GRANITE_350M)),
+    ),
+    (
+        "granite-4.0-h-micro.json",
+        Accepted("GraniteMoeHybridForCausalLM", 40, Some(GRANITE_H)),
     ),
 ];
 

@@ -136,6 +136,10 @@ const FIXTURES: &[&str] = &[
     "gemma3",
     "gemma3_vl",
     "mistral3_vl",
+    "granite",
+    "granite_h",
+    "granite_h_bf16",
+    "granite_h_dense",
 ];
 
 impl Bases {

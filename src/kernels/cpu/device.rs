@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ops::Range;
 
-use super::attention::{self, attention};
 use super::bf16::{Bf16Kernel, PackedBf16};
 use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
@@ -77,6 +76,9 @@ mod device_hybrid;
 
 #[path = "device_moe.rs"]
 mod device_moe;
+
+#[path = "device_attention.rs"]
+mod device_attention;
 
 impl Device for CpuDevice {
     type Buf = CpuBuf;
@@ -287,6 +289,11 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn scale(&self, x: &mut CpuBuf, factor: f32) -> DevResult<()> {
+        ops::scale_inplace(&mut x.data, factor);
+        Ok(())
+    }
+
     fn attention(
         &self,
         step: &CpuStep<'_>,
@@ -295,47 +302,8 @@ impl Device for CpuDevice {
         call: &AttnCall<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let l = call.layout;
-        let hd = l.head_dim;
-        let (qd, kvd) = (l.heads * hd, l.kv_heads * hd);
-        let plan = step.plan;
-        if let Some((qn, kn, _)) = call.qk_norm {
-            l.norm_pieces((qn.len(), kn.len()))
-                .map_err(DeviceError::Invalid)?;
-        }
-        let split = ops::QkvSplit {
-            width: qkv.width,
-            q_dim: qd,
-            k_col: l.k_col,
-            v_col: l.v_col(),
-            kv_dim: kvd,
-            head_dim: hd,
-            norm: call.qk_norm.map(|(qn, kn, eps)| (&qn[..], &kn[..], eps)),
-            rope: call.rope,
-            positions: &plan.positions,
-        };
-        ops::split_qkv(&qkv.data, &split, (&mut kv.q, &mut kv.k, &mut kv.v));
-        kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
-        let (kc, vc) = kv.cache.layer(call.kv_layer);
-        let sm = &call.softmax;
-        sm.check()?;
-        if sm.sinks.is_some_and(|s| s.len() != l.heads) {
-            return Err(DeviceError::Invalid(format!(
-                "attention sinks for {} heads",
-                l.heads
-            )));
-        }
-        let shape = sm.shape(l.heads, l.kv_heads, hd);
-        let softmax = self::attention::Softmax {
-            window: sm.window,
-            chunk: sm.chunk,
-            sinks: sm.sinks.map(|s| &s[..]),
-            temperature: sm.temperature,
-        };
         let tiles = self.bf16 == Bf16Kernel::Amx && self.bf16_weights.load(Ordering::Relaxed);
-        attention(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, tiles);
-        set(out, qd);
-        Ok(())
+        device_attention::attention(step, kv, qkv, call, out, tiles)
     }
 
     fn mla_heads(
@@ -346,20 +314,7 @@ impl Device for CpuDevice {
         dims: &MlaDims,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let ok = dims.input_widths().is_some_and(|widths| {
-            [q, kv, k_rope]
-                .iter()
-                .zip(widths)
-                .all(|(b, w)| b.width == w && b.rows() == q.rows())
-        });
-        if !ok {
-            return Err(DeviceError::Invalid(format!(
-                "mla_heads: inputs do not fit {dims:?}"
-            )));
-        }
-        super::mla::mla_heads(&q.data, &kv.data, &k_rope.data, dims, &mut out.data);
-        set(out, dims.out_width());
-        Ok(())
+        device_attention::mla_heads(q, kv, k_rope, dims, out)
     }
 
     fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {

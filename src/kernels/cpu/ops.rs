@@ -86,6 +86,15 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
         });
 }
 
+/// `x *= factor`.
+pub fn scale_inplace(x: &mut [f32], factor: f32) {
+    x.par_chunks_mut(4096).for_each(|a| {
+        for u in a {
+            *u *= factor;
+        }
+    });
+}
+
 /// `out[t, i] = silu(gu[t, i]) * gu[t, I + i]` for `gu` of shape `[T, 2I]` (gate then up).
 pub fn silu_mul(gu: &[f32], inter: usize, out: &mut Vec<f32>) {
     glu_rows(gu, inter, out, super::exp::silu_mul_into);

@@ -298,6 +298,11 @@ impl Device for CudaDevice {
         Ok(ops::add(&self.gpu, x.ptr(), y.ptr(), x.len())?)
     }
 
+    fn scale(&self, x: &mut CudaBuf, factor: f32) -> DevResult<()> {
+        x.f32("scale")?;
+        Ok(ops::scale(&self.gpu, x.ptr(), factor, x.len())?)
+    }
+
     fn attention(
         &self,
         step: &CudaStep<'_>,
@@ -521,26 +526,7 @@ impl Device for CudaDevice {
     }
 
     fn gather_rows(&self, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) -> DevResult<()> {
-        x.f32("gather_rows input")?;
-        out.f32("gather_rows output")?;
-        let idx = rows
-            .iter()
-            .map(|&r| match r < x.rows() {
-                true => Ok(r as u32),
-                false => invalid(format!("gather of row {r} of {}", x.rows())),
-            })
-            .collect::<DevResult<Vec<u32>>>()?;
-        out.set(rows.len(), x.width(), "gather_rows")?;
-        let g = &self.gpu;
-        let dev_rows = g.upload(&idx)?;
-        Ok(ops::gather_rows(
-            g,
-            x.ptr(),
-            dev_rows.ptr(),
-            out.ptr(),
-            idx.len(),
-            x.width(),
-        )?)
+        self.gather_rows_op(x, rows, out)
     }
 
     fn argmax(&self, logits: &CudaBuf) -> DevResult<Vec<u32>> {

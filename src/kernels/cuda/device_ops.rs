@@ -1,6 +1,6 @@
 //! The [`CudaDevice`] ops with the most geometry to check: GEMMs on whole buffers or row
 //! ranges, attention over the paged cache, the recurrent layers (conv1d, Gated DeltaNet,
-//! Mamba-2, their gated norms) and MoE. Each checks its operands on the host, then calls the
+//! Mamba-2, their gated norms), MoE and row gathers. Each checks its operands on the host, then calls the
 //! launchers of [`super::gemm`], [`super::kv_cache`], [`super::recurrent`] and [`super::moe`]
 //! with the argument lists the per-architecture CUDA code used before the device-ops trait.
 
@@ -486,5 +486,34 @@ impl CudaDevice {
             ops::bias_add(&self.gpu, ya, b.ptr(), m, n)?;
         }
         Ok(())
+    }
+
+    /// `out[i] = x[rows[i]]` (f32), every row index checked on the host.
+    pub(super) fn gather_rows_op(
+        &self,
+        x: &CudaBuf,
+        rows: &[usize],
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        x.f32("gather_rows input")?;
+        out.f32("gather_rows output")?;
+        let idx = rows
+            .iter()
+            .map(|&r| match r < x.rows() {
+                true => Ok(r as u32),
+                false => invalid(format!("gather of row {r} of {}", x.rows())),
+            })
+            .collect::<DevResult<Vec<u32>>>()?;
+        out.set(rows.len(), x.width(), "gather_rows")?;
+        let g = &self.gpu;
+        let dev_rows = g.upload(&idx)?;
+        Ok(ops::gather_rows(
+            g,
+            x.ptr(),
+            dev_rows.ptr(),
+            out.ptr(),
+            idx.len(),
+            x.width(),
+        )?)
     }
 }

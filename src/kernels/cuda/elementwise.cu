@@ -100,6 +100,12 @@ extern "C" __global__ void add_f32(float* x, const float* y, long long total) {
     if (idx < total) x[idx] = __fadd_rn(x[idx], y[idx]);
 }
 
+// x *= s (Granite's residual multiplier on a sublayer's output).
+extern "C" __global__ void scale_f32(float* x, float s, long long total) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total) x[idx] = __fmul_rn(x[idx], s);
+}
+
 // out = a + b (capture of a split residual: hidden + residual).
 extern "C" __global__ void add_into_f32(const float* a, const float* b, float* out,
                                         long long total) {

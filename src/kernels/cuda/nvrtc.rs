@@ -285,6 +285,7 @@ mod tests {
             "rope".into(),
             "bias_add".into(),
             "add_f32".into(),
+            "scale_f32".into(),
             "cast_f32_bf16".into(),
             "cast_f32_f16".into(),
             "gather_rows".into(),

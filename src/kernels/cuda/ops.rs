@@ -235,6 +235,21 @@ pub fn add(gpu: &Gpu, x: u64, y: u64, total: usize) -> CudaResult<()> {
     launch!(gpu, "add_f32", elems_cfg(total)?, x, y, i64_of(total))
 }
 
+/// `x *= factor` (f32).
+pub fn scale(gpu: &Gpu, x: u64, factor: f32, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    launch!(
+        gpu,
+        "scale_f32",
+        elems_cfg(total)?,
+        x,
+        factor,
+        i64_of(total)
+    )
+}
+
 /// f32 values to `dtype` (a plain device copy for f32).
 pub fn cast(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
     if total == 0 {

@@ -127,11 +127,13 @@ impl<D: Device> Sublayer<D> {
 }
 
 /// `x += sublayer(norm(x))`, or with a post-norm (Gemma's sandwich)
-/// `x += post_norm(sublayer(norm(x)))`.
+/// `x += post_norm(sublayer(norm(x)))`; the added rows times `residual_scale` (Granite's
+/// residual multiplier; 1 for every other model, which changes no bit).
 pub struct Part<D: Device> {
     pub norm: D::Vector,
     pub sublayer: Sublayer<D>,
     pub post_norm: Option<D::Vector>,
+    pub residual_scale: f32,
 }
 
 impl<D: Device> Part<D> {
@@ -141,6 +143,7 @@ impl<D: Device> Part<D> {
             norm,
             sublayer,
             post_norm: None,
+            residual_scale: 1.0,
         }
     }
 }

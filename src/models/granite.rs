@@ -1,0 +1,202 @@
+//! Granite: Llama's decoder with three multipliers ([`GraniteSpec`]) — the embedding rows
+//! times `embedding_multiplier`, each sublayer's output times `residual_multiplier` before
+//! the residual add, attention scores times `attention_multiplier` (not `head_dim^-½`).
+//!
+//! - `GraniteForCausalLM` (Granite 3.x): Llama's layers and names.
+//! - `GraniteMoeHybridForCausalLM` (Granite 4.0): per layer (`model.layers.{i}`) a mixer after
+//!   `input_layernorm` — Mamba-2 (`mamba.*`, Nemotron-H's mixer) or attention (`self_attn.*`,
+//!   RoPE only when `position_embedding_type` is `rope`) — then after
+//!   `post_attention_layernorm` the SwiGLU `shared_mlp` (`input_linear` `[2·S, H]`: gate rows,
+//!   then up rows; `output_linear`), alone or added to routed experts (`block_sparse_moe`:
+//!   `router.layer` `[E, H]`, `input_linear` `[E, 2·I, H]`, `output_linear` `[E, H, I]`, as
+//!   released and as transformers 5 saves them).
+
+use super::decoder::Decoder;
+use super::dense::{self, attention_layer, load_ffn};
+use super::hybrid_config::{LayerKind, MoeSpec};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Expert, Router, SharedExpert};
+use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::{Architecture, GraniteSpec, ModelError, ModelSpec};
+use crate::kernels::Device;
+use crate::kernels::rope::Rope;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    let g = spec
+        .granite
+        .ok_or_else(|| ModelError::InvalidOptions("Granite spec without its multipliers".into()))?;
+    let mut decoder = match spec.architecture {
+        Architecture::GraniteMoeHybrid => {
+            let kinds = spec.hybrid.as_ref().map(|h| h.layers.clone());
+            let kinds = kinds.ok_or_else(|| missing(&spec, "its layer kinds"))?;
+            dense::load_with(ld, spec, |ld, spec, i| {
+                hybrid_layer(ld, spec, &g, &kinds, i)
+            })?
+        }
+        _ => dense::load_with(ld, spec, |ld, spec, i| dense_layer(ld, spec, &g, i))?,
+    };
+    decoder.embed_scale = g.embedding;
+    for part in decoder.layers.iter_mut().flat_map(|l| &mut l.parts) {
+        part.residual_scale = g.residual;
+    }
+    Ok(decoder)
+}
+
+/// Granite 3.x's layer `i`: Llama's, its scores scaled by the attention multiplier.
+fn dense_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &GraniteSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let variant = AttnVariant {
+        score_factor: g.score_factor(spec.head_dim),
+        ..AttnVariant::causal()
+    };
+    let attention = dense::load_attention(ld, spec, i, variant)?;
+    let ffn = load_ffn(ld, spec, &p, i)?;
+    attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
+}
+
+/// Granite 4.0's layer `i` (`kinds[i]` its mixer).
+fn hybrid_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &GraniteSpec,
+    kinds: &[LayerKind],
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    // The mixer's index among the layers of its kind: its KV-cache or state layer.
+    let ordinal = kinds[..i].iter().filter(|&&k| k == kinds[i]).count();
+    let mixer = match kinds[i] {
+        LayerKind::Mamba2 => {
+            let m = spec.hybrid.as_ref().and_then(|h| h.mamba.as_ref());
+            let m = m.ok_or_else(|| missing(spec, "Mamba-2 geometry"))?;
+            let mamba = super::nemotron_h::load_mamba(ld, &format!("{p}.mamba"), spec, m, ordinal)?;
+            Sublayer::Mamba2(mamba)
+        }
+        LayerKind::Attention => Sublayer::Attention(load_attention(ld, spec, g, &p, ordinal)?),
+        other => return Err(missing(spec, &format!("a {other:?} mixer"))),
+    };
+    let h = spec.hidden_size;
+    let shared = load_shared_mlp(ld, spec, &p)?;
+    let moe = spec.hybrid.as_ref().and_then(|h| h.moe.as_ref());
+    let ffn = match moe {
+        Some(m) => Sublayer::Moe(load_moe(
+            ld,
+            h,
+            &format!("{p}.block_sparse_moe"),
+            m,
+            shared,
+        )?),
+        None => Sublayer::Mlp(shared),
+    };
+    let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
+    Ok(Layer {
+        parts: vec![
+            Part::new(norm("input_layernorm")?, mixer),
+            Part::new(norm("post_attention_layernorm")?, ffn),
+        ],
+    })
+}
+
+fn missing(spec: &ModelSpec, what: &str) -> ModelError {
+    let arch = spec.architecture.hf_name();
+    ModelError::InvalidOptions(format!("{arch} spec without {what}"))
+}
+
+/// Layer `p`'s attention, the `kv_layer`-th: no q/k norms, RoPE only where the spec rotates
+/// (`rotary_dim` > 0), scores times the attention multiplier.
+fn load_attention<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &GraniteSpec,
+    p: &str,
+    kv_layer: usize,
+) -> Result<Attention<D>, ModelError> {
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
+    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let n = |s: &str| format!("{p}.self_attn.{s}");
+    let parts = [(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)];
+    let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
+    let rope = match rot {
+        0 => None,
+        rot => {
+            let table = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
+            Some((ld.dev.rope_table(&table)?, rot))
+        }
+    };
+    Ok(Attention {
+        qkv: ld.linear(&parts, h, spec.qkv_bias)?,
+        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
+        qk_norm: None,
+        rope,
+        gated: false,
+        heads: spec.num_heads,
+        kv_heads: spec.num_kv_heads,
+        head_dim: hd,
+        eps: spec.rms_norm_eps,
+        kv_layer,
+        variant: AttnVariant {
+            score_factor: g.score_factor(hd),
+            ..AttnVariant::causal()
+        },
+    })
+}
+
+/// Layer `p`'s `shared_mlp`: `input_linear` (gate rows, then up rows) and `output_linear`.
+fn load_shared_mlp<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+) -> Result<Mlp<D>, ModelError> {
+    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
+    Ok(Mlp {
+        up: ld.linear1(&format!("{p}.shared_mlp.input_linear"), 2 * inter, h, false)?,
+        down: ld.linear1(&format!("{p}.shared_mlp.output_linear"), h, inter, false)?,
+        act: Activation::SwiGlu,
+        inter,
+    })
+}
+
+/// The routed experts under `px` (`block_sparse_moe`) and the layer's `shared` MLP added to
+/// them as it is.
+fn load_moe<D: Device>(
+    ld: &Loader<'_, D>,
+    h: usize,
+    px: &str,
+    m: &MoeSpec,
+    shared: Mlp<D>,
+) -> Result<Moe<D>, ModelError> {
+    let (e, inter) = (m.num_experts, m.expert_intermediate);
+    let n = |s: &str| format!("{px}.{s}");
+    let gate_up = ld.w.stacked(&n("input_linear.weight"), e, 2 * inter, h)?;
+    let down = ld.w.stacked(&n("output_linear.weight"), e, h, inter)?;
+    let experts = (0..e)
+        .map(|i| {
+            Ok(Expert {
+                gate_up: ld
+                    .dev
+                    .linear(gate_up.select_rows(&[(i * 2 * inter, 2 * inter)]), None)?,
+                down: ld.dev.linear(down.select_rows(&[(i * h, h)]), None)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(Moe {
+        router: ld.linear1(&n("router.layer"), e, h, false)?,
+        choice: Router::Softmax {
+            top_k: m.top_k,
+            renorm: m.norm_topk_prob,
+        },
+        experts,
+        shared: Some(SharedExpert {
+            mlp: shared,
+            gate: None,
+        }),
+        weighs_input: false,
+        inter,
+        hidden: h,
+    })
+}

@@ -1,0 +1,235 @@
+//! Granite's configs. `GraniteConfig` (Granite 3.x, `GraniteForCausalLM`) is Llama's plus the
+//! multipliers ([`GraniteSpec`]), read by the dense reader. `GraniteMoeHybridConfig` (Granite
+//! 4.0, `GraniteMoeHybridForCausalLM`) is read here with the class's defaults: per layer a
+//! Mamba-2 mixer (`mamba`, or transformers 5's `linear_attention`) or attention (`attention` /
+//! `full_attention`) without RoPE unless `position_embedding_type` is `rope`; then a SwiGLU
+//! shared MLP (`shared_intermediate_size`), beside routed experts (`intermediate_size` each;
+//! top-k of the logits, softmax over those) when `num_local_experts` > 0.
+
+use serde_json::Value;
+
+use super::config::{Cfg, default_eps, default_max_pos, shown};
+use super::hybrid_config::{HybridSpec, LayerKind, MambaSpec, MoeRouter, MoeSpec};
+use super::{Architecture, ModelError, ModelSpec, QkNorm, WeightDtype};
+
+/// Granite's multipliers (each 1 in the config classes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GraniteSpec {
+    /// Scales the embedding rows (layer id 0 is the scaled embedding).
+    pub embedding: f32,
+    /// Scales each sublayer's output before the residual add.
+    pub residual: f32,
+    /// The attention's score scale, in place of `head_dim^-½`.
+    pub attention: f64,
+}
+
+impl GraniteSpec {
+    /// The attention's score factor over `head_dim^-½`.
+    pub fn score_factor(&self, head_dim: usize) -> f64 {
+        self.attention * (head_dim as f64).sqrt()
+    }
+}
+
+/// `embedding_multiplier`, `residual_multiplier`, `attention_multiplier` (finite; the
+/// attention's above 0).
+pub(super) fn multipliers(cfg: &Cfg<'_>) -> Result<GraniteSpec, ModelError> {
+    let read = |field: &str, positive: bool| {
+        let v = cfg.f64_or(field, 1.0)?;
+        match v.is_finite() && (!positive || v > 0.0) {
+            true => Ok(v),
+            false if positive => Err(cfg.err(field, format!("{v} (a finite value above 0)"))),
+            false => Err(cfg.err(field, format!("{v} (a finite value)"))),
+        }
+    };
+    Ok(GraniteSpec {
+        embedding: read("embedding_multiplier", false)? as f32,
+        residual: read("residual_multiplier", false)? as f32,
+        attention: read("attention_multiplier", true)?,
+    })
+}
+
+/// The spec of a `GraniteMoeHybridConfig`.
+pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let arch = Architecture::GraniteMoeHybrid;
+    cfg.check_activation()?;
+    let hidden = cfg.usize_or("hidden_size", 4096)?;
+    let heads = cfg.usize_or("num_attention_heads", 32)?;
+    if heads == 0 || !hidden.is_multiple_of(heads) {
+        let m = format!("{heads} (must divide hidden_size {hidden})");
+        return Err(cfg.err("num_attention_heads", m));
+    }
+    let layers = layer_kinds(cfg, cfg.num_layers_or(32)?)?;
+    let rope = position_embedding(cfg)?;
+    let (rope_theta, rope_scaling) = cfg.rope(arch)?;
+    let mamba = mamba(cfg, hidden)?;
+    let bias = cfg.bool_or("attention_bias", false)?;
+    let head_dim = hidden / heads;
+    Ok(ModelSpec {
+        name,
+        architecture: arch,
+        vocab_size: cfg.usize_or("vocab_size", 32000)?,
+        hidden_size: hidden,
+        num_layers: layers.len(),
+        num_heads: heads,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", heads)?,
+        head_dim,
+        // Every layer's dense MLP is the shared one.
+        intermediate_size: cfg.usize_or("shared_intermediate_size", 1024)?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(arch))?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: false,
+        qk_norm: QkNorm::None,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: Some(HybridSpec {
+            rotary_dim: if rope { head_dim } else { 0 },
+            gdn: None,
+            moe: experts(cfg, layers.len())?,
+            // A model without Mamba-2 layers (Granite-4.0-Micro) carries unused mamba fields.
+            mamba: layers.contains(&LayerKind::Mamba2).then_some(mamba),
+            nemotron_moe: None,
+            mla: None,
+            layers,
+        }),
+        sliding_window: None,
+        gpt_oss: None,
+        fp8: None,
+        llama4: None,
+        gemma3: None,
+        granite: Some(multipliers(cfg)?),
+    })
+}
+
+/// Per layer its mixer, from `layer_types` (or its alias `layers_block_type`); the class's
+/// default is every layer Mamba-2.
+fn layer_kinds(cfg: &Cfg<'_>, n: usize) -> Result<Vec<LayerKind>, ModelError> {
+    let field = match cfg.get("layer_types") {
+        Some(_) => "layer_types",
+        None => "layers_block_type",
+    };
+    let Some(list) = cfg.get(field) else {
+        return Ok(vec![LayerKind::Mamba2; n]);
+    };
+    let bad = |v: &Value| {
+        let m = format!("{} (each `mamba` or `attention`)", shown(v));
+        cfg.err(field, m)
+    };
+    let list = list.as_array().ok_or_else(|| bad(list))?;
+    let kinds = list
+        .iter()
+        .map(|v| match v.as_str() {
+            Some("mamba" | "linear_attention") => Ok(LayerKind::Mamba2),
+            Some("attention" | "full_attention") => Ok(LayerKind::Attention),
+            _ => Err(bad(v)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if kinds.len() != n {
+        let m = format!("{} layer types for {n} layers", kinds.len());
+        return Err(cfg.err(field, m));
+    }
+    Ok(kinds)
+}
+
+/// The attention rotates q and k (`rope`) or not (`null`, `nope`: the class builds no RoPE
+/// for anything but `rope`; other names are refused rather than guessed).
+fn position_embedding(cfg: &Cfg<'_>) -> Result<bool, ModelError> {
+    match cfg.get("position_embedding_type") {
+        None => Ok(false),
+        Some(Value::String(s)) if s == "rope" => Ok(true),
+        Some(Value::String(s)) if s == "nope" => Ok(false),
+        Some(v) => Err(cfg.err(
+            "position_embedding_type",
+            format!("{} (null, `nope` or `rope`)", shown(v)),
+        )),
+    }
+}
+
+/// The Mamba-2 mixers' geometry (`mamba_*`, `time_step_limit`), checked as the class checks
+/// it: `mamba_d_head · mamba_n_heads == mamba_expand · hidden_size`.
+fn mamba(cfg: &Cfg<'_>, hidden: usize) -> Result<MambaSpec, ModelError> {
+    let heads = cfg.usize_or("mamba_n_heads", 128)?;
+    let inner = cfg.usize_or("mamba_expand", 2)?.saturating_mul(hidden);
+    if heads == 0 || !inner.is_multiple_of(heads) {
+        let m = format!("{heads} (must divide mamba_expand · hidden_size = {inner})");
+        return Err(cfg.err("mamba_n_heads", m));
+    }
+    let head_dim = match cfg.get("mamba_d_head") {
+        None => inner / heads,
+        Some(Value::String(s)) if s == "auto" => inner / heads,
+        Some(_) => cfg.usize_req("mamba_d_head")?,
+    };
+    if head_dim.checked_mul(heads) != Some(inner) {
+        let m = format!("{head_dim} × {heads} heads is not mamba_expand · hidden_size = {inner}");
+        return Err(cfg.err("mamba_d_head", m));
+    }
+    Ok(MambaSpec {
+        num_heads: heads,
+        head_dim,
+        state_size: cfg.usize_or("mamba_d_state", 256)?,
+        n_groups: cfg.usize_or("mamba_n_groups", 1)?,
+        conv_kernel: cfg.usize_or("mamba_d_conv", 4)?,
+        time_step_min: time_step_floor(cfg)?,
+        conv_bias: cfg.bool_or("mamba_conv_bias", true)?,
+        proj_bias: cfg.bool_or("mamba_proj_bias", false)?,
+    })
+}
+
+/// The lower clamp of `dt` from `time_step_limit` `[low, high]` (default `[0, ∞]`): hsx runs a
+/// floor only, so an upper limit other than ∞ is refused.
+fn time_step_floor(cfg: &Cfg<'_>) -> Result<f64, ModelError> {
+    let field = "time_step_limit";
+    if cfg.has(field) && cfg.get(field).is_none() {
+        return Err(cfg.err(
+            field,
+            "null (transformers' prefill needs a [low, high] pair)",
+        ));
+    }
+    let Some(v) = cfg.get(field) else {
+        return Ok(0.0);
+    };
+    let pair = v.as_array().filter(|a| a.len() == 2);
+    let nums = pair.map(|a| a.iter().map(super::pyjson::value_f64).collect::<Vec<_>>());
+    match nums.as_deref() {
+        Some(&[Some(low), Some(high)])
+            if low.is_finite() && low >= 0.0 && high == f64::INFINITY =>
+        {
+            Ok(low)
+        }
+        _ => Err(cfg.err(
+            field,
+            format!("{} (hsx runs [low ≥ 0, Infinity] only)", shown(v)),
+        )),
+    }
+}
+
+/// The routed experts when `num_local_experts` > 0 (every layer sparse; the shared MLP beside
+/// them, ungated).
+fn experts(cfg: &Cfg<'_>, layers: usize) -> Result<Option<MoeSpec>, ModelError> {
+    let n = cfg.usize_or("num_local_experts", 8)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let top_k = cfg.usize_or("num_experts_per_tok", 2)?;
+    if top_k == 0 || top_k > n {
+        let m = format!("{top_k} (1 ..= num_local_experts {n})");
+        return Err(cfg.err("num_experts_per_tok", m));
+    }
+    Ok(Some(MoeSpec {
+        num_experts: n,
+        top_k,
+        expert_intermediate: cfg.usize_or("intermediate_size", 11008)?,
+        shared_intermediate: Some(cfg.usize_or("shared_intermediate_size", 1024)?),
+        // The softmax over the top-k logits: the softmax top-k, renormalised.
+        norm_topk_prob: true,
+        sparse_layers: vec![true; layers],
+        router: MoeRouter::Softmax,
+    }))
+}
+
+#[cfg(test)]
+#[path = "granite_config_tests.rs"]
+mod tests;
