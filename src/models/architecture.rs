@@ -50,11 +50,14 @@ pub enum Architecture {
     /// `GraniteMoeHybridForCausalLM` (Granite 4.0): Mamba-2 or NoPE / RoPE attention, then a
     /// SwiGLU shared MLP alone or beside routed experts, with Granite's multipliers.
     GraniteMoeHybrid,
+    /// `BambaForCausalLM` (Bamba-9B): Mamba-2 mixers and attention layers at
+    /// `attn_layer_indices` (RoPE on half of each head), each followed by a SwiGLU MLP.
+    Bamba,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -74,6 +77,7 @@ impl Architecture {
         Self::Gemma3,
         Self::Granite,
         Self::GraniteMoeHybrid,
+        Self::Bamba,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -102,6 +106,7 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
+            Self::Bamba => "BambaForCausalLM",
         }
     }
 
@@ -131,6 +136,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Glm4MoeLite => 202752,
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
+        Architecture::Bamba => 262144,
     }
 }
 
@@ -138,6 +144,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
+        Architecture::Bamba => 1e-5,
         _ => 1e-6,
     }
 }

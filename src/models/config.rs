@@ -107,6 +107,7 @@ impl ModelSpec {
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,
+            Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;

@@ -141,7 +141,7 @@ pub(super) fn load_ffn<D: Device>(
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     Ok(match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, p, m)?),
-        _ => Sublayer::Mlp(load_mlp(ld, spec, p, Activation::SwiGlu)?),
+        _ => Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?),
     })
 }
 
@@ -169,16 +169,16 @@ pub(super) fn attention_layer<D: Device>(
     })
 }
 
-/// Layer `p`'s dense gated MLP (`{p}.mlp.{gate,up,down}_proj`, `intermediate_size`): SwiGLU,
-/// or Gemma's GeGLU.
+/// The dense gated MLP under `px` (`{px}.{gate,up,down}_proj`, `intermediate_size`, the
+/// spec's `mlp_bias`): SwiGLU, or Gemma's GeGLU.
 pub(super) fn load_mlp<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
-    p: &str,
+    px: &str,
     act: Activation,
 ) -> Result<Mlp<D>, ModelError> {
     let (h, inter) = (spec.hidden_size, spec.intermediate_size);
-    let mlp = |n: &str| format!("{p}.mlp.{n}");
+    let mlp = |n: &str| format!("{px}.{n}");
     Ok(Mlp {
         up: ld.linear(
             &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],

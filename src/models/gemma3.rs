@@ -65,7 +65,8 @@ fn load_layer<D: Device>(
         })
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
-    let mlp = Sublayer::Mlp(load_mlp(ld, spec, &p, Activation::GeluTanhGlu)?);
+    let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;
+    let mlp = Sublayer::Mlp(mlp);
     Ok(Layer {
         parts: vec![
             part("input_layernorm", attention, "post_attention_layernorm")?,

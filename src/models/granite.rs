@@ -16,10 +16,10 @@ use super::dense::{self, attention_layer, load_ffn};
 use super::hybrid_config::{LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Expert, Router, SharedExpert};
-use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::layers::{AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::nemotron_h::{load_attention, load_mamba};
 use super::{Architecture, GraniteSpec, ModelError, ModelSpec};
 use crate::kernels::Device;
-use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let g = spec
@@ -42,6 +42,14 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     Ok(decoder)
 }
 
+/// Causal attention, its scores times the attention multiplier.
+fn scaled_scores<D: Device>(g: &GraniteSpec, spec: &ModelSpec) -> AttnVariant<D> {
+    AttnVariant {
+        score_factor: g.score_factor(spec.head_dim),
+        ..AttnVariant::causal()
+    }
+}
+
 /// Granite 3.x's layer `i`: Llama's, its scores scaled by the attention multiplier.
 fn dense_layer<D: Device>(
     ld: &Loader<'_, D>,
@@ -50,11 +58,7 @@ fn dense_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let variant = AttnVariant {
-        score_factor: g.score_factor(spec.head_dim),
-        ..AttnVariant::causal()
-    };
-    let attention = dense::load_attention(ld, spec, i, variant)?;
+    let attention = dense::load_attention(ld, spec, i, scaled_scores(g, spec))?;
     let ffn = load_ffn(ld, spec, &p, i)?;
     attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
 }
@@ -68,18 +72,7 @@ fn hybrid_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    // The mixer's index among the layers of its kind: its KV-cache or state layer.
-    let ordinal = kinds[..i].iter().filter(|&&k| k == kinds[i]).count();
-    let mixer = match kinds[i] {
-        LayerKind::Mamba2 => {
-            let m = spec.hybrid.as_ref().and_then(|h| h.mamba.as_ref());
-            let m = m.ok_or_else(|| missing(spec, "Mamba-2 geometry"))?;
-            let mamba = super::nemotron_h::load_mamba(ld, &format!("{p}.mamba"), spec, m, ordinal)?;
-            Sublayer::Mamba2(mamba)
-        }
-        LayerKind::Attention => Sublayer::Attention(load_attention(ld, spec, g, &p, ordinal)?),
-        other => return Err(missing(spec, &format!("a {other:?} mixer"))),
-    };
+    let mixer = mixer(ld, spec, kinds, i, scaled_scores(g, spec))?;
     let h = spec.hidden_size;
     let shared = load_shared_mlp(ld, spec, &p)?;
     let moe = spec.hybrid.as_ref().and_then(|h| h.moe.as_ref());
@@ -102,48 +95,35 @@ fn hybrid_layer<D: Device>(
     })
 }
 
+/// Layer `i`'s mixer (`model.layers.{i}`): Mamba-2 (`mamba.*`) or attention (`self_attn.*`,
+/// its softmax `variant`), as `kinds[i]` says; Granite 4.0's and Bamba's names.
+pub(super) fn mixer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    kinds: &[LayerKind],
+    i: usize,
+    variant: AttnVariant<D>,
+) -> Result<Sublayer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    // The mixer's index among the layers of its kind: its KV-cache or state layer.
+    let ordinal = kinds[..i].iter().filter(|&&k| k == kinds[i]).count();
+    Ok(match kinds[i] {
+        LayerKind::Mamba2 => {
+            let m = spec.hybrid.as_ref().and_then(|h| h.mamba.as_ref());
+            let m = m.ok_or_else(|| missing(spec, "Mamba-2 geometry"))?;
+            Sublayer::Mamba2(load_mamba(ld, &format!("{p}.mamba"), spec, m, ordinal)?)
+        }
+        LayerKind::Attention => {
+            let px = format!("{p}.self_attn");
+            Sublayer::Attention(load_attention(ld, &px, spec, ordinal, variant)?)
+        }
+        other => return Err(missing(spec, &format!("a {other:?} mixer"))),
+    })
+}
+
 fn missing(spec: &ModelSpec, what: &str) -> ModelError {
     let arch = spec.architecture.hf_name();
     ModelError::InvalidOptions(format!("{arch} spec without {what}"))
-}
-
-/// Layer `p`'s attention, the `kv_layer`-th: no q/k norms, RoPE only where the spec rotates
-/// (`rotary_dim` > 0), scores times the attention multiplier.
-fn load_attention<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    g: &GraniteSpec,
-    p: &str,
-    kv_layer: usize,
-) -> Result<Attention<D>, ModelError> {
-    let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let n = |s: &str| format!("{p}.self_attn.{s}");
-    let parts = [(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)];
-    let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
-    let rope = match rot {
-        0 => None,
-        rot => {
-            let table = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
-            Some((ld.dev.rope_table(&table)?, rot))
-        }
-    };
-    Ok(Attention {
-        qkv: ld.linear(&parts, h, spec.qkv_bias)?,
-        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
-        qk_norm: None,
-        rope,
-        gated: false,
-        heads: spec.num_heads,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer,
-        variant: AttnVariant {
-            score_factor: g.score_factor(hd),
-            ..AttnVariant::causal()
-        },
-    })
 }
 
 /// Layer `p`'s `shared_mlp`: `input_linear` (gate rows, then up rows) and `output_linear`.

@@ -5,6 +5,11 @@
 //! `full_attention`) without RoPE unless `position_embedding_type` is `rope`; then a SwiGLU
 //! shared MLP (`shared_intermediate_size`), beside routed experts (`intermediate_size` each;
 //! top-k of the logits, softmax over those) when `num_local_experts` > 0.
+//!
+//! `BambaConfig` (`BambaForCausalLM`, whose Mamba-2 mixer Granite 4.0 took over, with the same
+//! `mamba_*` fields) is read here too: attention at `attn_layer_indices` (RoPE on the first
+//! half of each head: the class fixes `partial_rotary_factor` at 0.5), Mamba-2 elsewhere, each
+//! followed by a SwiGLU MLP; no multipliers.
 
 use serde_json::Value;
 
@@ -64,6 +69,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
     let mamba = mamba(cfg, hidden)?;
     let bias = cfg.bool_or("attention_bias", false)?;
     let head_dim = hidden / heads;
+    let moe = experts(cfg, layers.len())?;
     Ok(ModelSpec {
         name,
         architecture: arch,
@@ -85,16 +91,12 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-        hybrid: Some(HybridSpec {
-            rotary_dim: if rope { head_dim } else { 0 },
-            gdn: None,
-            moe: experts(cfg, layers.len())?,
-            // A model without Mamba-2 layers (Granite-4.0-Micro) carries unused mamba fields.
-            mamba: layers.contains(&LayerKind::Mamba2).then_some(mamba),
-            nemotron_moe: None,
-            mla: None,
+        hybrid: Some(mamba_hybrid(
             layers,
-        }),
+            if rope { head_dim } else { 0 },
+            moe,
+            mamba,
+        )),
         sliding_window: None,
         gpt_oss: None,
         fp8: None,
@@ -102,6 +104,86 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         gemma3: None,
         granite: Some(multipliers(cfg)?),
     })
+}
+
+/// The spec of a `BambaConfig`, with the class's defaults.
+pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let arch = Architecture::Bamba;
+    cfg.check_activation()?;
+    let hidden = cfg.usize_or("hidden_size", 4096)?;
+    let heads = cfg.usize_or("num_attention_heads", 32)?;
+    if heads == 0 {
+        return Err(cfg.err("num_attention_heads", "must be > 0"));
+    }
+    let head_dim = cfg.usize_or("head_dim", hidden / heads)?;
+    let layers = attention_at(cfg, cfg.num_layers_or(32)?)?;
+    let (rope_theta, rope_scaling) = cfg.rope(arch)?;
+    let mamba = mamba(cfg, hidden)?;
+    let bias = cfg.bool_or("attention_bias", false)?;
+    Ok(ModelSpec {
+        name,
+        architecture: arch,
+        vocab_size: cfg.usize_or("vocab_size", 128_000)?,
+        hidden_size: hidden,
+        num_layers: layers.len(),
+        num_heads: heads,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", 8)?,
+        head_dim,
+        intermediate_size: cfg.usize_or("intermediate_size", 14336)?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(arch))?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: cfg.bool_or("mlp_bias", false)?,
+        qk_norm: QkNorm::None,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        // `int(head_dim * 0.5)`, whatever the config's own factor says.
+        hybrid: Some(mamba_hybrid(layers, head_dim / 2, None, mamba)),
+        sliding_window: None,
+        gpt_oss: None,
+        fp8: None,
+        llama4: None,
+        gemma3: None,
+        granite: None,
+    })
+}
+
+/// The hybrid part of a Granite 4.0 or Bamba spec: its mixers, rotated dims, experts, and the
+/// Mamba-2 geometry where some layer is Mamba-2 (an attention-only Granite-4.0-Micro carries
+/// unused `mamba_*` fields).
+fn mamba_hybrid(
+    layers: Vec<LayerKind>,
+    rotary_dim: usize,
+    moe: Option<MoeSpec>,
+    mamba: MambaSpec,
+) -> HybridSpec {
+    HybridSpec {
+        rotary_dim,
+        gdn: None,
+        moe,
+        mamba: layers.contains(&LayerKind::Mamba2).then_some(mamba),
+        nemotron_moe: None,
+        mla: None,
+        layers,
+    }
+}
+
+/// Bamba's layers: attention at `attn_layer_indices` (each below `n`), Mamba-2 elsewhere.
+fn attention_at(cfg: &Cfg<'_>, n: usize) -> Result<Vec<LayerKind>, ModelError> {
+    let field = "attn_layer_indices";
+    let mut kinds = vec![LayerKind::Mamba2; n];
+    let Some(v) = cfg.get(field) else {
+        return Ok(kinds);
+    };
+    let bad = || cfg.err(field, format!("{} (layer indices below {n})", shown(v)));
+    for i in v.as_array().ok_or_else(bad)? {
+        let i = i.as_u64().map(|i| i as usize).filter(|&i| i < n);
+        kinds[i.ok_or_else(bad)?] = LayerKind::Attention;
+    }
+    Ok(kinds)
 }
 
 /// Per layer its mixer, from `layer_types` (or its alias `layers_block_type`); the class's

@@ -215,3 +215,32 @@ fn granite_3_is_llama_with_multipliers() {
     assert!(bad("attention_multiplier", json!(-1.0)).contains("attention_multiplier"));
     assert!(bad("residual_multiplier", json!("x")).contains("residual_multiplier"));
 }
+
+#[test]
+fn bamba_takes_its_class_defaults() {
+    let s = parse(&released_config("bamba-9b.json")).unwrap();
+    assert_eq!(s.architecture, Architecture::Bamba);
+    let dims = (s.vocab_size, s.num_heads, s.num_kv_heads, s.head_dim);
+    assert_eq!(dims, (128_000, 32, 8, 128));
+    assert_eq!((s.intermediate_size, s.rms_norm_eps), (14336, 1e-5));
+    assert_eq!((s.max_position_embeddings, s.granite), (262_144, None));
+    let h = hybrid(&s);
+    // Half of each head rotated, whatever the config's own factor.
+    assert_eq!((h.rotary_dim, h.moe.is_none()), (64, true));
+    let attention: Vec<usize> = (0..32)
+        .filter(|&i| h.layers[i] == LayerKind::Attention)
+        .collect();
+    assert_eq!(attention, [9, 18, 27]);
+    let m = h.mamba.as_ref().unwrap();
+    assert_eq!((m.num_heads, m.head_dim, m.state_size), (128, 64, 128));
+    let mut v = released_config("bamba-9b.json");
+    v["attn_layer_indices"] = json!([9, 32]);
+    assert!(parse(&v).unwrap_err().contains("attn_layer_indices"));
+    v["attn_layer_indices"] = json!("9");
+    assert!(parse(&v).unwrap_err().contains("attn_layer_indices"));
+    v["attn_layer_indices"] = json!([]);
+    assert_eq!(
+        hybrid(&parse(&v).unwrap()).layers,
+        vec![LayerKind::Mamba2; 32]
+    );
+}

@@ -15,6 +15,7 @@
 
 mod architecture;
 pub mod backend;
+pub mod bamba;
 pub mod config;
 pub mod decoder;
 mod deepseek_config;

@@ -13,6 +13,7 @@ use super::layers::{
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::MambaDims;
+use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let missing = || {
@@ -36,7 +37,13 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             }
             LayerKind::Attention => {
                 attn += 1;
-                Sublayer::Attention(load_attention(ld, &px, &spec, attn - 1)?)
+                Sublayer::Attention(load_attention(
+                    ld,
+                    &px,
+                    &spec,
+                    attn - 1,
+                    AttnVariant::causal(),
+                )?)
             }
             LayerKind::Mlp => {
                 let (inter, b) = (spec.intermediate_size, spec.mlp_bias);
@@ -74,31 +81,39 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     })
 }
 
-fn load_attention<D: Device>(
+/// A hybrid's `kv_layer`-th attention under `px` (`{px}.{q,k,v,o}_proj`): no q/k norms, the
+/// spec's biases, RoPE only where the spec rotates (`rotary_dim` > 0; Nemotron-H never does),
+/// the softmax of `variant`.
+pub(super) fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     px: &str,
     spec: &ModelSpec,
     kv_layer: usize,
+    variant: AttnVariant<D>,
 ) -> Result<Attention<D>, ModelError> {
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let n = |s: &str| format!("{px}.{s}");
+    let parts = [(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)];
+    let rope = match spec.hybrid.as_ref().map_or(0, |h| h.rotary_dim) {
+        0 => None,
+        rot => {
+            let table = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
+            Some((ld.dev.rope_table(&table)?, rot))
+        }
+    };
     Ok(Attention {
-        qkv: ld.linear(
-            &[(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)],
-            h,
-            false,
-        )?,
-        o: ld.linear1(&n("o_proj"), h, qd, false)?,
+        qkv: ld.linear(&parts, h, spec.qkv_bias)?,
+        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
         qk_norm: None,
-        rope: None,
+        rope,
         gated: false,
         heads: spec.num_heads,
         kv_heads: spec.num_kv_heads,
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer,
-        variant: AttnVariant::causal(),
+        variant,
     })
 }
 

@@ -1,8 +1,9 @@
 //! The CUDA backend on the hybrid fixtures (Qwen3.5, Qwen3-Next, Qwen3.5-MoE, Nemotron-H with
-//! and without MoE blocks, Qwen3.5 and Nemotron-H bf16, Granite 4.0 with and without experts;
-//! a bf16 MoE fixture's rounding flips near-tied expert choices differently on each device, so
-//! matrix.rs checks granite_h_bf16 against transformers instead) against the CPU backend and
-//! the transformers references: every layer id, one pass vs chunked prefill (pieces of 1, 7, 61 tokens) vs
+//! and without MoE blocks, Qwen3.5 and Nemotron-H bf16, Granite 4.0 with and without experts,
+//! Bamba; a bf16 MoE fixture's rounding flips near-tied expert choices differently on each
+//! device, so matrix.rs checks granite_h_bf16 against transformers instead) against the CPU
+//! backend and the transformers references: every layer id, one pass vs chunked prefill
+//! (pieces of 1, 7, 61 tokens) vs
 //! several requests' chunks packed in one batch,
 //! recurrent-state slots reused after an abandoned request, bad slots rejected.
 //! Captured rows within f32 1e-4 / bf16 2e-2 (relative to the largest value of the layer),
@@ -26,7 +27,7 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 10] = [
+const MODELS: [(&str, usize); 11] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
@@ -37,6 +38,7 @@ const MODELS: [(&str, usize); 10] = [
     ("nemotron_h_bf16", 6),
     ("granite_h", 6),
     ("granite_h_dense", 4),
+    ("bamba", 4),
 ];
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 1024;

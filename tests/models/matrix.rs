@@ -165,4 +165,5 @@ matrix! {
     granite_h => "granite_h",
     granite_h_bf16 => "granite_h_bf16",
     granite_h_dense => "granite_h_dense",
+    bamba => "bamba",
 }

@@ -23,6 +23,8 @@ const NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
 /// Granite-4.0-H-Small / Tiny / Micro / 1B: attention every 10th layer from layer 5.
 const GRANITE_H: &str = "MMMMM*MMMMMMMMM*MMMMMMMMM*MMMMMMMMM*MMMM";
+/// Bamba-9B's `attn_layer_indices` [9, 18, 27].
+const BAMBA_9B: &str = "MMMMMMMMM*MMMMMMMM*MMMMMMMM*MMMM";
 /// Granite-4.0-H-350M's layer types.
 const GRANITE_350M: &str = "MMMMMMMMMM*MM*MMM*MMMMMMMMM*MMMM";
 
@@ -127,6 +129,11 @@ const CASES: &[(&str, Expect)] = &[
     (
         "granite-4.0-h-micro.json",
         Accepted("GraniteMoeHybridForCausalLM", 40, Some(GRANITE_H)),
+    ),
+    // Attention at attn_layer_indices 9, 18, 27.
+    (
+        "bamba-9b.json",
+        Accepted("BambaForCausalLM", 32, Some(BAMBA_9B)),
     ),
 ];
 

@@ -140,6 +140,7 @@ const FIXTURES: &[&str] = &[
     "granite_h",
     "granite_h_bf16",
     "granite_h_dense",
+    "bamba",
 ];
 
 impl Bases {

@@ -207,6 +207,7 @@ const FIELDS: &[&str] = &[
     "mamba_expand",
     "mamba_conv_bias",
     "mamba_proj_bias",
+    "attn_layer_indices",
 ];
 
 const WORDS: &[&str] = &[
@@ -267,6 +268,7 @@ const WORDS: &[&str] = &[
     "Mistral3ForConditionalGeneration",
     "GraniteForCausalLM",
     "GraniteMoeHybridForCausalLM",
+    "BambaForCausalLM",
     "nope",
     "rope",
     "auto",
