@@ -2,9 +2,10 @@
 //! final norm and the LM head — and the residual stream every architecture runs:
 //! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
-//! `x += post_norm(sublayer(norm(x)))`, Granite scales it, `x += r · sublayer(norm(x))` — the add fused into the next part's norm (exact in
-//! f32), so the row captured as id `i` is the residual stream after `i` layers; id L is the
-//! last layer's output before the final norm (DESIGN.md §1.1).
+//! `x += post_norm(sublayer(norm(x)))`; Granite scales it, `x += r · sublayer(norm(x))` — the
+//! add fused into the next part's norm (exact in f32), so the row captured as id `i` is the
+//! residual stream after `i` layers; id L is the last layer's output before the final norm
+//! (DESIGN.md §1.1).
 
 use super::ModelSpec;
 use super::layers::{Ctx, Layer, Sublayer, Widths};

@@ -1,8 +1,9 @@
 //! The [`CudaDevice`] ops with the most geometry to check: GEMMs on whole buffers or row
 //! ranges, attention over the paged cache, the recurrent layers (conv1d, Gated DeltaNet,
-//! Mamba-2, their gated norms), MoE and row gathers. Each checks its operands on the host, then calls the
-//! launchers of [`super::gemm`], [`super::kv_cache`], [`super::recurrent`] and [`super::moe`]
-//! with the argument lists the per-architecture CUDA code used before the device-ops trait.
+//! Mamba-2, their gated norms), MoE and row gathers. Each checks its operands on the host, then
+//! calls the launchers of [`super::gemm`], [`super::kv_cache`], [`super::recurrent`],
+//! [`super::moe`] and [`super::ops`] with the argument lists the per-architecture CUDA code used
+//! before the device-ops trait.
 
 use std::ops::Range;
 
