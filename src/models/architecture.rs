@@ -50,6 +50,9 @@ pub enum Architecture {
     /// `GraniteMoeHybridForCausalLM` (Granite 4.0): Mamba-2 or NoPE / RoPE attention, then a
     /// SwiGLU shared MLP alone or beside routed experts, with Granite's multipliers.
     GraniteMoeHybrid,
+    /// `Phi3ForCausalLM` (Phi-3 mini / medium, Phi-4): Llama's layers with a fused
+    /// `qkv_proj` and `gate_up_proj`, an optional sliding window.
+    Phi3,
     /// `BambaForCausalLM` (Bamba-9B): Mamba-2 mixers and attention layers at
     /// `attn_layer_indices` (RoPE on half of each head), each followed by a SwiGLU MLP.
     Bamba,
@@ -57,7 +60,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -78,6 +81,7 @@ impl Architecture {
         Self::Granite,
         Self::GraniteMoeHybrid,
         Self::Bamba,
+        Self::Phi3,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -107,6 +111,7 @@ impl Architecture {
             Self::Granite => "GraniteForCausalLM",
             Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
             Self::Bamba => "BambaForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -137,6 +142,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba => 262144,
+        Architecture::Phi3 => 4096,
     }
 }
 
@@ -144,7 +150,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
-        Architecture::Bamba => 1e-5,
+        Architecture::Bamba | Architecture::Phi3 => 1e-5,
         _ => 1e-6,
     }
 }

@@ -302,8 +302,8 @@ impl<'a> Cfg<'a> {
         Ok(None)
     }
 
-    /// The sliding window of every layer: Mistral's and Mixtral's `sliding_window` when it is
-    /// smaller than the context (transformers masks keys older than `pos - window + 1` there).
+    /// The sliding window of every layer: Mistral's, Mixtral's and Phi-3's `sliding_window` when
+    /// it is smaller than the context (transformers masks keys older than `pos - window + 1` there).
     /// Qwen2/3's `use_sliding_window` / sliding `layer_types` (windows on some layers only,
     /// off in every released config) are refused.
     pub(super) fn sliding_window(
@@ -313,7 +313,7 @@ impl<'a> Cfg<'a> {
     ) -> Result<Option<usize>, ModelError> {
         let window = self.usize_opt("sliding_window")?.filter(|&w| w < max_pos);
         let refused = match arch {
-            Architecture::Mistral | Architecture::Mixtral => {
+            Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
                 if window == Some(0) {
                     return Err(self.err("sliding_window", "must be at least 1"));
                 }

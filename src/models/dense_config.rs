@@ -15,6 +15,9 @@ pub(super) fn dense_spec(
     cfg.check_activation()?;
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
+    if architecture == Architecture::Phi3 {
+        phi3_rope(cfg, hidden_size / num_heads.max(1))?;
+    }
     let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
     let default_head_dim = match architecture {
         // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
@@ -74,4 +77,84 @@ pub(super) fn dense_spec(
             _ => None,
         },
     })
+}
+
+/// Phi-3's RoPE as hsx runs it: every dim of the head rotated, no `longrope` (which
+/// `Phi3Config` also calls `su` and `yarn`: Phi-3.5-mini's and Phi-4-mini's 128k scaling picks
+/// its factors by the sequence's length).
+fn phi3_rope(cfg: &Cfg<'_>, head_dim: usize) -> Result<(), ModelError> {
+    if super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)? != head_dim {
+        let msg = "a partial rotary factor (Phi-4-mini's): hsx rotates whole Phi-3 heads";
+        return Err(cfg.err("partial_rotary_factor", msg));
+    }
+    let params = cfg
+        .get("rope_parameters")
+        .or_else(|| cfg.get("rope_scaling"));
+    let kind = params
+        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .and_then(|v| v.as_str());
+    if let Some(k @ ("longrope" | "su" | "yarn")) = kind {
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: format!("Phi-3 rope type `{k}` (longrope: 128k Phi-3.5 / Phi-4-mini)"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::{Value, json};
+
+    use super::super::{Architecture, ModelSpec, released_config};
+
+    fn parse(v: &Value) -> Result<ModelSpec, String> {
+        ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn phi_4_as_quoted() {
+        let s = parse(&released_config("phi-4.json")).unwrap();
+        assert_eq!(s.architecture, Architecture::Phi3);
+        assert_eq!(
+            (s.head_dim, s.num_kv_heads, s.rope_theta),
+            (128, 10, 250000.0)
+        );
+        assert_eq!((s.sliding_window, s.rms_norm_eps), (None, 1e-5));
+    }
+
+    /// Phi-3-mini-4k's window of 2047 keys applies; longrope and partial rotary are refused.
+    #[test]
+    fn phi3_window_and_refusals() {
+        let with = |k: &str, v: Value| {
+            let mut c = released_config("phi-4.json");
+            c[k] = v;
+            parse(&c)
+        };
+        assert_eq!(
+            with("sliding_window", json!(2047)).unwrap().sliding_window,
+            Some(2047)
+        );
+        assert_eq!(
+            with("sliding_window", json!(16384)).unwrap().sliding_window,
+            None
+        );
+        for kind in ["longrope", "su", "yarn"] {
+            let scaling = json!({"type": kind, "short_factor": [1.0], "long_factor": [1.0]});
+            let err = with("rope_scaling", scaling).unwrap_err();
+            assert!(err.contains(kind), "{err}");
+        }
+        let params = json!({"rope_type": "longrope", "rope_theta": 1e4});
+        assert!(
+            with("rope_parameters", params)
+                .unwrap_err()
+                .contains("longrope")
+        );
+        let err = with("partial_rotary_factor", json!(0.75)).unwrap_err();
+        assert!(err.contains("partial_rotary_factor"), "{err}");
+        let params = json!({"rope_type": "default", "partial_rotary_factor": 1.0});
+        assert!(with("rope_parameters", params).is_ok());
+    }
 }

@@ -43,6 +43,7 @@ pub mod moe_weights;
 mod mxfp4;
 pub mod nemotron_h;
 pub mod nemotron_moe;
+pub mod phi3;
 pub mod pyjson;
 pub mod qwen3_5;
 pub mod registry;

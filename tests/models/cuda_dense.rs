@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 8] = [
+const ARCHS: [&str; 9] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -25,6 +25,7 @@ const ARCHS: [&str; 8] = [
     "gemma3",
     "gemma3_vl",
     "granite",
+    "phi3",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

@@ -166,4 +166,5 @@ matrix! {
     granite_h_bf16 => "granite_h_bf16",
     granite_h_dense => "granite_h_dense",
     bamba => "bamba",
+    phi3 => "phi3",
 }

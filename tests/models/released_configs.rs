@@ -130,6 +130,8 @@ const CASES: &[(&str, Expect)] = &[
         "granite-4.0-h-micro.json",
         Accepted("GraniteMoeHybridForCausalLM", 40, Some(GRANITE_H)),
     ),
+    // Llama's layers with fused projections.
+    ("phi-4.json", Accepted("Phi3ForCausalLM", 40, None)),
     // Attention at attn_layer_indices 9, 18, 27.
     (
         "bamba-9b.json",

@@ -141,6 +141,7 @@ const FIXTURES: &[&str] = &[
     "granite_h_bf16",
     "granite_h_dense",
     "bamba",
+    "phi3",
 ];
 
 impl Bases {

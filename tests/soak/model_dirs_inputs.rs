@@ -208,6 +208,7 @@ const FIELDS: &[&str] = &[
     "mamba_conv_bias",
     "mamba_proj_bias",
     "attn_layer_indices",
+    "original_max_position_embeddings",
 ];
 
 const WORDS: &[&str] = &[
@@ -269,6 +270,9 @@ const WORDS: &[&str] = &[
     "GraniteForCausalLM",
     "GraniteMoeHybridForCausalLM",
     "BambaForCausalLM",
+    "Phi3ForCausalLM",
+    "longrope",
+    "su",
     "nope",
     "rope",
     "auto",
