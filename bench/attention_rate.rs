@@ -1,9 +1,11 @@
-//! The CPU attention's rate (f32 path: what f32 models and bf16 models off the AMX path run):
-//! one prompt of `len` tokens in one chunk over the paged cache, GFLOP/s counted as the causal
-//! products only (QKᵀ and PV: 4 · hd flops per query head and visible key), best of 4.
+//! The CPU attention's rate, f32 (what f32 models, and bf16 models on the `avx2` / `f32` GEMM
+//! paths, run) or a bf16 path's (a bf16 model's on `amx` / `avx512bf16`): one prompt of `len`
+//! tokens in one chunk over the paged cache, GFLOP/s counted as the causal products only (QKᵀ
+//! and PV: 4 · hd flops per query head and visible key), best of 4.
 
 use std::time::Instant;
 
+use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::attention::{AttnShape, Softmax, attention};
 use hsx::kernels::cpu::kv_cache::KvCache;
 use hsx::kernels::plan::{BatchPlan, PlanLimits};
@@ -13,13 +15,13 @@ use hsx::kernels::{Batch, SeqChunk};
 pub const SHAPES: [(&str, usize, usize, usize); 2] =
     [("16/4x64", 16, 4, 64), ("32/8x128", 32, 8, 128)];
 
-/// GFLOP/s of `attention` over one prompt of `len` tokens with `heads / kv_heads × hd`.
+/// GFLOP/s of `attention` over one prompt of `len` tokens with `heads / kv_heads × hd`, as a
+/// model whose weights are multiplied on `bf16` runs it (`None`: an f32 model).
 pub fn gflops(
     pool: &rayon::ThreadPool,
     len: usize,
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
+    (heads, kv_heads, hd): (usize, usize, usize),
+    bf16: Option<Bf16Kernel>,
 ) -> f64 {
     let (qd, kvd, bs) = (heads * hd, kv_heads * hd, 16);
     let nb = len.div_ceil(bs);
@@ -62,16 +64,7 @@ pub fn gflops(
         .map(|_| {
             let t = Instant::now();
             pool.install(|| {
-                attention(
-                    &q,
-                    kc,
-                    vc,
-                    &plan,
-                    shape,
-                    Softmax::default(),
-                    &mut out,
-                    false,
-                )
+                attention(&q, kc, vc, &plan, shape, Softmax::default(), &mut out, bf16)
             });
             t.elapsed().as_secs_f64()
         })

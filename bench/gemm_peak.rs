@@ -7,10 +7,11 @@
 //! - Peaks (`peaks.rs`): register-only probes of each unit the CPU has — AVX2 FMA, AVX-512
 //!   FMA, AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps` — on 1 and on `--threads` threads; the f32
 //!   FMA peak is the widest one's.
-//! - Attention (`attention_rate.rs`): the f32 attention kernel over one prompt of `--rows` / 2
-//!   and of `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64)
-//!   and an 8B model's (32 / 8 × 128), against the f32 FMA peak. `--attention-only`: that
-//!   alone (for profiling).
+//! - Attention (`attention_rate.rs`): the f32 attention kernel, and the bf16 attention of the
+//!   `amx` / `avx512bf16` paths where the CPU has them, over one prompt of `--rows` / 2 and of
+//!   `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64) and an
+//!   8B model's (32 / 8 × 128), against the peak of the unit each runs on (f32: the FMA peak).
+//!   `--attention-only`: that alone (for profiling).
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
@@ -102,17 +103,32 @@ fn main() {
         .build()
         .unwrap();
     let attention_only = args.iter().any(|a| a == "--attention-only");
-    // The attention's rate per shape and prompt length: (label, len, GFLOP/s).
-    let attention: Vec<(&str, usize, f64)> = (attention_rate::SHAPES.iter())
+    // The attention's rate per path, shape and prompt length: (path, label, len, GFLOP/s).
+    let attention_paths = [None, Some(Bf16Kernel::Amx), Some(Bf16Kernel::Avx512bf16)]
+        .into_iter()
+        .filter(|p| p.is_none_or(|k| k.available()));
+    let attention: Vec<(&str, &str, usize, f64)> = attention_paths
+        .flat_map(|path| attention_rate::SHAPES.iter().map(move |s| (path, s)))
         .filter(|_| only.is_none())
-        .flat_map(|&(label, h, kvh, hd)| {
-            [rows / 2, rows * 2]
-                .map(|len| (label, len, attention_rate::gflops(&pool, len, h, kvh, hd)))
+        .flat_map(|(path, &(label, h, kvh, hd))| {
+            let name = match path {
+                Some(Bf16Kernel::Amx) => "amx",
+                Some(_) => "avx512bf16",
+                None => "f32",
+            };
+            [rows / 2, rows * 2].map(|len| {
+                (
+                    name,
+                    label,
+                    len,
+                    attention_rate::gflops(&pool, len, (h, kvh, hd), path),
+                )
+            })
         })
         .collect();
     if attention_only {
-        for (label, len, g) in &attention {
-            println!("attention {label}, {len} tokens: {g:.1} GFLOP/s on {threads} threads");
+        for (path, label, len, g) in &attention {
+            println!("{path} attention {label}, {len} tokens: {g:.1} GFLOP/s on {threads} threads");
         }
         return;
     }
@@ -205,7 +221,8 @@ fn main() {
             serde_json::json!({
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
                 "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
-                "attention": attention.iter().map(|(label, len, g)| serde_json::json!({
+                "attention": attention.iter().map(|(path, label, len, g)| serde_json::json!({
+                    "path": path, "unit": if *path == "f32" { fma } else { path },
                     "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(),
                 "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
@@ -231,10 +248,12 @@ fn main() {
         );
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
-    for (label, len, g) in &attention {
+    for (path, label, len, g) in &attention {
+        let unit = if *path == "f32" { fma } else { path };
+        let peak = peak_of.get(unit).map_or(f64::NAN, |p| p.1);
         println!(
-            "f32 attention {label}, one prompt of {len} tokens: {g:.1} GFLOP/s ({:.0}% of the {fma} peak)",
-            100.0 * g / pn
+            "{path} attention {label}, one prompt of {len} tokens: {g:.1} GFLOP/s ({:.0}% of the {unit} peak)",
+            100.0 * g / peak
         );
     }
     for (path, unit, mix, peak, per, kernel) in &bf16 {

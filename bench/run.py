@@ -388,10 +388,12 @@ def main() -> int:
                f"{peak['peak_gflops']:.0f} on {peak['threads']}; hsx matmul_wt at the model's shapes "
                f"({peak['rows']} rows): {peak['gemm_gflops']:.0f} GFLOP/s "
                f"({100 * peak['gemm_gflops'] / peak['peak_gflops']:.0f}% of peak)")
-    for a in peak.get("attention", []):
-        out.append(f"hsx f32 attention ({a['shape']} heads, one prompt of {a['len']} tokens): {a['gflops']:.0f} GFLOP/s "
-                   f"({100 * a['gflops'] / peak['peak_gflops']:.0f}% of the {peak['fma']} peak)")
     units = peak.get("units", {})
+    for a in peak.get("attention", []):
+        unit = a.get("unit", peak["fma"])
+        unit_peak = units.get(unit, {}).get("peak_gflops", peak["peak_gflops"])
+        out.append(f"hsx {a.get('path', 'f32')} attention ({a['shape']} heads, one prompt of {a['len']} tokens): "
+                   f"{a['gflops']:.0f} GFLOP/s ({100 * a['gflops'] / unit_peak:.0f}% of the {unit} peak)")
     if units:
         out.append("unit peaks (register-only probes, 1 thread / " + str(peak["threads"]) + "): " + "; ".join(
             f"{u} {v['peak_1t_gflops']:.0f} / {v['peak_gflops']:.0f} GFLOP/s" for u, v in units.items()))

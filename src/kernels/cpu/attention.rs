@@ -34,6 +34,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use crate::kernels::cpu::bf16::Bf16Kernel;
 use crate::kernels::plan::BatchPlan;
 
 pub use crate::kernels::device::AttnShape;
@@ -167,8 +168,9 @@ pub struct Softmax<'a> {
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
-/// `bf16_tiles`: a bf16 model on the `amx` path, whose attention runs on AMX tiles where the
-/// CPU and head dim allow (`attention_amx.rs`); otherwise the f32 kernels.
+/// `bf16`: a bf16 model's GEMM path; on `amx` and `avx512bf16` its attention runs on bf16
+/// products (AMX tiles or `vdpbf16ps`, `attention_amx.rs`) where the CPU and head dim allow;
+/// otherwise (and for f32 models, `None`) the f32 kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -178,7 +180,7 @@ pub fn attention(
     shape: AttnShape,
     softmax: Softmax<'_>,
     out: &mut Vec<f32>,
-    bf16_tiles: bool,
+    bf16: Option<Bf16Kernel>,
 ) {
     let t = plan.num_tokens();
     let hd = shape.head_dim;
@@ -194,11 +196,13 @@ pub fn attention(
     );
     // Every element is written by a task: resizing zeroes only growth, not the reused part.
     out.resize(q.len(), 0.0);
+    // The bf16 task packs the queries itself, without the temperature.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    // The AMX path packs the queries itself, without the temperature.
-    let amx = bf16_tiles && softmax.temperature.is_none() && amx::usable(hd);
+    let engine = bf16
+        .filter(|_| softmax.temperature.is_none())
+        .and_then(|k| amx::engine(k, hd));
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    let amx = bf16_tiles && false;
+    let _ = bf16;
     let ctx = Ctx {
         q,
         kc,
@@ -210,15 +214,15 @@ pub fn attention(
         out: OutPtr(out.as_mut_ptr()),
     };
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    if amx {
+    if let Some(engine) = engine {
         let tile = (AMX_ROWS / group).max(1);
         let windowed = softmax.window.is_some() || softmax.chunk.is_some();
         let chains = amx_chains(plan, shape.kv_heads, tile, windowed);
         chains
             .par_iter()
             .for_each_init(<(Scratch, AmxScratch)>::default, |(s, a), chain| {
-                // SAFETY: `usable` held for this head dim; chains are not empty.
-                unsafe { amx::run_chain(&ctx, chain, s, a) };
+                // SAFETY: `engine` came from `amx::engine` for this head dim; chains are not empty.
+                unsafe { amx::run_chain(&ctx, chain, s, a, engine) };
             });
         return;
     }

@@ -1,8 +1,9 @@
-//! The attention task on AMX-BF16 tiles, for bf16 models on the `amx` path
-//! (`cpu_bf16_kernel`): QKᵀ and PV as tile products with f32 accumulation, and the
-//! operations of the f32 kernel's softmax (`softmax_avx2`) in between — as torch's CPU flash
-//! attention does for bf16: q, k, v and the probabilities rounded to bf16 (nearest even),
-//! scores, softmax and sums in f32.
+//! The bf16 attention task, for bf16 models on the `amx` and `avx512bf16` paths
+//! (`cpu_bf16_kernel`): QKᵀ and PV as bf16 products with f32 accumulation — AMX tile products
+//! ([`Engine::Amx`]) or `vdpbf16ps` over the same packed operands ([`Engine::Dpbf16`],
+//! `attention_dpbf16.rs`) — and the operations of the f32 kernel's softmax (`softmax_avx2`) in
+//! between, as torch's CPU flash attention does for bf16: q, k, v and the probabilities rounded
+//! to bf16 (nearest even), scores, softmax and sums in f32.
 //!
 //! # Per chain of tasks (one run of positions and kv head) and per task (up to `AMX_ROWS`
 //! query rows)
@@ -20,8 +21,9 @@
 //! tile. The keys of a PV step are pairs from absolute multiples of [`KEY_ALIGN`] (the task's
 //! first key is rounded down to one), and a key outside a row's window or length has
 //! probability 0, whose products add exactly 0: a row's output has the same bits in any task,
-//! batch or chunking. (With a NaN in a later position's value, `0 · NaN` would reach earlier
-//! rows of the same sequence; such a request already carries NaN states.)
+//! batch or chunking. (On AMX, with a NaN in a later position's value, `0 · NaN` could reach
+//! earlier rows of the same sequence; such a request already carries NaN states. The
+//! `vdpbf16ps` engine skips the keys a row does not see.)
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -30,12 +32,15 @@ use std::arch::x86_64::*;
 // (see `bf16::Tile`).
 use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, lines, out_row, prepare};
 use crate::kernels::cpu::bf16::{
-    pairs_native, round_into, round_native, round32_native, with_amx_tiles,
+    Bf16Kernel, pairs_native, round_into, round_native, round32_native, with_amx_tiles,
 };
 use softmax::softmax_into_tiles;
 
 #[path = "attention_amx_softmax.rs"]
 mod softmax;
+
+#[path = "attention_dpbf16.rs"]
+mod dpbf16;
 
 /// Rows per tile.
 const T: usize = 16;
@@ -57,14 +62,32 @@ pub(super) struct AmxScratch {
     c: Vec<Line>,
 }
 
-/// Whether this CPU runs the AMX task for this head dim.
-pub(super) fn usable(hd: usize) -> bool {
-    hd.is_multiple_of(32)
-        && crate::kernels::Bf16Kernel::Amx.available()
+/// What multiplies the packed bf16 operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Engine {
+    /// AMX tiles (`tdpbf16ps`).
+    Amx,
+    /// AVX512-BF16 (`vdpbf16ps`), a zmm row of a tile at a time.
+    Dpbf16,
+}
+
+/// The engine of a bf16 model's attention on the bf16 GEMM path `kernel`, where this CPU
+/// runs it for this head dim: AMX on the `amx` path, `vdpbf16ps` on the `avx512bf16` path;
+/// `None` (the f32 kernels) otherwise.
+pub(super) fn engine(kernel: Bf16Kernel, hd: usize) -> Option<Engine> {
+    let engine = match kernel {
+        Bf16Kernel::Amx => Engine::Amx,
+        Bf16Kernel::Avx512bf16 => Engine::Dpbf16,
+        _ => return None,
+    };
+    let ready = hd.is_multiple_of(32)
+        && kernel.available()
         && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bf16")
         && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
-        && round_native()
+        && round_native();
+    ready.then_some(engine)
 }
 
 /// The tasks of one chain ([`super::amx_chains`]: one run of positions and one kv head, in
@@ -72,24 +95,40 @@ pub(super) fn usable(hd: usize) -> bool {
 /// a prefix of them (no window), and its keys past its own length get probability 0.
 ///
 /// # Safety
-/// [`usable`] holds for the head dim; the chain is not empty.
-pub(super) unsafe fn run_chain(ctx: &Ctx<'_>, chain: &[Task], s: &mut Scratch, a: &mut AmxScratch) {
+/// `engine` came from [`engine`] for the head dim; the chain is not empty.
+pub(super) unsafe fn run_chain(
+    ctx: &Ctx<'_>,
+    chain: &[Task],
+    s: &mut Scratch,
+    a: &mut AmxScratch,
+    engine: Engine,
+) {
     let Some(last) = chain.last() else { return };
     // SAFETY: (caller) the features are present.
-    with_amx_tiles(|| unsafe {
+    let mut run = || unsafe {
         let keys = prepare(ctx, last, s, true, true).div_ceil(KEY_ALIGN) * KEY_ALIGN;
         pack_k(ctx, s, a, keys);
         pack_v(ctx, s, a, keys);
         for task in chain {
             let len = prepare(ctx, task, s, true, false);
-            run_tiles(ctx, task, s, a, len);
+            run_tiles(ctx, task, s, a, (len, engine));
         }
-    })
+    };
+    match engine {
+        Engine::Amx => with_amx_tiles(run),
+        Engine::Dpbf16 => run(),
+    }
 }
 
 /// One task of `len` keys on K and V packed for at least its keys (see the module docs).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma")]
-unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScratch, len: usize) {
+unsafe fn run_tiles(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    s: &mut Scratch,
+    a: &mut AmxScratch,
+    (len, engine): (usize, Engine),
+) {
     let hd = ctx.shape.head_dim;
     let rp = s.lens.len();
     let keys = len.div_ceil(KEY_ALIGN) * KEY_ALIGN;
@@ -97,13 +136,19 @@ unsafe fn run_tiles(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, a: &mut AmxScra
     unsafe {
         pack_q(ctx, task, a, rp);
         let st = lines(&mut a.st, keys * rp / T).cast::<f32>();
-        scores(a, st, keys, hd, rp);
+        match engine {
+            Engine::Amx => scores(a, st, keys, hd, rp),
+            Engine::Dpbf16 => dpbf16::scores(a, st, keys, hd, rp),
+        }
         // Keys len..keys (zero keys, or later keys of the chain) get probability 0, as masked
         // keys do; their values add exact zeros.
         let p = lines(&mut a.p, rp / T * keys / KEY_ALIGN * T);
         let (scale, sinks) = (ctx.shape.scale, ctx.softmax.sinks.is_some());
         softmax_into_tiles(st, (rp, len, keys), scale, s, sinks, p);
-        values(ctx, task, s, a, keys, rp);
+        match engine {
+            Engine::Amx => values(ctx, task, s, a, keys, rp),
+            Engine::Dpbf16 => dpbf16::values(ctx, task, s, a, keys),
+        }
     }
 }
 

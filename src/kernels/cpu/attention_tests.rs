@@ -32,6 +32,34 @@ enum Path {
     Fast,
     /// The AMX tiles (bf16 models), where the CPU has them.
     Amx,
+    /// The `vdpbf16ps` engine over the same packed operands, where the CPU has AVX512-BF16.
+    Dpbf16,
+}
+
+impl Path {
+    /// The bf16 GEMM path whose attention this is (`None`: the f32 kernels).
+    fn kernel(self) -> Option<Bf16Kernel> {
+        match self {
+            Path::Amx => Some(Bf16Kernel::Amx),
+            Path::Dpbf16 => Some(Bf16Kernel::Avx512bf16),
+            Path::Portable | Path::Fast => None,
+        }
+    }
+
+    /// Whether this CPU runs the path at head dim `hd` (a skip line naming it where not).
+    fn runs(self, hd: usize) -> bool {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        let runs = self
+            .kernel()
+            .is_none_or(|k| super::amx::engine(k, hd).is_some());
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        let runs = self.kernel().is_none();
+        if !runs {
+            let why = "this CPU lacks it, or the head dim is not a multiple of 32";
+            println!("skip: the {self:?} bf16 attention at head dim {hd} ({why})");
+        }
+        runs
+    }
 }
 
 /// Runs `attention` for one sequence of `len` tokens split into `chunks` (each a separate
@@ -105,16 +133,7 @@ fn run(
                 task_portable(&ctx, &task, &mut s);
             }
         } else {
-            attention(
-                qs,
-                kc,
-                vc,
-                &plan,
-                shape,
-                softmax,
-                &mut out,
-                path == Path::Amx,
-            );
+            attention(qs, kc, vc, &plan, shape, softmax, &mut out, path.kernel());
         }
         all.extend_from_slice(&out);
         start += n;
@@ -235,20 +254,19 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
     }
 }
 
-/// The AMX tile task (bf16 models): against [`naive`] within bf16 rounding of q, k, v and
-/// the probabilities, and bit-identical across chunkings, with and without window and sinks.
+/// The bf16 tasks (AMX tiles, `vdpbf16ps`): against [`naive`] within bf16 rounding of q, k,
+/// v and the probabilities, and bit-identical across chunkings, with and without window and
+/// sinks.
 #[test]
-fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    if !super::amx::usable(32) {
-        println!("skip: this CPU has no AMX-BF16 (or AVX-512F): the AMX attention did not run");
-        return;
+fn bf16_tiles_match_naive_and_are_invariant_to_chunking() {
+    for path in [Path::Amx, Path::Dpbf16] {
+        if path.runs(32) {
+            bf16_tiles_case(path);
+        }
     }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    {
-        println!("skip: no AMX attention on this target");
-        return;
-    }
+}
+
+fn bf16_tiles_case(path: Path) {
     let sinks: Vec<f32> = (0..64).map(|h| (h as f32 * 0.77).sin() * 3.0).collect();
     let mut seed = 11;
     let mut worst = 0.0f64;
@@ -259,6 +277,7 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
         (2, 1, 128, 90, None, true),
         (8, 1, 64, 130, Some(40), false),
         (64, 64, 32, 20, None, false),
+        (12, 4, 96, 75, Some(8), false),
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = Softmax {
@@ -267,25 +286,25 @@ fn amx_tiles_match_naive_and_are_invariant_to_chunking() {
             ..Softmax::default()
         };
         let want = naive(shape, variant(&sm), sm.sinks, len, (&q, &k, &v));
-        let whole = run(shape, sm, len, &[len], &q, &k, &v, Path::Amx);
+        let whole = run(shape, sm, len, &[len], &q, &k, &v, path);
         for (a, b) in whole.iter().zip(&want) {
             worst = worst.max((*a as f64 - b).abs());
             assert!(
                 (*a as f64 - b).abs() < 4e-2,
-                "{heads}/{kv_heads}/{hd}: {a} vs {b}"
+                "{path:?} {heads}/{kv_heads}/{hd}: {a} vs {b}"
             );
         }
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for chunks in [vec![len / 3, len - len / 3], vec![5, len - 5], vec![1; len]] {
-            let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::Amx);
+            let got = run(shape, sm, len, &chunks, &q, &k, &v, path);
             assert_eq!(
                 bits(&got),
                 bits(&whole),
-                "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
+                "{path:?} {heads}/{kv_heads}/{hd} chunks {chunks:?}"
             );
         }
     }
-    println!("amx attention: worst |error| vs f64 {worst:.2e}");
+    println!("{path:?} bf16 attention: worst |error| vs f64 {worst:.2e}");
 }
 
 /// AMX chains: consecutive tiles of one sequence and kv head, at most `AMX_CHAIN`, never across
@@ -339,12 +358,14 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
 #[test]
 fn a_nan_value_reaches_only_the_rows_that_see_it() {
     let mut seed = 23;
-    let paths = [Path::Portable, Path::Fast, Path::Amx];
+    let paths = [Path::Portable, Path::Fast, Path::Amx, Path::Dpbf16];
     for (heads, kv_heads, hd, len, window) in [
         (16, 4, 64, 70, None),
         (8, 2, 24, 41, Some(9)),
         (40, 1, 8, 30, None),
         (2, 1, 128, 90, Some(33)),
+        // The NaN key odd: the row before it ends on the low half of its pair.
+        (8, 2, 64, 72, None),
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let nan_at = len / 2 + 1;
@@ -358,9 +379,7 @@ fn a_nan_value_reaches_only_the_rows_that_see_it() {
         };
         let group = heads / kv_heads;
         for path in paths {
-            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-            if path == Path::Amx && !super::amx::usable(hd) {
-                println!("skip: no AMX attention on this CPU for hd {hd}");
+            if !path.runs(hd) {
                 continue;
             }
             let clean = run(shape, sm, len, &[len], &q, &k, &v, path);

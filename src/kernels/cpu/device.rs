@@ -302,8 +302,11 @@ impl Device for CpuDevice {
         call: &AttnCall<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let tiles = self.bf16 == Bf16Kernel::Amx && self.bf16_weights.load(Ordering::Relaxed);
-        device_attention::attention(step, kv, qkv, call, out, tiles)
+        let bf16 = self
+            .bf16_weights
+            .load(Ordering::Relaxed)
+            .then_some(self.bf16);
+        device_attention::attention(step, kv, qkv, call, out, bf16)
     }
 
     fn mla_heads(

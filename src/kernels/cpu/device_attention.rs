@@ -3,18 +3,19 @@
 
 use super::{CpuBuf, CpuDevice, CpuKv, CpuStep, set};
 use crate::kernels::cpu::attention::{self, attention as attend};
+use crate::kernels::cpu::bf16::Bf16Kernel;
 use crate::kernels::cpu::{mla, ops};
 use crate::kernels::device::{AttnCall, DevResult, DeviceError, MlaDims};
 
-/// q/k norms and RoPE, the step's K/V into the cache, then attention into `out`; `tiles`:
-/// the AMX tile attention (bf16 models on an AMX CPU).
+/// q/k norms and RoPE, the step's K/V into the cache, then attention into `out`; `bf16`: a
+/// bf16 model's GEMM path (its attention on bf16 products where that path has them).
 pub(super) fn attention(
     step: &CpuStep<'_>,
     kv: &mut CpuKv,
     qkv: &mut CpuBuf,
     call: &AttnCall<'_, CpuDevice>,
     out: &mut CpuBuf,
-    tiles: bool,
+    bf16: Option<Bf16Kernel>,
 ) -> DevResult<()> {
     let l = call.layout;
     let hd = l.head_dim;
@@ -53,7 +54,7 @@ pub(super) fn attention(
         sinks: sm.sinks.map(|s| &s[..]),
         temperature: sm.temperature,
     };
-    attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, tiles);
+    attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, bf16);
     set(out, qd);
     Ok(())
 }
