@@ -75,8 +75,8 @@ impl Linear {
     }
 
     /// `y[m, out / 2] = silu(gate) · up` of `x · Wᵀ` for a stacked `[gate | up]` weight,
-    /// fused into the GEMM where its path allows (bf16 on AMX, no bias, `out / 2` a multiple
-    /// of 32: the `[m, out]` projection is never written); false: not done here, run
+    /// fused into the GEMM where its path allows (bf16 on `amx` or `avx512bf16`, no bias,
+    /// `out / 2` a multiple of 32: the `[m, out]` projection is never written); false: not done here, run
     /// [`Linear::forward`] and `ops::silu_mul` (the same bits).
     pub fn forward_silu_mul(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) -> bool {
         if !self.fuses_silu_mul() {
@@ -96,23 +96,26 @@ impl Linear {
         threads: usize,
     ) -> bool {
         match &self.w {
-            Weight::Bf16 { w, .. } if self.fuses_silu_mul() => {
-                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul_into(x, m, w, y, threads, s));
+            _ if !self.fuses_silu_mul() => false,
+            Weight::Bf16 { w, kernel } => {
+                let run = (threads, *kernel);
+                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul_into(x, m, w, y, run, s));
                 true
             }
-            _ => false,
+            Weight::F32(_) => false,
         }
     }
 
-    /// Whether the SwiGLU epilogue takes this weight: bf16 on AMX, no bias, `out / 2` a
-    /// multiple of 32.
+    /// Whether the SwiGLU epilogue takes this weight: bf16 on `amx` or `avx512bf16`, no bias,
+    /// `out / 2` a multiple of 32.
     fn fuses_silu_mul(&self) -> bool {
-        self.amx_bf16().is_some() && self.out.is_multiple_of(64)
+        self.fused_bf16().is_some() && self.out.is_multiple_of(64)
     }
 
     /// The SwiGLU MLP `y[m, down.out] = down(silu(gate) · up)` of `x · Wᵀ` for a stacked
     /// `[gate | up]` weight, with `silu(gate) · up` going from the first GEMM's epilogue
-    /// straight into the second's bf16 tiles where both are bf16 on AMX without bias and
+    /// straight into the second's bf16 tiles where both are bf16 on `amx` or `avx512bf16`
+    /// (the same path) without bias and
     /// `out / 2` is a multiple of 32; false: not done here, run [`Linear::forward_silu_mul`]
     /// (or its unfused form) then `down.forward` (the same bits).
     pub fn forward_swiglu_down(
@@ -123,27 +126,29 @@ impl Linear {
         y: &mut Vec<f32>,
         threads: usize,
     ) -> bool {
-        let (Some(gate_up), Some(dw)) = (self.amx_bf16(), down.amx_bf16()) else {
+        let (Some((gate_up, kernel)), Some((dw, dk))) = (self.fused_bf16(), down.fused_bf16())
+        else {
             return false;
         };
-        if !self.out.is_multiple_of(64) || down.inp != self.out / 2 {
+        if !self.out.is_multiple_of(64) || down.inp != self.out / 2 || kernel != dk {
             return false;
         }
         BF16_SCRATCH.with_borrow_mut(|s| {
             ACT_TILES.with_borrow_mut(|act| {
-                matmul_bf16_swiglu_down(x, m, (gate_up, dw), y, threads, (s, act))
+                let run = (threads, kernel);
+                matmul_bf16_swiglu_down(x, m, (gate_up, dw), y, run, (s, act))
             })
         });
         true
     }
 
-    /// The packed weight, when it is bf16 on the AMX path and there is no bias.
-    fn amx_bf16(&self) -> Option<&PackedBf16> {
+    /// The packed weight and its path, when it is bf16 on a path with the fused SwiGLU
+    /// epilogue (`amx`, `avx512bf16`) and there is no bias.
+    fn fused_bf16(&self) -> Option<(&PackedBf16, Bf16Kernel)> {
         match &self.w {
-            Weight::Bf16 {
-                w,
-                kernel: Bf16Kernel::Amx,
-            } if self.b.is_none() => Some(w),
+            Weight::Bf16 { w, kernel } if kernel.fuses_swiglu() && self.b.is_none() => {
+                Some((w, *kernel))
+            }
             _ => None,
         }
     }

@@ -132,6 +132,11 @@ impl Bf16Kernel {
         }
     }
 
+    /// Whether the path's kernel has the fused SwiGLU epilogue (`swiglu.rs`).
+    pub fn fuses_swiglu(self) -> bool {
+        matches!(self, Self::Amx | Self::Avx512bf16)
+    }
+
     /// The concrete paths this CPU runs.
     pub fn all_available() -> Vec<String> {
         [

@@ -1,5 +1,5 @@
-//! The SwiGLU MLP fused into the AMX kernel's epilogue: `silu(gate) · up` is computed from the
-//! C tiles of a stacked `[gate | up]` weight, so the `[m, 2I]` projection is never written;
+//! The SwiGLU MLP fused into the epilogue of the bf16 kernels (`amx`, `avx512bf16`):
+//! `silu(gate) · up` is computed from the C blocks of a stacked `[gate | up]` weight, so the `[m, 2I]` projection is never written;
 //! and for the whole MLP ([`matmul_bf16_swiglu_down`]) the epilogue rounds `silu(gate) · up`
 //! to bf16 straight into the down projection's A tiles, so the `[m, I]` f32 intermediate is
 //! never written, read back and rounded either. Both give the bits of the unfused ops: the
@@ -28,6 +28,15 @@ impl Job<'_> {
         match self.out {
             Out::SiluMulTiles(_) => r0..r0 + PAD_M,
             _ => r0..(r0 + PAD_M).min(self.m),
+        }
+    }
+
+    /// End of the rows the epilogue writes: every row of the padded A tiles, or the real rows
+    /// of an f32 output.
+    pub fn epilogue_end(&self) -> usize {
+        match self.out {
+            Out::SiluMulTiles(_) => self.mp(),
+            _ => self.m,
         }
     }
 
@@ -137,20 +146,20 @@ unsafe fn silu_mul_round32_native(g: &[f32], u: &[f32], out: &mut [u16]) {
 }
 
 /// `c [m, n / 2] = silu(gate) · up` of `a [m, k] · Wᵀ` for a stacked `[gate | up]` weight,
-/// in the AMX kernel's epilogue: the `[m, n]` projection is never written. The same bits as
-/// [`matmul_bf16`](super::matmul_bf16) then [`silu_mul`](crate::kernels::cpu::ops::silu_mul).
-/// Needs the AMX path and `n / 2` a multiple of 32.
+/// in the epilogue of `kernel` (`amx` or `avx512bf16`, on `threads` workers): the `[m, n]`
+/// projection is never written. The same bits as [`matmul_bf16`](super::matmul_bf16) on that
+/// path then [`silu_mul`](crate::kernels::cpu::ops::silu_mul). Needs `n / 2` a multiple of 32.
 pub fn matmul_bf16_silu_mul(
     a: &[f32],
     m: usize,
     w: &PackedBf16,
     c: &mut Vec<f32>,
-    threads: usize,
+    (threads, kernel): (usize, Bf16Kernel),
     scratch: &mut Vec<Tile>,
 ) {
     // Every element is written below: resizing zeroes only growth, not the reused part.
     c.resize(m * (w.n / 2), 0.0);
-    matmul_bf16_silu_mul_into(a, m, w, c, threads, scratch);
+    matmul_bf16_silu_mul_into(a, m, w, c, (threads, kernel), scratch);
 }
 
 /// [`matmul_bf16_silu_mul`] into `c` (`m * n / 2` values, every one written): a MoE expert's
@@ -160,10 +169,10 @@ pub fn matmul_bf16_silu_mul_into(
     m: usize,
     w: &PackedBf16,
     c: &mut [f32],
-    threads: usize,
+    (threads, kernel): (usize, Bf16Kernel),
     scratch: &mut Vec<Tile>,
 ) {
-    let inter = check_gate_up(a, m, w);
+    let inter = check_gate_up(a, m, w, kernel);
     assert_eq!(c.len(), m * inter, "fused SwiGLU: output is not [m, n / 2]");
     if m == 0 || w.k == 0 {
         c.fill(0.0);
@@ -171,23 +180,23 @@ pub fn matmul_bf16_silu_mul_into(
     }
     let tiles = round_tiles(a, m, w.k, w.k_tiles(), scratch);
     let out = Out::SiluMul(OutPtr(c.as_mut_ptr()));
-    run_jobs(tiles, m, w, out, inter / PAD_N, (threads, Bf16Kernel::Amx));
+    run_jobs(tiles, m, w, out, inter / PAD_N, (threads, kernel));
 }
 
 /// The SwiGLU MLP `c [m, n'] = down(silu(gate) · up)` of `a [m, k]`, `gate_up` a stacked
 /// `[gate | up]` weight `[2I, k]` and `down` `[n', I]`: the epilogue of the first GEMM writes
 /// `silu(gate) · up` as bf16 A tiles (`act`, reused between calls) that the second reads.
-/// The same bits as [`matmul_bf16_silu_mul`] then [`matmul_bf16`](super::matmul_bf16) on the
-/// AMX path. Needs AMX, `I` a multiple of 32 and `down.k == I`.
+/// The same bits as [`matmul_bf16_silu_mul`] then [`matmul_bf16`](super::matmul_bf16) on
+/// `kernel` (`amx` or `avx512bf16`). Needs `I` a multiple of 32 and `down.k == I`.
 pub fn matmul_bf16_swiglu_down(
     a: &[f32],
     m: usize,
     (gate_up, down): (&PackedBf16, &PackedBf16),
     c: &mut Vec<f32>,
-    threads: usize,
+    (threads, kernel): (usize, Bf16Kernel),
     (scratch, act): (&mut Vec<Tile>, &mut Vec<Tile>),
 ) {
-    let inter = check_gate_up(a, m, gate_up);
+    let inter = check_gate_up(a, m, gate_up, kernel);
     assert_eq!(down.k, inter, "matmul_bf16_swiglu_down: down is not [n, I]");
     let k = gate_up.k;
     if m == 0 || k == 0 {
@@ -204,26 +213,20 @@ pub fn matmul_bf16_swiglu_down(
     }
     let out = Out::SiluMulTiles(TilesPtr(act.as_mut_ptr()));
     let pairs = inter / PAD_N;
-    run_jobs(tiles, m, gate_up, out, pairs, (threads, Bf16Kernel::Amx));
+    run_jobs(tiles, m, gate_up, out, pairs, (threads, kernel));
     // Every element of C is written by the second GEMM: resizing zeroes only growth.
     c.resize(m * down.n, 0.0);
     let out = Out::Plain(OutPtr(c.as_mut_ptr()));
     let pairs = down.column_tiles() / 2;
-    run_jobs(
-        &act[..act_len],
-        m,
-        down,
-        out,
-        pairs,
-        (threads, Bf16Kernel::Amx),
-    );
+    run_jobs(&act[..act_len], m, down, out, pairs, (threads, kernel));
 }
 
-/// `I`, after checking that `w` is a `[gate | up]` weight the fused epilogue takes.
-fn check_gate_up(a: &[f32], m: usize, w: &PackedBf16) -> usize {
+/// `I`, after checking that `w` is a `[gate | up]` weight the fused epilogue of `kernel`
+/// takes.
+fn check_gate_up(a: &[f32], m: usize, w: &PackedBf16, kernel: Bf16Kernel) -> usize {
     assert!(
-        w.n.is_multiple_of(2 * PAD_N) && Bf16Kernel::Amx.available(),
-        "fused SwiGLU: needs AMX and n / 2 a multiple of 32"
+        kernel.fuses_swiglu() && kernel.available() && w.n.is_multiple_of(2 * PAD_N),
+        "fused SwiGLU: needs the amx or avx512bf16 path (has {kernel}) and n / 2 a multiple of 32"
     );
     assert_eq!(a.len(), m * w.k, "fused SwiGLU: lhs is not [m, k]");
     w.n / 2

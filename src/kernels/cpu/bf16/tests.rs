@@ -252,31 +252,46 @@ fn amx_or_skip(what: &str) -> bool {
     amx
 }
 
-/// The fused SwiGLU epilogue of the AMX kernel gives the bits of the GEMM then `silu_mul`,
+/// The paths with the fused SwiGLU epilogue this CPU runs (a skip line naming `what` for the
+/// others).
+fn fused_paths(what: &str) -> Vec<Bf16Kernel> {
+    [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16]
+        .into_iter()
+        .filter(|k| {
+            let runs = k.available();
+            if !runs {
+                println!("skip: {what} on the {k} path (this CPU does not have it)");
+            }
+            runs
+        })
+        .collect()
+}
+
+/// The fused SwiGLU epilogue of each bf16 kernel gives the bits of its GEMM then `silu_mul`,
 /// for any row count and thread count.
 #[test]
 fn fused_silu_mul_equals_gemm_then_silu_mul() {
-    if !amx_or_skip("fused SwiGLU epilogue") {
-        return;
-    }
-    let mut s = 9;
-    for k in [70, 1100] {
-        silu_mul_case(k, &mut s);
+    for path in fused_paths("fused SwiGLU epilogue") {
+        let mut s = 9;
+        for k in [70, 1100] {
+            silu_mul_case(path, k, &mut s);
+        }
     }
 }
 
-fn silu_mul_case(k: usize, s: &mut u64) {
+fn silu_mul_case(path: Bf16Kernel, k: usize, s: &mut u64) {
     let inter = 96;
     let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, s)), 2 * inter, k);
     for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3)] {
         let a = rnd(m * k, s);
-        let wide = run(Bf16Kernel::Amx, &a, m, &w, threads);
+        let wide = run(path, &a, m, &w, threads);
         let mut want = Vec::new();
         crate::kernels::cpu::ops::silu_mul(&wide, inter, &mut want);
         let (mut got, mut scratch) = (vec![f32::NAN; 5], Vec::new());
-        pool().install(|| matmul_bf16_silu_mul(&a, m, &w, &mut got, threads, &mut scratch));
+        let on = (threads, path);
+        pool().install(|| matmul_bf16_silu_mul(&a, m, &w, &mut got, on, &mut scratch));
         let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(b(&got), b(&want), "k {k}, m {m}, threads {threads}");
+        assert_eq!(b(&got), b(&want), "{path} k {k}, m {m}, threads {threads}");
     }
 }
 
@@ -284,17 +299,20 @@ fn silu_mul_case(k: usize, s: &mut u64) {
 /// the unfused GEMM then `silu_mul`, and leaves the other rows alone.
 #[test]
 fn expert_rows_fused_equal_gemm_then_silu_mul() {
-    use crate::kernels::cpu::matmul::{Linear, Weight};
-    if !amx_or_skip("MoE expert's fused SwiGLU") {
-        return;
+    for path in fused_paths("MoE expert's fused SwiGLU") {
+        expert_rows_case(path);
     }
+}
+
+fn expert_rows_case(path: Bf16Kernel) {
+    use crate::kernels::cpu::matmul::{Linear, Weight};
     let mut s = 33;
     let (inter, k, m) = (64, 96, 37);
     let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
     let lin = Linear {
         w: Weight::Bf16 {
             w: w.clone(),
-            kernel: Bf16Kernel::Amx,
+            kernel: path,
         },
         b: None,
         out: 2 * inter,
@@ -310,7 +328,7 @@ fn expert_rows_fused_equal_gemm_then_silu_mul() {
     let rows = &mut shared[5 * inter..(5 + m) * inter];
     assert!(pool().install(|| lin.forward_silu_mul_into(&a, m, rows, 2)));
     let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(b(&shared[5 * inter..(5 + m) * inter]), b(&want));
+    assert_eq!(b(&shared[5 * inter..(5 + m) * inter]), b(&want), "{path}");
     assert!(
         shared[..5 * inter]
             .iter()
@@ -324,9 +342,12 @@ fn expert_rows_fused_equal_gemm_then_silu_mul() {
 /// starting from stale NaN bits (the padding rows of the tiles must be written).
 #[test]
 fn fused_mlp_equals_swiglu_then_down() {
-    if !amx_or_skip("fused SwiGLU MLP") {
-        return;
+    for path in fused_paths("fused SwiGLU MLP") {
+        fused_mlp_case(path);
     }
+}
+
+fn fused_mlp_case(path: Bf16Kernel) {
     let mut s = 21;
     let (inter, k, n) = (96, 70, 50);
     let gate_up = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
@@ -337,14 +358,15 @@ fn fused_mlp_equals_swiglu_then_down() {
         let a = rnd(m * k, &mut s);
         let mut mid = Vec::new();
         let mut s2 = Vec::new();
-        pool().install(|| matmul_bf16_silu_mul(&a, m, &gate_up, &mut mid, threads, &mut s2));
-        let want = run(Bf16Kernel::Amx, &mid, m, &down, threads);
+        let on = (threads, path);
+        pool().install(|| matmul_bf16_silu_mul(&a, m, &gate_up, &mut mid, on, &mut s2));
+        let want = run(path, &mid, m, &down, threads);
         let mut got = vec![f32::NAN; 3];
         pool().install(|| {
             let (w, bufs) = ((&gate_up, &down), (&mut scratch, &mut act));
-            matmul_bf16_swiglu_down(&a, m, w, &mut got, threads, bufs)
+            matmul_bf16_swiglu_down(&a, m, w, &mut got, on, bufs)
         });
         let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(b(&got), b(&want), "m {m}, threads {threads}");
+        assert_eq!(b(&got), b(&want), "{path} m {m}, threads {threads}");
     }
 }
