@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{AmxScratch, Ctx, Scratch, T, Task, out_row};
+use super::{AmxScratch, Ctx, Line, Scratch, T, Task, out_row};
 
 /// Rows per block of the value product (8 rows × 2 dim tiles: 16 accumulators).
 const RB: usize = 8;
@@ -136,51 +136,46 @@ pub(super) unsafe fn values(ctx: &Ctx<'_>, task: &Task, s: &Scratch, a: &AmxScra
     let ranges: Vec<RowPairs> = (0..rows)
         .map(|r| RowPairs::of(s.starts[r] as usize, s.lens[r] as usize))
         .collect();
-    // P of row r, pair q (q / 16: its 32-key step; q % 16: the pair in it), and V's line of
-    // pair q, dim tile dt.
-    // (No SIMD in the closures: they need not inherit the target features.)
-    let p_pair = |r: usize, q: usize| {
-        let line = ((r / T) * kbs + q / PAIRS) * T + r % T;
-        // SAFETY: r < rows <= rp and q < keys / 2: inside the P tiles.
-        unsafe { p.add(line * 16 + q % PAIRS).read() as i32 }
-    };
+    // P's u32 of row r's pair 0 (pair q is `q / 16` tiles of 16 lines later, `q % 16` in).
+    let p_row = |r: usize| ((r / T) * kbs * T + r % T) * 16;
+    let p_at = |q: usize| (q / PAIRS) * T * 16 + q % PAIRS;
     // SAFETY: q < keys / 2 and dt < dts: inside V's tiles, 64-byte aligned lines.
-    let v_line =
-        |q: usize, dt: usize| unsafe { v.add(((q / PAIRS) * dts + dt) * T + q % PAIRS).cast() };
+    let v_line = |q: usize, dt: usize| unsafe { v.add(((q / PAIRS) * dts + dt) * T + q % PAIRS) };
     for r0 in (0..rows).step_by(RB) {
         let block = &ranges[r0..(r0 + RB).min(rows)];
         let common = common_pairs(block);
+        // Rows past the task's are padding rows of P (r0 + RB <= rp): the shared pairs run
+        // over all RB rows, those are computed and not stored.
+        let rows_p: [usize; RB] = std::array::from_fn(|i| p_row(r0 + i));
+        // SAFETY: (every read below) rows r0 + i < rp and pairs q < keys / 2: inside P.
+        let pair = |i: usize, q: usize| unsafe { p.add(rows_p[i] + p_at(q)).read() as i32 };
         for d0 in (0..dts).step_by(DB) {
-            let mut acc = [[_mm512_setzero_ps(); DB]; RB];
-            // SAFETY (every block below): pairs < keys / 2, dims < hd (the closures' bounds).
-            for (i, rg) in block.iter().enumerate() {
-                let acc = &mut acc[i];
-                if let Some(h) = rg.head {
-                    unsafe { add_pair(acc, p_pair(r0 + i, h), |dt| v_line(h, d0 + dt), KEEP_HIGH) };
-                }
-                for q in rg.full.start..common.start.max(rg.full.start) {
-                    unsafe { add_pair(acc, p_pair(r0 + i, q), |dt| v_line(q, d0 + dt), ALL) };
-                }
-            }
-            for q in common.clone() {
-                let mut vq = [bh(_mm512_setzero_si512()); DB];
-                for (dt, vq) in vq.iter_mut().enumerate() {
-                    *vq = bh(unsafe { _mm512_load_si512(v_line(q, d0 + dt)) });
-                }
-                for (i, acc) in acc.iter_mut().enumerate().take(block.len()) {
-                    let pq = bh(_mm512_set1_epi32(p_pair(r0 + i, q)));
-                    for (acc, &vq) in acc.iter_mut().zip(&vq) {
-                        *acc = _mm512_dpbf16_ps(*acc, pq, vq);
+            let v_of = |q: usize| move |dt: usize| v_line(q, d0 + dt);
+            // Each row's own pairs go into `own` (indexed by row: memory), the shared ones
+            // into a copy that only constant indices reach (registers).
+            let mut own = [[_mm512_setzero_ps(); DB]; RB];
+            for (i, (rg, acc)) in block.iter().zip(own.iter_mut()).enumerate() {
+                // SAFETY: pairs < keys / 2, dims < hd (the closures' bounds).
+                unsafe {
+                    if let Some(h) = rg.head {
+                        add_pair(acc, pair(i, h), v_of(h), KEEP_HIGH);
+                    }
+                    for q in rg.full.start..common.start.max(rg.full.start) {
+                        add_pair(acc, pair(i, q), v_of(q), ALL);
                     }
                 }
             }
-            for (i, rg) in block.iter().enumerate() {
-                let acc = &mut acc[i];
-                for q in common.end.max(rg.full.start)..rg.full.end {
-                    unsafe { add_pair(acc, p_pair(r0 + i, q), |dt| v_line(q, d0 + dt), ALL) };
-                }
-                if let Some(t) = rg.tail {
-                    unsafe { add_pair(acc, p_pair(r0 + i, t), |dt| v_line(t, d0 + dt), KEEP_LOW) };
+            // SAFETY: as above.
+            own = unsafe { shared_pairs(own, common.clone(), |q| v_line(q, d0), (p, &rows_p)) };
+            for (i, (rg, acc)) in block.iter().zip(own.iter_mut()).enumerate() {
+                // SAFETY: as above.
+                unsafe {
+                    for q in common.end.max(rg.full.start)..rg.full.end {
+                        add_pair(acc, pair(i, q), v_of(q), ALL);
+                    }
+                    if let Some(t) = rg.tail {
+                        add_pair(acc, pair(i, t), v_of(t), KEEP_LOW);
+                    }
                 }
                 let row = r0 + i;
                 let inv = _mm512_set1_ps(s.inv[row]);
@@ -194,6 +189,37 @@ pub(super) unsafe fn values(ctx: &Ctx<'_>, task: &Task, s: &Scratch, a: &AmxScra
             }
         }
     }
+}
+
+/// `acc[i] += Σ_q P[row i, pair q] · V[pair q]` over the pairs `common` for all [`RB`] rows
+/// (`rows_p[i]`: the u32 offset of row i's pair 0 in `p`), the [`DB`] dim tiles whose first
+/// line of pair q is `v(q)`.
+///
+/// # Safety
+/// AVX512-F and AVX512-BF16 are present; every P and V read is inside its buffer.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn shared_pairs(
+    mut acc: [[__m512; DB]; RB],
+    common: std::ops::Range<usize>,
+    v: impl Fn(usize) -> *const Line,
+    (p, rows_p): (*const u32, &[usize; RB]),
+) -> [[__m512; DB]; RB] {
+    for q in common {
+        let (vp, at) = (v(q), (q / PAIRS) * T * 16 + q % PAIRS);
+        let mut vq = [bh(_mm512_setzero_si512()); DB];
+        for (dt, vq) in vq.iter_mut().enumerate() {
+            // SAFETY: (caller) dim tile dt's line of pair q, T lines apart.
+            *vq = bh(unsafe { _mm512_load_si512(vp.add(dt * T).cast()) });
+        }
+        for (acc, &row) in acc.iter_mut().zip(rows_p) {
+            // SAFETY: (caller).
+            let pq = bh(_mm512_set1_epi32(unsafe { p.add(row + at).read() } as i32));
+            for (acc, &vq) in acc.iter_mut().zip(&vq) {
+                *acc = _mm512_dpbf16_ps(*acc, pq, vq);
+            }
+        }
+    }
+    acc
 }
 
 /// Every lane's pair kept.
@@ -222,7 +248,7 @@ fn common_pairs(block: &[RowPairs]) -> std::ops::Range<usize> {
 /// AVX512-F and AVX512-BF16 are present; `v(dt)` addresses a 64-byte aligned line.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn add_pair(acc: &mut [__m512; DB], p: i32, v: impl Fn(usize) -> *const __m512i, mask: i32) {
+unsafe fn add_pair(acc: &mut [__m512; DB], p: i32, v: impl Fn(usize) -> *const Line, mask: i32) {
     let (p, m) = (bh(_mm512_set1_epi32(p)), _mm512_set1_epi32(mask));
     for (dt, acc) in acc.iter_mut().enumerate() {
         // SAFETY: (caller).
