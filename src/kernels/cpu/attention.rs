@@ -42,9 +42,10 @@ use crate::kernels::device::{QueryTemperature, first_key};
 
 /// Query rows per task (tokens × query heads of one kv head), at most.
 const TILE_ROWS: usize = 64;
-/// Query rows per task of the AMX path (4 tiles of 16 rows), at most.
+/// Query rows per task of the bf16 tile task (AMX or `vdpbf16ps`; 4 tiles of 16 rows), at most.
 const AMX_ROWS: usize = 64;
-/// The AMX path's keys per PV step (an A tile's 32 inputs); steps start at absolute multiples.
+/// The bf16 tile task's keys per PV step (an A tile's 32 inputs); steps start at absolute
+/// multiples.
 const AMX_KEY_ALIGN: usize = 32;
 /// f32 lanes of one AVX register.
 const LANES: usize = 8;
@@ -241,8 +242,8 @@ pub fn attention(
     });
 }
 
-/// AMX tasks per chain at most: enough to pay for packing K and V once per chain, few enough
-/// that a long prompt still splits over the workers.
+/// bf16 tile tasks (AMX or `vdpbf16ps`) per chain at most: enough to pay for packing K and V
+/// once per chain, few enough that a long prompt still splits over the workers.
 const AMX_CHAIN: usize = 8;
 
 /// The AMX path's tasks (tiles of `tile` tokens × kv heads) in chains of up to [`AMX_CHAIN`]

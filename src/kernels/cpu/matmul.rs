@@ -76,8 +76,8 @@ impl Linear {
 
     /// `y[m, out / 2] = silu(gate) · up` of `x · Wᵀ` for a stacked `[gate | up]` weight,
     /// fused into the GEMM where its path allows (bf16 on `amx` or `avx512bf16`, no bias,
-    /// `out / 2` a multiple of 32: the `[m, out]` projection is never written); false: not done here, run
-    /// [`Linear::forward`] and `ops::silu_mul` (the same bits).
+    /// `out / 2` a multiple of 32: the `[m, out]` projection is never written); false: not
+    /// done here, run [`Linear::forward`] and `ops::silu_mul` (the same bits).
     pub fn forward_silu_mul(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) -> bool {
         if !self.fuses_silu_mul() {
             return false;

@@ -1,9 +1,10 @@
 //! The SwiGLU MLP fused into the epilogue of the bf16 kernels (`amx`, `avx512bf16`):
-//! `silu(gate) · up` is computed from the C blocks of a stacked `[gate | up]` weight, so the `[m, 2I]` projection is never written;
-//! and for the whole MLP ([`matmul_bf16_swiglu_down`]) the epilogue rounds `silu(gate) · up`
-//! to bf16 straight into the down projection's A tiles, so the `[m, I]` f32 intermediate is
-//! never written, read back and rounded either. Both give the bits of the unfused ops: the
-//! epilogue computes `silu_mul` in f32 as `ops::silu_mul` does and rounds as [`round_tiles`].
+//! `silu(gate) · up` is computed from the C blocks of a stacked `[gate | up]` weight, so the
+//! `[m, 2I]` projection is never written; and for the whole MLP ([`matmul_bf16_swiglu_down`])
+//! the epilogue rounds `silu(gate) · up` to bf16 straight into the down projection's A tiles,
+//! so the `[m, I]` f32 intermediate is never written, read back and rounded either. Both give
+//! the bits of the unfused ops: the epilogue computes `silu_mul` in f32 as `ops::silu_mul` does
+//! and rounds as [`round_tiles`].
 
 use super::{Bf16Kernel, Job, Out, OutPtr, PAD_M, PAD_N, PackedBf16, TILE_ELEMS, TILE_K};
 use super::{Tile, TilesPtr, round_into, round_tiles, run_jobs};
