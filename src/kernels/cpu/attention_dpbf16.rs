@@ -30,44 +30,49 @@ fn bh(x: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
 }
 
-/// `Sᵀ [keys][rp] = K · Qᵀ`, `keys` a multiple of 32, `rp` of 16 (at most 4 row tiles).
+/// `Sᵀ [keys][rp] = K · Qᵀ`, `keys` a multiple of 32, `rp` of 16: up to 4 row tiles at a time.
 ///
 /// # Safety
 /// AVX512-F and AVX512-BF16 are present; `a.k` holds `keys × hd` bf16, `a.q` the task's Q
 /// tiles, `st` `keys × rp` f32 on a cache line.
 #[target_feature(enable = "avx512f,avx512bf16")]
 pub(super) unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize) {
-    // SAFETY: (caller).
-    unsafe {
-        match rp / T {
-            1 => scores_rt::<1, 8>(a, st, keys, hd),
-            2 => scores_rt::<2, 8>(a, st, keys, hd),
-            3 => scores_rt::<3, 4>(a, st, keys, hd),
-            _ => scores_rt::<4, 4>(a, st, keys, hd),
+    let rts = rp / T;
+    for rt0 in (0..rts).step_by(4) {
+        let at = (rt0, keys, hd, rp);
+        // SAFETY: (caller) row tiles rt0.. < rts.
+        unsafe {
+            match rts - rt0 {
+                1 => scores_rt::<1, 8>(a, st, at),
+                2 => scores_rt::<2, 8>(a, st, at),
+                3 => scores_rt::<3, 4>(a, st, at),
+                _ => scores_rt::<4, 4>(a, st, at),
+            }
         }
     }
 }
 
-/// [`scores`] for `RT` row tiles, `JB` keys per block (`JB` divides 32).
+/// [`scores`] for the `RT` row tiles from `rt0`, `JB` keys per block (`JB` divides 32).
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores_rt<const RT: usize, const JB: usize>(
     a: &AmxScratch,
     st: *mut f32,
-    keys: usize,
-    hd: usize,
+    (rt0, keys, hd, rp): (usize, usize, usize, usize),
 ) {
     let (k, q) = (a.k.as_ptr().cast::<u16>(), a.q.as_ptr());
-    let (cs, rp) = (hd / 32, RT * T);
+    let cs = hd / 32;
     for j0 in (0..keys).step_by(JB) {
         let mut acc = [[_mm512_setzero_ps(); RT]; JB];
         for c in 0..cs {
             for kk in 0..PAIRS {
-                // SAFETY: Q tile (rt, c) line kk lies in `a.q` (RT tiles × cs); K row j's dim
-                // pair 32 c + 2 kk lies in `a.k` (j < keys).
+                // SAFETY: Q tile (rt0 + rt, c) line kk lies in `a.q` (rp / 16 tiles × cs); K
+                // row j's dim pair 32 c + 2 kk lies in `a.k` (j < keys).
                 unsafe {
                     let mut qv = [bh(_mm512_setzero_si512()); RT];
                     for (rt, qv) in qv.iter_mut().enumerate() {
-                        *qv = bh(_mm512_load_si512(q.add((rt * cs + c) * T + kk).cast()));
+                        *qv = bh(_mm512_load_si512(
+                            q.add(((rt0 + rt) * cs + c) * T + kk).cast(),
+                        ));
                     }
                     for (jj, acc) in acc.iter_mut().enumerate() {
                         let at = (j0 + jj) * hd + c * 32 + 2 * kk;
@@ -82,8 +87,8 @@ unsafe fn scores_rt<const RT: usize, const JB: usize>(
         }
         for (jj, acc) in acc.iter().enumerate() {
             for (rt, &x) in acc.iter().enumerate() {
-                // SAFETY: score (j0 + jj, 16 rt..) inside st [keys][rp], 64-byte aligned.
-                unsafe { _mm512_store_ps(st.add((j0 + jj) * rp + rt * T), x) };
+                // SAFETY: score (j0 + jj, 16 (rt0 + rt)..) inside st [keys][rp], 64-byte aligned.
+                unsafe { _mm512_store_ps(st.add((j0 + jj) * rp + (rt0 + rt) * T), x) };
             }
         }
     }

@@ -278,6 +278,8 @@ fn bf16_tiles_case(path: Path) {
         (8, 1, 64, 130, Some(40), false),
         (64, 64, 32, 20, None, false),
         (12, 4, 96, 75, Some(8), false),
+        // 80 query heads per kv head: tasks of 80 rows, more than 4 row tiles.
+        (80, 1, 32, 9, None, false),
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = Softmax {
