@@ -107,22 +107,14 @@ fn main() {
     let attention_paths = [None, Some(Bf16Kernel::Amx), Some(Bf16Kernel::Avx512bf16)]
         .into_iter()
         .filter(|p| p.is_none_or(|k| k.available()));
-    let attention: Vec<(&str, &str, usize, f64)> = attention_paths
+    let attention: Vec<(String, &str, usize, f64)> = attention_paths
         .flat_map(|path| attention_rate::SHAPES.iter().map(move |s| (path, s)))
         .filter(|_| only.is_none())
         .flat_map(|(path, &(label, h, kvh, hd))| {
-            let name = match path {
-                Some(Bf16Kernel::Amx) => "amx",
-                Some(_) => "avx512bf16",
-                None => "f32",
-            };
+            let name = path.map_or_else(|| "f32".to_string(), |k| k.to_string());
             [rows / 2, rows * 2].map(|len| {
-                (
-                    name,
-                    label,
-                    len,
-                    attention_rate::gflops(&pool, len, (h, kvh, hd), path),
-                )
+                let g = attention_rate::gflops(&pool, len, (h, kvh, hd), path);
+                (name.clone(), label, len, g)
             })
         })
         .collect();
@@ -154,6 +146,8 @@ fn main() {
         "avx2"
     };
     let (p1, pn) = peak_of.get(fma).copied().unwrap_or((0.0, 0.0));
+    // The unit an attention path runs on: its bf16 unit, or the f32 FMA.
+    let unit_of = |path: &str| if path == "f32" { fma } else { path }.to_string();
     let (gemm, per) = rates(rows, |k, n| {
         if only.is_some() {
             return f64::NAN;
@@ -222,7 +216,7 @@ fn main() {
                 "fma": fma, "threads": threads, "peak_1t_gflops": p1, "peak_gflops": pn,
                 "rows": rows, "gemm_gflops": gemm, "shapes": shapes(&per), "units": units,
                 "attention": attention.iter().map(|(path, label, len, g)| serde_json::json!({
-                    "path": path, "unit": if *path == "f32" { fma } else { path },
+                    "path": path, "unit": unit_of(path),
                     "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(),
                 "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
@@ -249,8 +243,8 @@ fn main() {
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
     for (path, label, len, g) in &attention {
-        let unit = if *path == "f32" { fma } else { path };
-        let peak = peak_of.get(unit).map_or(f64::NAN, |p| p.1);
+        let unit = unit_of(path);
+        let peak = peak_of.get(unit.as_str()).map_or(f64::NAN, |p| p.1);
         println!(
             "{path} attention {label}, one prompt of {len} tokens: {g:.1} GFLOP/s ({:.0}% of the {unit} peak)",
             100.0 * g / peak

@@ -97,7 +97,6 @@ unsafe fn scores_rt<const RT: usize, const JB: usize>(
 /// The pairs a row adds (module docs): `full` pairs whole, and the pairs holding its first
 /// key (`head`, low half masked) and its last key (`tail`, high half masked) when those keys
 /// are odd / even.
-#[derive(Clone)]
 struct RowPairs {
     head: Option<usize>,
     full: std::ops::Range<usize>,
@@ -141,9 +140,8 @@ pub(super) unsafe fn values(ctx: &Ctx<'_>, task: &Task, s: &Scratch, a: &AmxScra
     let ranges: Vec<RowPairs> = (0..rows)
         .map(|r| RowPairs::of(s.starts[r] as usize, s.lens[r] as usize))
         .collect();
-    // P's u32 of row r's pair 0 (pair q is `q / 16` tiles of 16 lines later, `q % 16` in).
+    // P's u32 of row r's pair 0 (pair q is `p_offset(q)` further).
     let p_row = |r: usize| ((r / T) * kbs * T + r % T) * 16;
-    let p_at = |q: usize| (q / PAIRS) * T * 16 + q % PAIRS;
     // SAFETY: q < keys / 2 and dt < dts: inside V's tiles, 64-byte aligned lines.
     let v_line = |q: usize, dt: usize| unsafe { v.add(((q / PAIRS) * dts + dt) * T + q % PAIRS) };
     for r0 in (0..rows).step_by(RB) {
@@ -153,7 +151,7 @@ pub(super) unsafe fn values(ctx: &Ctx<'_>, task: &Task, s: &Scratch, a: &AmxScra
         // over all RB rows, those are computed and not stored.
         let rows_p: [usize; RB] = std::array::from_fn(|i| p_row(r0 + i));
         // SAFETY: (every read below) rows r0 + i < rp and pairs q < keys / 2: inside P.
-        let pair = |i: usize, q: usize| unsafe { p.add(rows_p[i] + p_at(q)).read() as i32 };
+        let pair = |i: usize, q: usize| unsafe { p.add(rows_p[i] + p_offset(q)).read() as i32 };
         for d0 in (0..dts).step_by(DB) {
             let v_of = |q: usize| move |dt: usize| v_line(q, d0 + dt);
             // Each row's own pairs go into `own` (indexed by row: memory), the shared ones
@@ -210,7 +208,7 @@ unsafe fn shared_pairs(
     (p, rows_p): (*const u32, &[usize; RB]),
 ) -> [[__m512; DB]; RB] {
     for q in common {
-        let (vp, at) = (v(q), (q / PAIRS) * T * 16 + q % PAIRS);
+        let (vp, at) = (v(q), p_offset(q));
         let mut vq = [bh(_mm512_setzero_si512()); DB];
         for (dt, vq) in vq.iter_mut().enumerate() {
             // SAFETY: (caller) dim tile dt's line of pair q, T lines apart.
@@ -227,6 +225,12 @@ unsafe fn shared_pairs(
     acc
 }
 
+/// Pair `q` of a P row, in u32 from its pair 0: `q / 16` tiles (16 lines of 16) later, `q % 16`
+/// in.
+fn p_offset(q: usize) -> usize {
+    (q / PAIRS) * T * 16 + q % PAIRS
+}
+
 /// Every lane's pair kept.
 const ALL: i32 = -1;
 /// The high (odd) key of each pair kept, the low one zeroed (a row's first key is odd).
@@ -240,8 +244,8 @@ const KEEP_LOW: i32 = 0x0000_ffff;
 fn common_pairs(block: &[RowPairs]) -> std::ops::Range<usize> {
     let start = block.iter().map(|r| r.full.start).max().unwrap_or(0);
     let end = block.iter().map(|r| r.full.end).min().unwrap_or(0);
-    // A row with a head pair inside the common range would add it out of order.
-    if start >= end || block.iter().any(|r| r.full.is_empty()) {
+    // (A row's head pair lies before its full pairs, so before the common ones too.)
+    if start >= end {
         return 0..0;
     }
     start..end

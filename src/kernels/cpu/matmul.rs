@@ -79,7 +79,7 @@ impl Linear {
     /// `out / 2` a multiple of 32: the `[m, out]` projection is never written); false: not
     /// done here, run [`Linear::forward`] and `ops::silu_mul` (the same bits).
     pub fn forward_silu_mul(&self, x: &[f32], m: usize, y: &mut Vec<f32>, threads: usize) -> bool {
-        if !self.fuses_silu_mul() {
+        if self.silu_mul_weight().is_none() {
             return false;
         }
         y.resize(m * self.out / 2, 0.0);
@@ -95,29 +95,26 @@ impl Linear {
         y: &mut [f32],
         threads: usize,
     ) -> bool {
-        match &self.w {
-            _ if !self.fuses_silu_mul() => false,
-            Weight::Bf16 { w, kernel } => {
-                let run = (threads, *kernel);
-                BF16_SCRATCH.with_borrow_mut(|s| matmul_bf16_silu_mul_into(x, m, w, y, run, s));
-                true
-            }
-            Weight::F32(_) => false,
-        }
+        let Some((w, kernel)) = self.silu_mul_weight() else {
+            return false;
+        };
+        BF16_SCRATCH
+            .with_borrow_mut(|s| matmul_bf16_silu_mul_into(x, m, w, y, (threads, kernel), s));
+        true
     }
 
-    /// Whether the SwiGLU epilogue takes this weight: bf16 on `amx` or `avx512bf16`, no bias,
-    /// `out / 2` a multiple of 32.
-    fn fuses_silu_mul(&self) -> bool {
-        self.fused_bf16().is_some() && self.out.is_multiple_of(64)
+    /// The packed weight and its path, when the SwiGLU epilogue takes this weight: bf16 on
+    /// `amx` or `avx512bf16`, no bias, `out / 2` a multiple of 32.
+    fn silu_mul_weight(&self) -> Option<(&PackedBf16, Bf16Kernel)> {
+        self.fused_bf16().filter(|_| self.out.is_multiple_of(64))
     }
 
     /// The SwiGLU MLP `y[m, down.out] = down(silu(gate) · up)` of `x · Wᵀ` for a stacked
     /// `[gate | up]` weight, with `silu(gate) · up` going from the first GEMM's epilogue
     /// straight into the second's bf16 tiles where both are bf16 on `amx` or `avx512bf16`
-    /// (the same path) without bias and
-    /// `out / 2` is a multiple of 32; false: not done here, run [`Linear::forward_silu_mul`]
-    /// (or its unfused form) then `down.forward` (the same bits).
+    /// (the same path) without bias and `out / 2` is a multiple of 32; false: not done here,
+    /// run [`Linear::forward_silu_mul`] (or its unfused form) then `down.forward` (the same
+    /// bits).
     pub fn forward_swiglu_down(
         &self,
         down: &Linear,
@@ -126,11 +123,11 @@ impl Linear {
         y: &mut Vec<f32>,
         threads: usize,
     ) -> bool {
-        let (Some((gate_up, kernel)), Some((dw, dk))) = (self.fused_bf16(), down.fused_bf16())
+        let (Some((gate_up, kernel)), Some((dw, dk))) = (self.silu_mul_weight(), down.fused_bf16())
         else {
             return false;
         };
-        if !self.out.is_multiple_of(64) || down.inp != self.out / 2 || kernel != dk {
+        if down.inp != self.out / 2 || kernel != dk {
             return false;
         }
         BF16_SCRATCH.with_borrow_mut(|s| {

@@ -45,12 +45,12 @@ mod imp {
         // A is padded to whole tiles, so blocks of MR rows never pass its end; rows >= m are
         // computed on zeros and not stored (but for the fused epilogue's A tiles, whose
         // padding rows it writes as zeros).
-        let m = match job.fused() {
-            true => job.epilogue_end(),
-            false => job.m,
-        }
-        .div_ceil(MR)
-            * MR;
+        let rows = if job.fused() {
+            job.epilogue_end()
+        } else {
+            job.m
+        };
+        let m = rows.div_ceil(MR) * MR;
         // The fused SwiGLU's gate pair p has its up pair n / 64 pairs later.
         let half = job.w.n / 64;
         for mb in (0..m).step_by(M_BLOCK) {

@@ -252,26 +252,16 @@ fn amx_or_skip(what: &str) -> bool {
     amx
 }
 
-/// The paths with the fused SwiGLU epilogue this CPU runs (a skip line naming `what` for the
-/// others).
-fn fused_paths(what: &str) -> Vec<Bf16Kernel> {
-    [Bf16Kernel::Amx, Bf16Kernel::Avx512bf16]
-        .into_iter()
-        .filter(|k| {
-            let runs = k.available();
-            if !runs {
-                println!("skip: {what} on the {k} path (this CPU does not have it)");
-            }
-            runs
-        })
-        .collect()
+/// The paths with the fused SwiGLU epilogue this CPU runs ([`paths`] prints the skip lines).
+fn fused_paths() -> Vec<Bf16Kernel> {
+    paths().into_iter().filter(|k| k.fuses_swiglu()).collect()
 }
 
 /// The fused SwiGLU epilogue of each bf16 kernel gives the bits of its GEMM then `silu_mul`,
 /// for any row count and thread count.
 #[test]
 fn fused_silu_mul_equals_gemm_then_silu_mul() {
-    for path in fused_paths("fused SwiGLU epilogue") {
+    for path in fused_paths() {
         let mut s = 9;
         for k in [70, 1100] {
             silu_mul_case(path, k, &mut s);
@@ -299,7 +289,7 @@ fn silu_mul_case(path: Bf16Kernel, k: usize, s: &mut u64) {
 /// the unfused GEMM then `silu_mul`, and leaves the other rows alone.
 #[test]
 fn expert_rows_fused_equal_gemm_then_silu_mul() {
-    for path in fused_paths("MoE expert's fused SwiGLU") {
+    for path in fused_paths() {
         expert_rows_case(path);
     }
 }
@@ -342,7 +332,7 @@ fn expert_rows_case(path: Bf16Kernel) {
 /// starting from stale NaN bits (the padding rows of the tiles must be written).
 #[test]
 fn fused_mlp_equals_swiglu_then_down() {
-    for path in fused_paths("fused SwiGLU MLP") {
+    for path in fused_paths() {
         fused_mlp_case(path);
     }
 }
