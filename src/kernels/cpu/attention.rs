@@ -25,10 +25,10 @@
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
 //! nothing, `acc + 0·v == acc`; with a NaN value at a later position, multiplying by 0 would
-//! carry it into an earlier row), so a row's bits do not depend on the tile it lands in. The AVX2+FMA kernels compute, per lane,
-//! exactly the operations of the portable one ([`task_portable`]; f32::mul_add is a fused
-//! multiply-add everywhere), so the result does not depend on the CPU's vector width either
-//! (checked in the tests).
+//! carry it into an earlier row), so a row's bits do not depend on the tile it lands in. The
+//! AVX2+FMA and AVX-512F kernels compute, per lane, exactly the operations of the portable one
+//! ([`task_portable`]; f32::mul_add is a fused multiply-add everywhere), so the result does not
+//! depend on the CPU's vector width either (checked in the tests).
 
 use std::sync::OnceLock;
 
@@ -228,18 +228,59 @@ pub fn attention(
         return;
     }
     let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
-    let fast = use_avx2_fma() && hd.is_multiple_of(LANES);
+    let kernel = F32Kernel::best(hd);
     tasks.par_iter().for_each_init(Scratch::default, |s, task| {
-        prepare(&ctx, task, s, false, true);
-        #[cfg(target_arch = "x86_64")]
-        if fast {
-            // SAFETY: only reached when the CPU has AVX2 and FMA, and hd % 8 == 0.
-            unsafe { task_avx2(&ctx, task, s) };
-            return;
-        }
-        let _ = fast;
-        task_portable(&ctx, task, s);
+        f32_task(&ctx, task, s, kernel);
     });
+}
+
+/// The f32 task's kernel. Each computes the portable task's operations per lane, so all give
+/// the same bits (module docs); the widest the CPU has runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum F32Kernel {
+    Portable,
+    /// 8 rows per vector (AVX2 + FMA).
+    Avx2,
+    /// 16 rows per vector (AVX-512F).
+    Avx512,
+}
+
+impl F32Kernel {
+    /// The widest kernel this CPU runs at head dim `hd`.
+    fn best(hd: usize) -> Self {
+        [Self::Avx512, Self::Avx2]
+            .into_iter()
+            .find(|k| k.runs(hd))
+            .unwrap_or(Self::Portable)
+    }
+
+    /// Whether this CPU has the kernel's features and it takes head dim `hd`.
+    fn runs(self, hd: usize) -> bool {
+        let (avx2, avx512) = simd_features();
+        match self {
+            Self::Portable => true,
+            Self::Avx2 => avx2 && hd.is_multiple_of(LANES),
+            Self::Avx512 => avx512 && hd.is_multiple_of(LANES),
+        }
+    }
+}
+
+/// One f32 task on `kernel` (which must run here: [`F32Kernel::runs`]).
+fn f32_task(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, kernel: F32Kernel) {
+    assert!(
+        kernel.runs(ctx.shape.head_dim),
+        "{kernel:?} does not run here"
+    );
+    prepare(ctx, task, s, false, true);
+    match kernel {
+        // SAFETY: the CPU has AVX-512F and hd % 8 == 0 (asserted above).
+        #[cfg(target_arch = "x86_64")]
+        F32Kernel::Avx512 => unsafe { task_avx512(ctx, task, s) },
+        // SAFETY: the CPU has AVX2 and FMA and hd % 8 == 0 (asserted above).
+        #[cfg(target_arch = "x86_64")]
+        F32Kernel::Avx2 => unsafe { task_avx2(ctx, task, s) },
+        _ => task_portable(ctx, task, s),
+    }
 }
 
 /// bf16 tile tasks (AMX or `vdpbf16ps`) per chain at most: enough to pay for packing K and V
@@ -300,17 +341,18 @@ fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
     tasks
 }
 
-fn use_avx2_fma() -> bool {
-    static FAST: OnceLock<bool> = OnceLock::new();
-    *FAST.get_or_init(|| {
+/// (AVX2 + FMA, AVX-512F) on this CPU.
+fn simd_features() -> (bool, bool) {
+    static FEATURES: OnceLock<(bool, bool)> = OnceLock::new();
+    *FEATURES.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
+            use std::arch::is_x86_feature_detected as has;
+            (has!("avx2") && has!("fma"), has!("avx512f"))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            false
+            (false, false)
         }
     })
 }
@@ -447,10 +489,10 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[path = "attention_avx2.rs"]
-mod avx2;
+#[path = "attention_simd.rs"]
+mod simd;
 #[cfg(target_arch = "x86_64")]
-use avx2::task_avx2;
+use simd::{task_avx2, task_avx512};
 
 /// The AMX task's per-worker buffers (none where there is no AMX path).
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]

@@ -27,8 +27,9 @@ fn exp_neg_is_accurate() {
 /// Which kernel [`run`] calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
-    Portable,
-    /// AVX2 where the CPU has it.
+    /// One f32 kernel, called per task as `attention` calls it.
+    F32(F32Kernel),
+    /// What `attention` picks for an f32 model (the widest f32 kernel the CPU has).
     Fast,
     /// The AMX tiles (bf16 models), where the CPU has them.
     Amx,
@@ -42,12 +43,18 @@ impl Path {
         match self {
             Path::Amx => Some(Bf16Kernel::Amx),
             Path::Dpbf16 => Some(Bf16Kernel::Avx512bf16),
-            Path::Portable | Path::Fast => None,
+            Path::F32(_) | Path::Fast => None,
         }
     }
 
     /// Whether this CPU runs the path at head dim `hd` (a skip line naming it where not).
     fn runs(self, hd: usize) -> bool {
+        if let Path::F32(k) = self {
+            if !k.runs(hd) {
+                println!("skip: the {k:?} f32 attention at head dim {hd} (this CPU lacks it)");
+            }
+            return k.runs(hd);
+        }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         let runs = self
             .kernel()
@@ -114,7 +121,7 @@ fn run(
         let (kc, vc) = cache.layer(0);
         let qs = &q[start * qd..(start + n) * qd];
         let mut out = Vec::new();
-        if path == Path::Portable {
+        if let Path::F32(kernel) = path {
             out.resize(qs.len(), 0.0);
             let group = shape.heads / shape.kv_heads;
             let ctx = Ctx {
@@ -129,8 +136,7 @@ fn run(
             };
             let mut s = Scratch::default();
             for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
-                prepare(&ctx, &task, &mut s, false, true);
-                task_portable(&ctx, &task, &mut s);
+                f32_task(&ctx, &task, &mut s, kernel);
             }
         } else {
             attention(qs, kc, vc, &plan, shape, softmax, &mut out, path.kernel());
@@ -245,12 +251,19 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
                 "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
             );
         }
-        let portable = run(shape, sm, len, &[len], &q, &k, &v, Path::Portable);
-        assert_eq!(
-            bits(&portable),
-            bits(&whole),
-            "portable vs fast {heads}/{kv_heads}/{hd}"
-        );
+        for kernel in [F32Kernel::Portable, F32Kernel::Avx2, F32Kernel::Avx512] {
+            if !Path::F32(kernel).runs(hd) {
+                continue;
+            }
+            for chunks in [vec![len], vec![5, len - 5]] {
+                let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::F32(kernel));
+                assert_eq!(
+                    bits(&got),
+                    bits(&whole),
+                    "{kernel:?} vs fast {heads}/{kv_heads}/{hd} chunks {chunks:?}"
+                );
+            }
+        }
     }
 }
 
@@ -363,7 +376,13 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
 #[test]
 fn a_nan_value_reaches_only_the_rows_that_see_it() {
     let mut seed = 23;
-    let paths = [Path::Portable, Path::Fast, Path::Amx, Path::Dpbf16];
+    let paths = [
+        Path::F32(F32Kernel::Portable),
+        Path::F32(F32Kernel::Avx2),
+        Path::F32(F32Kernel::Avx512),
+        Path::Amx,
+        Path::Dpbf16,
+    ];
     for (heads, kv_heads, hd, len, window) in [
         (16, 4, 64, 70, None),
         (8, 2, 24, 41, Some(9)),
