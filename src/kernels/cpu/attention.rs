@@ -35,6 +35,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::kernels::cpu::bf16::Bf16Kernel;
+use crate::kernels::cpu::vector::Unit;
 use crate::kernels::plan::BatchPlan;
 
 pub use crate::kernels::device::AttnShape;
@@ -228,57 +229,46 @@ pub fn attention(
         return;
     }
     let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
-    let kernel = F32Kernel::best(hd);
+    let unit = f32_unit(hd);
     tasks.par_iter().for_each_init(Scratch::default, |s, task| {
-        f32_task(&ctx, task, s, kernel);
+        f32_task(&ctx, task, s, unit);
     });
 }
 
-/// The f32 task's kernel. Each computes the portable task's operations per lane, so all give
-/// the same bits (module docs); the widest the CPU has runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum F32Kernel {
-    Portable,
-    /// 8 rows per vector (AVX2 + FMA).
-    Avx2,
-    /// 16 rows per vector (AVX-512F).
-    Avx512,
+/// The widest vector unit the f32 task runs on here at head dim `hd`. Each unit computes the
+/// portable task's operations per lane, so all give the same bits (module docs).
+fn f32_unit(hd: usize) -> Unit {
+    [Unit::Avx512, Unit::Avx2]
+        .into_iter()
+        .find(|&u| f32_runs(u, hd))
+        .unwrap_or(Unit::Baseline)
 }
 
-impl F32Kernel {
-    /// The widest kernel this CPU runs at head dim `hd`.
-    fn best(hd: usize) -> Self {
-        [Self::Avx512, Self::Avx2]
-            .into_iter()
-            .find(|k| k.runs(hd))
-            .unwrap_or(Self::Portable)
-    }
-
-    /// Whether this CPU has the kernel's features and it takes head dim `hd`.
-    fn runs(self, hd: usize) -> bool {
-        let (avx2, avx512) = simd_features();
-        match self {
-            Self::Portable => true,
-            Self::Avx2 => avx2 && hd.is_multiple_of(LANES),
-            Self::Avx512 => avx512 && hd.is_multiple_of(LANES),
-        }
+/// Whether the f32 task runs on `unit` here at head dim `hd` (the SIMD tasks take head dims
+/// that are multiples of 8, and AVX2's also needs FMA).
+fn f32_runs(unit: Unit, hd: usize) -> bool {
+    match unit {
+        Unit::Baseline => true,
+        Unit::Avx2 => unit.available() && has_fma() && hd.is_multiple_of(LANES),
+        Unit::Avx512 => unit.available() && hd.is_multiple_of(LANES),
     }
 }
 
-/// One f32 task on `kernel` (which must run here: [`F32Kernel::runs`]).
-fn f32_task(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, kernel: F32Kernel) {
+/// One f32 task on `unit` (which must run here: [`f32_runs`]); `Baseline` is the portable
+/// task.
+fn f32_task(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch, unit: Unit) {
     assert!(
-        kernel.runs(ctx.shape.head_dim),
-        "{kernel:?} does not run here"
+        f32_runs(unit, ctx.shape.head_dim),
+        "{unit:?} does not run here"
     );
     prepare(ctx, task, s, false, true);
-    match kernel {
+    match unit {
         // SAFETY: the CPU has AVX-512F and hd % 8 == 0 (asserted above).
         #[cfg(target_arch = "x86_64")]
-        F32Kernel::Avx512 => unsafe { task_avx512(ctx, task, s) },
+        Unit::Avx512 => unsafe { task_avx512(ctx, task, s) },
         // SAFETY: the CPU has AVX2 and FMA and hd % 8 == 0 (asserted above).
         #[cfg(target_arch = "x86_64")]
-        F32Kernel::Avx2 => unsafe { task_avx2(ctx, task, s) },
+        Unit::Avx2 => unsafe { task_avx2(ctx, task, s) },
         _ => task_portable(ctx, task, s),
     }
 }
@@ -341,20 +331,12 @@ fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
     tasks
 }
 
-/// (AVX2 + FMA, AVX-512F) on this CPU.
-fn simd_features() -> (bool, bool) {
-    static FEATURES: OnceLock<(bool, bool)> = OnceLock::new();
-    *FEATURES.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            (has!("avx2") && has!("fma"), has!("avx512f"))
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            (false, false)
-        }
-    })
+fn has_fma() -> bool {
+    static FMA: OnceLock<bool> = OnceLock::new();
+    #[cfg(target_arch = "x86_64")]
+    return *FMA.get_or_init(|| std::arch::is_x86_feature_detected!("fma"));
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Fills the task's key offsets, row lengths and transposed queries.

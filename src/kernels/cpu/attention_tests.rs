@@ -27,8 +27,9 @@ fn exp_neg_is_accurate() {
 /// Which kernel [`run`] calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
-    /// One f32 kernel, called per task as `attention` calls it.
-    F32(F32Kernel),
+    /// The f32 task on one vector unit (`Baseline`: the portable task), called per task as
+    /// `attention` calls it.
+    F32(Unit),
     /// What `attention` picks for an f32 model (the widest f32 kernel the CPU has).
     Fast,
     /// The AMX tiles (bf16 models), where the CPU has them.
@@ -49,11 +50,12 @@ impl Path {
 
     /// Whether this CPU runs the path at head dim `hd` (a skip line naming it where not).
     fn runs(self, hd: usize) -> bool {
-        if let Path::F32(k) = self {
-            if !k.runs(hd) {
-                println!("skip: the {k:?} f32 attention at head dim {hd} (this CPU lacks it)");
+        if let Path::F32(unit) = self {
+            let runs = f32_runs(unit, hd);
+            if !runs {
+                println!("skip: the {unit:?} f32 attention at head dim {hd} (this CPU lacks it)");
             }
-            return k.runs(hd);
+            return runs;
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         let runs = self
@@ -121,7 +123,7 @@ fn run(
         let (kc, vc) = cache.layer(0);
         let qs = &q[start * qd..(start + n) * qd];
         let mut out = Vec::new();
-        if let Path::F32(kernel) = path {
+        if let Path::F32(unit) = path {
             out.resize(qs.len(), 0.0);
             let group = shape.heads / shape.kv_heads;
             let ctx = Ctx {
@@ -136,7 +138,7 @@ fn run(
             };
             let mut s = Scratch::default();
             for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
-                f32_task(&ctx, &task, &mut s, kernel);
+                f32_task(&ctx, &task, &mut s, unit);
             }
         } else {
             attention(qs, kc, vc, &plan, shape, softmax, &mut out, path.kernel());
@@ -251,16 +253,16 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
                 "{heads}/{kv_heads}/{hd} chunks {chunks:?}"
             );
         }
-        for kernel in [F32Kernel::Portable, F32Kernel::Avx2, F32Kernel::Avx512] {
-            if !Path::F32(kernel).runs(hd) {
+        for unit in [Unit::Baseline, Unit::Avx2, Unit::Avx512] {
+            if !Path::F32(unit).runs(hd) {
                 continue;
             }
             for chunks in [vec![len], vec![5, len - 5]] {
-                let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::F32(kernel));
+                let got = run(shape, sm, len, &chunks, &q, &k, &v, Path::F32(unit));
                 assert_eq!(
                     bits(&got),
                     bits(&whole),
-                    "{kernel:?} vs fast {heads}/{kv_heads}/{hd} chunks {chunks:?}"
+                    "{unit:?} vs fast {heads}/{kv_heads}/{hd} chunks {chunks:?}"
                 );
             }
         }
@@ -377,9 +379,9 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
 fn a_nan_value_reaches_only_the_rows_that_see_it() {
     let mut seed = 23;
     let paths = [
-        Path::F32(F32Kernel::Portable),
-        Path::F32(F32Kernel::Avx2),
-        Path::F32(F32Kernel::Avx512),
+        Path::F32(Unit::Baseline),
+        Path::F32(Unit::Avx2),
+        Path::F32(Unit::Avx512),
         Path::Amx,
         Path::Dpbf16,
     ];
