@@ -161,6 +161,7 @@ fn main() {
     for path in [
         Bf16Kernel::Amx,
         Bf16Kernel::Avx512bf16,
+        Bf16Kernel::Avx512,
         Bf16Kernel::Avx2,
         Bf16Kernel::F32,
     ] {

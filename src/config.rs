@@ -58,9 +58,9 @@ pub struct ModelSection {
     #[serde(default)]
     pub threads: usize,
     /// How the CPU multiplies bf16 weights: `auto` (the fastest this CPU has), `amx`,
-    /// `avx512bf16` (both round activations to bf16, accumulate in f32), `avx2` (weights
-    /// widened in registers: f32 compute), `f32` (weights widened panel by panel: f32 compute)
-    /// or `portable`. A path the CPU lacks is refused at start.
+    /// `avx512bf16` (both round activations to bf16, accumulate in f32), `avx512` / `avx2`
+    /// (weights widened in registers: f32 compute, the same bits), `f32` (weights widened
+    /// panel by panel: f32 compute) or `portable`. A path the CPU lacks is refused at start.
     #[serde(default)]
     pub cpu_bf16_kernel: crate::kernels::Bf16Kernel,
 }

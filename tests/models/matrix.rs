@@ -30,8 +30,11 @@ fn check(name: &str, dev: Dev) {
     let Some(mut be) = load_on(dev, name, (0..=l).collect(), NUM_BLOCKS, SLOTS) else {
         return;
     };
-    // The avx2 path multiplies f32 activations by the widened weights: f32 compute.
-    let f32_compute = matches!(dev, Dev::Cpu | Dev::CpuBf16(Bf16Kernel::Avx2));
+    // The avx2 / avx512 paths multiply f32 activations by the widened weights: f32 compute.
+    let f32_compute = matches!(
+        dev,
+        Dev::Cpu | Dev::CpuBf16(Bf16Kernel::Avx2 | Bf16Kernel::Avx512)
+    );
     let tol = match dev {
         _ if f32_compute => 1e-4,
         Dev::Cpu | Dev::CpuBf16(_) => bf16_tol(name),
@@ -108,8 +111,8 @@ macro_rules! matrix {
             /// The native bf16 paths (bf16 fixtures only: f32 weights never take them).
             #[test]
             fn cpu_bf16_paths() {
-                use hsx::kernels::Bf16Kernel::{Amx, Avx2, Avx512bf16, Portable};
-                for k in [Amx, Avx512bf16, Avx2, Portable] {
+                use hsx::kernels::Bf16Kernel::{Amx, Avx2, Avx512, Avx512bf16, Portable};
+                for k in [Amx, Avx512bf16, Avx512, Avx2, Portable] {
                     if super::bf16_weights($fixture) {
                         super::check($fixture, super::Dev::CpuBf16(k));
                     }

@@ -63,26 +63,39 @@ fn pack_a<'a>(a: &[f32], m: usize, k: usize, kp: usize, out: &'a mut Vec<Tile>) 
     panels
 }
 
-/// `c [m, n] = a [m, k] · Wᵀ` on `threads` workers, each taking a range of column tiles.
-/// `scratch` keeps A's panels between calls.
+/// `c [m, n] = a [m, k] · Wᵀ` on `threads` workers, each taking a range of column tiles
+/// (whole pairs of them: `avx512f`'s micro-kernel takes two), on AVX2 or, where `wide`, on
+/// AVX-512F (`avx512f.rs`, the same bits). `scratch` keeps A's panels between calls.
 pub(super) fn matmul(
     a: &[f32],
     m: usize,
     w: &PackedBf16,
     c: &mut [f32],
-    threads: usize,
+    (threads, wide): (usize, bool),
     scratch: &mut Vec<Tile>,
 ) {
-    assert!(available(), "avx2 bf16 kernel called without AVX2 and FMA");
+    if wide {
+        assert!(
+            super::avx512f::available(),
+            "avx512 bf16 kernel called without AVX-512F"
+        );
+    } else {
+        assert!(available(), "avx2 bf16 kernel called without AVX2 and FMA");
+    }
     let panels = pack_a(a, m, w.k, w.k_padded(), scratch);
-    let tiles = w.n.div_ceil(TILE_N);
-    let workers = threads.clamp(1, tiles);
+    let (tiles, pairs) = (w.n.div_ceil(TILE_N), w.column_tiles() / 2);
+    let workers = threads.clamp(1, pairs);
     let out = OutPtr(c.as_mut_ptr());
     let run = |i: usize| {
-        let cols = tiles * i / workers..tiles * (i + 1) / workers;
-        // SAFETY: AVX2 and FMA are present (asserted above); the worker writes only its tiles'
-        // columns of C [m, n].
-        unsafe { imp::job(panels, m, w, cols, out.get()) }
+        let cols = 2 * (pairs * i / workers)..(2 * (pairs * (i + 1) / workers)).min(tiles);
+        // SAFETY: the features are present (asserted above); the worker writes only its
+        // tiles' columns of C [m, n].
+        unsafe {
+            match wide {
+                true => super::avx512f::job(panels, m, w, cols, out.get()),
+                false => imp::job(panels, m, w, cols, out.get()),
+            }
+        }
     };
     if workers == 1 {
         run(0);

@@ -10,21 +10,24 @@
 //! # Paths ([`Bf16Kernel`], chosen at run time)
 //! - `amx`: AMX-BF16 tiles (`amx.rs`); activations rounded to bf16, f32 accumulation.
 //! - `avx512bf16`: `vdpbf16ps` (`avx512.rs`); activations rounded to bf16, f32 accumulation.
-//! - `avx2`: f32 activations times the tiles widened in registers, AVX2 FMA (`avx2.rs`): the
-//!   numerics of f32 compute, without a widened copy of the weights. AVX2 CPUs without
-//!   AVX-512F.
+//! - `avx512`: f32 activations times the tiles widened in registers, AVX-512F FMA
+//!   (`avx512f.rs`): the numerics of f32 compute, without a widened copy of the weights;
+//!   AVX-512F CPUs without a bf16 unit. The bits of `avx2`.
+//! - `avx2`: the same on AVX2 FMA (`avx2.rs`). AVX2 CPUs without AVX-512F.
 //! - `f32`: the weights widened panel by panel and multiplied in f32 by the `gemm` crate
-//!   (`widen.rs`): the numerics of f32 compute, bf16 in memory. Any x86-64 (AVX2 / AVX-512F).
+//!   (`widen.rs`): the numerics of f32 compute, bf16 in memory. Any x86-64 (AVX2 / AVX-512F);
+//!   never chosen by `auto` where AVX2 is present.
 //!
 //! # Row invariance (DESIGN.md §7 a)
 //! On the bf16 paths every output element is accumulated over the same sequence of k pairs
 //! (tile after tile, row after row) whatever M, the row's position or the thread count: rows
-//! only pick which A tile row is loaded, threads split the columns, never k. The `avx2` path
-//! keeps one FMA chain per output over k in order. The `f32` path inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
+//! only pick which A tile row is loaded, threads split the columns, never k. The `avx2` and
+//! `avx512` paths keep one FMA chain per output over k in order. The `f32` path inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
 
 mod amx;
 mod avx2;
 mod avx512;
+mod avx512f;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use amx::with_tiles as with_amx_tiles;
@@ -76,11 +79,13 @@ fn zeroed_tiles(tiles: usize) -> Vec<Tile> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Bf16Kernel {
-    /// The fastest this CPU has: amx, else avx512bf16, else avx2 (without AVX-512F), else f32.
+    /// The fastest this CPU has: amx, else avx512bf16, else avx512, else avx2, else f32.
     #[default]
     Auto,
     Amx,
     Avx512bf16,
+    /// f32 activations times the weights widened in registers, AVX-512F FMA: `avx2`'s bits.
+    Avx512,
     /// f32 activations times the weights widened in registers, AVX2 FMA.
     Avx2,
     /// The rounding of `amx` / `avx512bf16` in scalar code, on any CPU: slow, never chosen by
@@ -96,6 +101,7 @@ impl fmt::Display for Bf16Kernel {
             Self::Auto => "auto",
             Self::Amx => "amx",
             Self::Avx512bf16 => "avx512bf16",
+            Self::Avx512 => "avx512",
             Self::Avx2 => "avx2",
             Self::Portable => "portable",
             Self::F32 => "f32",
@@ -110,6 +116,7 @@ impl Bf16Kernel {
             Self::Auto | Self::F32 | Self::Portable => true,
             Self::Amx => amx::ready(),
             Self::Avx512bf16 => avx512::available(),
+            Self::Avx512 => avx512f::available(),
             Self::Avx2 => avx2::available(),
         }
     }
@@ -117,12 +124,9 @@ impl Bf16Kernel {
     /// `Auto` resolved to a concrete path; an explicit path this CPU lacks is an error.
     pub fn resolve(self) -> Result<Self, String> {
         match self {
-            // On AVX-512F the `gemm` crate's 512-bit kernels (the `f32` path) are wider than
-            // the 256-bit `avx2` path.
-            Self::Auto => Ok([Self::Amx, Self::Avx512bf16]
+            Self::Auto => Ok([Self::Amx, Self::Avx512bf16, Self::Avx512, Self::Avx2]
                 .into_iter()
                 .find(|k| k.available())
-                .or_else(|| (Self::Avx2.available() && !avx512f()).then_some(Self::Avx2))
                 .unwrap_or(Self::F32)),
             k if k.available() => Ok(k),
             k => Err(format!(
@@ -142,6 +146,7 @@ impl Bf16Kernel {
         [
             Self::Amx,
             Self::Avx512bf16,
+            Self::Avx512,
             Self::Avx2,
             Self::F32,
             Self::Portable,
@@ -151,15 +156,6 @@ impl Bf16Kernel {
         .map(|k| k.to_string())
         .collect()
     }
-}
-
-fn avx512f() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// `W [n, k]` in bf16 tiles (module docs): tile `(nb, kb)` at `(nb * kbs + kb) * TILE_ELEMS`.
@@ -431,8 +427,9 @@ pub fn matmul_bf16_into(
         widen::matmul(a, m, w, c, threads);
         return;
     }
-    if kernel == Bf16Kernel::Avx2 {
-        avx2::matmul(a, m, w, c, threads, scratch);
+    if matches!(kernel, Bf16Kernel::Avx2 | Bf16Kernel::Avx512) {
+        let wide = kernel == Bf16Kernel::Avx512;
+        avx2::matmul(a, m, w, c, (threads, wide), scratch);
         return;
     }
     let tiles = round_tiles(a, m, k, w.k_tiles(), scratch);

@@ -18,6 +18,7 @@ fn paths() -> Vec<Bf16Kernel> {
     for k in [
         Bf16Kernel::Amx,
         Bf16Kernel::Avx512bf16,
+        Bf16Kernel::Avx512,
         Bf16Kernel::Avx2,
         Bf16Kernel::Portable,
         Bf16Kernel::F32,
@@ -94,8 +95,8 @@ fn every_path_matches_its_reference() {
                 );
                 continue;
             }
-            if path == Bf16Kernel::Avx2 {
-                avx2_case(&c, &a, (m, n, k), &p, &wf);
+            if matches!(path, Bf16Kernel::Avx2 | Bf16Kernel::Avx512) {
+                widened_case(path, &c, &a, (m, n, k), &p, &wf);
                 continue;
             }
             let ab = widened(&bits(&a));
@@ -123,15 +124,22 @@ fn every_path_matches_its_reference() {
     }
 }
 
-/// The avx2 path: the bits of its scalar FMA chain, and within f32 rounding of the f64
-/// product of the f32 activations and the widened weights.
-fn avx2_case(c: &[f32], a: &[f32], (m, n, k): (usize, usize, usize), p: &PackedBf16, wf: &[f32]) {
+/// The avx2 and avx512 paths: the bits of their scalar FMA chain, and within f32 rounding of
+/// the f64 product of the f32 activations and the widened weights.
+fn widened_case(
+    path: Bf16Kernel,
+    c: &[f32],
+    a: &[f32],
+    (m, n, k): (usize, usize, usize),
+    p: &PackedBf16,
+    wf: &[f32],
+) {
     let want = avx2::reference(a, m, p);
     for (i, (x, y)) in c.iter().zip(&want).enumerate() {
         assert_eq!(
             x.to_bits(),
             y.to_bits(),
-            "avx2 m={m} n={n} k={k} at {i}: {x} vs {y}"
+            "{path} m={m} n={n} k={k} at {i}: {x} vs {y}"
         );
     }
     for i in 0..m {
@@ -142,7 +150,7 @@ fn avx2_case(c: &[f32], a: &[f32], (m, n, k): (usize, usize, usize), p: &PackedB
             let got = c[i * n + j] as f64;
             assert!(
                 (got - exact).abs() <= 1e-6 * scale + 1e-30,
-                "avx2 ({i},{j}): {got} vs {exact}"
+                "{path} ({i},{j}): {got} vs {exact}"
             );
         }
     }
