@@ -30,8 +30,6 @@
 //! ([`task_portable`]; f32::mul_add is a fused multiply-add everywhere), so the result does not
 //! depend on the CPU's vector width either (checked in the tests).
 
-use std::sync::OnceLock;
-
 use rayon::prelude::*;
 
 use crate::kernels::cpu::bf16::Bf16Kernel;
@@ -332,9 +330,8 @@ fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
 }
 
 fn has_fma() -> bool {
-    static FMA: OnceLock<bool> = OnceLock::new();
     #[cfg(target_arch = "x86_64")]
-    return *FMA.get_or_init(|| std::arch::is_x86_feature_detected!("fma"));
+    return std::arch::is_x86_feature_detected!("fma");
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
