@@ -11,7 +11,6 @@
 
 use crate::common::backends::{Dev, Paging, bf16_tol, cuda_tol, layer_of, load_on, same_bits};
 use crate::common::{Reference, max_rel, model_dir, random_prompt};
-use hsx::kernels::Bf16Kernel;
 use hsx::kernels::plan::RECURRENT_BLOCK;
 use hsx::models::{ModelSpec, WeightDtype};
 
@@ -31,10 +30,11 @@ fn check(name: &str, dev: Dev) {
         return;
     };
     // The avx2 / avx512 paths multiply f32 activations by the widened weights: f32 compute.
-    let f32_compute = matches!(
-        dev,
-        Dev::Cpu | Dev::CpuBf16(Bf16Kernel::Avx2 | Bf16Kernel::Avx512)
-    );
+    let f32_compute = match dev {
+        Dev::Cpu => true,
+        Dev::CpuBf16(k) => k.widens_in_registers(),
+        Dev::Cuda => false,
+    };
     let tol = match dev {
         _ if f32_compute => 1e-4,
         Dev::Cpu | Dev::CpuBf16(_) => bf16_tol(name),

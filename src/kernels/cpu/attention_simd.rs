@@ -89,7 +89,7 @@ unsafe fn run<const Z: bool, const SK: usize, const VD: usize>(
             j += nk;
         }
         softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
-        weighted_values::<Z, VD>(ctx, task, s);
+        weighted_values::<Z, VD>(ctx, task, s, &chunks);
     }
 }
 
@@ -130,7 +130,8 @@ unsafe fn scores_chunk<const Z: bool, const SK: usize>(
     }
 }
 
-/// `out_r = (Σ_j p_rj · v_j) · inv_r` for the task's rows, through `s.acc` (`[hd][rp]`).
+/// `out_r = (Σ_j p_rj · v_j) · inv_r` for the task's rows (in `chunks`, [`chunks`]'s), through
+/// `s.acc` (`[hd][rp]`).
 ///
 /// # Safety
 /// As [`run`], after the softmax.
@@ -139,13 +140,14 @@ unsafe fn weighted_values<const Z: bool, const VD: usize>(
     ctx: &Ctx<'_>,
     task: &Task,
     s: &mut Scratch,
+    chunks: &[(usize, usize)],
 ) {
     let hd = ctx.shape.head_dim;
     let rp = s.lens.len();
     let len = s.offsets.len();
     let rows = task.n * ctx.group;
     s.acc.zeroed(hd * rp);
-    let blocks = row_blocks(s, rows, &chunks::<Z>(rp));
+    let blocks = row_blocks(s, rows, chunks);
     // SAFETY: as `run`; acc is [hd][rp].
     unsafe {
         let (p, acc) = (s.st.as_ptr(), s.acc.as_mut_ptr());

@@ -136,6 +136,12 @@ impl Bf16Kernel {
         }
     }
 
+    /// Whether the path multiplies f32 activations by the weights widened in registers
+    /// (`avx2`, `avx512`: f32 compute, one FMA chain per output, the same bits on both).
+    pub fn widens_in_registers(self) -> bool {
+        matches!(self, Self::Avx2 | Self::Avx512)
+    }
+
     /// Whether the path's kernel has the fused SwiGLU epilogue (`swiglu.rs`).
     pub fn fuses_swiglu(self) -> bool {
         matches!(self, Self::Amx | Self::Avx512bf16)
@@ -427,7 +433,7 @@ pub fn matmul_bf16_into(
         widen::matmul(a, m, w, c, threads);
         return;
     }
-    if matches!(kernel, Bf16Kernel::Avx2 | Bf16Kernel::Avx512) {
+    if kernel.widens_in_registers() {
         let wide = kernel == Bf16Kernel::Avx512;
         avx2::matmul(a, m, w, c, (threads, wide), scratch);
         return;

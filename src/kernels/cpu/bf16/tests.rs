@@ -95,7 +95,7 @@ fn every_path_matches_its_reference() {
                 );
                 continue;
             }
-            if matches!(path, Bf16Kernel::Avx2 | Bf16Kernel::Avx512) {
+            if path.widens_in_registers() {
                 widened_case(path, &c, &a, (m, n, k), &p, &wf);
                 continue;
             }
