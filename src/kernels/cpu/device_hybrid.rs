@@ -2,8 +2,8 @@
 //! norms): the bodies of `CpuDevice`'s trait methods of those names.
 
 use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, gather_cols, set};
-use crate::kernels::cpu::gdn;
 use crate::kernels::cpu::recurrent;
+use crate::kernels::cpu::{gdn, mamba};
 use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
 
 pub(super) fn conv1d_silu(
@@ -90,7 +90,7 @@ pub(super) fn mamba2_scan(
 ) -> DevResult<()> {
     gather_cols(dt, &mut states.first);
     let d = p.dims;
-    let params = recurrent::MambaParams {
+    let params = mamba::MambaParams {
         heads: d.heads,
         head_dim: d.head_dim,
         d_state: d.d_state,
@@ -101,7 +101,7 @@ pub(super) fn mamba2_scan(
         dt_min: d.dt_min,
     };
     let st = states.cache.layer_mut(state_layer);
-    recurrent::mamba2_scan(
+    mamba::mamba2_scan(
         &xbc.data,
         &states.first,
         &params,

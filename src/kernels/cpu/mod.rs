@@ -19,6 +19,7 @@ pub mod device;
 pub mod exp;
 pub mod gdn;
 pub mod kv_cache;
+pub mod mamba;
 pub mod matmul;
 pub mod mla;
 pub mod moe;

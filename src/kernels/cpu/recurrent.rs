@@ -1,6 +1,7 @@
 //! Recurrent layers of the hybrid models: the per-request state cache, the causal depthwise
-//! conv1d, the Mamba-2 selective scan and the gated RMSNorms (the gated delta rule of Gated
-//! DeltaNet is in [`gdn`](super::gdn)).
+//! conv1d, the per-(request, head) tasks of the recurrences and the gated RMSNorms (the gated
+//! delta rule of Gated DeltaNet is in [`gdn`](super::gdn), the Mamba-2 selective scan in
+//! [`mamba`](super::mamba)).
 //!
 //! # Chunk invariance (DESIGN.md §7 c)
 //!
@@ -10,9 +11,17 @@
 //! whether its request was split into chunks of 7, 61 or 4096 tokens, and whatever shares the
 //! batch: results are byte-identical across splits. The conv reads the last `k - 1` inputs from
 //! the slot's conv state, in the same fixed order. The cost: per token and head, about
-//! `4 · dk · dv` (GDN) or `3 · head_dim · d_state` (Mamba-2) flops done sequentially — no
-//! chunked matmul form — parallel over requests × heads, each task's loops compiled for the
-//! widest vector unit the CPU has ([`vector`]; same bits on every unit).
+//! `7 · dk · dv` (GDN) or `5 · head_dim · d_state` (Mamba-2) flops done sequentially,
+//! parallel over requests × heads, each task's loops compiled for the widest vector unit the
+//! CPU has ([`vector`]; same bits on every unit).
+//!
+//! # No chunked form on the CPU
+//! The chunked (matmul) forms that GPUs run (`kernels/cuda/recurrent_chunked.rs`) would not
+//! pay here: chunked GDN does 1.15–2× the serial flops (chunks of 64, head dims 128–64) and
+//! chunked Mamba-2 about as many, in GEMMs of 64 rows; the serial forms run at 25–45% of the
+//! f32 FMA peak (`cargo run --release --example recurrence_rate`) and take ~5% of a hybrid's
+//! bf16 run (bench/README.md, "Recurrences on the CPU"), so the best case gains a few percent
+//! and costs byte-identity wherever a chunk is cut off a multiple of the chunk size.
 
 use std::ops::Range;
 
@@ -333,102 +342,6 @@ fn head_tasks<'a>(
         }
     }
     tasks
-}
-
-/// One row of the scan's state in one pass: `s = s·da + xd·b` element by element, and the
-/// new row's dot product with `c` in 8 lanes (element i in lane i mod 8, the tail serially)
-/// added in a fixed tree. No FMA contraction and a fixed order: the same bits on every run,
-/// CPU and vector unit. Fixed-size lanes so LLVM keeps the sums in one register.
-#[inline(always)]
-fn update_dot(s: &mut [f32], b: &[f32], c: &[f32], da: f32, xd: f32) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut s8 = s.chunks_exact_mut(8);
-    let (b8, c8) = (b.chunks_exact(8), c.chunks_exact(8));
-    let (bt, ct) = (b8.remainder(), c8.remainder());
-    for ((sv, bv), cv) in (&mut s8).zip(b8).zip(c8) {
-        // Copies in registers: the stores then cannot alias the loads, and the lanes vectorise.
-        let mut sl: [f32; 8] = (&*sv).try_into().expect("chunks of 8");
-        let bl: [f32; 8] = bv.try_into().expect("chunks of 8");
-        let cl: [f32; 8] = cv.try_into().expect("chunks of 8");
-        for l in 0..8 {
-            sl[l] = sl[l] * da + xd * bl[l];
-            acc[l] += cl[l] * sl[l];
-        }
-        sv.copy_from_slice(&sl);
-    }
-    let mut tail = 0.0f32;
-    for ((sv, &bv), &cv) in s8.into_remainder().iter_mut().zip(bt).zip(ct) {
-        *sv = *sv * da + xd * bv;
-        tail += cv * *sv;
-    }
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
-}
-
-/// Mamba-2 geometry and per-head parameters.
-pub struct MambaParams<'a> {
-    pub heads: usize,
-    pub head_dim: usize,
-    pub d_state: usize,
-    pub groups: usize,
-    /// `-exp(A_log)` per head.
-    pub neg_a: &'a [f32],
-    pub d: &'a [f32],
-    pub dt_bias: &'a [f32],
-    /// Lower clamp of `dt` (transformers' prefill path: `time_step_min`).
-    pub dt_min: f32,
-}
-
-/// The Mamba-2 selective scan, token by token. `xbc` is the conv output
-/// `[T, heads·head_dim + 2·groups·d_state]` (x | B | C), `dt` the raw `[T, heads]`; `state` is
-/// `[slots, heads, head_dim, d_state]`. Writes `y = C·h + D·x`, `[T, heads·head_dim]`.
-/// `dt = max(softplus(dt + dt_bias), dt_min)`, `h = exp(dt·A)·h + (dt·x) ⊗ B`.
-pub fn mamba2_scan(
-    xbc: &[f32],
-    dt: &[f32],
-    p: &MambaParams<'_>,
-    seqs: &[SeqState],
-    state: &mut [f32],
-    out: &mut Vec<f32>,
-) {
-    let t = xbc.len() / (p.heads * p.head_dim + 2 * p.groups * p.d_state);
-    let dims = (p.heads, p.head_dim * p.d_state, p.head_dim);
-    per_head(
-        state,
-        dims,
-        seqs,
-        t,
-        out,
-        #[inline(always)]
-        |h, rows, st, o| mamba_head(xbc, dt, p, (h, rows, st), o),
-    );
-}
-
-/// Head `h` of the scan over `rows` (one request's chunk), from and into its state `st`
-/// (`[head_dim, d_state]`); the head's output rows (`head_dim` each) into `out`.
-#[inline(always)]
-fn mamba_head(
-    xbc: &[f32],
-    dt: &[f32],
-    p: &MambaParams<'_>,
-    (h, rows, st): (usize, Range<usize>, &mut [f32]),
-    mut out: HeadRows<'_>,
-) {
-    let (nh, hd, n) = (p.heads, p.head_dim, p.d_state);
-    let inter = nh * hd;
-    let row = inter + 2 * p.groups * n;
-    let g = h / (nh / p.groups);
-    for (i, r) in rows.enumerate() {
-        let xr = &xbc[r * row..(r + 1) * row];
-        let x = &xr[h * hd..(h + 1) * hd];
-        let bm = &xr[inter + g * n..inter + (g + 1) * n];
-        let cm = &xr[inter + (p.groups + g) * n..inter + (p.groups + g + 1) * n];
-        let d = softplus(dt[r * nh + h] + p.dt_bias[h]).max(p.dt_min);
-        let da = (d * p.neg_a[h]).exp();
-        let o = out.row(i);
-        for ((oj, &xj), srow) in o.iter_mut().zip(x).zip(st.chunks_exact_mut(n)) {
-            *oj = update_dot(srow, bm, cm, da, xj * d) + p.d[h] * xj;
-        }
-    }
 }
 
 /// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
