@@ -69,7 +69,7 @@ impl CpuDevice {
 #[path = "device_types.rs"]
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
-use types::{expert_rows, gather_cols, set};
+use types::{col_rows, expert_rows, gather_cols, set};
 
 #[path = "device_hybrid.rs"]
 mod device_hybrid;
@@ -321,11 +321,17 @@ impl Device for CpuDevice {
     }
 
     fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        let mut g = Vec::new();
-        gather_cols(gate, &mut g);
-        out.data.clear();
+        // Every element is written below: resizing zeroes only growth.
+        out.data.resize(x.data.len(), 0.0);
         out.data
-            .extend(x.data.iter().zip(&g).map(|(&a, &g)| a * sigmoid(g)));
+            .par_chunks_mut(x.width.max(1))
+            .zip(x.data.par_chunks(x.width.max(1)))
+            .zip(col_rows(gate))
+            .for_each(|((o, x), g)| {
+                for ((o, &a), &g) in o.iter_mut().zip(x).zip(g) {
+                    *o = a * sigmoid(g);
+                }
+            });
         set(out, x.width);
         Ok(())
     }
@@ -387,11 +393,18 @@ impl Device for CpuDevice {
     }
 
     fn relu2(&self, x: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
-        out.data.clear();
-        out.data.extend(x.data.iter().map(|v| {
-            let r = v.max(0.0);
-            r * r
-        }));
+        // Every element is written below: resizing zeroes only growth. In parallel: one
+        // thread over `[T, intermediate]` was ~2% of a Nemotron-H-8B-shaped run.
+        out.data.resize(x.data.len(), 0.0);
+        out.data
+            .par_chunks_mut(4096)
+            .zip(x.data.par_chunks(4096))
+            .for_each(|(o, x)| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    let r = v.max(0.0);
+                    *o = r * r;
+                }
+            });
         set(out, x.width);
         Ok(())
     }

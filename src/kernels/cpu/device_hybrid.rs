@@ -1,7 +1,7 @@
 //! The CPU device's hybrid-layer ops (causal conv, Gated DeltaNet, Mamba-2 and their gated
 //! norms): the bodies of `CpuDevice`'s trait methods of those names.
 
-use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, gather_cols, set};
+use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, col_rows, gather_cols, set};
 use crate::kernels::cpu::recurrent;
 use crate::kernels::cpu::{gdn, mamba};
 use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
@@ -70,11 +70,9 @@ pub(super) fn gdn_gated_norm(
     eps: f64,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    let mut zs = Vec::new();
-    gather_cols(z, &mut zs);
     out.data.clear();
     out.data.extend_from_slice(&x.data);
-    recurrent::gated_rms_norm_then_gate(&mut out.data, &zs, w, eps);
+    recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, eps);
     set(out, x.width);
     Ok(())
 }
@@ -120,11 +118,9 @@ pub(super) fn mamba2_gated_norm(
     (group_size, eps): (usize, f64),
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    let mut zs = Vec::new();
-    gather_cols(z, &mut zs);
     out.data.clear();
     out.data.extend_from_slice(&y.data);
-    recurrent::gate_then_grouped_rms_norm(&mut out.data, &zs, w, group_size, eps);
+    recurrent::gate_then_grouped_rms_norm(&mut out.data, col_rows(z), w, group_size, eps);
     set(out, y.width);
     Ok(())
 }

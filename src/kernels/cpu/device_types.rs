@@ -44,6 +44,17 @@ pub struct CpuStep<'a> {
     pub(super) seqs: &'a [SeqState],
 }
 
+/// The columns of `c`, row by row, read in place (nothing copied or allocated: a gather into a
+/// fresh vector was mapped and faulted in anew on every call once it passed the allocator's
+/// mmap threshold, ~3% of a Nemotron-H-8B-shaped run).
+pub(super) fn col_rows<'a>(c: Cols<'a, CpuBuf>) -> impl IndexedParallelIterator<Item = &'a [f32]> {
+    let (w, col, cw) = (c.buf.width, c.col, c.width);
+    c.buf
+        .data
+        .par_chunks(w.max(1))
+        .map(move |r| &r[col..col + cw])
+}
+
 /// Columns of every row of `c` into `out`, contiguous.
 pub(super) fn gather_cols(c: Cols<'_, CpuBuf>, out: &mut Vec<f32>) {
     let (w, cw) = (c.buf.width, c.width);

@@ -345,45 +345,55 @@ fn head_tasks<'a>(
 }
 
 /// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
-/// over `dv = w.len()`-wide rows of `x` and `z`, in place on `x`.
-pub fn gated_rms_norm_then_gate(x: &mut [f32], z: &[f32], w: &[f32], eps: f64) {
-    let d = w.len();
-    x.par_chunks_mut(d)
-        .zip(z.par_chunks(d))
+/// over `dv = w.len()`-wide heads of `x` (`[T, heads·dv]`) and of `z`'s T rows (each
+/// `heads·dv` wide), in place on `x`.
+pub fn gated_rms_norm_then_gate<'a>(
+    x: &mut [f32],
+    z: impl IndexedParallelIterator<Item = &'a [f32]>,
+    w: &[f32],
+    eps: f64,
+) {
+    let (d, rows) = (w.len(), z.len());
+    if x.is_empty() || rows == 0 {
+        return;
+    }
+    x.par_chunks_mut(x.len() / rows)
+        .zip(z)
         .for_each(|(xr, zr)| {
-            let r = inv_rms(xr, eps);
-            for ((v, &zi), &wi) in xr.iter_mut().zip(zr).zip(w) {
-                *v = wi * (*v * r) * silu(zi);
+            for (xh, zh) in xr.chunks_exact_mut(d).zip(zr.chunks_exact(d)) {
+                let r = inv_rms(xh, eps);
+                for ((v, &zi), &wi) in xh.iter_mut().zip(zh).zip(w) {
+                    *v = wi * (*v * r) * silu(zi);
+                }
             }
         });
 }
 
 /// Mamba-2 / Nemotron-H gated norm: `h = y · silu(z)`, then RMSNorm over groups of
-/// `group_size` channels, times `w` (`[inner]`); in place on `y` (`[T, inner]`).
-pub fn gate_then_grouped_rms_norm(
+/// `group_size` channels, times `w` (`[inner]`); in place on `y` (`[T, inner]`), with `z`'s T
+/// rows.
+pub fn gate_then_grouped_rms_norm<'a>(
     y: &mut [f32],
-    z: &[f32],
+    z: impl IndexedParallelIterator<Item = &'a [f32]>,
     w: &[f32],
     group_size: usize,
     eps: f64,
 ) {
     let inner = w.len();
-    y.par_chunks_mut(inner)
-        .zip(z.par_chunks(inner))
-        .for_each(|(yr, zr)| {
-            for (v, &zi) in yr.iter_mut().zip(zr) {
-                *v *= silu(zi);
+    y.par_chunks_mut(inner).zip(z).for_each(|(yr, zr)| {
+        for (v, &zi) in yr.iter_mut().zip(zr) {
+            *v *= silu(zi);
+        }
+        for (yg, wg) in yr
+            .chunks_exact_mut(group_size)
+            .zip(w.chunks_exact(group_size))
+        {
+            let r = inv_rms(yg, eps);
+            for (v, &wi) in yg.iter_mut().zip(wg) {
+                *v = wi * (*v * r);
             }
-            for (yg, wg) in yr
-                .chunks_exact_mut(group_size)
-                .zip(w.chunks_exact(group_size))
-            {
-                let r = inv_rms(yg, eps);
-                for (v, &wi) in yg.iter_mut().zip(wg) {
-                    *v = wi * (*v * r);
-                }
-            }
-        });
+        }
+    });
 }
 
 #[cfg(test)]
