@@ -533,10 +533,20 @@ impl Device for CpuDevice {
 
     fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) -> DevResult<()> {
         let w = x.width;
-        out.data.clear();
-        for &r in rows {
-            out.data.extend_from_slice(&x.data[r * w..(r + 1) * w]);
+        if let Some(&bad) = rows.iter().find(|&&r| (r + 1) * w > x.data.len()) {
+            return Err(DeviceError::Invalid(format!(
+                "gather_rows: row {bad} of a {}-row buffer",
+                x.data.len() / w.max(1)
+            )));
         }
+        // Every row is written below: resizing zeroes only growth. In parallel: the MoE
+        // blocks gather `top_k` rows per token (a Qwen3-30B-A3B-shaped run spent ~5% of its
+        // time in this copy on one thread).
+        out.data.resize(rows.len() * w, 0.0);
+        out.data
+            .par_chunks_mut(w.max(1))
+            .zip(rows.par_iter())
+            .for_each(|(o, &r)| o.copy_from_slice(&x.data[r * w..(r + 1) * w]));
         set(out, w);
         Ok(())
     }
