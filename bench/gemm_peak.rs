@@ -12,6 +12,9 @@
 //!   `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64) and an
 //!   8B model's (32 / 8 × 128), against the peak of the unit each runs on (f32: the FMA peak).
 //!   `--attention-only`: that alone (for profiling).
+//! - Recurrences (`recurrence_rate.rs`): the Gated DeltaNet rule and the Mamba-2 scan (f32,
+//!   token by token, whatever the weights) at the bench hybrid's, Qwen3-Next's, Nemotron-H's
+//!   and Bamba's head shapes, against the f32 FMA peak. `--recurrence-only`: that alone.
 //! - GEMM: `hsx::kernels::cpu::matmul::matmul_wt` (what the models call) for `--rows` tokens at
 //!   the dense benchmark model's projections (hidden 1024, intermediate 2816, 16/4 heads × 64):
 //!   qkv 1024→1536, o 1024→1024, gate_up 1024→5632, down 2816→1024, best of 4; then the same
@@ -37,6 +40,9 @@ mod peaks;
 
 #[path = "attention_rate.rs"]
 mod attention_rate;
+
+#[path = "recurrence_rate.rs"]
+mod recurrence_rate;
 
 use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16, round_tiles};
@@ -103,13 +109,14 @@ fn main() {
         .build()
         .unwrap();
     let attention_only = args.iter().any(|a| a == "--attention-only");
+    let recurrence_only = args.iter().any(|a| a == "--recurrence-only");
     // The attention's rate per path, shape and prompt length: (path, label, len, GFLOP/s).
     let attention_paths = [None, Some(Bf16Kernel::Amx), Some(Bf16Kernel::Avx512bf16)]
         .into_iter()
         .filter(|p| p.is_none_or(|k| k.available()));
     let attention: Vec<(String, &str, usize, f64)> = attention_paths
         .flat_map(|path| attention_rate::SHAPES.iter().map(move |s| (path, s)))
-        .filter(|_| only.is_none())
+        .filter(|_| only.is_none() && !recurrence_only)
         .flat_map(|(path, &(label, h, kvh, hd))| {
             let name = path.map_or_else(|| "f32".to_string(), |k| k.to_string());
             [rows / 2, rows * 2].map(|len| {
@@ -118,6 +125,17 @@ fn main() {
             })
         })
         .collect();
+    let recurrences = if only.is_none() && !attention_only {
+        recurrence_rate::all(&pool)
+    } else {
+        Vec::new()
+    };
+    if recurrence_only {
+        for (what, label, g) in &recurrences {
+            println!("{what} {label}: {g:.1} GFLOP/s on {threads} threads");
+        }
+        return;
+    }
     if attention_only {
         for (path, label, len, g) in &attention {
             println!("{path} attention {label}, {len} tokens: {g:.1} GFLOP/s on {threads} threads");
@@ -219,6 +237,10 @@ fn main() {
                 "attention": attention.iter().map(|(path, label, len, g)| serde_json::json!({
                     "path": path, "unit": unit_of(path),
                     "shape": label, "len": len, "gflops": g})).collect::<Vec<_>>(),
+                "recurrences": recurrences.iter().map(|(what, label, g)| serde_json::json!({
+                    "recurrence": what, "shape": label,
+                    "tokens": recurrence_rate::REQUESTS * recurrence_rate::LEN,
+                    "gflops": g})).collect::<Vec<_>>(),
                 "bf16_auto": Bf16Kernel::Auto.resolve().map(|k| k.to_string()).ok(),
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
@@ -249,6 +271,14 @@ fn main() {
         println!(
             "{path} attention {label}, one prompt of {len} tokens: {g:.1} GFLOP/s ({:.0}% of the {unit} peak)",
             100.0 * g / peak
+        );
+    }
+    for (what, label, g) in &recurrences {
+        println!(
+            "f32 {what} {label}, {} x {} tokens: {g:.1} GFLOP/s ({:.0}% of the {fma} peak)",
+            recurrence_rate::REQUESTS,
+            recurrence_rate::LEN,
+            100.0 * g / pn
         );
     }
     for (path, unit, mix, peak, per, kernel) in &bf16 {

@@ -394,6 +394,9 @@ def main() -> int:
         unit_peak = units.get(unit, {}).get("peak_gflops", peak["peak_gflops"])
         out.append(f"hsx {a.get('path', 'f32')} attention ({a['shape']} heads, one prompt of {a['len']} tokens): "
                    f"{a['gflops']:.0f} GFLOP/s ({100 * a['gflops'] / unit_peak:.0f}% of the {unit} peak)")
+    for r in peak.get("recurrences", []):
+        out.append(f"hsx {r['recurrence']} (f32, {r['shape']} heads, {r['tokens']} tokens): "
+                   f"{r['gflops']:.0f} GFLOP/s ({100 * r['gflops'] / peak['peak_gflops']:.0f}% of the {peak['fma']} peak)")
     if units:
         out.append("unit peaks (register-only probes, 1 thread / " + str(peak["threads"]) + "): " + "; ".join(
             f"{u} {v['peak_1t_gflops']:.0f} / {v['peak_gflops']:.0f} GFLOP/s" for u, v in units.items()))

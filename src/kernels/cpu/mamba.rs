@@ -4,14 +4,14 @@
 //! # Two state rows at a time
 //! Each state row's output is a dot product with C summed in 8 lanes: one chain of dependent
 //! adds per row, `d_state / 8` long, so a row at a time ran at the adder's latency (~3.2
-//! cycles per 8 elements on a Zen 5: 52 GFLOP/s a thread, 20% of its FMA peak). Two rows side
-//! by side ([`avx2::update_dot_pair`]) give two independent chains: ~1.8 cycles per 8
+//! cycles per 8 elements on a Zen 5: 52 GFLOP/s a thread, 20% of its FMA peak). Two rows
+//! side by side ([`avx2::update_dot_pair`]) give two independent chains: ~1.8 cycles per 8
 //! elements in a lab loop, near what the multiplier ports allow without FMA contraction (3
-//! products per element); 70 GFLOP/s a thread in `recurrence_rate` (the rest: each token's
-//! softplus and exp, the sums' trees). In the lab loop four rows ran as fast as two, eight a
-//! little slower, and the zmm forms (16 elements of a row, or two rows in one zmm) 3–5×
-//! slower. Each lane does [`update_dot`]'s operations in its order: the same bits on every
-//! unit.
+//! products per element); 70 GFLOP/s a thread in `gemm_peak --recurrence-only` (the rest:
+//! each token's softplus and exp, the sums' trees). In the lab loop four rows ran as fast as
+//! two, eight a little slower, and the zmm forms (16 elements of a row, or two rows in one
+//! zmm) 3–5× slower. Each lane does [`update_dot`]'s operations in its order: the same bits
+//! on every unit.
 
 use std::ops::Range;
 

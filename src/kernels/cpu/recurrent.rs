@@ -19,9 +19,9 @@
 //! The chunked (matmul) forms that GPUs run (`kernels/cuda/recurrent_chunked.rs`) would not
 //! pay here: chunked GDN does 1.15–2× the serial flops (chunks of 64, head dims 128–64) and
 //! chunked Mamba-2 about as many, in GEMMs of 64 rows; the serial forms run at 25–45% of the
-//! f32 FMA peak (`cargo run --release --example gemm_peak -- --recurrence-only`) and take ~5% of a hybrid's
-//! bf16 run (bench/README.md, "Recurrences on the CPU"), so the best case gains a few percent
-//! and costs byte-identity wherever a chunk is cut off a multiple of the chunk size.
+//! f32 FMA peak (`cargo run --release --example gemm_peak -- --recurrence-only`) and take
+//! 2–5% of a hybrid's bf16 run (bench/README.md, session 30), so the best case gains a few
+//! percent and costs byte-identity wherever a chunk is cut off a multiple of the chunk size.
 
 use std::ops::Range;
 
