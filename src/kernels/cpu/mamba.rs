@@ -7,7 +7,7 @@
 //! cycles per 8 elements on a Zen 5: 52 GFLOP/s a thread, 20% of its FMA peak). Two rows
 //! side by side ([`avx2::update_dot_pair`]) give two independent chains: ~1.8 cycles per 8
 //! elements in a lab loop, near what the multiplier ports allow without FMA contraction (3
-//! products per element); 70 GFLOP/s a thread in `gemm_peak --recurrence-only` (the rest:
+//! products per element); 75 GFLOP/s a thread in `gemm_peak --recurrence-only` (the rest:
 //! each token's softplus and exp, the sums' trees). In the lab loop four rows ran as fast as
 //! two, eight a little slower, and the zmm forms (16 elements of a row, or two rows in one
 //! zmm) 3–5× slower. Each lane does [`update_dot`]'s operations in its order: the same bits
@@ -156,6 +156,10 @@ mod avx2 {
     /// [`update_dot`](super::update_dot) of two state rows (`s`, `[2, n]`; row r's `xd` is
     /// `xd[r]`), their 8 lanes in one ymm each, side by side: the same operations per lane in
     /// the same order (`(s·da) + (xd·b)`, then `acc + c·s`; no FMA), so the same bits.
+    /// Inlined with [`pair`] into the caller's vector-unit copy ([`vector`](super::super::vector)),
+    /// which has AVX2: a `#[target_feature]` function of its own is not reliably inlined
+    /// there, and called per row pair it ran at the one-row rate.
+    #[inline(always)]
     pub fn update_dot_pair(s: &mut [f32], b: &[f32], c: &[f32], da: f32, xd: [f32; 2]) -> [f32; 2] {
         assert!(available(), "AVX2 scan called without AVX2");
         let n = b.len();
@@ -164,19 +168,25 @@ mod avx2 {
         unsafe { pair(s, (b, c), da, xd) }
     }
 
-    #[target_feature(enable = "avx2")]
+    /// # Safety
+    /// The CPU has AVX2; `s` holds two rows of `b.len()` values and `c` as many as `b`.
+    #[inline(always)]
     unsafe fn pair(s: &mut [f32], (b, c): (&[f32], &[f32]), da: f32, xd: [f32; 2]) -> [f32; 2] {
         let n = b.len();
         let full = n / 8 * 8;
         let (s0, s1) = s.split_at_mut(n);
-        let (vda, x0, x1) = (
-            _mm256_set1_ps(da),
-            _mm256_set1_ps(xd[0]),
-            _mm256_set1_ps(xd[1]),
-        );
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // SAFETY (the intrinsics): the caller guarantees AVX2.
+        let (vda, x0, x1) = unsafe {
+            (
+                _mm256_set1_ps(da),
+                _mm256_set1_ps(xd[0]),
+                _mm256_set1_ps(xd[1]),
+            )
+        };
+        let (mut a0, mut a1) = unsafe { (_mm256_setzero_ps(), _mm256_setzero_ps()) };
         for k in (0..full).step_by(8) {
-            // SAFETY: k + 8 <= full <= n, the length of b, c, s0 and s1.
+            // SAFETY: AVX2 (the caller's guarantee); k + 8 <= full <= n, the length of b, c, s0
+            // and s1.
             unsafe {
                 let bv = _mm256_loadu_ps(b.as_ptr().add(k));
                 let cv = _mm256_loadu_ps(c.as_ptr().add(k));
@@ -195,12 +205,8 @@ mod avx2 {
                 _mm256_storeu_ps(p1, h1);
             }
         }
-        let lanes = |v: __m256| {
-            let mut a = [0.0f32; 8];
-            // SAFETY: 8 f32 into an 8-element array.
-            unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
-            a
-        };
+        // SAFETY: a __m256 is 8 f32.
+        let lanes = |v: __m256| unsafe { std::mem::transmute::<__m256, [f32; 8]>(v) };
         let tails = (&b[full..], &c[full..]);
         [
             finish_dot(&mut s0[full..], tails, (da, xd[0]), lanes(a0)),
