@@ -4,7 +4,7 @@
 // Launch: gdn_qk_l2norm_f32 grid (ceil(T * 2 * nk / 4)), block (128); gated_delta_rule_f32
 // grid (ceil(dv / 16), nv, num_seqs), block (128).
 //
-// Algorithm: TOKEN-SERIAL (the same recurrence as kernels::cpu::recurrent::gated_delta_rule;
+// Algorithm: TOKEN-SERIAL (the same recurrence as kernels::cpu::gdn::gated_delta_rule;
 // chunked.cu has the chunked WY form, the default; HSX_CUDA_RECURRENT=serial runs this one).
 // Column j of a head's state (its dk entries) evolves on its own:
 //   S[:, j] *= exp(g_t);  m_j = k_t . S[:, j];  d_j = (v_tj - m_j) * beta_t;

@@ -4,7 +4,7 @@
 //
 // Launch: mamba2_scan_f32 grid (ceil(head_dim / 16), heads, num_seqs), block (128).
 //
-// Algorithm: TOKEN-SERIAL (the recurrence of kernels::cpu::recurrent::mamba2_scan; chunked.cu
+// Algorithm: TOKEN-SERIAL (the recurrence of kernels::cpu::mamba::mamba2_scan; chunked.cu
 // has the chunked SSD form, the default; HSX_CUDA_RECURRENT=serial runs this one).
 // Row p of a head's state (its d_state entries) evolves on its own:
 //   dt = max(softplus(dt_raw + dt_bias[h]), dt_min);  dA = exp(dt * A),  A = -exp(A_log)
