@@ -69,7 +69,7 @@ impl CpuDevice {
 #[path = "device_types.rs"]
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
-use types::{col_rows, expert_rows, gather_cols, set};
+use types::{check_gate, col_rows, expert_rows, gather_cols, set};
 
 #[path = "device_hybrid.rs"]
 mod device_hybrid;
@@ -321,6 +321,7 @@ impl Device for CpuDevice {
     }
 
     fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
+        check_gate("sigmoid_gate", x, &gate, x.width)?;
         // Every element is written below: resizing zeroes only growth.
         out.data.resize(x.data.len(), 0.0);
         out.data
@@ -533,10 +534,10 @@ impl Device for CpuDevice {
 
     fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) -> DevResult<()> {
         let w = x.width;
-        if let Some(&bad) = rows.iter().find(|&&r| (r + 1) * w > x.data.len()) {
+        if let Some(&bad) = rows.iter().find(|&&r| w > 0 && r >= x.rows()) {
             return Err(DeviceError::Invalid(format!(
                 "gather_rows: row {bad} of a {}-row buffer",
-                x.data.len() / w.max(1)
+                x.rows()
             )));
         }
         // Every row is written below: resizing zeroes only growth. In parallel: the MoE

@@ -1,7 +1,7 @@
 //! The CPU device's hybrid-layer ops (causal conv, Gated DeltaNet, Mamba-2 and their gated
 //! norms): the bodies of `CpuDevice`'s trait methods of those names.
 
-use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, col_rows, gather_cols, set};
+use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, check_gate, col_rows, gather_cols, set};
 use crate::kernels::cpu::recurrent;
 use crate::kernels::cpu::{gdn, mamba};
 use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
@@ -70,6 +70,7 @@ pub(super) fn gdn_gated_norm(
     eps: f64,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
+    check_gate("gdn_gated_norm", x, &z, x.width)?;
     out.data.clear();
     out.data.extend_from_slice(&x.data);
     recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, eps);
@@ -118,6 +119,7 @@ pub(super) fn mamba2_gated_norm(
     (group_size, eps): (usize, f64),
     out: &mut CpuBuf,
 ) -> DevResult<()> {
+    check_gate("mamba2_gated_norm", y, &z, y.width)?;
     out.data.clear();
     out.data.extend_from_slice(&y.data);
     recurrent::gate_then_grouped_rms_norm(&mut out.data, col_rows(z), w, group_size, eps);

@@ -44,6 +44,27 @@ pub struct CpuStep<'a> {
     pub(super) seqs: &'a [SeqState],
 }
 
+/// An error unless the gate columns `c` of an op `what` are `width` wide and have `x`'s rows
+/// (the ops zip them row by row: a shorter gate would leave rows unwritten).
+pub(super) fn check_gate(
+    what: &str,
+    x: &CpuBuf,
+    c: &Cols<'_, CpuBuf>,
+    width: usize,
+) -> DevResult<()> {
+    if c.width != width || c.buf.rows() != x.rows() || c.col + c.width > c.buf.width {
+        return Err(DeviceError::Invalid(format!(
+            "{what}: gate columns {}..{} of a {}-wide, {}-row buffer for {} rows of {width}",
+            c.col,
+            c.col + c.width,
+            c.buf.width,
+            c.buf.rows(),
+            x.rows()
+        )));
+    }
+    Ok(())
+}
+
 /// The columns of `c`, row by row, read in place (nothing copied or allocated: a gather into a
 /// fresh vector was mapped and faulted in anew on every call once it passed the allocator's
 /// mmap threshold, ~3% of a Nemotron-H-8B-shaped run).
@@ -101,4 +122,62 @@ pub(super) fn expert_rows<'a>(
         &x.data[rows.start * k..rows.end * k],
         &mut out.data[rows.start * n..rows.end * n],
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Bf16Kernel;
+    use crate::kernels::cpu::CpuDevice;
+    use crate::kernels::device::Device;
+
+    fn buf(rows: usize, width: usize) -> CpuBuf {
+        let data = (0..rows * width).map(|i| i as f32).collect();
+        CpuBuf { data, width }
+    }
+
+    /// The gate ops read their gate columns in place; a gate of other rows, width or past its
+    /// buffer's columns is an error, not rows left unwritten or a panic.
+    #[test]
+    fn gate_columns_are_read_in_place_and_checked() {
+        let (x, wide) = (buf(3, 2), buf(3, 5));
+        let gate = Cols::new(&wide, 1, 2);
+        check_gate("t", &x, &gate, 2).unwrap();
+        let rows: Vec<&[f32]> = col_rows(gate).collect();
+        assert_eq!(rows, [&[1.0, 2.0][..], &[6.0, 7.0], &[11.0, 12.0]]);
+        let short = buf(2, 5);
+        for bad in [
+            Cols::new(&wide, 1, 3),
+            Cols::new(&wide, 4, 2),
+            Cols::new(&short, 1, 2),
+        ] {
+            assert!(check_gate("t", &x, &bad, 2).is_err());
+        }
+        let dev = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
+        let mut out = CpuBuf::default();
+        dev.sigmoid_gate(&x, Cols::new(&wide, 1, 2), &mut out)
+            .unwrap();
+        let sigmoid = crate::kernels::cpu::recurrent::sigmoid;
+        let want: Vec<f32> = (0..3)
+            .flat_map(|r| (0..2).map(move |c| (r * 2 + c) as f32 * sigmoid((r * 5 + 1 + c) as f32)))
+            .collect();
+        assert_eq!(out.data, want);
+        assert!(
+            dev.sigmoid_gate(&x, Cols::new(&short, 1, 2), &mut out)
+                .is_err()
+        );
+    }
+
+    /// The experts' row gather copies the rows asked for, in order; a row past the buffer is an
+    /// error.
+    #[test]
+    fn gather_rows_copies_in_order_and_refuses_a_missing_row() {
+        let dev = CpuDevice::new(2, Bf16Kernel::F32).unwrap();
+        let (x, mut out) = (buf(4, 3), CpuBuf::default());
+        dev.gather_rows(&x, &[2, 0, 2], &mut out).unwrap();
+        assert_eq!(out.data, [6.0, 7.0, 8.0, 0.0, 1.0, 2.0, 6.0, 7.0, 8.0]);
+        assert_eq!(out.width, 3);
+        assert!(dev.gather_rows(&x, &[1, 4], &mut out).is_err());
+        assert!(dev.gather_rows(&x, &[usize::MAX], &mut out).is_err());
+    }
 }
