@@ -3,8 +3,6 @@
 //! tokens in one chunk over the paged cache, GFLOP/s counted as the causal products only (QKᵀ
 //! and PV: 4 · hd flops per query head and visible key), best of 4.
 
-use std::time::Instant;
-
 use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::attention::{AttnShape, Softmax, attention};
 use hsx::kernels::cpu::kv_cache::KvCache;
@@ -60,15 +58,9 @@ pub fn gflops(
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let mut out = Vec::new();
-    let best = (0..4)
-        .map(|_| {
-            let t = Instant::now();
-            pool.install(|| {
-                attention(&q, kc, vc, &plan, shape, Softmax::default(), &mut out, bf16)
-            });
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::MAX, f64::min);
+    let best = super::best_secs(|| {
+        pool.install(|| attention(&q, kc, vc, &plan, shape, Softmax::default(), &mut out, bf16));
+    });
     let flops = 4.0 * (hd * heads) as f64 * (len * (len + 1) / 2) as f64;
     flops / best / 1e9
 }

@@ -56,8 +56,13 @@ const SHAPES: [(&str, usize, usize); 4] = [
 ];
 
 /// Best of 4 seconds of `f`.
-fn best_secs(mut f: impl FnMut()) -> f64 {
-    (0..4)
+fn best_secs(f: impl FnMut()) -> f64 {
+    best_of(4, f)
+}
+
+/// The least of `runs` timed calls of `f`, in seconds (the probes' timer).
+fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
+    (0..runs)
         .map(|_| {
             let t = Instant::now();
             f();

@@ -4,8 +4,6 @@
 //! head: `7 · dk · dv` for GDN (decay, `Sᵀk`, the rank-one update, `Sᵀq`),
 //! `5 · head_dim · d_state` for Mamba-2 (decay, input, `C·h`); best of [`RUNS`].
 
-use std::time::Instant;
-
 use hsx::kernels::cpu::gdn::{GdnParams, gated_delta_rule};
 use hsx::kernels::cpu::mamba::{MambaParams, mamba2_scan};
 use hsx::kernels::plan::SeqState;
@@ -62,14 +60,9 @@ pub fn gdn(pool: &rayon::ThreadPool, (nk, nv, dk, dv): Shape) -> f64 {
     let ss = seqs();
     let mut state = vec![0.0f32; REQUESTS * nv * dk * dv];
     let mut out = Vec::new();
-    let mut best = f64::INFINITY;
-    for _ in 0..RUNS {
-        // The rule overwrites its inputs (scratch): fresh copies each run, made untimed.
-        let (q, b, a) = (qkv.clone(), b.clone(), a.clone());
-        let start = Instant::now();
-        pool.install(|| gated_delta_rule(&q, &b, &a, &p, &ss, &mut state, &mut out));
-        best = best.min(start.elapsed().as_secs_f64());
-    }
+    let best = super::best_of(RUNS, || {
+        pool.install(|| gated_delta_rule(&qkv, &b, &a, &p, &ss, &mut state, &mut out));
+    });
     (7 * dk * dv * nv * t) as f64 / best / 1e9
 }
 
@@ -98,12 +91,9 @@ pub fn mamba(pool: &rayon::ThreadPool, (heads, hd, n, groups): Shape) -> f64 {
     let ss = seqs();
     let mut state = vec![0.0f32; REQUESTS * heads * hd * n];
     let mut out = Vec::new();
-    let mut best = f64::INFINITY;
-    for _ in 0..RUNS {
-        let start = Instant::now();
+    let best = super::best_of(RUNS, || {
         pool.install(|| mamba2_scan(&xbc, &dt, &p, &ss, &mut state, &mut out));
-        best = best.min(start.elapsed().as_secs_f64());
-    }
+    });
     (5 * hd * n * heads * t) as f64 / best / 1e9
 }
 

@@ -321,7 +321,7 @@ impl Device for CpuDevice {
     }
 
     fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        check_gate("sigmoid_gate", x, &gate, x.width)?;
+        check_gate("sigmoid_gate", x, &gate)?;
         // Every element is written below: resizing zeroes only growth.
         out.data.resize(x.data.len(), 0.0);
         out.data

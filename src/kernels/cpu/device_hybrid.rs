@@ -70,7 +70,7 @@ pub(super) fn gdn_gated_norm(
     eps: f64,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    check_gate("gdn_gated_norm", x, &z, x.width)?;
+    check_gate("gdn_gated_norm", x, &z)?;
     out.data.clear();
     out.data.extend_from_slice(&x.data);
     recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, eps);
@@ -119,7 +119,7 @@ pub(super) fn mamba2_gated_norm(
     (group_size, eps): (usize, f64),
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    check_gate("mamba2_gated_norm", y, &z, y.width)?;
+    check_gate("mamba2_gated_norm", y, &z)?;
     out.data.clear();
     out.data.extend_from_slice(&y.data);
     recurrent::gate_then_grouped_rms_norm(&mut out.data, col_rows(z), w, group_size, eps);

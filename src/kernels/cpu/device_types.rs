@@ -44,22 +44,18 @@ pub struct CpuStep<'a> {
     pub(super) seqs: &'a [SeqState],
 }
 
-/// An error unless the gate columns `c` of an op `what` are `width` wide and have `x`'s rows
+/// An error unless the gate columns `c` of an op `what` are as wide as `x` and have its rows
 /// (the ops zip them row by row: a shorter gate would leave rows unwritten).
-pub(super) fn check_gate(
-    what: &str,
-    x: &CpuBuf,
-    c: &Cols<'_, CpuBuf>,
-    width: usize,
-) -> DevResult<()> {
-    if c.width != width || c.buf.rows() != x.rows() || c.col + c.width > c.buf.width {
+pub(super) fn check_gate(what: &str, x: &CpuBuf, c: &Cols<'_, CpuBuf>) -> DevResult<()> {
+    if c.width != x.width || c.buf.rows() != x.rows() || c.col + c.width > c.buf.width {
         return Err(DeviceError::Invalid(format!(
-            "{what}: gate columns {}..{} of a {}-wide, {}-row buffer for {} rows of {width}",
+            "{what}: gate columns {}..{} of a {}-wide, {}-row buffer for {} rows of {}",
             c.col,
             c.col + c.width,
             c.buf.width,
             c.buf.rows(),
-            x.rows()
+            x.rows(),
+            x.width
         )));
     }
     Ok(())
@@ -78,22 +74,18 @@ pub(super) fn col_rows<'a>(c: Cols<'a, CpuBuf>) -> impl IndexedParallelIterator<
 
 /// Columns of every row of `c` into `out`, contiguous.
 pub(super) fn gather_cols(c: Cols<'_, CpuBuf>, out: &mut Vec<f32>) {
-    let (w, cw) = (c.buf.width, c.width);
-    if w == 0 || cw == 0 {
+    let cw = c.width;
+    if c.buf.width == 0 || cw == 0 {
         out.clear();
         return;
     }
     // Every element is written below: resizing zeroes only growth. Rows in parallel (a
-    // memory-bound copy that was serial on the pool's first thread).
-    out.resize(c.buf.data.len() / w * cw, 0.0);
-    const ROWS: usize = 64;
-    out.par_chunks_mut(cw * ROWS)
-        .zip(c.buf.data.par_chunks(w * ROWS))
-        .for_each(|(o, src)| {
-            for (orow, srow) in o.chunks_exact_mut(cw).zip(src.chunks_exact(w)) {
-                orow.copy_from_slice(&srow[c.col..c.col + cw]);
-            }
-        });
+    // memory-bound copy that was serial on the pool's first thread), 64 to a task.
+    out.resize(c.buf.rows() * cw, 0.0);
+    out.par_chunks_mut(cw)
+        .zip(col_rows(c))
+        .with_min_len(64)
+        .for_each(|(o, row)| o.copy_from_slice(row));
 }
 
 pub(super) fn set(out: &mut CpuBuf, width: usize) {
@@ -142,7 +134,7 @@ mod tests {
     fn gate_columns_are_read_in_place_and_checked() {
         let (x, wide) = (buf(3, 2), buf(3, 5));
         let gate = Cols::new(&wide, 1, 2);
-        check_gate("t", &x, &gate, 2).unwrap();
+        check_gate("t", &x, &gate).unwrap();
         let rows: Vec<&[f32]> = col_rows(gate).collect();
         assert_eq!(rows, [&[1.0, 2.0][..], &[6.0, 7.0], &[11.0, 12.0]]);
         let short = buf(2, 5);
@@ -151,7 +143,7 @@ mod tests {
             Cols::new(&wide, 4, 2),
             Cols::new(&short, 1, 2),
         ] {
-            assert!(check_gate("t", &x, &bad, 2).is_err());
+            assert!(check_gate("t", &x, &bad).is_err());
         }
         let dev = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
         let mut out = CpuBuf::default();
