@@ -42,6 +42,13 @@ pub enum EngineError {
     Thread(std::io::Error),
     #[error("model loading failed: {0}")]
     Load(String),
+    /// Positions past the model's are refused at start (its RoPE tables and the runner's
+    /// checks stop there), not after a request has run up to them.
+    #[error(
+        "engine.max_model_len {asked} exceeds the model's max_position_embeddings {model_max} \
+         (0 takes the model's)"
+    )]
+    MaxModelLen { asked: usize, model_max: usize },
     #[error(transparent)]
     Connector(#[from] crate::actors::connector::ConnectorError),
     #[error("cannot open the event journal {path}: {source}")]
@@ -307,6 +314,12 @@ fn engine_info(
     let model_max = spec.max_position_embeddings;
     let max_model_len = match cfg.engine.max_model_len {
         0 => model_max,
+        n if n > model_max => {
+            return Err(EngineError::MaxModelLen {
+                asked: n,
+                model_max,
+            });
+        }
         n => n,
     };
     Ok(EngineInfo {

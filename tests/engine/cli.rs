@@ -163,6 +163,38 @@ fn unknown_config_key_is_named() {
 }
 
 #[test]
+fn max_model_len_past_the_models_positions_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let shipped = std::fs::read_to_string("config.toml").unwrap();
+    // The bundled model has max_position_embeddings 2048.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama");
+    let long = shipped
+        .replace("max_model_len = 0", "max_model_len = 2049")
+        .replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    assert_ne!(long, shipped, "config.toml sets max_model_len = 0");
+    std::fs::write(&cfg, long).unwrap();
+    let out = dir.path().join("out");
+    let o = hsx(&[
+        "extract",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--quiet",
+        "--input",
+        "tests/fixtures/prompts.jsonl",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("max_model_len 2049") && err.contains("2048"),
+        "{err}"
+    );
+    assert!(files_in(&out).is_empty());
+}
+
+#[test]
 fn bad_layer_flag_is_a_clear_error() {
     let out = tempfile::tempdir().unwrap();
     let o = hsx(&[
