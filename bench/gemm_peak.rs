@@ -45,7 +45,7 @@ mod attention_rate;
 mod recurrence_rate;
 
 use hsx::kernels::Bf16Kernel;
-use hsx::kernels::cpu::bf16::{PackedBf16, matmul_bf16, round_tiles};
+use hsx::kernels::cpu::bf16::{Half, PackedHalf, matmul_bf16, round_tiles};
 
 /// The dense benchmark model's projections: (name, k, n).
 const SHAPES: [(&str, usize, usize); 4] = [
@@ -203,7 +203,7 @@ fn main() {
                 .iter()
                 .map(|&x| half::bf16::from_f32(x).to_bits())
                 .collect();
-            let packed = PackedBf16::pack(&bits, n, k);
+            let packed = PackedHalf::pack(&bits, n, k, Half::Bf16);
             let (mut c, mut scratch) = (Vec::new(), Vec::new());
             let call = best_secs(|| {
                 pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, path, &mut scratch))
@@ -228,6 +228,23 @@ fn main() {
         let peak = peak_of.get(unit).map_or(0.0, |p| p.1);
         bf16.push((path, unit, mix, peak, per, kernel));
     }
+    // f16 weights on the path they take here (widened in registers), against the FMA peak.
+    let f16_path = Bf16Kernel::Auto.for_f16();
+    let (f16_mix, f16_per) = rates(rows, |k, n| {
+        if only.is_some() {
+            return f64::NAN;
+        }
+        let (a, w) = operands(rows, k, n);
+        let bits: Vec<u16> = w
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        let packed = PackedHalf::pack(&bits, n, k, Half::F16);
+        let (mut c, mut scratch) = (Vec::new(), Vec::new());
+        best_secs(|| {
+            pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, f16_path, &mut scratch))
+        })
+    });
     if json {
         let shapes = |per: &[(&str, usize, usize, f64)]| {
             per.iter()
@@ -250,6 +267,8 @@ fn main() {
                 "bf16": bf16.iter().map(|(path, unit, mix, peak, per, kernel)| serde_json::json!({
                     "path": path.to_string(), "unit": unit, "gflops": mix, "unit_peak_gflops": peak,
                     "kernel_gflops": kernel, "shapes": shapes(per)})).collect::<Vec<_>>(),
+                "f16": {"path": f16_path.to_string(), "unit": fma, "gflops": f16_mix,
+                    "unit_peak_gflops": pn, "shapes": shapes(&f16_per)},
             })
         );
         return;
@@ -270,6 +289,12 @@ fn main() {
         );
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
+    report(
+        &format!("f16 weights, {f16_path} [{fma} peak]"),
+        &f16_per,
+        f16_mix,
+        pn,
+    );
     for (path, label, len, g) in &attention {
         let unit = unit_of(path);
         let peak = peak_of.get(unit.as_str()).map_or(f64::NAN, |p| p.1);

@@ -42,7 +42,8 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
                               2 NoPE attention (16 heads / 4 KV heads x 64), each with a shared
                               SwiGLU of 1024 + 16 experts x 512 top-4, Granite's multipliers
 
-Models that already exist (config.json present) are kept. Uses `ModelSpec` and
+Each also as `_f16` (f16 weights: Vicuna / Llama-2-era checkpoints; `--dtypes f16` in
+run.sh). Models that already exist (config.json present) are kept. Uses `ModelSpec` and
 `build_and_save` of tests/fixtures/make_fixtures.py, with initializer_range 0.02.
 """
 
@@ -237,7 +238,7 @@ def specs() -> list[mf.ModelSpec]:
         ("gemma3", "gemma3_text", GEMMA3, 508),
         ("granite_h", "granitemoehybrid", GRANITE_H, 509),
     ]:
-        for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+        for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")]:
             out.append(
                 mf.ModelSpec(
                     name=f"{name}_{tag}",

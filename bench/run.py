@@ -407,9 +407,17 @@ def main() -> int:
         out.append(f"bf16 weights on the {b['path']} path ({peak['rows']} rows, the same shapes): {b['gflops']:.0f} GFLOP/s "
                    f"({100 * b['gflops'] / b['unit_peak_gflops']:.0f}% of the {b['unit']} peak{kernel})"
                    if b["unit_peak_gflops"] else f"bf16 weights on the {b['path']} path: {b['gflops']:.0f} GFLOP/s")
+    f16 = peak.get("f16")
+    if f16 and f16.get("unit_peak_gflops"):
+        out.append(f"f16 weights on the {f16['path']} path ({peak['rows']} rows, the same shapes): "
+                   f"{f16['gflops']:.0f} GFLOP/s ({100 * f16['gflops'] / f16['unit_peak_gflops']:.0f}% of the "
+                   f"{f16['unit']} peak)")
     if bf16_path:
         out.append(f"bf16 rows: hsx multiplies bf16 weights on the {bf16_path['path']} path "
                    f"(GFLOP/s column: % of the {bf16_path['unit']} peak)")
+    if any(r["dtype"] == "f16" for r in rows):
+        out.append(f"f16 rows: hsx multiplies f16 weights widened in registers, f32 FMA "
+                   f"(GFLOP/s column: % of the {peak['fma']} peak)")
     out.append("")
     out.append("| model | weights | hsx tok/s | hsx compute-only tok/s | write/compute | peer as usual tok/s | "
                "peer at best tok/s | hsx / usual | hsx / best | hsx peak RSS | hsx GFLOP/s (% of peak) | "

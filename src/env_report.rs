@@ -14,6 +14,7 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
         vec![
             ("avx2", has!("avx2")),
             ("fma", has!("fma")),
+            ("f16c", has!("f16c")),
             ("avx512f", has!("avx512f")),
             ("avx512bf16", has!("avx512bf16")),
             (
@@ -61,6 +62,8 @@ pub fn report() -> String {
         .resolve()
         .map_or_else(|e| e, |k| k.to_string());
     let _ = writeln!(out, "bf16 GEMM paths: {} (auto: {auto})", paths.join(", "));
+    let f16 = Bf16Kernel::Auto.for_f16();
+    let _ = writeln!(out, "f16 GEMM path (auto): {f16}");
     let _ = writeln!(out, "cuda libraries: {}", cuda::versions().describe());
     match cuda::probe(0) {
         Ok(d) => {
@@ -104,6 +107,7 @@ mod tests {
             "hsx: ",
             "cpu threads",
             "bf16 GEMM paths: ",
+            "f16 GEMM path (auto): ",
             "cuda libraries: ",
             "cuda: ",
         ] {

@@ -13,7 +13,14 @@ use hsx::models::{CpuBackend, CpuOptions};
 use hsx::models::{ModelError, ModelSpec, WeightDtype};
 use safetensors::SafeTensors;
 
-const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "llama_bf16"];
+const ARCHS: [&str; 6] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "llama_bf16",
+    "llama_f16",
+];
 const LAYERS: usize = 4;
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 64;
@@ -167,6 +174,15 @@ fn llama_bf16_matches_hf() {
     assert_eq!(
         ModelSpec::from_dir(&model_dir("llama")).unwrap().dtype,
         WeightDtype::F32
+    );
+}
+
+#[test]
+fn llama_f16_matches_hf() {
+    check_against_hf("llama_f16");
+    assert_eq!(
+        ModelSpec::from_dir(&model_dir("llama_f16")).unwrap().dtype,
+        WeightDtype::F16
     );
 }
 

@@ -18,9 +18,10 @@ use hsx::models::{ModelSpec, WeightDtype};
 const NUM_BLOCKS: usize = 640;
 const SLOTS: usize = 8;
 
-/// The fixture's weights load as bf16 (bf16 on disk, or FP8 dequantized to bf16).
-fn bf16_weights(name: &str) -> bool {
-    ModelSpec::from_dir(&model_dir(name)).unwrap().dtype == WeightDtype::Bf16
+/// The fixture's weights load as bf16 (bf16 on disk, or FP8 dequantized to bf16) or f16:
+/// kept in tiles, multiplied on the path `cpu_bf16_kernel` names (f16: its `for_f16`).
+fn half_weights(name: &str) -> bool {
+    ModelSpec::from_dir(&model_dir(name)).unwrap().dtype != WeightDtype::F32
 }
 
 fn check(name: &str, dev: Dev) {
@@ -29,10 +30,11 @@ fn check(name: &str, dev: Dev) {
     let Some(mut be) = load_on(dev, name, (0..=l).collect(), NUM_BLOCKS, SLOTS) else {
         return;
     };
-    // The avx2 / avx512 paths multiply f32 activations by the widened weights: f32 compute.
+    // The avx2 / avx512 paths multiply f32 activations by the widened weights: f32 compute,
+    // as every path f16 weights take.
     let f32_compute = match dev {
         Dev::Cpu => true,
-        Dev::CpuBf16(k) => k.widens_in_registers(),
+        Dev::CpuBf16(k) => k.widens_in_registers() || spec.dtype == WeightDtype::F16,
         Dev::Cuda => false,
     };
     let tol = match dev {
@@ -108,12 +110,13 @@ macro_rules! matrix {
             fn cpu() {
                 super::check($fixture, super::Dev::Cpu);
             }
-            /// The native bf16 paths (bf16 fixtures only: f32 weights never take them).
+            /// The native bf16 paths (bf16 and f16 fixtures only: f32 weights never take
+            /// them; f16 weights take each one's `for_f16`).
             #[test]
             fn cpu_bf16_paths() {
                 use hsx::kernels::Bf16Kernel::{Amx, Avx2, Avx512, Avx512bf16, Portable};
                 for k in [Amx, Avx512bf16, Avx512, Avx2, Portable] {
-                    if super::bf16_weights($fixture) {
+                    if super::half_weights($fixture) {
                         super::check($fixture, super::Dev::CpuBf16(k));
                     }
                 }
@@ -129,6 +132,7 @@ macro_rules! matrix {
 matrix! {
     llama => "llama",
     llama_bf16 => "llama_bf16",
+    llama_f16 => "llama_f16",
     mistral => "mistral",
     mistral_swa => "mistral_swa",
     qwen2 => "qwen2",

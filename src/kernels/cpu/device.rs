@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ops::Range;
 
-use super::bf16::{Bf16Kernel, PackedBf16};
+use super::bf16::{Bf16Kernel, Half, PackedHalf};
 use super::capture::CpuCapture;
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
@@ -32,6 +32,8 @@ pub struct CpuDevice {
     /// A bf16 weight was loaded: the model is bf16, so its attention may round to bf16 too
     /// (the AMX attention task).
     bf16_weights: AtomicBool,
+    /// An f16 weight was loaded (multiplied on `bf16.for_f16()`).
+    f16_weights: AtomicBool,
 }
 
 impl CpuDevice {
@@ -53,6 +55,7 @@ impl CpuDevice {
             threads,
             bf16,
             bf16_weights: AtomicBool::new(false),
+            f16_weights: AtomicBool::new(false),
         })
     }
 
@@ -63,6 +66,25 @@ impl CpuDevice {
     /// The path bf16 weights are multiplied on.
     pub fn bf16_kernel(&self) -> Bf16Kernel {
         self.bf16
+    }
+
+    /// A checkpoint's `half` weight kept as such, in tiles, with the path that multiplies it
+    /// (f16: [`Bf16Kernel::for_f16`]).
+    fn packed(&self, weight: &HostMatrix<'_>, half: Half) -> Weight {
+        let (loaded, kernel) = match half {
+            Half::Bf16 => (&self.bf16_weights, self.bf16),
+            Half::F16 => (&self.f16_weights, self.bf16.for_f16()),
+        };
+        loaded.store(true, Ordering::Relaxed);
+        let (n, k) = (weight.rows, weight.cols);
+        let w = self
+            .pool
+            .install(|| match bytemuck::try_cast_slice::<u8, u16>(&weight.data) {
+                Ok(bits) => PackedHalf::pack(bits, n, k, half),
+                // Unaligned in the mapped file: one copy first.
+                Err(_) => PackedHalf::pack(&bytemuck::pod_collect_to_vec(&weight.data), n, k, half),
+            });
+        Weight::Half { w, kernel }
     }
 }
 
@@ -91,7 +113,14 @@ impl Device for CpuDevice {
     type Step<'a> = CpuStep<'a>;
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads, bf16 GEMM: {})", self.threads, self.bf16)
+        match self.f16_weights.load(Ordering::Relaxed) {
+            true => format!(
+                "cpu ({} threads, f16 GEMM: {})",
+                self.threads,
+                self.bf16.for_f16()
+            ),
+            false => format!("cpu ({} threads, bf16 GEMM: {})", self.threads, self.bf16),
+        }
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -100,23 +129,11 @@ impl Device for CpuDevice {
 
     fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Linear> {
         let (out, inp) = (weight.rows, weight.cols);
-        let w = self.pool.install(|| match weight.dtype {
-            WeightDtype::Bf16 => {
-                self.bf16_weights.store(true, Ordering::Relaxed);
-                let packed = match bytemuck::try_cast_slice::<u8, u16>(&weight.data) {
-                    Ok(bits) => PackedBf16::pack(bits, out, inp),
-                    // Unaligned in the mapped file: one copy first.
-                    Err(_) => {
-                        PackedBf16::pack(&bytemuck::pod_collect_to_vec(&weight.data), out, inp)
-                    }
-                };
-                Weight::Bf16 {
-                    w: packed,
-                    kernel: self.bf16,
-                }
-            }
-            _ => Weight::F32(weight.to_f32()),
-        });
+        let w = match weight.dtype {
+            WeightDtype::F32 => Weight::F32(weight.to_f32()),
+            WeightDtype::Bf16 => self.packed(&weight, Half::Bf16),
+            WeightDtype::F16 => self.packed(&weight, Half::F16),
+        };
         Ok(Linear {
             w,
             b: bias,

@@ -25,19 +25,19 @@
 use gemm::Parallelism;
 
 use super::bf16::{
-    Bf16Kernel, PackedBf16, Tile, matmul_bf16_into, matmul_bf16_silu_mul_into,
+    Bf16Kernel, Half, PackedHalf, Tile, matmul_bf16_into, matmul_bf16_silu_mul_into,
     matmul_bf16_swiglu_down,
 };
 
 /// Smallest M handed to gemm (see the module docs).
 pub const MIN_ROWS: usize = 65;
 
-/// A linear layer's weight `[out, inp]`: f32 (torch layout, row-major), or bf16 kept as bf16
-/// in tiles with the kernel that multiplies it.
+/// A linear layer's weight `[out, inp]`: f32 (torch layout, row-major), or bf16 / f16 kept
+/// as such in tiles with the kernel that multiplies it.
 #[derive(Debug, Clone)]
 pub enum Weight {
     F32(Vec<f32>),
-    Bf16 { w: PackedBf16, kernel: Bf16Kernel },
+    Half { w: PackedHalf, kernel: Bf16Kernel },
 }
 
 /// A linear layer: weight `[out, inp]`, optional bias `[out]`.
@@ -62,7 +62,7 @@ impl Linear {
     pub fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32], threads: usize) {
         match &self.w {
             Weight::F32(w) => matmul_wt_into(x, m, self.inp, w, self.out, y, threads),
-            Weight::Bf16 { w, kernel } => BF16_SCRATCH
+            Weight::Half { w, kernel } => BF16_SCRATCH
                 .with_borrow_mut(|scratch| matmul_bf16_into(x, m, w, y, threads, *kernel, scratch)),
         }
         if let Some(b) = &self.b {
@@ -105,7 +105,7 @@ impl Linear {
 
     /// The packed weight and its path, when the SwiGLU epilogue takes this weight: bf16 on
     /// `amx` or `avx512bf16`, no bias, `out / 2` a multiple of 32.
-    fn silu_mul_weight(&self) -> Option<(&PackedBf16, Bf16Kernel)> {
+    fn silu_mul_weight(&self) -> Option<(&PackedHalf, Bf16Kernel)> {
         self.fused_bf16().filter(|_| self.out.is_multiple_of(64))
     }
 
@@ -141,9 +141,11 @@ impl Linear {
 
     /// The packed weight and its path, when it is bf16 on a path with the fused SwiGLU
     /// epilogue (`amx`, `avx512bf16`) and there is no bias.
-    fn fused_bf16(&self) -> Option<(&PackedBf16, Bf16Kernel)> {
+    fn fused_bf16(&self) -> Option<(&PackedHalf, Bf16Kernel)> {
         match &self.w {
-            Weight::Bf16 { w, kernel } if kernel.fuses_swiglu() && self.b.is_none() => {
+            Weight::Half { w, kernel }
+                if kernel.fuses_swiglu() && self.b.is_none() && w.half == Half::Bf16 =>
+            {
                 Some((w, *kernel))
             }
             _ => None,
@@ -154,7 +156,7 @@ impl Linear {
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
         match &self.w {
             Weight::F32(w) => out[..self.inp].copy_from_slice(&w[r * self.inp..(r + 1) * self.inp]),
-            Weight::Bf16 { w, .. } => w.row_into(r, out),
+            Weight::Half { w, .. } => w.row_into(r, out),
         }
     }
 }

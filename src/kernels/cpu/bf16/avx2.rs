@@ -1,10 +1,12 @@
-//! The `avx2` path: f32 activations times the packed bf16 tiles, widened in registers, with
-//! AVX2 FMA — the numerics of f32 compute (as the `f32` path) without widening the weights
-//! into memory first.
+//! The `avx2` path: f32 activations times the packed bf16 or f16 tiles, widened in registers,
+//! with AVX2 FMA — the numerics of f32 compute (as the `f32` path) without widening the
+//! weights into memory first.
 //!
-//! A tile row `kk` is 16 columns × the pair `W[j][2kk], W[j][2kk + 1]` (module docs of
+//! A bf16 tile row `kk` is 16 columns × the pair `W[j][2kk], W[j][2kk + 1]` (module docs of
 //! `bf16`); one ymm holds 8 columns' pairs, and a pair's dword shifted left 16 bits is
-//! `W[j][2kk]` as f32, the dword with its low half cleared `W[j][2kk + 1]`.
+//! `W[j][2kk]` as f32, the dword with its low half cleared `W[j][2kk + 1]`. An f16 tile row
+//! holds the 16 columns' `W[j][2kk]`, then their `W[j][2kk + 1]` ([`Half::F16`](super::Half)):
+//! `vcvtph2ps` widens 8 of them from memory.
 //!
 //! A is copied into panels of [`MR`] rows, `[panel][k padded][MR]`, so one micro-kernel step
 //! broadcasts consecutive floats (rows of A at a power-of-two stride would share L1 sets).
@@ -14,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use super::{OutPtr, PackedBf16, TILE_K, TILE_N, Tile};
+use super::{OutPtr, PackedHalf, TILE_K, TILE_N, Tile};
 
 /// Rows per micro-kernel: 6 × 2 ymm accumulators, 2 weight vectors, a broadcast and a mask
 /// are the 16 ymm registers.
@@ -29,7 +31,10 @@ const _: () = assert!(M_BLOCK.is_multiple_of(MR), "blocks are whole panels");
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        // F16C (the f16 weights' widening) came with AVX2 on every CPU that has both.
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -71,7 +76,7 @@ fn pack_a<'a>(a: &[f32], m: usize, k: usize, kp: usize, out: &'a mut Vec<Tile>) 
 pub(super) fn matmul(
     a: &[f32],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     c: &mut [f32],
     (threads, wide): (usize, bool),
     scratch: &mut Vec<Tile>,
@@ -82,7 +87,10 @@ pub(super) fn matmul(
             "avx512 bf16 kernel called without AVX-512F"
         );
     } else {
-        assert!(available(), "avx2 bf16 kernel called without AVX2 and FMA");
+        assert!(
+            available(),
+            "avx2 bf16 kernel called without AVX2, FMA and F16C"
+        );
     }
     let panels = pack_a(a, m, w.k, w.k_padded(), scratch);
     let (tiles, pairs) = (w.n.div_ceil(TILE_N), w.column_tiles() / 2);
@@ -108,7 +116,7 @@ pub(super) fn matmul(
 
 /// The path's reference (tests): the same FMA chain per output, scalar.
 #[cfg(test)]
-pub(super) fn reference(a: &[f32], m: usize, w: &PackedBf16) -> Vec<f32> {
+pub(super) fn reference(a: &[f32], m: usize, w: &PackedHalf) -> Vec<f32> {
     let (n, k) = (w.n, w.k);
     let mut wide = vec![0f32; k];
     let mut c = vec![0f32; m * n];
@@ -133,53 +141,14 @@ pub(super) fn reference(a: &[f32], m: usize, w: &PackedBf16) -> Vec<f32> {
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::{PackedBf16, TILE_K, TILE_N};
+    use super::super::{Half, PackedHalf, TILE_K, TILE_N};
     use super::{M_BLOCK, MR};
 
-    /// Column tiles `cols` of C for every row, block of rows by block of rows.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn job(
-        panels: &[f32],
-        m: usize,
-        w: &PackedBf16,
-        cols: std::ops::Range<usize>,
-        out: *mut f32,
-    ) {
-        let kp = w.k_padded();
-        for r0 in (0..m).step_by(M_BLOCK) {
-            for nb in cols.clone() {
-                for p in (r0..(r0 + M_BLOCK).min(m)).step_by(MR) {
-                    let panel = &panels[p * kp..(p + MR) * kp];
-                    let acc = tile(panel, w, nb);
-                    // SAFETY: as the caller's: this worker owns column tile nb.
-                    unsafe { store(&acc, out, (p, m), (nb * TILE_N, w.n)) };
-                }
-            }
-        }
-    }
-
-    /// Rows of one panel × the 16 columns of tile `nb`, row-major `[MR][16]`.
-    ///
-    /// In assembly: the 12 accumulators (ymm0–11), the two weight vectors of a tile row
-    /// (ymm12–13), a broadcast (ymm14) and the high-half mask (ymm15) take all 16 ymm
-    /// registers, and compiled intrinsics spill or merge the broadcasts. One step is one tile
-    /// row: its 16 columns' even input (the pair's dword shifted left 16 bits), every row's
-    /// `a[2kk]` broadcast times it, then the odd input (the dword's low half cleared) times
-    /// `a[2kk + 1]` — the FMA chain of [`super::reference`].
-    #[target_feature(enable = "avx2,fma")]
-    fn tile(panel: &[f32], w: &PackedBf16, nb: usize) -> [f32; MR * TILE_N] {
-        // Every value is stored by the assembly: no zeroing on this hot path.
-        let mut out = std::mem::MaybeUninit::<[f32; MR * TILE_N]>::uninit();
-        let steps = w.k_tiles() * TILE_K / 2;
-        assert!(steps > 0 && panel.len() == MR * 2 * steps);
-        // The column tile's k tiles are contiguous: one run of `steps` 64-byte rows, fetched
-        // 16 rows ahead (the hardware prefetchers stop at each 4 KiB page of the run; measured
-        // on Zen 3: 1 thread 61-73 -> 64-76 GFLOP/s, llama bf16 443-512 -> 519-563 tok/s).
-        let t = w.tile(nb, 0).as_ptr();
-        // SAFETY: `steps` tile rows of 64 bytes from tile (nb, 0) stay inside the column
-        // tile's k tiles; `steps` steps of 2·MR floats stay inside `panel`; `out` holds
-        // MR × 16 floats, all 12 × 8 of them stored. The registers written are declared clobbered.
-        unsafe {
+    /// The micro-kernel's loop over `steps` tile rows from `t`, the panel at `a`, stored to
+    /// `o`: `$even` leaves a tile row's even inputs of columns 0–7 / 8–15 as f32 in ymm12 /
+    /// ymm13, `$odd` its odd inputs (ymm15 holds the bf16 high-half mask).
+    macro_rules! tile_asm {
+        (($t:expr, $a:expr, $n:expr, $o:expr), [$($even:literal),*], [$($odd:literal),*]) => {
             std::arch::asm!(
             "vxorps ymm0, ymm0, ymm0",
             "vxorps ymm6, ymm6, ymm6",
@@ -197,10 +166,7 @@ mod imp {
             "vpslld ymm15, ymm15, 16",
             "2:",
             "prefetcht0 [{t} + 1024]",
-            "vmovdqu ymm12, [{t}]",
-            "vmovdqu ymm13, [{t} + 32]",
-            "vpslld ymm12, ymm12, 16",
-            "vpslld ymm13, ymm13, 16",
+            $($even,)*
             "vbroadcastss ymm14, dword ptr [{a} + 0]",
             "vfmadd231ps ymm0, ymm14, ymm12",
             "vfmadd231ps ymm6, ymm14, ymm13",
@@ -219,8 +185,7 @@ mod imp {
             "vbroadcastss ymm14, dword ptr [{a} + 20]",
             "vfmadd231ps ymm5, ymm14, ymm12",
             "vfmadd231ps ymm11, ymm14, ymm13",
-            "vpand ymm12, ymm15, [{t}]",
-            "vpand ymm13, ymm15, [{t} + 32]",
+            $($odd,)*
             "vbroadcastss ymm14, dword ptr [{a} + 24]",
             "vfmadd231ps ymm0, ymm14, ymm12",
             "vfmadd231ps ymm6, ymm14, ymm13",
@@ -255,10 +220,10 @@ mod imp {
             "vmovups [{o} + 288], ymm10",
             "vmovups [{o} + 320], ymm5",
             "vmovups [{o} + 352], ymm11",
-            t = inout(reg) t => _,
-            a = inout(reg) panel.as_ptr() => _,
-            n = inout(reg) steps => _,
-            o = in(reg) out.as_mut_ptr().cast::<f32>(),
+            t = inout(reg) $t => _,
+            a = inout(reg) $a => _,
+            n = inout(reg) $n => _,
+            o = in(reg) $o,
             out("ymm0") _,
             out("ymm1") _,
             out("ymm2") _,
@@ -276,7 +241,76 @@ mod imp {
             out("ymm14") _,
             out("ymm15") _,
             options(nostack),
-            );
+            )
+        };
+    }
+
+    /// Column tiles `cols` of C for every row, block of rows by block of rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn job(
+        panels: &[f32],
+        m: usize,
+        w: &PackedHalf,
+        cols: std::ops::Range<usize>,
+        out: *mut f32,
+    ) {
+        let kp = w.k_padded();
+        for r0 in (0..m).step_by(M_BLOCK) {
+            for nb in cols.clone() {
+                for p in (r0..(r0 + M_BLOCK).min(m)).step_by(MR) {
+                    let panel = &panels[p * kp..(p + MR) * kp];
+                    let acc = tile(panel, w, nb);
+                    // SAFETY: as the caller's: this worker owns column tile nb.
+                    unsafe { store(&acc, out, (p, m), (nb * TILE_N, w.n)) };
+                }
+            }
+        }
+    }
+
+    /// Rows of one panel × the 16 columns of tile `nb`, row-major `[MR][16]`.
+    ///
+    /// In assembly: the 12 accumulators (ymm0–11), the two weight vectors of a tile row
+    /// (ymm12–13), a broadcast (ymm14) and the bf16 high-half mask (ymm15) take all 16 ymm
+    /// registers, and compiled intrinsics spill or merge the broadcasts. One step is one tile
+    /// row: its 16 columns' even input, every row's `a[2kk]` broadcast times it, then the odd
+    /// input times `a[2kk + 1]` — the FMA chain of [`super::reference`]. bf16: the even input
+    /// is the pair's dword shifted left 16 bits, the odd one the dword with its low half
+    /// cleared; f16: each is 8 halves converted (`vcvtph2ps`) from its half of the row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tile(panel: &[f32], w: &PackedHalf, nb: usize) -> [f32; MR * TILE_N] {
+        // Every value is stored by the assembly: no zeroing on this hot path.
+        let mut out = std::mem::MaybeUninit::<[f32; MR * TILE_N]>::uninit();
+        let steps = w.k_tiles() * TILE_K / 2;
+        assert!(steps > 0 && panel.len() == MR * 2 * steps);
+        // The column tile's k tiles are contiguous: one run of `steps` 64-byte rows, fetched
+        // 16 rows ahead (the hardware prefetchers stop at each 4 KiB page of the run; measured
+        // on Zen 3: 1 thread 61-73 -> 64-76 GFLOP/s, llama bf16 443-512 -> 519-563 tok/s).
+        let t = w.tile(nb, 0).as_ptr();
+        let o = out.as_mut_ptr().cast::<f32>();
+        // SAFETY: `steps` tile rows of 64 bytes from tile (nb, 0) stay inside the column
+        // tile's k tiles; `steps` steps of 2·MR floats stay inside `panel`; `out` holds
+        // MR × 16 floats, all 12 × 8 of them stored. The registers written are declared clobbered.
+        unsafe {
+            match w.half {
+                Half::Bf16 => tile_asm!(
+                    (t, panel.as_ptr(), steps, o),
+                    [
+                        "vmovdqu ymm12, [{t}]",
+                        "vmovdqu ymm13, [{t} + 32]",
+                        "vpslld ymm12, ymm12, 16",
+                        "vpslld ymm13, ymm13, 16"
+                    ],
+                    [
+                        "vpand ymm12, ymm15, [{t}]",
+                        "vpand ymm13, ymm15, [{t} + 32]"
+                    ]
+                ),
+                Half::F16 => tile_asm!(
+                    (t, panel.as_ptr(), steps, o),
+                    ["vcvtph2ps ymm12, [{t}]", "vcvtph2ps ymm13, [{t} + 16]"],
+                    ["vcvtph2ps ymm12, [{t} + 32]", "vcvtph2ps ymm13, [{t} + 48]"]
+                ),
+            }
         }
         // SAFETY: the assembly stored all MR × 16 values (12 ymm stores of 8).
         unsafe { out.assume_init() }
@@ -306,12 +340,12 @@ mod imp {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod imp {
-    use super::super::PackedBf16;
+    use super::super::PackedHalf;
 
     pub(super) unsafe fn job(
         _: &[f32],
         _: usize,
-        _: &PackedBf16,
+        _: &PackedHalf,
         _: std::ops::Range<usize>,
         _: *mut f32,
     ) {

@@ -1,12 +1,12 @@
 //! The `avx512` path: the `avx2` path's arithmetic on AVX-512F — f32 activations times the
-//! packed bf16 tiles widened in registers, one FMA chain per output element over k in order,
+//! packed bf16 or f16 tiles widened in registers, one FMA chain per output element over k in order,
 //! so the same bits as `avx2` (and as its scalar `reference`) — for CPUs with AVX-512F and
 //! no bf16 unit (Skylake-SP to Ice Lake), where it replaces widening whole panels into memory
 //! for the `gemm` crate (the `f32` path).
 //!
-//! One zmm holds a whole tile row: 16 columns × the pair `W[j][2kk], W[j][2kk + 1]`; the
+//! One zmm holds a whole bf16 tile row: 16 columns × the pair `W[j][2kk], W[j][2kk + 1]`; the
 //! dwords shifted left 16 bits are the even inputs as f32, the dwords with their low half
-//! cleared the odd ones. A comes in `avx2`'s panels of [`MR`] rows (`[panel][k][MR]`).
+//! cleared the odd ones. An f16 tile row's halves widen with `vcvtph2ps` (16 at a time). A comes in `avx2`'s panels of [`MR`] rows (`[panel][k][MR]`).
 //! Micro-kernel: 2 panels (12 rows) × 2 column tiles (32 columns) in 24 zmm accumulators; per
 //! tile row 2 loads of B, and each row's two inputs broadcast from the panel. Rows are taken
 //! in blocks of [`M_BLOCK`] so their panels stay in L2 while the job's column tiles stream by.
@@ -38,7 +38,7 @@ pub(super) use imp::job;
 pub(super) unsafe fn job(
     _: &[f32],
     _: usize,
-    _: &super::PackedBf16,
+    _: &super::PackedHalf,
     _: std::ops::Range<usize>,
     _: *mut f32,
 ) {
@@ -49,7 +49,7 @@ pub(super) unsafe fn job(
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{PackedBf16, TILE_K, TILE_N};
+    use super::super::{Half, PackedHalf, TILE_K, TILE_N};
     use super::{M_BLOCK, MR};
 
     /// Column tiles `cols` of C for every row, block of rows by block of rows.
@@ -61,7 +61,7 @@ mod imp {
     pub(in super::super) unsafe fn job(
         panels: &[f32],
         m: usize,
-        w: &PackedBf16,
+        w: &PackedHalf,
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) {
@@ -74,14 +74,36 @@ mod imp {
                     // SAFETY: (caller) panels p, p + 1 < ps.end exist; tiles nb, nb + 1 <
                     // cols.end are this job's.
                     unsafe {
-                        match (p + 1 < ps.end, two) {
-                            (true, true) => block::<2, 2>(panels, w, (p, nb), &c),
-                            (true, false) => block::<2, 1>(panels, w, (p, nb), &c),
-                            (false, true) => block::<1, 2>(panels, w, (p, nb), &c),
-                            (false, false) => block::<1, 1>(panels, w, (p, nb), &c),
+                        match w.half {
+                            Half::Bf16 => blocks::<false>(panels, w, (p, nb), &c, (ps.end, two)),
+                            Half::F16 => blocks::<true>(panels, w, (p, nb), &c, (ps.end, two)),
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// [`block`] for panels `p, p + 1` (those below `end`) × column tiles `nb` (and `nb + 1`
+    /// where `two`), on weights in f16 (`F16`) or bf16.
+    ///
+    /// # Safety
+    /// As [`block`].
+    #[inline(always)]
+    unsafe fn blocks<const F16: bool>(
+        panels: &[f32],
+        w: &PackedHalf,
+        at: (usize, usize),
+        c: &Dest,
+        (end, two): (usize, bool),
+    ) {
+        // SAFETY: (caller).
+        unsafe {
+            match (at.0 + 1 < end, two) {
+                (true, true) => block::<2, 2, F16>(panels, w, at, c),
+                (true, false) => block::<2, 1, F16>(panels, w, at, c),
+                (false, true) => block::<1, 2, F16>(panels, w, at, c),
+                (false, false) => block::<1, 1, F16>(panels, w, at, c),
             }
         }
     }
@@ -95,14 +117,15 @@ mod imp {
 
     /// Panels `p..p + P` × column tiles `nb..nb + T` of C, stored clipped to `[m, n]`. One
     /// step is one tile row: each row's even input times the tiles' even weights, then its
-    /// odd input times the odd weights — the FMA chain of `avx2::reference`.
+    /// odd input times the odd weights — the FMA chain of `avx2::reference`. f16 weights
+    /// (`F16`): a tile row's first 16 halves are the even weights, its last 16 the odd ones.
     ///
     /// # Safety
     /// As [`job`]; panels `p..p + P` and column tiles `nb..nb + T` exist.
     #[inline(always)]
-    unsafe fn block<const P: usize, const T: usize>(
+    unsafe fn block<const P: usize, const T: usize, const F16: bool>(
         panels: &[f32],
-        w: &PackedBf16,
+        w: &PackedHalf,
         (p, nb): (usize, usize),
         c: &Dest,
     ) {
@@ -124,9 +147,14 @@ mod imp {
                     let row = b[t].add(s * TILE_K);
                     // 16 rows ahead (the hardware prefetchers stop at each 4 KiB page).
                     _mm_prefetch::<_MM_HINT_T0>(row.add(16 * TILE_K).cast());
-                    let raw = _mm512_loadu_si512(row.cast());
-                    even[t] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
-                    odd[t] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+                    if F16 {
+                        even[t] = _mm512_cvtph_ps(_mm256_loadu_si256(row.cast()));
+                        odd[t] = _mm512_cvtph_ps(_mm256_loadu_si256(row.add(TILE_N).cast()));
+                    } else {
+                        let raw = _mm512_loadu_si512(row.cast());
+                        even[t] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
+                        odd[t] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+                    }
                 }
                 for (q, acc) in acc.iter_mut().enumerate() {
                     let at = a[q].add(s * 2 * MR);

@@ -1,8 +1,11 @@
-//! bf16 weights kept as bf16, and `C = A · Wᵀ` at the CPU's bf16 rate.
+//! bf16 weights kept as bf16, and `C = A · Wᵀ` at the CPU's bf16 rate; f16 weights kept as
+//! f16 in the same tiles ([`Half::F16`]: their own order within a tile row), multiplied
+//! widened in registers (`avx512`, `avx2`) or panel by panel (`f32`) — f32 compute, half the
+//! memory of widening them at load ([`Bf16Kernel::for_f16`] maps the other paths onto those).
 //!
 //! # Layout
 //! A bf16 weight `W [n, k]` (torch Linear layout) is repacked once at load into tiles of 16
-//! output columns × 32 inputs ([`PackedBf16`]): tile row `kk` holds, for each of the 16 columns
+//! output columns × 32 inputs ([`PackedHalf`]): tile row `kk` holds, for each of the 16 columns
 //! `j`, the pair `W[j][2kk], W[j][2kk + 1]` — the "VNNI" layout both `tdpbf16ps` (AMX, one tile
 //! = one B operand) and `vdpbf16ps` (AVX512-BF16, one tile row = one zmm) read. n is padded to
 //! 32 columns and k to 32 inputs with zeros, so every tile is whole.
@@ -136,6 +139,19 @@ impl Bf16Kernel {
         }
     }
 
+    /// The path f16 weights take where bf16 weights take `self`: no unit multiplies f16
+    /// pairs into f32, so the paths that round to bf16 (and `auto`) become the widest one that
+    /// widens in registers this CPU has, else `f32` (f32 compute on every path).
+    pub fn for_f16(self) -> Self {
+        let (wide, narrow) = (avx512f::available(), avx2::available());
+        match self {
+            Self::Avx2 if narrow => Self::Avx2,
+            Self::Auto | Self::Amx | Self::Avx512bf16 | Self::Avx512 if wide => Self::Avx512,
+            Self::Auto | Self::Amx | Self::Avx512bf16 | Self::Avx512 if narrow => Self::Avx2,
+            _ => Self::F32,
+        }
+    }
+
     /// Whether the path multiplies f32 activations by the weights widened in registers
     /// (`avx2`, `avx512`: f32 compute, one FMA chain per output, the same bits on both).
     pub fn widens_in_registers(self) -> bool {
@@ -164,11 +180,23 @@ impl Bf16Kernel {
     }
 }
 
-/// `W [n, k]` in bf16 tiles (module docs): tile `(nb, kb)` at `(nb * kbs + kb) * TILE_ELEMS`.
+/// The 16-bit float format of packed weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// bfloat16: every path; tile rows in VNNI pairs (module docs).
+    Bf16,
+    /// IEEE half (f16 checkpoints): the paths that widen in registers (`avx2`, `avx512`) and
+    /// `f32`, f32 compute. A tile row `kk` holds the 16 columns' `W[j][2kk]`, then their
+    /// `W[j][2kk + 1]`: 8 or 16 of one input are one `vcvtph2ps` from memory.
+    F16,
+}
+
+/// `W [n, k]` in 16-bit tiles (module docs): tile `(nb, kb)` at `(nb * kbs + kb) * TILE_ELEMS`.
 #[derive(Debug, Clone)]
-pub struct PackedBf16 {
+pub struct PackedHalf {
     pub n: usize,
     pub k: usize,
+    pub half: Half,
     /// Tiles along k (`k` padded to `kbs * 32`).
     kbs: usize,
     /// Tiles along n (`n` padded to `nbs * 16`, `nbs` even).
@@ -176,10 +204,10 @@ pub struct PackedBf16 {
     data: Vec<Tile>,
 }
 
-impl PackedBf16 {
-    /// Packs `w` (`[n, k]` row-major bf16 bits).
-    pub fn pack(w: &[u16], n: usize, k: usize) -> Self {
-        assert_eq!(w.len(), n * k, "PackedBf16::pack: weight is not [n, k]");
+impl PackedHalf {
+    /// Packs `w` (`[n, k]` row-major bits of `half`).
+    pub fn pack(w: &[u16], n: usize, k: usize, half: Half) -> Self {
+        assert_eq!(w.len(), n * k, "PackedHalf::pack: weight is not [n, k]");
         let kbs = k.div_ceil(TILE_K);
         let nbs = n.div_ceil(PAD_N) * (PAD_N / TILE_N);
         let mut data = zeroed_tiles(nbs * kbs);
@@ -193,13 +221,14 @@ impl PackedBf16 {
                         break;
                     }
                     for (i, &v) in w[col * k..(col + 1) * k].iter().enumerate() {
-                        panel[Self::offset_in_panel(i, j)] = v;
+                        panel[Self::offset_in_panel(i, j, half)] = v;
                     }
                 }
             });
         Self {
             n,
             k,
+            half,
             kbs,
             nbs,
             data,
@@ -207,9 +236,13 @@ impl PackedBf16 {
     }
 
     /// Offset of `W[nb * 16 + j][i]` inside column block `nb`'s panel.
-    fn offset_in_panel(i: usize, j: usize) -> usize {
+    fn offset_in_panel(i: usize, j: usize, half: Half) -> usize {
         let (kb, r) = (i / TILE_K, i % TILE_K);
-        kb * TILE_ELEMS + (r / 2) * TILE_K + j * 2 + (r % 2)
+        let in_row = match half {
+            Half::Bf16 => j * 2 + (r % 2),
+            Half::F16 => (r % 2) * TILE_N + j,
+        };
+        kb * TILE_ELEMS + (r / 2) * TILE_K + in_row
     }
 
     /// Tile `(nb, kb)`.
@@ -221,12 +254,21 @@ impl PackedBf16 {
     pub fn row_into(&self, row: usize, out: &mut [f32]) {
         let (nb, j) = (row / TILE_N, row % TILE_N);
         let panel = &self.data[nb * self.kbs..(nb + 1) * self.kbs];
-        // Tile by tile, pair row by pair row: the pair `W[row][2kk], W[row][2kk + 1]` of a
-        // tile is adjacent at `kk * 32 + 2j` (no division per element: embedding lookups).
+        // Tile by tile, pair row by pair row: `W[row][2kk], W[row][2kk + 1]` lie in tile row
+        // `kk` at `2j, 2j + 1` (bf16) or `j, 16 + j` (f16); no division per element
+        // (embedding lookups).
+        let (at, step) = match self.half {
+            Half::Bf16 => (2 * j, 1),
+            Half::F16 => (j, TILE_N),
+        };
         for (tile, o) in panel.iter().zip(out[..self.k].chunks_mut(TILE_K)) {
-            for (pair, o) in tile.0.chunks_exact(TILE_K).zip(o.chunks_mut(2)) {
-                for (d, &b) in o.iter_mut().zip(&pair[2 * j..2 * j + 2]) {
-                    *d = bf16::from_bits(b).to_f32();
+            for (line, o) in tile.0.chunks_exact(TILE_K).zip(o.chunks_mut(2)) {
+                for (h, d) in o.iter_mut().enumerate() {
+                    let b = line[at + h * step];
+                    *d = match self.half {
+                        Half::Bf16 => bf16::from_bits(b).to_f32(),
+                        Half::F16 => half::f16::from_bits(b).to_f32(),
+                    };
                 }
             }
         }
@@ -300,7 +342,7 @@ pub(crate) struct Job<'a> {
     /// A rounded to bf16 in tiles ([`round_tiles`]).
     pub a: &'a [u16],
     pub m: usize,
-    pub w: &'a PackedBf16,
+    pub w: &'a PackedHalf,
     pub pairs: std::ops::Range<usize>,
     out: Out,
 }
@@ -402,7 +444,7 @@ impl Job<'_> {
 pub fn matmul_bf16(
     a: &[f32],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     c: &mut Vec<f32>,
     threads: usize,
     kernel: Bf16Kernel,
@@ -417,7 +459,7 @@ pub fn matmul_bf16(
 pub fn matmul_bf16_into(
     a: &[f32],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     c: &mut [f32],
     threads: usize,
     kernel: Bf16Kernel,
@@ -429,7 +471,10 @@ pub fn matmul_bf16_into(
     if m == 0 || n == 0 {
         return;
     }
-    if kernel == Bf16Kernel::F32 || k == 0 {
+    // (f16 weights on a path that rounds to bf16 — a caller that did not map its path with
+    // `for_f16` — are multiplied in f32 as well.)
+    let f16_rounding = w.half == Half::F16 && !kernel.widens_in_registers();
+    if kernel == Bf16Kernel::F32 || k == 0 || f16_rounding {
         widen::matmul(a, m, w, c, threads);
         return;
     }
@@ -448,7 +493,7 @@ pub fn matmul_bf16_into(
 fn run_jobs(
     scratch: &[Tile],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     out: Out,
     pairs: usize,
     (threads, kernel): (usize, Bf16Kernel),
@@ -476,7 +521,7 @@ fn run_jobs(
 }
 
 /// The reference of the bf16 paths (tests): same rounding, same pair order, scalar.
-pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
+pub fn matmul_portable(a: &[f32], m: usize, w: &PackedHalf, c: &mut Vec<f32>) {
     let mut scratch = Vec::new();
     let tiles = round_tiles(a, m, w.k, w.k_tiles(), &mut scratch);
     c.clear();
@@ -493,3 +538,5 @@ pub fn matmul_portable(a: &[f32], m: usize, w: &PackedBf16, c: &mut Vec<f32>) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;

@@ -6,7 +6,7 @@
 //! the bits of the unfused ops: the epilogue computes `silu_mul` in f32 as `ops::silu_mul` does
 //! and rounds as [`round_tiles`].
 
-use super::{Bf16Kernel, Job, Out, OutPtr, PAD_M, PAD_N, PackedBf16, TILE_ELEMS, TILE_K};
+use super::{Bf16Kernel, Job, Out, OutPtr, PAD_M, PAD_N, PackedHalf, TILE_ELEMS, TILE_K};
 use super::{Tile, TilesPtr, round_into, round_tiles, run_jobs};
 use crate::kernels::cpu::exp::silu_mul_into;
 #[cfg(target_arch = "x86_64")]
@@ -153,7 +153,7 @@ unsafe fn silu_mul_round32_native(g: &[f32], u: &[f32], out: &mut [u16]) {
 pub fn matmul_bf16_silu_mul(
     a: &[f32],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     c: &mut Vec<f32>,
     (threads, kernel): (usize, Bf16Kernel),
     scratch: &mut Vec<Tile>,
@@ -168,7 +168,7 @@ pub fn matmul_bf16_silu_mul(
 pub fn matmul_bf16_silu_mul_into(
     a: &[f32],
     m: usize,
-    w: &PackedBf16,
+    w: &PackedHalf,
     c: &mut [f32],
     (threads, kernel): (usize, Bf16Kernel),
     scratch: &mut Vec<Tile>,
@@ -192,7 +192,7 @@ pub fn matmul_bf16_silu_mul_into(
 pub fn matmul_bf16_swiglu_down(
     a: &[f32],
     m: usize,
-    (gate_up, down): (&PackedBf16, &PackedBf16),
+    (gate_up, down): (&PackedHalf, &PackedHalf),
     c: &mut Vec<f32>,
     (threads, kernel): (usize, Bf16Kernel),
     (scratch, act): (&mut Vec<Tile>, &mut Vec<Tile>),
@@ -224,7 +224,7 @@ pub fn matmul_bf16_swiglu_down(
 
 /// `I`, after checking that `w` is a `[gate | up]` weight the fused epilogue of `kernel`
 /// takes.
-fn check_gate_up(a: &[f32], m: usize, w: &PackedBf16, kernel: Bf16Kernel) -> usize {
+fn check_gate_up(a: &[f32], m: usize, w: &PackedHalf, kernel: Bf16Kernel) -> usize {
     assert!(
         kernel.fuses_swiglu() && kernel.available() && w.n.is_multiple_of(2 * PAD_N),
         "fused SwiGLU: needs the amx or avx512bf16 path (has {kernel}) and n / 2 a multiple of 32"

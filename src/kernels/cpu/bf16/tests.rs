@@ -39,7 +39,7 @@ fn pool() -> rayon::ThreadPool {
         .unwrap()
 }
 
-fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedBf16, threads: usize) -> Vec<f32> {
+fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedHalf, threads: usize) -> Vec<f32> {
     let mut c = vec![f32::NAN; 3];
     // A reused scratch holds stale bits (NaN here): the rounding must overwrite the padding.
     let mut scratch = vec![Tile([0xffff; TILE_ELEMS]); 64];
@@ -52,7 +52,7 @@ fn packing_keeps_every_weight() {
     let mut s = 3;
     let (n, k) = (37, 45);
     let w = bits(&rnd(n * k, &mut s));
-    let p = PackedBf16::pack(&w, n, k);
+    let p = PackedHalf::pack(&w, n, k, Half::Bf16);
     assert_eq!((p.k_padded(), p.column_tiles()), (64, 4));
     let mut row = vec![0f32; k];
     for r in 0..n {
@@ -79,7 +79,7 @@ fn every_path_matches_its_reference() {
     ] {
         let a = rnd(m * k, &mut s);
         let wb = bits(&rnd(n * k, &mut s));
-        let p = PackedBf16::pack(&wb, n, k);
+        let p = PackedHalf::pack(&wb, n, k, Half::Bf16);
         let wf = widened(&wb);
         let mut portable = Vec::new();
         matmul_portable(&a, m, &p, &mut portable);
@@ -131,7 +131,7 @@ fn widened_case(
     c: &[f32],
     a: &[f32],
     (m, n, k): (usize, usize, usize),
-    p: &PackedBf16,
+    p: &PackedHalf,
     wf: &[f32],
 ) {
     let want = avx2::reference(a, m, p);
@@ -162,7 +162,7 @@ fn rows_are_invariant_on_each_path() {
     let mut s = 5;
     for path in paths() {
         for &(n, k) in &[(48usize, 700usize), (64, 64), (200, 300)] {
-            let p = PackedBf16::pack(&bits(&rnd(n * k, &mut s)), n, k);
+            let p = PackedHalf::pack(&bits(&rnd(n * k, &mut s)), n, k, Half::Bf16);
             let row = rnd(k, &mut s);
             let mut reference: Option<Vec<f32>> = None;
             for &m in &[1usize, 2, 13, 33, 65, 300] {
@@ -226,7 +226,7 @@ fn amx_chunks_of_k_keep_the_bits() {
         (5, 2048, 700, false),
     ] {
         let a = rnd(m * k, &mut s);
-        let w = PackedBf16::pack(&bits(&rnd(n * k, &mut s)), n, k);
+        let w = PackedHalf::pack(&bits(&rnd(n * k, &mut s)), n, k, Half::Bf16);
         let mut scratch = Vec::new();
         let tiles = round_tiles(&a, m, k, w.k_tiles(), &mut scratch);
         let width = if fused { n / 2 } else { n };
@@ -286,7 +286,7 @@ fn fused_silu_mul_equals_gemm_then_silu_mul() {
 
 fn silu_mul_case(path: Bf16Kernel, k: usize, s: &mut u64) {
     let inter = 96;
-    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, s)), 2 * inter, k);
+    let w = PackedHalf::pack(&bits(&rnd(2 * inter * k, s)), 2 * inter, k, Half::Bf16);
     for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3)] {
         let a = rnd(m * k, s);
         let wide = run(path, &a, m, &w, threads);
@@ -313,9 +313,9 @@ fn expert_rows_case(path: Bf16Kernel) {
     use crate::kernels::cpu::matmul::{Linear, Weight};
     let mut s = 33;
     let (inter, k, m) = (64, 96, 37);
-    let w = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
+    let w = PackedHalf::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k, Half::Bf16);
     let lin = Linear {
-        w: Weight::Bf16 {
+        w: Weight::Half {
             w: w.clone(),
             kernel: path,
         },
@@ -355,8 +355,8 @@ fn fused_mlp_equals_swiglu_then_down() {
 fn fused_mlp_case(path: Bf16Kernel) {
     let mut s = 21;
     let (inter, k, n) = (96, 70, 50);
-    let gate_up = PackedBf16::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k);
-    let down = PackedBf16::pack(&bits(&rnd(n * inter, &mut s)), n, inter);
+    let gate_up = PackedHalf::pack(&bits(&rnd(2 * inter * k, &mut s)), 2 * inter, k, Half::Bf16);
+    let down = PackedHalf::pack(&bits(&rnd(n * inter, &mut s)), n, inter, Half::Bf16);
     let stale = || vec![Tile([0xffff; TILE_ELEMS]); 40];
     let (mut scratch, mut act) = (stale(), stale());
     for (m, threads) in [(1, 1), (33, 2), (130, 2), (7, 3), (64, 1)] {

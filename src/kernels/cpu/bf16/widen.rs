@@ -1,9 +1,10 @@
-//! The `f32` path: bf16 weights widened panel by panel and multiplied by the `gemm` crate
-//! (f32 FMA on AVX2 / AVX-512F), so memory holds bf16 while the numerics are f32 compute.
+//! The `f32` path: bf16 (or f16) weights widened panel by panel and multiplied by the `gemm`
+//! crate (f32 FMA on AVX2 / AVX-512F), so memory holds 16 bits while the numerics are f32
+//! compute.
 
 use rayon::prelude::*;
 
-use super::PackedBf16;
+use super::PackedHalf;
 use crate::kernels::cpu::matmul::matmul_wt_rows;
 
 /// Weight rows widened per panel: 256 rows × k f32 is 1 MiB at k = 1024, inside a 2 MiB L2
@@ -16,13 +17,13 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-pub(super) fn matmul(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize) {
+pub(super) fn matmul(a: &[f32], m: usize, w: &PackedHalf, c: &mut [f32], threads: usize) {
     SCRATCH.with_borrow_mut(|wide| panels(a, m, w, c, threads, wide));
 }
 
 /// Panel by panel of output columns: widen, then multiply straight into the panel's columns
 /// of `c` (gemm writes with `c`'s row stride: no product buffer, no copy out).
-fn panels(a: &[f32], m: usize, w: &PackedBf16, c: &mut [f32], threads: usize, wide: &mut Vec<f32>) {
+fn panels(a: &[f32], m: usize, w: &PackedHalf, c: &mut [f32], threads: usize, wide: &mut Vec<f32>) {
     let (n, k) = (w.n, w.k);
     wide.resize(PANEL.min(n) * k, 0.0);
     for n0 in (0..n).step_by(PANEL) {
