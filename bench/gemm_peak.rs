@@ -88,6 +88,22 @@ fn rates(
     (flops / total / 1e9, per)
 }
 
+/// [`operands`] with the weights rounded to `half` and packed.
+fn half_operands(rows: usize, k: usize, n: usize, half: Half) -> (Vec<f32>, PackedHalf) {
+    let (a, w) = operands(rows, k, n);
+    let bits: Vec<u16> = match half {
+        Half::Bf16 => w
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect(),
+        Half::F16 => w
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect(),
+    };
+    (a, PackedHalf::pack(&bits, n, k, half))
+}
+
 fn operands(rows: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
     let a = (0..rows * k)
         .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
@@ -198,12 +214,7 @@ fn main() {
         };
         let mut kernel_secs = Vec::new();
         let (mix, per) = rates(rows, |k, n| {
-            let (a, w) = operands(rows, k, n);
-            let bits: Vec<u16> = w
-                .iter()
-                .map(|&x| half::bf16::from_f32(x).to_bits())
-                .collect();
-            let packed = PackedHalf::pack(&bits, n, k, Half::Bf16);
+            let (a, packed) = half_operands(rows, k, n, Half::Bf16);
             let (mut c, mut scratch) = (Vec::new(), Vec::new());
             let call = best_secs(|| {
                 pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, path, &mut scratch))
@@ -234,12 +245,7 @@ fn main() {
         if only.is_some() {
             return f64::NAN;
         }
-        let (a, w) = operands(rows, k, n);
-        let bits: Vec<u16> = w
-            .iter()
-            .map(|&x| half::f16::from_f32(x).to_bits())
-            .collect();
-        let packed = PackedHalf::pack(&bits, n, k, Half::F16);
+        let (a, packed) = half_operands(rows, k, n, Half::F16);
         let (mut c, mut scratch) = (Vec::new(), Vec::new());
         best_secs(|| {
             pool.install(|| matmul_bf16(&a, rows, &packed, &mut c, threads, f16_path, &mut scratch))
@@ -289,12 +295,10 @@ fn main() {
         );
     };
     report(&format!("f32 matmul_wt [{fma} peak]"), &per, gemm, pn);
-    report(
-        &format!("f16 weights, {f16_path} [{fma} peak]"),
-        &f16_per,
-        f16_mix,
-        pn,
-    );
+    if only.is_none() {
+        let what = format!("f16 weights, {f16_path} [{fma} peak]");
+        report(&what, &f16_per, f16_mix, pn);
+    }
     for (path, label, len, g) in &attention {
         let unit = unit_of(path);
         let peak = peak_of.get(unit.as_str()).map_or(f64::NAN, |p| p.1);

@@ -32,14 +32,14 @@ fn paths() -> Vec<Bf16Kernel> {
     run
 }
 
-fn pool() -> rayon::ThreadPool {
+pub(super) fn pool() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .unwrap()
 }
 
-fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedHalf, threads: usize) -> Vec<f32> {
+pub(super) fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedHalf, threads: usize) -> Vec<f32> {
     let mut c = vec![f32::NAN; 3];
     // A reused scratch holds stale bits (NaN here): the rounding must overwrite the padding.
     let mut scratch = vec![Tile([0xffff; TILE_ELEMS]); 64];

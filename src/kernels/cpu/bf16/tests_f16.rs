@@ -4,6 +4,7 @@
 
 use half::f16;
 
+use super::tests::run;
 use super::*;
 use crate::kernels::cpu::matmul::matmul_wt;
 use crate::kernels::cpu::matmul::tests::rnd;
@@ -26,17 +27,6 @@ fn paths() -> Vec<Bf16Kernel> {
         }
     }
     run
-}
-
-fn run(k: Bf16Kernel, a: &[f32], m: usize, w: &PackedHalf, threads: usize) -> Vec<f32> {
-    let mut c = vec![f32::NAN; 3];
-    let mut scratch = vec![Tile([0xffff; TILE_ELEMS]); 64];
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    pool.install(|| matmul_bf16(a, m, w, &mut c, threads, k, &mut scratch));
-    c
 }
 
 fn same_bits(x: &[f32], y: &[f32]) -> bool {
