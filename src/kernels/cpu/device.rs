@@ -130,7 +130,8 @@ impl Device for CpuDevice {
     fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Linear> {
         let (out, inp) = (weight.rows, weight.cols);
         let w = match weight.dtype {
-            WeightDtype::F32 => Weight::F32(weight.to_f32()),
+            // (In the device's pool: `to_f32` and the packing run on rayon.)
+            WeightDtype::F32 => Weight::F32(self.pool.install(|| weight.to_f32())),
             WeightDtype::Bf16 => self.packed(&weight, Half::Bf16),
             WeightDtype::F16 => self.packed(&weight, Half::F16),
         };
