@@ -1,12 +1,13 @@
 //! The `avx512` path: the `avx2` path's arithmetic on AVX-512F — f32 activations times the
-//! packed bf16 or f16 tiles widened in registers, one FMA chain per output element over k in order,
-//! so the same bits as `avx2` (and as its scalar `reference`) — for CPUs with AVX-512F and
+//! packed bf16 or f16 tiles widened in registers, one FMA chain per output element over k in
+//! order, so the same bits as `avx2` (and as its scalar `reference`) — for CPUs with AVX-512F and
 //! no bf16 unit (Skylake-SP to Ice Lake), where it replaces widening whole panels into memory
 //! for the `gemm` crate (the `f32` path).
 //!
 //! One zmm holds a whole bf16 tile row: 16 columns × the pair `W[j][2kk], W[j][2kk + 1]`; the
 //! dwords shifted left 16 bits are the even inputs as f32, the dwords with their low half
-//! cleared the odd ones. An f16 tile row's halves widen with `vcvtph2ps` (16 at a time). A comes in `avx2`'s panels of [`MR`] rows (`[panel][k][MR]`).
+//! cleared the odd ones. An f16 tile row's halves widen with `vcvtph2ps` (16 at a time). A
+//! comes in `avx2`'s panels of [`MR`] rows (`[panel][k][MR]`).
 //! Micro-kernel: 2 panels (12 rows) × 2 column tiles (32 columns) in 24 zmm accumulators; per
 //! tile row 2 loads of B, and each row's two inputs broadcast from the panel. Rows are taken
 //! in blocks of [`M_BLOCK`] so their panels stay in L2 while the job's column tiles stream by.

@@ -252,23 +252,33 @@ impl PackedHalf {
 
     /// Row `row` of `W` (one output column's weights), widened into `out[..k]`.
     pub fn row_into(&self, row: usize, out: &mut [f32]) {
-        let (nb, j) = (row / TILE_N, row % TILE_N);
+        // `W[row][2kk], W[row][2kk + 1]` lie in tile row `kk` at `2j, 2j + 1` (bf16) or
+        // `j, 16 + j` (f16).
+        let j = row % TILE_N;
+        match self.half {
+            Half::Bf16 => self.widen_row(row, (2 * j, 1), out, |b| bf16::from_bits(b).to_f32()),
+            Half::F16 => {
+                self.widen_row(row, (j, TILE_N), out, |b| half::f16::from_bits(b).to_f32())
+            }
+        }
+    }
+
+    /// [`Self::row_into`] for one format (the match is out of the loop: the `f32` path widens
+    /// every weight per call): the row's pair of tile row `kk` at `at`, `at + step`.
+    fn widen_row(
+        &self,
+        row: usize,
+        (at, step): (usize, usize),
+        out: &mut [f32],
+        widen: impl Fn(u16) -> f32,
+    ) {
+        let nb = row / TILE_N;
         let panel = &self.data[nb * self.kbs..(nb + 1) * self.kbs];
-        // Tile by tile, pair row by pair row: `W[row][2kk], W[row][2kk + 1]` lie in tile row
-        // `kk` at `2j, 2j + 1` (bf16) or `j, 16 + j` (f16); no division per element
-        // (embedding lookups).
-        let (at, step) = match self.half {
-            Half::Bf16 => (2 * j, 1),
-            Half::F16 => (j, TILE_N),
-        };
+        // Tile by tile, pair row by pair row: no division per element (embedding lookups).
         for (tile, o) in panel.iter().zip(out[..self.k].chunks_mut(TILE_K)) {
             for (line, o) in tile.0.chunks_exact(TILE_K).zip(o.chunks_mut(2)) {
                 for (h, d) in o.iter_mut().enumerate() {
-                    let b = line[at + h * step];
-                    *d = match self.half {
-                        Half::Bf16 => bf16::from_bits(b).to_f32(),
-                        Half::F16 => half::f16::from_bits(b).to_f32(),
-                    };
+                    *d = widen(line[at + h * step]);
                 }
             }
         }
