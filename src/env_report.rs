@@ -19,7 +19,7 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
             ("avx512bf16", has!("avx512bf16")),
             (
                 "amx-bf16 (with the kernel's tile permission)",
-                Bf16Kernel::Amx.available(),
+                Bf16Kernel::Amx.native(),
             ),
         ]
     }
@@ -33,6 +33,7 @@ pub fn report() -> String {
     let features: Vec<&str> = [
         cfg!(feature = "cuda").then_some("cuda"),
         cfg!(feature = "cuda-emu").then_some("cuda-emu"),
+        cfg!(feature = "amx-emu").then_some("amx-emu"),
     ]
     .into_iter()
     .flatten()

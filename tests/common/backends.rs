@@ -395,6 +395,12 @@ pub fn load_on(
     num_blocks: usize,
     slots: usize,
 ) -> Option<Box<dyn Backend>> {
+    if let Dev::CpuBf16(k) = dev
+        && k.available()
+        && !k.native()
+    {
+        eprintln!("{name} on the cpu's {k} path: on emulated tiles (this CPU has no AMX)");
+    }
     match dev {
         Dev::Cpu => Some(Box::new(cpu_backend(
             name,

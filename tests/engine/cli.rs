@@ -162,18 +162,20 @@ fn unknown_config_key_is_named() {
     );
 }
 
-#[test]
-fn max_model_len_past_the_models_positions_is_refused_at_start() {
+/// `hsx extract` of the bundled prompts with the shipped config edited by `edit` (from a temp
+/// dir: the model path made absolute): its output and the files it wrote.
+fn extract_with_config(edit: impl Fn(&str) -> String) -> (Output, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     let shipped = std::fs::read_to_string("config.toml").unwrap();
-    // The bundled model has max_position_embeddings 2048.
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama");
-    let long = shipped
-        .replace("max_model_len = 0", "max_model_len = 2049")
-        .replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
-    assert_ne!(long, shipped, "config.toml sets max_model_len = 0");
-    std::fs::write(&cfg, long).unwrap();
+    let edited = edit(&shipped).replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    assert_ne!(
+        edit(&shipped),
+        shipped,
+        "the edit changes the shipped config"
+    );
+    std::fs::write(&cfg, edited).unwrap();
     let out = dir.path().join("out");
     let o = hsx(&[
         "extract",
@@ -185,13 +187,43 @@ fn max_model_len_past_the_models_positions_is_refused_at_start() {
         "--output",
         out.to_str().unwrap(),
     ]);
+    (o, files_in(&out))
+}
+
+#[test]
+fn max_model_len_past_the_models_positions_is_refused_at_start() {
+    // The bundled model has max_position_embeddings 2048.
+    let (o, files) =
+        extract_with_config(|c| c.replace("max_model_len = 0", "max_model_len = 2049"));
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(
         err.contains("max_model_len 2049") && err.contains("2048"),
         "{err}"
     );
-    assert!(files_in(&out).is_empty());
+    assert!(files.is_empty());
+}
+
+/// Naming the `amx` path: refused at start, naming it and the paths this CPU has, where the
+/// CPU has no AMX (and the build no `amx-emu`); a normal run where it can.
+#[test]
+fn a_bf16_path_the_cpu_lacks_is_refused_at_start() {
+    let (o, files) = extract_with_config(|c| {
+        c.replace("cpu_bf16_kernel = \"auto\"", "cpu_bf16_kernel = \"amx\"")
+    });
+    if hsx::kernels::Bf16Kernel::Amx.available() {
+        println!("amx runs here (AMX, or the amx-emu build): the run must succeed");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(files.len(), 12);
+        return;
+    }
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("cpu_bf16_kernel = \"amx\"") && err.contains("does not have it"),
+        "{err}"
+    );
+    assert!(files.is_empty());
 }
 
 #[test]

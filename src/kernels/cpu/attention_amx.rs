@@ -25,14 +25,14 @@
 //! earlier rows of the same sequence; such a request already carries NaN states. The
 //! `vdpbf16ps` engine skips the keys a row does not see.)
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 // A `Line` holds a tile row: a tile row straddling two lines loads at a third of the rate
 // (see `bf16::Tile`).
 use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, lines, out_row, prepare};
 use crate::kernels::cpu::bf16::{
-    Bf16Kernel, pairs_native, round_into, round_native, round32_native, with_amx_tiles,
+    AmxEmulated, AmxHardware, Bf16Kernel, TileUnit, amx_hardware, pairs_native, round_into,
+    round_native, round32_native,
 };
 use softmax::softmax_into_tiles;
 
@@ -65,8 +65,8 @@ pub(super) struct AmxScratch {
 /// What multiplies the packed bf16 operands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Engine {
-    /// AMX tiles (`tdpbf16ps`).
-    Amx,
+    /// AMX tiles (`tdpbf16ps`): the CPU's, or `emulated` (tests, feature `amx-emu`).
+    Amx { emulated: bool },
     /// AVX512-BF16 (`vdpbf16ps`), a zmm row of a tile at a time.
     Dpbf16,
 }
@@ -76,7 +76,9 @@ pub(super) enum Engine {
 /// `None` (the f32 kernels) otherwise.
 pub(super) fn engine(kernel: Bf16Kernel, hd: usize) -> Option<Engine> {
     let engine = match kernel {
-        Bf16Kernel::Amx => Engine::Amx,
+        Bf16Kernel::Amx => Engine::Amx {
+            emulated: !amx_hardware(),
+        },
         Bf16Kernel::Avx512bf16 => Engine::Dpbf16,
         _ => return None,
     };
@@ -115,7 +117,8 @@ pub(super) unsafe fn run_chain(
         }
     };
     match engine {
-        Engine::Amx => with_amx_tiles(run),
+        Engine::Amx { emulated: false } => AmxHardware::with_tiles(run),
+        Engine::Amx { emulated: true } => AmxEmulated::with_tiles(run),
         Engine::Dpbf16 => run(),
     }
 }
@@ -137,7 +140,8 @@ unsafe fn run_tiles(
         pack_q(ctx, task, a, rp);
         let st = lines(&mut a.st, keys * rp / T).cast::<f32>();
         match engine {
-            Engine::Amx => scores(a, st, keys, hd, rp),
+            Engine::Amx { emulated: false } => scores::<AmxHardware>(a, st, keys, hd, rp),
+            Engine::Amx { emulated: true } => scores::<AmxEmulated>(a, st, keys, hd, rp),
             Engine::Dpbf16 => dpbf16::scores(a, st, keys, hd, rp),
         }
         // Keys len..keys (zero keys, or later keys of the chain) get probability 0, as masked
@@ -146,7 +150,8 @@ unsafe fn run_tiles(
         let (scale, sinks) = (ctx.shape.scale, ctx.softmax.sinks.is_some());
         softmax_into_tiles(st, (rp, len, keys), scale, s, sinks, p);
         match engine {
-            Engine::Amx => values(ctx, task, s, a, keys, rp),
+            Engine::Amx { emulated: false } => values::<AmxHardware>(ctx, task, s, a, keys, rp),
+            Engine::Amx { emulated: true } => values::<AmxEmulated>(ctx, task, s, a, keys, rp),
             Engine::Dpbf16 => dpbf16::values(ctx, task, s, a, keys),
         }
     }
@@ -233,82 +238,11 @@ unsafe fn pack_q(ctx: &Ctx<'_>, task: &Task, a: &mut AmxScratch, rp: usize) {
     }
 }
 
-/// Tile `$c` (C) += tile 4 (A) · tile `$b` (B loaded from `$p`).
-macro_rules! dp {
-    ($c:literal, $b:literal, $p:expr) => {
-        asm!(
-            concat!("tileloadd ", $b, ", [{p} + {s}*1]"),
-            concat!("tdpbf16ps ", $c, ", tmm4, ", $b),
-            p = in(reg) $p, s = in(reg) 64usize, options(nostack, readonly)
-        )
-    };
-}
-
-/// C tile `i` (0..4) += tile 4 · the B tile at `p` (64-byte rows), B in a rotating register.
+/// `Sᵀ [keys][rp] = K · Qᵀ`: per 16 keys, up to 4 row tiles at once.
 ///
 /// # Safety
-/// Tiles configured; `p` addresses a 1 KiB tile.
-#[inline(always)]
-unsafe fn dp_into(i: usize, p: *const Line) {
-    // SAFETY: (caller).
-    unsafe {
-        match i {
-            0 => dp!("tmm0", "tmm5", p),
-            1 => dp!("tmm1", "tmm6", p),
-            2 => dp!("tmm2", "tmm7", p),
-            _ => dp!("tmm3", "tmm5", p),
-        }
-    }
-}
-
-/// C tile `i` (0..4) zeroed.
-#[inline(always)]
-unsafe fn zero(i: usize) {
-    // SAFETY: tiles configured (caller of the kernels).
-    unsafe {
-        match i {
-            0 => asm!("tilezero tmm0", options(nostack, nomem)),
-            1 => asm!("tilezero tmm1", options(nostack, nomem)),
-            2 => asm!("tilezero tmm2", options(nostack, nomem)),
-            _ => asm!("tilezero tmm3", options(nostack, nomem)),
-        }
-    }
-}
-
-/// C tile `i` (0..4) stored at `p`, row stride `stride` bytes.
-#[inline(always)]
-unsafe fn store(i: usize, p: *mut f32, stride: usize) {
-    // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`, cache-line aligned.
-    unsafe {
-        match i {
-            0 => {
-                asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) p, s = in(reg) stride, options(nostack))
-            }
-            1 => {
-                asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) p, s = in(reg) stride, options(nostack))
-            }
-            2 => {
-                asm!("tilestored [{p} + {s}*1], tmm2", p = in(reg) p, s = in(reg) stride, options(nostack))
-            }
-            _ => {
-                asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) p, s = in(reg) stride, options(nostack))
-            }
-        }
-    }
-}
-
-/// Tile 4 loaded from `p` (row stride `stride` bytes).
-#[inline(always)]
-unsafe fn load_a(p: *const u8, stride: usize) {
-    // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`.
-    unsafe {
-        asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride,
-             options(nostack, readonly))
-    };
-}
-
-/// `Sᵀ [keys][rp] = K · Qᵀ`: per 16 keys, up to 4 row tiles at once.
-unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize) {
+/// Inside `U::with_tiles`; the operands packed for `keys`, `hd` and `rp`.
+unsafe fn scores<U: TileUnit>(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize) {
     let (k, q) = (a.k.as_ptr().cast::<u8>(), a.q.as_ptr());
     let (cs, rts) = (hd / 32, rp / T);
     // SAFETY: K is [keys][hd] bf16, Q [rts][cs] tiles, st [keys][rp] f32, all line aligned.
@@ -316,15 +250,15 @@ unsafe fn scores(a: &AmxScratch, st: *mut f32, keys: usize, hd: usize, rp: usize
         for jb in (0..keys).step_by(T) {
             for rg in (0..rts).step_by(4) {
                 let n = (rts - rg).min(4);
-                (0..n).for_each(|i| zero(i));
+                (0..n).for_each(|i| U::zero(i));
                 for c in 0..cs {
-                    load_a(k.add((jb * hd + c * 32) * 2), hd * 2);
+                    U::load_a(k.add((jb * hd + c * 32) * 2), hd * 2);
                     for i in 0..n {
-                        dp_into(i, q.add(((rg + i) * cs + c) * T));
+                        U::dp_into(i, q.add(((rg + i) * cs + c) * T).cast());
                     }
                 }
                 for i in 0..n {
-                    store(i, st.add(jb * rp + (rg + i) * T), rp * 4);
+                    U::store_c(i, st.add(jb * rp + (rg + i) * T), rp * 4);
                 }
             }
         }
@@ -361,8 +295,11 @@ fn transpose16(x: &mut [__m512i; T]) {
 }
 
 /// `O = P · V` per row tile, up to 4 dim tiles at once, `× 1 / sum` into the output rows.
+///
+/// # Safety
+/// As [`scores`], and AVX-512F present.
 #[target_feature(enable = "avx512f")]
-unsafe fn values(
+unsafe fn values<U: TileUnit>(
     ctx: &Ctx<'_>,
     task: &Task,
     s: &Scratch,
@@ -379,15 +316,15 @@ unsafe fn values(
         for rt in 0..rp / T {
             for dg in (0..dts).step_by(4) {
                 let n = (dts - dg).min(4);
-                (0..n).for_each(|i| zero(i));
+                (0..n).for_each(|i| U::zero(i));
                 for kb in 0..kbs {
-                    load_a(p.add((rt * kbs + kb) * T * 64), 64);
+                    U::load_a(p.add((rt * kbs + kb) * T * 64), 64);
                     for i in 0..n {
-                        dp_into(i, v.add((kb * dts + dg + i) * T));
+                        U::dp_into(i, v.add((kb * dts + dg + i) * T).cast());
                     }
                 }
                 for i in 0..n {
-                    store(i, c, 64);
+                    U::store_c(i, c, 64);
                     for r in 0..T.min(rows.saturating_sub(rt * T)) {
                         let row = rt * T + r;
                         let o = out_row(ctx, task, row).add((dg + i) * T);

@@ -119,7 +119,16 @@ impl Device for CpuDevice {
                 self.threads,
                 self.bf16.for_f16()
             ),
-            false => format!("cpu ({} threads, bf16 GEMM: {})", self.threads, self.bf16),
+            false => format!(
+                "cpu ({} threads, bf16 GEMM: {}{})",
+                self.threads,
+                self.bf16,
+                if self.bf16.native() {
+                    ""
+                } else {
+                    " on emulated tiles"
+                }
+            ),
         }
     }
 

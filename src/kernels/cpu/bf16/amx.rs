@@ -1,5 +1,4 @@
-//! AMX-BF16: `tdpbf16ps` on tiles, through `asm!` (the AMX intrinsics are unstable in Rust
-//! 1.95; the instructions assemble fine).
+//! AMX-BF16: the GEMM on `tdpbf16ps` tiles.
 //!
 //! Kernel: 2 A tiles (32 rows × 32 inputs) × 2 B tiles (32 inputs × 32 columns) → 4 C tiles
 //! (tmm0–3). Each output sums its k pairs in one fixed order, tile after tile along k.
@@ -22,11 +21,17 @@
 //! slower, and so were software prefetches of the next slice of A; without the T1 hint on B,
 //! chunks gained nothing.
 //!
-//! Linux refuses tile instructions until the process asks for the tile state
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`ready`] asks once.
+//! The tile instructions go through a `TileUnit` (`amx_unit.rs`): the CPU's tiles where it has
+//! AMX, else — in tests, and under the feature `amx-emu` — their software model
+//! (`amx_emu.rs`), which runs this kernel's own code on any CPU.
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-pub(super) fn ready() -> bool {
+pub(crate) fn hardware() -> bool {
+    false
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+pub(crate) fn available() -> bool {
     false
 }
 
@@ -43,76 +48,29 @@ pub(super) fn run_chunked(job: &super::Job<'_>, _k_chunk: usize) {
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
 pub(super) use imp::run_chunked;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use imp::with_tiles;
+pub(super) use imp::{CTiles, run};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(super) use imp::{CTiles, ready, run};
+pub(crate) use imp::{available, hardware};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
-    use std::arch::asm;
     use std::ops::Range;
-    use std::sync::OnceLock;
 
+    use super::super::amx_emu::Emulated;
+    use super::super::amx_unit::{Hardware, TileUnit, ready};
     use super::super::{Job, TILE_N};
 
-    const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+    /// Whether the AMX paths run on the emulated tiles where the CPU has none.
+    const EMULATION: bool = cfg!(any(test, feature = "amx-emu"));
 
-    /// The CPU has AMX-TILE and AMX-BF16 and the kernel granted the tile state.
-    pub fn ready() -> bool {
-        static READY: OnceLock<bool> = OnceLock::new();
-        *READY.get_or_init(|| {
-            let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-            let (bf16, tile) = (edx & (1 << 22) != 0, edx & (1 << 24) != 0);
-            // SAFETY: arch_prctl with these arguments only changes this process's permissions.
-            bf16 && tile
-                && unsafe {
-                    libc::syscall(
-                        libc::SYS_arch_prctl,
-                        ARCH_REQ_XCOMP_PERM,
-                        XFEATURE_XTILEDATA,
-                    )
-                } == 0
-        })
+    /// The CPU has AMX (and the kernel granted the tile state).
+    pub fn hardware() -> bool {
+        ready()
     }
 
-    /// `ldtilecfg`'s 64-byte operand: palette 1, all 8 tiles 16 rows × 64 bytes.
-    #[repr(C, align(64))]
-    struct TileConfig {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        colsb: [u16; 16],
-        rows: [u8; 16],
-    }
-
-    impl TileConfig {
-        fn full() -> Self {
-            let mut c = TileConfig {
-                palette: 1,
-                start_row: 0,
-                reserved: [0; 14],
-                colsb: [0; 16],
-                rows: [0; 16],
-            };
-            for t in 0..8 {
-                c.colsb[t] = 64;
-                c.rows[t] = 16;
-            }
-            c
-        }
-    }
-
-    /// C tile `$tmm` stored at / loaded from `$base` (row stride `$stride` bytes).
-    macro_rules! c_tile {
-        (store $tmm:literal, $base:expr, $stride:expr) => {
-            asm!(concat!("tilestored [{p} + {s}*1], ", $tmm), p = in(reg) $base,
-                 s = in(reg) $stride, options(nostack))
-        };
-        (load $tmm:literal, $base:expr, $stride:expr) => {
-            asm!(concat!("tileloadd ", $tmm, ", [{p} + {s}*1]"), p = in(reg) $base,
-                 s = in(reg) $stride, options(nostack, readonly))
-        };
+    /// The AMX paths run here: on the CPU's tiles, or emulated.
+    pub fn available() -> bool {
+        hardware() || EMULATION
     }
 
     /// Bytes of B per block of column pairs (kept in L2, 2 MiB here, while the bands of A
@@ -127,30 +85,26 @@ mod imp {
     /// Cache lines of one product's accumulator: C's 32 rows × 32 f32, contiguous.
     const ACC_LINES: usize = 32 * 32 / 16;
 
-    /// Runs `f` with the 8 tiles configured as 16 rows × 64 bytes on this thread, then
-    /// releases the tile state (the attention kernel's tile products run inside).
-    pub fn with_tiles<R>(f: impl FnOnce() -> R) -> R {
-        assert!(ready(), "AMX kernel called without AMX");
-        let cfg = TileConfig::full();
-        // SAFETY: AMX is present and permitted (ready); the config is 64 aligned bytes.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
-        let r = f();
-        // SAFETY: releases this thread's tile state.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
-        r
-    }
-
     pub fn run(job: &Job<'_>) {
-        with_tiles(|| run_tiles(job, K_CHUNK));
+        run_on(job, K_CHUNK);
     }
 
     /// [`run`] with chunks of `k_chunk` k tiles (tests: the bits do not depend on it).
     #[cfg(test)]
     pub fn run_chunked(job: &Job<'_>, k_chunk: usize) {
-        with_tiles(|| run_tiles(job, k_chunk));
+        run_on(job, k_chunk);
     }
 
-    fn run_tiles(job: &Job<'_>, k_chunk: usize) {
+    fn run_on(job: &Job<'_>, k_chunk: usize) {
+        if hardware() {
+            Hardware::with_tiles(|| run_tiles::<Hardware>(job, k_chunk));
+        } else {
+            assert!(available(), "AMX kernel called without AMX");
+            Emulated::with_tiles(|| run_tiles::<Emulated>(job, k_chunk));
+        }
+    }
+
+    fn run_tiles<U: TileUnit>(job: &Job<'_>, k_chunk: usize) {
         let groups = groups(job);
         let pairs_per_group = if job.fused() { 2 } else { 1 };
         let pair_bytes = job.w.k_tiles() * 2 * std::mem::size_of::<super::super::Tile>();
@@ -164,7 +118,7 @@ mod imp {
                     let ks = k0..(k0 + k_chunk).min(kbs);
                     for (&group, acc) in block.iter().zip(acc.chunks_exact_mut(group_lines)) {
                         let acc: &mut [f32] = bytemuck::cast_slice_mut(acc);
-                        band_group(job, band * 32, group, ks.clone(), acc);
+                        band_group::<U>(job, band * 32, group, ks.clone(), acc);
                     }
                 }
             }
@@ -174,7 +128,13 @@ mod imp {
     /// k tiles `ks` of C's rows `r0..r0 + 32` × the columns of `group` (a pair, or a gate pair
     /// with its up pair), accumulated in `acc` (per pair 32 rows × 32 f32) between chunks;
     /// after the last chunk, C is stored into the output (or its epilogue run).
-    fn band_group(job: &Job<'_>, r0: usize, group: Group, ks: Range<usize>, acc: &mut [f32]) {
+    fn band_group<U: TileUnit>(
+        job: &Job<'_>,
+        r0: usize,
+        group: Group,
+        ks: Range<usize>,
+        acc: &mut [f32],
+    ) {
         let mt = r0 / 16;
         let last = ks.end == job.w.k_tiles();
         let (base, first) = (acc.as_mut_ptr(), ks.start == 0);
@@ -184,11 +144,11 @@ mod imp {
             Group::Pair(p) => {
                 if let Some(out) = job.direct_out(r0, p).filter(|_| last) {
                     // SAFETY: the tiles stay inside A, the packed weight, `acc` and C.
-                    unsafe { product(job, mt, 2 * p, ks, from(0), out) };
+                    unsafe { product::<U>(job, mt, 2 * p, ks, from(0), out) };
                     return;
                 }
                 // SAFETY: as above, C's block in `acc`.
-                unsafe { product(job, mt, 2 * p, ks, from(0), at(0)) };
+                unsafe { product::<U>(job, mt, 2 * p, ks, from(0), at(0)) };
                 if last {
                     for (r, row) in (r0..(r0 + 32).min(job.m)).zip(acc.chunks_exact(32)) {
                         job.store_row(r, 2 * p * TILE_N, row);
@@ -198,8 +158,8 @@ mod imp {
             Group::GateUp(gate, up) => {
                 // SAFETY: as above, the gate block then the up block in `acc`.
                 unsafe {
-                    product(job, mt, 2 * gate, ks.clone(), from(0), at(0));
-                    product(job, mt, 2 * up, ks, from(1), at(1));
+                    product::<U>(job, mt, 2 * gate, ks.clone(), from(0), at(0));
+                    product::<U>(job, mt, 2 * up, ks, from(1), at(1));
                 }
                 if last {
                     let (g, u) = acc.split_at(32 * 32);
@@ -267,15 +227,12 @@ mod imp {
         /// Loads C's four tiles.
         ///
         /// # Safety
-        /// AMX configured on this thread; `self` addresses 32 rows × 32 f32.
-        unsafe fn load(self) {
-            let ([c0, c1, c2, c3], s) = (self.corners(), self.stride);
-            // SAFETY: (caller) the 32 × 32 block.
-            unsafe {
-                c_tile!(load "tmm0", c0, s);
-                c_tile!(load "tmm1", c1, s);
-                c_tile!(load "tmm2", c2, s);
-                c_tile!(load "tmm3", c3, s);
+        /// Inside `U::with_tiles`; `self` addresses 32 rows × 32 f32.
+        unsafe fn load<U: TileUnit>(self) {
+            let s = self.stride;
+            for (c, p) in self.corners().into_iter().enumerate() {
+                // SAFETY: (caller) the 32 × 32 block.
+                unsafe { U::load_c(c, p, s) };
             }
         }
 
@@ -283,14 +240,11 @@ mod imp {
         ///
         /// # Safety
         /// As [`CTiles::load`].
-        unsafe fn store(self) {
-            let ([c0, c1, c2, c3], s) = (self.corners(), self.stride);
-            // SAFETY: (caller) the 32 × 32 block.
-            unsafe {
-                c_tile!(store "tmm0", c0, s);
-                c_tile!(store "tmm1", c1, s);
-                c_tile!(store "tmm2", c2, s);
-                c_tile!(store "tmm3", c3, s);
+        unsafe fn store<U: TileUnit>(self) {
+            let s = self.stride;
+            for (c, p) in self.corners().into_iter().enumerate() {
+                // SAFETY: (caller) the 32 × 32 block.
+                unsafe { U::store_c(c, p, s) };
             }
         }
     }
@@ -299,8 +253,8 @@ mod imp {
     /// `None`) plus the product over k tiles `ks`, stored to `store`.
     ///
     /// # Safety
-    /// AMX configured on this thread; `load` and `store` address 32 rows × 32 f32.
-    unsafe fn product(
+    /// Inside `U::with_tiles`; `load` and `store` address 32 rows × 32 f32.
+    unsafe fn product<U: TileUnit>(
         job: &Job<'_>,
         mt: usize,
         nb: usize,
@@ -311,34 +265,15 @@ mod imp {
         // SAFETY: (caller) the C tiles; the A / B tiles are 1 KiB each.
         unsafe {
             match load {
-                Some(c) => c.load(),
-                None => asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                ),
+                Some(c) => c.load::<U>(),
+                None => (0..4).for_each(|c| U::zero(c)),
             }
             for kb in ks {
-                asm!(
-                    "tileloadd tmm4, [{a0} + {s}*1]",
-                    "tileloaddt1 tmm6, [{b0} + {s}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tileloaddt1 tmm7, [{b1} + {s}*1]",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {s}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0 = in(reg) job.a_tile(mt, kb).as_ptr(),
-                    a1 = in(reg) job.a_tile(mt + 1, kb).as_ptr(),
-                    b0 = in(reg) job.w.tile(nb, kb).as_ptr(),
-                    b1 = in(reg) job.w.tile(nb + 1, kb).as_ptr(),
-                    s = in(reg) 64usize,
-                    options(nostack, readonly)
-                );
+                let a = [job.a_tile(mt, kb), job.a_tile(mt + 1, kb)];
+                let b = [job.w.tile(nb, kb), job.w.tile(nb + 1, kb)];
+                U::dp_2x2(a.map(<[u16]>::as_ptr), b.map(<[u16]>::as_ptr));
             }
-            store.store();
+            store.store::<U>();
         }
     }
 }

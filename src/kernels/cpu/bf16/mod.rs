@@ -28,12 +28,19 @@
 //! `avx512` paths keep one FMA chain per output over k in order. The `f32` path inherits [`matmul_wt`](super::matmul::matmul_wt)'s invariance.
 
 mod amx;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx_emu;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx_unit;
 mod avx2;
 mod avx512;
 mod avx512f;
 
+pub(crate) use amx::hardware as amx_hardware;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use amx::with_tiles as with_amx_tiles;
+pub(crate) use amx_unit::TileUnit;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) use {amx_emu::Emulated as AmxEmulated, amx_unit::Hardware as AmxHardware};
 mod portable;
 mod round;
 mod swiglu;
@@ -113,23 +120,33 @@ impl fmt::Display for Bf16Kernel {
 }
 
 impl Bf16Kernel {
-    /// Whether this CPU (and OS) can run the path.
+    /// Whether this CPU (and OS) can run the path: `amx` also on the emulated tiles, where
+    /// they are built in (tests, feature `amx-emu`; see [`Bf16Kernel::native`]).
     pub fn available(self) -> bool {
         match self {
             Self::Auto | Self::F32 | Self::Portable => true,
-            Self::Amx => amx::ready(),
+            Self::Amx => amx::available(),
             Self::Avx512bf16 => avx512::available(),
             Self::Avx512 => avx512f::available(),
             Self::Avx2 => avx2::available(),
         }
     }
 
-    /// `Auto` resolved to a concrete path; an explicit path this CPU lacks is an error.
+    /// Whether the CPU itself runs the path (`amx` on its tiles, not emulated).
+    pub fn native(self) -> bool {
+        match self {
+            Self::Amx => amx::hardware(),
+            k => k.available(),
+        }
+    }
+
+    /// `Auto` resolved to the fastest path the CPU runs natively; an explicit path this CPU
+    /// lacks is an error.
     pub fn resolve(self) -> Result<Self, String> {
         match self {
             Self::Auto => Ok([Self::Amx, Self::Avx512bf16, Self::Avx512, Self::Avx2]
                 .into_iter()
-                .find(|k| k.available())
+                .find(|k| k.native())
                 .unwrap_or(Self::F32)),
             k if k.available() => Ok(k),
             k => Err(format!(
@@ -175,7 +192,10 @@ impl Bf16Kernel {
         ]
         .into_iter()
         .filter(|k| k.available())
-        .map(|k| k.to_string())
+        .map(|k| match k.native() {
+            true => k.to_string(),
+            false => format!("{k} (emulated)"),
+        })
         .collect()
     }
 }

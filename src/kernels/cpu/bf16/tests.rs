@@ -24,6 +24,9 @@ fn paths() -> Vec<Bf16Kernel> {
         Bf16Kernel::F32,
     ] {
         if k.available() {
+            if !k.native() {
+                println!("bf16 GEMM path {k}: on the emulated tiles (this CPU has no AMX)");
+            }
             run.push(k);
         } else {
             println!("skip: bf16 GEMM path {k} (this CPU does not have it)");
@@ -62,7 +65,7 @@ fn packing_keeps_every_weight() {
 }
 
 /// Each bf16 path against an f64 product of the same bf16-rounded operands, and against the
-/// scalar reference of the same pair order; the f32 path against `matmul_wt` on the widened
+/// scalar reference of the same pair order (bit for bit on the emulated AMX tiles); the f32 path against `matmul_wt` on the widened
 /// weights, bit for bit. (66, 96, 4000): several AMX blocks of column pairs, bands stored
 /// straight into C and an edge band through the scratch; (66, 300, 45): two panels of the
 /// f32 path, the second not a whole tile wide, and an odd k.
@@ -98,6 +101,17 @@ fn every_path_matches_its_reference() {
             if path.widens_in_registers() {
                 widened_case(path, &c, &a, (m, n, k), &p, &wf);
                 continue;
+            }
+            if !path.native() {
+                // The emulated tiles add in the reference's order (`amx_emu.rs`): its bits.
+                let same = c
+                    .iter()
+                    .zip(&portable)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{path} (emulated) m={m} n={n} k={k}: not the reference's bits"
+                );
             }
             let ab = widened(&bits(&a));
             for i in 0..m {
@@ -193,7 +207,7 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
         "bf16 GEMM paths here: {:?}; auto = {auto}",
         Bf16Kernel::all_available()
     );
-    assert!(auto.available() && auto != Bf16Kernel::Auto);
+    assert!(auto.native() && auto != Bf16Kernel::Auto);
     // Fastest first: the bf16 units, then the widest f32 FMA over the weights widened in
     // registers; the `gemm` crate's path only without AVX2.
     let order = [
@@ -202,8 +216,12 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
         Bf16Kernel::Avx512,
         Bf16Kernel::Avx2,
     ];
-    let fastest = order.into_iter().find(|k| k.available());
-    assert_eq!(auto, fastest.unwrap_or(Bf16Kernel::F32));
+    let fastest = order.into_iter().find(|k| k.native());
+    assert_eq!(
+        auto,
+        fastest.unwrap_or(Bf16Kernel::F32),
+        "auto never takes emulated tiles"
+    );
     for k in order {
         if !k.available() {
             assert!(k.resolve().unwrap_err().contains("does not have it"));
@@ -214,11 +232,9 @@ fn auto_resolves_to_the_fastest_path_and_refuses_a_missing_one() {
 /// The AMX kernel's k chunks (C out of the tiles and back between chunks) give the bits of C
 /// kept in the tiles over the whole of k, for ragged chunks, edge bands and column pairs, and
 /// several blocks of pairs; plain and fused.
+/// (On the CPU's tiles where it has AMX, else on the emulated ones.)
 #[test]
 fn amx_chunks_of_k_keep_the_bits() {
-    if !amx_or_skip("AMX k chunks") {
-        return;
-    }
     let mut s = 17;
     for &(m, n, k, fused) in &[
         (70, 96, 1100, false),
@@ -256,15 +272,6 @@ fn amx_chunks_of_k_keep_the_bits() {
             );
         }
     }
-}
-
-/// Whether the AMX tests can run here; a skip line naming `what` where they cannot.
-fn amx_or_skip(what: &str) -> bool {
-    let amx = Bf16Kernel::Amx.available();
-    if !amx {
-        println!("skip: {what} (this CPU has no AMX)");
-    }
-    amx
 }
 
 /// The paths with the fused SwiGLU epilogue this CPU runs ([`paths`] prints the skip lines).
