@@ -134,7 +134,7 @@ fn main() {
     // The attention's rate per path, shape and prompt length: (path, label, len, GFLOP/s).
     let attention_paths = [None, Some(Bf16Kernel::Amx), Some(Bf16Kernel::Avx512bf16)]
         .into_iter()
-        .filter(|p| p.is_none_or(|k| k.available()));
+        .filter(|p| p.is_none_or(|k| k.native()));
     let attention: Vec<(String, &str, usize, f64)> = attention_paths
         .flat_map(|path| attention_rate::SHAPES.iter().map(move |s| (path, s)))
         .filter(|_| only.is_none() && !recurrence_only)
@@ -204,7 +204,7 @@ fn main() {
         Bf16Kernel::Avx2,
         Bf16Kernel::F32,
     ] {
-        if !path.available() || only.is_some_and(|o| o != path) {
+        if !path.native() || only.is_some_and(|o| o != path) {
             continue;
         }
         let unit = match path {

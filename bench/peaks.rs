@@ -129,7 +129,7 @@ pub fn probe(unit: &str) -> Option<Probe> {
                 Some((4 * 16 * CHAINS, |n| unsafe { x86::dpbf16(n) }))
             }
             #[cfg(target_os = "linux")]
-            "amx" if hsx::kernels::Bf16Kernel::Amx.available() => {
+            "amx" if hsx::kernels::Bf16Kernel::Amx.native() => {
                 Some((4 * 2 * 16 * 16 * 32, x86::amx))
             }
             _ => None,
