@@ -195,13 +195,15 @@ fn max_model_len_past_the_models_positions_is_refused_at_start() {
     // The bundled model has max_position_embeddings 2048.
     let (o, files) =
         extract_with_config(|c| c.replace("max_model_len = 0", "max_model_len = 2049"));
+    assert_refused(&o, &files, &["max_model_len 2049", "2048"]);
+}
+
+/// `hsx` refused to start: it failed, its error names each of `needles`, and it wrote nothing.
+fn assert_refused(o: &Output, files: &[String], needles: &[&str]) {
     assert!(!o.status.success());
-    let err = stderr(&o);
-    assert!(
-        err.contains("max_model_len 2049") && err.contains("2048"),
-        "{err}"
-    );
-    assert!(files.is_empty());
+    let err = stderr(o);
+    assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+    assert!(files.is_empty(), "{files:?}");
 }
 
 /// Naming the `amx` path: refused at start, naming it and the paths this CPU has, where the
@@ -217,13 +219,11 @@ fn a_bf16_path_the_cpu_lacks_is_refused_at_start() {
         assert_eq!(files.len(), 12);
         return;
     }
-    assert!(!o.status.success());
-    let err = stderr(&o);
-    assert!(
-        err.contains("cpu_bf16_kernel = \"amx\"") && err.contains("does not have it"),
-        "{err}"
+    assert_refused(
+        &o,
+        &files,
+        &["cpu_bf16_kernel = \"amx\"", "does not have it"],
     );
-    assert!(files.is_empty());
 }
 
 #[test]

@@ -114,13 +114,21 @@ impl TileConfig {
     }
 }
 
-/// C tile `$tmm` stored at / loaded from `$base` (row stride `$stride` bytes).
+/// C tile `$c` (0..4: tmm0–3) loaded from / stored at `$base` (row stride `$stride` bytes).
 macro_rules! c_tile {
-    (store $tmm:literal, $base:expr, $stride:expr) => {
+    ($op:ident, $c:expr, $base:expr, $stride:expr) => {
+        match $c {
+            0 => c_tile!(@ $op "tmm0", $base, $stride),
+            1 => c_tile!(@ $op "tmm1", $base, $stride),
+            2 => c_tile!(@ $op "tmm2", $base, $stride),
+            _ => c_tile!(@ $op "tmm3", $base, $stride),
+        }
+    };
+    (@ store $tmm:literal, $base:expr, $stride:expr) => {
         asm!(concat!("tilestored [{p} + {s}*1], ", $tmm), p = in(reg) $base,
              s = in(reg) $stride, options(nostack))
     };
-    (load $tmm:literal, $base:expr, $stride:expr) => {
+    (@ load $tmm:literal, $base:expr, $stride:expr) => {
         asm!(concat!("tileloadd ", $tmm, ", [{p} + {s}*1]"), p = in(reg) $base,
              s = in(reg) $stride, options(nostack, readonly))
     };
@@ -165,27 +173,13 @@ impl TileUnit for Hardware {
     #[inline(always)]
     unsafe fn load_c(c: usize, p: *const f32, stride: usize) {
         // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`.
-        unsafe {
-            match c {
-                0 => c_tile!(load "tmm0", p, stride),
-                1 => c_tile!(load "tmm1", p, stride),
-                2 => c_tile!(load "tmm2", p, stride),
-                _ => c_tile!(load "tmm3", p, stride),
-            }
-        }
+        unsafe { c_tile!(load, c, p, stride) }
     }
 
     #[inline(always)]
     unsafe fn store_c(c: usize, p: *mut f32, stride: usize) {
         // SAFETY: (caller) 16 rows of 64 bytes at `stride` from `p`.
-        unsafe {
-            match c {
-                0 => c_tile!(store "tmm0", p, stride),
-                1 => c_tile!(store "tmm1", p, stride),
-                2 => c_tile!(store "tmm2", p, stride),
-                _ => c_tile!(store "tmm3", p, stride),
-            }
-        }
+        unsafe { c_tile!(store, c, p, stride) }
     }
 
     #[inline(always)]
