@@ -45,10 +45,16 @@ pub enum EngineError {
     /// Positions past the model's are refused at start (its RoPE tables and the runner's
     /// checks stop there), not after a request has run up to them.
     #[error(
-        "engine.max_model_len {asked} exceeds the model's max_position_embeddings {model_max} \
-         (0 takes the model's)"
+        "engine.max_model_len {asked} exceeds the model's {limit} {model_max} (0 takes the \
+         model's){note}"
     )]
-    MaxModelLen { asked: usize, model_max: usize },
+    MaxModelLen {
+        asked: usize,
+        model_max: usize,
+        /// The config field that sets the model's limit, and why where it is not the obvious one.
+        limit: &'static str,
+        note: &'static str,
+    },
     #[error(transparent)]
     Connector(#[from] crate::actors::connector::ConnectorError),
     #[error("cannot open the event journal {path}: {source}")]
@@ -301,6 +307,10 @@ impl Engine {
     }
 }
 
+/// Why a LongRoPE model's requests stop at `original_max_position_embeddings`.
+const LONGROPE_LIMIT: &str = "; LongRoPE: hsx runs its short factors, which transformers uses up \
+                              to there (past it, the long ones)";
+
 fn engine_info(
     cfg: &Config,
     spec: &ModelSpec,
@@ -312,12 +322,21 @@ fn engine_info(
         WeightDtype::F16 => OutputDtype::F16,
     };
     let model_max = spec.max_position_embeddings;
+    if spec.longrope.is_some() {
+        tracing::warn!("requests up to {model_max} tokens{LONGROPE_LIMIT}");
+    }
     let max_model_len = match cfg.engine.max_model_len {
         0 => model_max,
         n if n > model_max => {
+            let (limit, note) = match spec.longrope {
+                Some(_) => ("original_max_position_embeddings", LONGROPE_LIMIT),
+                None => ("max_position_embeddings", ""),
+            };
             return Err(EngineError::MaxModelLen {
                 asked: n,
                 model_max,
+                limit,
+                note,
             });
         }
         n => n,

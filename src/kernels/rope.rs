@@ -41,6 +41,19 @@ impl Rope {
         Self { inv_freq }
     }
 
+    /// Phi-3's LongRoPE frequencies (transformers `_compute_longrope_parameters`): each
+    /// default frequency divided by its factor, `1 / (factor_i · theta^(2i / d))` in f32.
+    pub fn with_factors(head_dim: usize, theta: f64, factors: &[f64]) -> Self {
+        let base = theta as f32;
+        let inv_freq = factors
+            .iter()
+            .take(head_dim / 2)
+            .enumerate()
+            .map(|(i, &f)| 1.0f32 / (f as f32 * base.powf((2 * i) as f32 / head_dim as f32)))
+            .collect();
+        Self { inv_freq }
+    }
+
     /// What the attention scores are multiplied by on top of `head_dim^-0.5`: YaRN's
     /// attention factor squared (1 otherwise).
     pub fn score_factor(scaling: RopeScaling) -> f64 {

@@ -67,6 +67,26 @@ pub struct ModelSpec {
     pub gemma3: Option<Gemma3Spec>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
+    /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
+    pub longrope: Option<LongRope>,
+}
+
+/// Phi-3's LongRoPE (`rope_type` `longrope`, which older configs call `su`: Phi-3-mini /
+/// medium-128k, Phi-3.5-mini / MoE) as hsx runs it. transformers picks the frequencies by the
+/// sequence's length: `short_factor`s up to `original_max_position_embeddings` (the
+/// pretraining context), `long_factor`s past it. hsx runs the short ones, so requests up to
+/// that length (the model's `max_position_embeddings` in its spec): the length of drafter
+/// training data; a longer request is refused, not computed on the wrong frequencies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// Each rotated frequency's divisor (`head_dim / 2` of them).
+    pub short_factor: Vec<f64>,
+    /// The pretraining context, past which transformers takes the long factors.
+    pub original_max_position_embeddings: usize,
+    /// cos and sin are scaled by it (on the scores: its square): given, or
+    /// `sqrt(1 + ln(factor) / ln(original))` with `factor` = the config's
+    /// `max_position_embeddings / original_max_position_embeddings` (1 where that is ≤ 1).
+    pub attention_factor: f64,
 }
 
 impl ModelSpec {

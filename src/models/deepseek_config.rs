@@ -167,6 +167,7 @@ pub(super) fn parse(
         llama4: None,
         gemma3: None,
         granite: None,
+        longrope: None,
     })
 }
 

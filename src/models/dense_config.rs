@@ -2,8 +2,8 @@
 //! Granite, Qwen3-MoE, Mixtral, GLM-4.5, MiniMax-M2, Llama-4): one reader with each config
 //! class's defaults.
 
-use super::config::{Cfg, default_eps, default_max_pos};
-use super::{Architecture, ModelError, ModelSpec, QkNorm, WeightDtype};
+use super::config::{Cfg, LongRope, default_eps, default_max_pos};
+use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling, WeightDtype};
 
 /// The spec of a dense or attention-only MoE config (Llama, Qwen2 / 3, Mistral, Qwen3-MoE,
 /// Mixtral, GLM-4.5).
@@ -15,9 +15,11 @@ pub(super) fn dense_spec(
     cfg.check_activation()?;
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
-    if architecture == Architecture::Phi3 {
-        phi3_rope(cfg, hidden_size / num_heads.max(1))?;
-    }
+    let max_pos = cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
+    let longrope = match architecture {
+        Architecture::Phi3 => phi3_rope(cfg, hidden_size / num_heads.max(1), max_pos)?,
+        _ => None,
+    };
     let num_kv_heads = cfg.usize_or("num_key_value_heads", num_heads)?;
     let default_head_dim = match architecture {
         // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
@@ -25,9 +27,14 @@ pub(super) fn dense_spec(
         Architecture::Qwen3 | Architecture::MiniMaxM2 | Architecture::Llama4 => 128,
         _ => hidden_size / num_heads.max(1),
     };
-    let max_position_embeddings =
-        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
-    let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
+    // LongRoPE: the short factors' range (see `LongRope`).
+    let max_position_embeddings = longrope.as_ref().map_or(max_pos, |(_, l)| {
+        l.original_max_position_embeddings.min(max_pos)
+    });
+    let (rope_theta, rope_scaling) = match &longrope {
+        Some((theta, _)) => (*theta, RopeScaling::None),
+        None => cfg.rope(architecture)?,
+    };
     // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
     let attention_bias =
         architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", false)?;
@@ -76,30 +83,43 @@ pub(super) fn dense_spec(
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,
         },
+        longrope: longrope.map(|(_, l)| l),
     })
 }
 
-/// Phi-3's RoPE as hsx runs it: every dim of the head rotated, no `longrope` (which
-/// `Phi3Config` also calls `su` and `yarn`: Phi-3.5-mini's and Phi-4-mini's 128k scaling picks
-/// its factors by the sequence's length).
-fn phi3_rope(cfg: &Cfg<'_>, head_dim: usize) -> Result<(), ModelError> {
+/// Phi-3's RoPE as hsx runs it: every dim of the head rotated; `longrope` (`su`) read as
+/// [`LongRope`] with its theta; `yarn` (which `Phi3Config` also accepts) refused; other types
+/// left to the common reader (`None`).
+fn phi3_rope(
+    cfg: &Cfg<'_>,
+    head_dim: usize,
+    max_pos: usize,
+) -> Result<Option<(f64, LongRope)>, ModelError> {
     if super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)? != head_dim {
         let msg = "a partial rotary factor (Phi-4-mini's): hsx rotates whole Phi-3 heads";
         return Err(cfg.err("partial_rotary_factor", msg));
     }
-    let params = cfg
-        .get("rope_parameters")
-        .or_else(|| cfg.get("rope_scaling"));
+    let (field, params) = match cfg.get("rope_parameters") {
+        Some(p) => ("rope_parameters", p),
+        None => match cfg.get("rope_scaling") {
+            Some(p) if !p.is_null() => ("rope_scaling", p),
+            _ => return Ok(None),
+        },
+    };
     let kind = params
-        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .get("rope_type")
+        .or_else(|| params.get("type"))
         .and_then(|v| v.as_str());
-    if let Some(k @ ("longrope" | "su" | "yarn")) = kind {
-        return Err(ModelError::Unsupported {
+    match kind {
+        Some("longrope" | "su") => {
+            super::longrope_config::longrope(cfg, field, head_dim, max_pos).map(Some)
+        }
+        Some("yarn") => Err(ModelError::Unsupported {
             path: cfg.path_buf(),
-            what: format!("Phi-3 rope type `{k}` (longrope: 128k Phi-3.5 / Phi-4-mini)"),
-        });
+            what: "Phi-3 rope type `yarn`".into(),
+        }),
+        _ => Ok(None),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -108,7 +128,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelSpec, released_config};
+    use super::super::{Architecture, ModelSpec, RopeScaling, released_config};
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
@@ -125,7 +145,7 @@ mod tests {
         assert_eq!((s.sliding_window, s.rms_norm_eps), (None, 1e-5));
     }
 
-    /// Phi-3-mini-4k's window of 2047 keys applies; longrope and partial rotary are refused.
+    /// Phi-3-mini-4k's window of 2047 keys applies; yarn and partial rotary are refused.
     #[test]
     fn phi3_window_and_refusals() {
         let with = |k: &str, v: Value| {
@@ -141,20 +161,77 @@ mod tests {
             with("sliding_window", json!(16384)).unwrap().sliding_window,
             None
         );
-        for kind in ["longrope", "su", "yarn"] {
-            let scaling = json!({"type": kind, "short_factor": [1.0], "long_factor": [1.0]});
-            let err = with("rope_scaling", scaling).unwrap_err();
-            assert!(err.contains(kind), "{err}");
-        }
-        let params = json!({"rope_type": "longrope", "rope_theta": 1e4});
-        assert!(
-            with("rope_parameters", params)
-                .unwrap_err()
-                .contains("longrope")
-        );
+        let err = with("rope_scaling", json!({"type": "yarn", "factor": 4.0})).unwrap_err();
+        assert!(err.contains("yarn"), "{err}");
         let err = with("partial_rotary_factor", json!(0.75)).unwrap_err();
         assert!(err.contains("partial_rotary_factor"), "{err}");
         let params = json!({"rope_type": "default", "partial_rotary_factor": 1.0});
-        assert!(with("rope_parameters", params).is_ok());
+        let s = with("rope_parameters", params).unwrap();
+        assert_eq!((s.longrope, s.max_position_embeddings), (None, 16384));
+    }
+
+    /// The 128k Phi-3 decoder's LongRoPE (`su`): its short factors, the attention factor from
+    /// 131072 / 4096, and 4096 positions (the short factors' range); theta from the top level.
+    #[test]
+    fn phi3_longrope_as_released() {
+        let s = parse(&released_config("phi-3-vision-128k-text.json")).unwrap();
+        let l = s.longrope.clone().unwrap();
+        assert_eq!(l.short_factor.len(), 48);
+        assert_eq!(
+            (l.short_factor[0], l.short_factor[47]),
+            (1.05, 3.049999999999997)
+        );
+        assert_eq!(l.original_max_position_embeddings, 4096);
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
+        assert!(
+            (l.attention_factor - want).abs() < 1e-15,
+            "{}",
+            l.attention_factor
+        );
+        assert_eq!((s.max_position_embeddings, s.sliding_window), (4096, None));
+        assert_eq!((s.rope_theta, s.rope_scaling), (10000.0, RopeScaling::None));
+    }
+
+    /// transformers 5's `rope_parameters` form (original context inside, theta, a given
+    /// attention factor), and malformed LongRoPE configs refused by field.
+    #[test]
+    fn phi3_longrope_parameters_and_refusals() {
+        let factors = |n: usize| json!(vec![1.5; n]);
+        let with = |params: Value| {
+            let mut c = released_config("phi-4.json");
+            c["rope_parameters"] = params;
+            parse(&c)
+        };
+        // phi-4: hidden 5120, 40 heads: head_dim 128, 64 factors.
+        let base = json!({"rope_type": "longrope", "rope_theta": 5e5, "short_factor": factors(64),
+            "long_factor": factors(64), "original_max_position_embeddings": 2048});
+        let s = with(base.clone()).unwrap();
+        let l = s.longrope.unwrap();
+        // phi-4's max_position_embeddings 16384: factor 8.
+        let want = (1.0 + 8f64.ln() / 2048f64.ln()).sqrt();
+        assert!((l.attention_factor - want).abs() < 1e-15);
+        assert_eq!((s.rope_theta, s.max_position_embeddings), (5e5, 2048));
+        let mut given = base.clone();
+        given["attention_factor"] = json!(1.25);
+        assert_eq!(
+            with(given).unwrap().longrope.unwrap().attention_factor,
+            1.25
+        );
+        for (key, bad, field) in [
+            ("short_factor", factors(63), "short_factor"),
+            ("short_factor", json!([1.0, "x"]), "short_factor"),
+            ("long_factor", Value::Null, "long_factor"),
+            (
+                "original_max_position_embeddings",
+                Value::Null,
+                "original_max",
+            ),
+            ("attention_factor", json!(-1.0), "attention_factor"),
+        ] {
+            let mut p = base.clone();
+            p[key] = bad;
+            let err = with(p).unwrap_err();
+            assert!(err.contains(field), "{key}: {err}");
+        }
     }
 }

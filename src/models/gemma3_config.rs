@@ -76,6 +76,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             score_factor: (head_dim as f64 / scalar).sqrt(),
         }),
         granite: None,
+        longrope: None,
     })
 }
 

@@ -89,6 +89,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         llama4: None,
         gemma3: None,
         granite: None,
+        longrope: None,
     })
 }
 

@@ -103,6 +103,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         llama4: None,
         gemma3: None,
         granite: Some(multipliers(cfg)?),
+        longrope: None,
     })
 }
 
@@ -148,6 +149,7 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
         llama4: None,
         gemma3: None,
         granite: None,
+        longrope: None,
     })
 }
 

@@ -307,6 +307,7 @@ fn parse_qwen(
         llama4: None,
         gemma3: None,
         granite: None,
+        longrope: None,
     })
 }
 
@@ -441,6 +442,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         llama4: None,
         gemma3: None,
         granite: None,
+        longrope: None,
     })
 }
 

@@ -36,6 +36,7 @@ pub mod hybrid_config;
 pub mod layers;
 pub mod llama4;
 mod llama4_config;
+mod longrope_config;
 mod minimax_config;
 mod moe_config;
 mod moe_spec;

@@ -206,6 +206,33 @@ fn assert_refused(o: &Output, files: &[String], needles: &[&str]) {
     assert!(files.is_empty(), "{files:?}");
 }
 
+/// A LongRoPE model (Phi-3's 128k scaling) runs requests up to its
+/// `original_max_position_embeddings` (256 in the fixture; its `max_position_embeddings` is
+/// 1024): a longer one fails alone, naming the limit, and a longer `max_model_len` is refused
+/// at start, saying why.
+#[test]
+fn a_longrope_model_runs_up_to_its_original_context() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/phi3_longrope");
+    let to_longrope = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    let (o, files) = extract_with_config(to_longrope);
+    // The demo prompts: one of 300 tokens (demo-03), the others up to 256.
+    assert!(!o.status.success(), "a request failed: exit code 1");
+    let err = stderr(&o);
+    let why = "line 4 (id demo-03): request of 300 tokens (prompt + max_tokens) exceeds \
+               max_model_len 256";
+    assert!(err.contains("completed 11") && err.contains(why), "{err}");
+    assert_eq!(files.len(), 11, "{files:?}");
+    assert!(!files.iter().any(|f| f.contains("demo-03")), "{files:?}");
+    let (o, files) =
+        extract_with_config(|c| to_longrope(c).replace("max_model_len = 0", "max_model_len = 300"));
+    let needles = [
+        "max_model_len 300",
+        "original_max_position_embeddings 256",
+        "LongRoPE",
+    ];
+    assert_refused(&o, &files, &needles);
+}
+
 /// Naming the `amx` path: refused at start, naming it and the paths this CPU has, where the
 /// CPU has no AMX (and the build no `amx-emu`); a normal run where it can.
 #[test]

@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 9] = [
+const ARCHS: [&str; 10] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -26,6 +26,7 @@ const ARCHS: [&str; 9] = [
     "gemma3_vl",
     "granite",
     "phi3",
+    "phi3_longrope",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

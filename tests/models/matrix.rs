@@ -174,4 +174,5 @@ matrix! {
     granite_h_dense => "granite_h_dense",
     bamba => "bamba",
     phi3 => "phi3",
+    phi3_longrope => "phi3_longrope",
 }

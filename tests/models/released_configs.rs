@@ -132,6 +132,11 @@ const CASES: &[(&str, Expect)] = &[
     ),
     // Llama's layers with fused projections.
     ("phi-4.json", Accepted("Phi3ForCausalLM", 40, None)),
+    // LongRoPE (`su`), on its short factors: up to 4096 positions.
+    (
+        "phi-3-vision-128k-text.json",
+        Accepted("Phi3ForCausalLM", 32, None),
+    ),
     // Attention at attn_layer_indices 9, 18, 27.
     (
         "bamba-9b.json",

@@ -142,6 +142,7 @@ const FIXTURES: &[&str] = &[
     "granite_h_dense",
     "bamba",
     "phi3",
+    "phi3_longrope",
 ];
 
 impl Bases {
