@@ -1,8 +1,9 @@
 //! The RoPE frequency table (host side, every device): `inv_freq` per rotary dim pair, with
-//! linear, llama3 or YaRN scaling, and the f32 cos/sin transformers computes from it. YaRN's
-//! attention factor, which transformers multiplies into cos and sin, is not in the table: it
-//! scales q and k alike, so the attention applies its square to the scores
-//! ([`Rope::score_factor`]).
+//! linear, llama3, YaRN or LongRoPE scaling, and the f32 cos/sin transformers computes from it,
+//! times a scale. YaRN's attention factor, which transformers multiplies into cos and sin, is
+//! not in the table: it scales q and k alike, so the attention applies its square to the scores
+//! ([`Rope::score_factor`]); LongRoPE's is (Phi-4-mini rotates part of each head only, and the
+//! dims passed through are not scaled).
 
 use super::dtype::RopeScaling;
 
@@ -10,6 +11,8 @@ use super::dtype::RopeScaling;
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Vec<f32>,
+    /// cos and sin are multiplied by it (f32, after they are computed; 1: no scaling).
+    scale: f32,
 }
 
 impl Rope {
@@ -38,20 +41,27 @@ impl Rope {
             let factor = factor as f32;
             inv_freq.iter_mut().for_each(|f| *f /= factor);
         }
-        Self { inv_freq }
+        Self {
+            inv_freq,
+            scale: 1.0,
+        }
     }
 
-    /// Phi-3's LongRoPE frequencies (transformers `_compute_longrope_parameters`): each
-    /// default frequency divided by its factor, `1 / (factor_i · theta^(2i / d))` in f32.
-    pub fn with_factors(head_dim: usize, theta: f64, factors: &[f64]) -> Self {
+    /// Phi-3's LongRoPE over `rot` rotated dims (transformers `_compute_longrope_parameters`):
+    /// each default frequency divided by its factor, `1 / (factor_i · theta^(2i / rot))` in f32,
+    /// cos and sin times `scale` (its attention factor).
+    pub fn with_factors(rot: usize, theta: f64, factors: &[f64], scale: f64) -> Self {
         let base = theta as f32;
         let inv_freq = factors
             .iter()
-            .take(head_dim / 2)
+            .take(rot / 2)
             .enumerate()
-            .map(|(i, &f)| 1.0f32 / (f as f32 * base.powf((2 * i) as f32 / head_dim as f32)))
+            .map(|(i, &f)| 1.0f32 / (f as f32 * base.powf((2 * i) as f32 / rot as f32)))
             .collect();
-        Self { inv_freq }
+        Self {
+            inv_freq,
+            scale: scale as f32,
+        }
     }
 
     /// What the attention scores are multiplied by on top of `head_dim^-0.5`: YaRN's
@@ -69,13 +79,18 @@ impl Rope {
         &self.inv_freq
     }
 
+    /// What cos and sin are multiplied by.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
     /// `(cos, sin)` for one position, each `head_dim / 2` long.
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
             // transformers: freqs = inv_freq (f32) * position (f32), cos/sin in f32.
             let angle = (f * pos as f32) as f64;
-            *c = angle.cos() as f32;
-            *s = angle.sin() as f32;
+            *c = angle.cos() as f32 * self.scale;
+            *s = angle.sin() as f32 * self.scale;
         }
     }
 }

@@ -79,11 +79,14 @@ pub struct ModelSpec {
 /// training data; a longer request is refused, not computed on the wrong frequencies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LongRope {
-    /// Each rotated frequency's divisor (`head_dim / 2` of them).
+    /// The rotated dims of each head (the first ones): all of it, or Phi-4-mini's
+    /// `partial_rotary_factor` of it.
+    pub rotary_dim: usize,
+    /// Each rotated frequency's divisor (`rotary_dim / 2` of them).
     pub short_factor: Vec<f64>,
     /// The pretraining context, past which transformers takes the long factors.
     pub original_max_position_embeddings: usize,
-    /// cos and sin are scaled by it (on the scores: its square): given, or
+    /// cos and sin are scaled by it: given, or
     /// `sqrt(1 + ln(factor) / ln(original))` with `factor` = the config's
     /// `max_position_embeddings / original_max_position_embeddings` (1 where that is ≤ 1).
     pub attention_factor: f64,

@@ -87,22 +87,25 @@ pub(super) fn dense_spec(
     })
 }
 
-/// Phi-3's RoPE as hsx runs it: every dim of the head rotated; `longrope` (`su`) read as
-/// [`LongRope`] with its theta; `yarn` (which `Phi3Config` also accepts) refused; other types
-/// left to the common reader (`None`).
+/// Phi-3's RoPE as hsx runs it: `longrope` (`su`) read as [`LongRope`] with its theta, over
+/// the first `partial_rotary_factor` of each head (Phi-4-mini: 3 / 4); `yarn` (which
+/// `Phi3Config` also accepts) and a partial rotary factor without LongRoPE refused; other
+/// types left to the common reader (`None`, whole heads rotated).
 fn phi3_rope(
     cfg: &Cfg<'_>,
     head_dim: usize,
     max_pos: usize,
 ) -> Result<Option<(f64, LongRope)>, ModelError> {
-    if super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)? != head_dim {
-        let msg = "a partial rotary factor (Phi-4-mini's): hsx rotates whole Phi-3 heads";
-        return Err(cfg.err("partial_rotary_factor", msg));
-    }
+    let rot = super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)?;
+    let partial = || {
+        let msg = "a partial rotary factor without LongRoPE (Phi-4-mini's has it)";
+        Err(cfg.err("partial_rotary_factor", msg))
+    };
     let (field, params) = match cfg.get("rope_parameters") {
         Some(p) => ("rope_parameters", p),
         None => match cfg.get("rope_scaling") {
             Some(p) if !p.is_null() => ("rope_scaling", p),
+            _ if rot != head_dim => return partial(),
             _ => return Ok(None),
         },
     };
@@ -112,12 +115,13 @@ fn phi3_rope(
         .and_then(|v| v.as_str());
     match kind {
         Some("longrope" | "su") => {
-            super::longrope_config::longrope(cfg, field, head_dim, max_pos).map(Some)
+            super::longrope_config::longrope(cfg, field, rot, max_pos).map(Some)
         }
         Some("yarn") => Err(ModelError::Unsupported {
             path: cfg.path_buf(),
             what: "Phi-3 rope type `yarn`".into(),
         }),
+        _ if rot != head_dim => partial(),
         _ => Ok(None),
     }
 }
@@ -145,7 +149,8 @@ mod tests {
         assert_eq!((s.sliding_window, s.rms_norm_eps), (None, 1e-5));
     }
 
-    /// Phi-3-mini-4k's window of 2047 keys applies; yarn and partial rotary are refused.
+    /// Phi-3-mini-4k's window of 2047 keys applies; yarn, and partial rotary without LongRoPE,
+    /// are refused.
     #[test]
     fn phi3_window_and_refusals() {
         let with = |k: &str, v: Value| {
@@ -176,7 +181,7 @@ mod tests {
     fn phi3_longrope_as_released() {
         let s = parse(&released_config("phi-3-vision-128k-text.json")).unwrap();
         let l = s.longrope.clone().unwrap();
-        assert_eq!(l.short_factor.len(), 48);
+        assert_eq!((l.rotary_dim, l.short_factor.len()), (96, 48));
         assert_eq!(
             (l.short_factor[0], l.short_factor[47]),
             (1.05, 3.049999999999997)
@@ -217,6 +222,15 @@ mod tests {
             with(given).unwrap().longrope.unwrap().attention_factor,
             1.25
         );
+        // Phi-4-mini's partial rotary factor: 96 of 128 dims, 48 factors each.
+        let mut partial = base.clone();
+        partial["partial_rotary_factor"] = json!(0.75);
+        partial["short_factor"] = factors(48);
+        partial["long_factor"] = factors(48);
+        let l = with(partial.clone()).unwrap().longrope.unwrap();
+        assert_eq!((l.rotary_dim, l.short_factor.len()), (96, 48));
+        partial["short_factor"] = factors(64);
+        assert!(with(partial).unwrap_err().contains("48 positive numbers"));
         for (key, bad, field) in [
             ("short_factor", factors(63), "short_factor"),
             ("short_factor", json!([1.0, "x"]), "short_factor"),

@@ -9,12 +9,12 @@ use super::architecture::{Architecture, default_theta};
 use super::config::{Cfg, LongRope};
 use super::pyjson::value_f64;
 
-/// `(theta, LongRope)` of the parameter object at `field`, for heads of `head_dim` (all of
-/// it rotated) and the config's `max_position_embeddings` `max_pos`.
+/// `(theta, LongRope)` of the parameter object at `field`, for `rot` rotated dims per head
+/// and the config's `max_position_embeddings` `max_pos`.
 pub(super) fn longrope(
     cfg: &Cfg<'_>,
     field: &str,
-    head_dim: usize,
+    rot: usize,
     max_pos: usize,
 ) -> Result<(f64, LongRope), ModelError> {
     let params = cfg.get(field).and_then(Value::as_object);
@@ -32,12 +32,10 @@ pub(super) fn longrope(
         let list = list.ok_or_else(|| cfg.err(&at(k), "missing (a list of numbers)"))?;
         let values: Option<Vec<f64>> = list.iter().map(value_f64).collect();
         match values {
-            Some(v) if v.len() == head_dim / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0) => {
-                Ok(v)
-            }
+            Some(v) if v.len() == rot / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0) => Ok(v),
             _ => Err(cfg.err(
                 &at(k),
-                format!("expected {} positive numbers (head_dim / 2)", head_dim / 2),
+                format!("expected {} positive numbers (rotated dims / 2)", rot / 2),
             )),
         }
     };
@@ -64,6 +62,7 @@ pub(super) fn longrope(
     let top_theta = cfg.f64_or("rope_theta", default_theta(Architecture::Phi3))?;
     let theta = num("rope_theta")?.unwrap_or(top_theta);
     let longrope = LongRope {
+        rotary_dim: rot,
         short_factor,
         original_max_position_embeddings: original as usize,
         attention_factor,

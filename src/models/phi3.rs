@@ -1,8 +1,9 @@
 //! Phi-3 (`Phi3ForCausalLM`: Phi-3 mini / medium, Phi-4): Llama's decoder with the attention's
 //! q, k and v rows in one `self_attn.qkv_proj` (`[q | k | v]`, hsx's fused layout) and the MLP's
 //! gate and up rows in one `mlp.gate_up_proj` (`[gate | up]`); every layer windowed where
-//! `sliding_window` is below the context, as Mistral's. LongRoPE (the 128k Phi-3s, Phi-3.5-mini)
-//! on its short factors, so up to `original_max_position_embeddings` (`config::LongRope`).
+//! `sliding_window` is below the context, as Mistral's. LongRoPE (the 128k Phi-3s, Phi-3.5-mini,
+//! Phi-4-mini with a partial rotary factor) on its short factors, so up to
+//! `original_max_position_embeddings` (`config::LongRope`).
 
 use super::decoder::Decoder;
 use super::dense::{self, attention_layer, attention_of};
@@ -25,19 +26,17 @@ fn load_layer<D: Device>(
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let rows = (spec.num_heads + 2 * spec.num_kv_heads) * hd;
     let qkv = ld.linear1(&format!("{p}.self_attn.qkv_proj"), rows, h, false)?;
-    let (rope, score_factor) = match &spec.longrope {
-        // cos and sin scaled by the attention factor (every dim is rotated): its square on
-        // the scores.
-        Some(l) => (
-            Rope::with_factors(hd, spec.rope_theta, &l.short_factor),
-            l.attention_factor * l.attention_factor,
-        ),
-        None => (Rope::new(hd, spec.rope_theta, spec.rope_scaling), 1.0),
+    let (rope, rot) = match &spec.longrope {
+        Some(l) => {
+            let (theta, scale) = (spec.rope_theta, l.attention_factor);
+            let rot = l.rotary_dim;
+            (Rope::with_factors(rot, theta, &l.short_factor, scale), rot)
+        }
+        None => (Rope::new(hd, spec.rope_theta, spec.rope_scaling), hd),
     };
-    let rope = Some((ld.dev.rope_table(&rope)?, hd));
+    let rope = Some((ld.dev.rope_table(&rope)?, rot));
     let variant = AttnVariant {
         window: spec.sliding_window,
-        score_factor,
         ..AttnVariant::causal()
     };
     let attention = attention_of(ld, spec, i, (qkv, None, rope), variant)?;

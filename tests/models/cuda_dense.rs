@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 11] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -27,6 +27,7 @@ const ARCHS: [&str; 10] = [
     "granite",
     "phi3",
     "phi3_longrope",
+    "phi4_mini",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

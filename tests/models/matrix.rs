@@ -175,4 +175,5 @@ matrix! {
     bamba => "bamba",
     phi3 => "phi3",
     phi3_longrope => "phi3_longrope",
+    phi4_mini => "phi4_mini",
 }

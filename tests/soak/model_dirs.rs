@@ -143,6 +143,7 @@ const FIXTURES: &[&str] = &[
     "bamba",
     "phi3",
     "phi3_longrope",
+    "phi4_mini",
 ];
 
 impl Bases {

@@ -115,6 +115,7 @@ impl Device for CudaDevice {
     fn rope_table(&self, rope: &Rope) -> DevResult<CudaRope> {
         Ok(CudaRope {
             inv_freq: self.gpu.upload(rope.inv_freq())?,
+            scale: rope.scale(),
         })
     }
 

@@ -89,7 +89,7 @@ impl CudaDevice {
             kv_heads: l.kv_heads,
             head_dim: hd,
         };
-        let rope = call.rope.map(|(r, rot)| (rot, r.inv_freq.ptr()));
+        let rope = call.rope.map(|(r, rot)| (rot, (r.inv_freq.ptr(), r.scale)));
         let sm = &call.softmax;
         if let Some(s) = sm.sinks {
             check_len(s, l.heads, "attention sinks")?;

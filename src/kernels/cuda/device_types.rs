@@ -141,6 +141,8 @@ pub struct CudaLinear {
 /// A RoPE table: `rotary_dim / 2` inverse frequencies.
 pub struct CudaRope {
     pub(super) inv_freq: DevBuf<f32>,
+    /// cos and sin times it ([`crate::kernels::rope::Rope::scale`]).
+    pub(super) scale: f32,
 }
 
 /// One forward's plan on the device, and its chunks' state slots for recurrent models.

@@ -273,7 +273,7 @@ impl DevKvCache {
 
     /// An attention layer over fused projection rows: q/k RMSNorm in place where `norms` =
     /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, RoPE of
-    /// the first `rot` dims at the plan's positions where `rope` = (rot, inv_freq) is given,
+    /// the first `rot` dims at the plan's positions where `rope` = (rot, (inv_freq, scale)) is given,
     /// every token's K/V into `layer`, then the causal attention (`softmax`'s scale, window
     /// and sinks) into `out` = (address, dtype).
     #[allow(clippy::too_many_arguments)]
@@ -283,7 +283,7 @@ impl DevKvCache {
         layer: usize,
         rows: QkvRows,
         norms: Option<QkNorms>,
-        rope: Option<(usize, u64)>,
+        rope: Option<(usize, ops::RopeFreqs)>,
         softmax: DevSoftmax,
         (out, out_dtype): (u64, WeightDtype),
         plan: &DevPlan,
@@ -307,9 +307,9 @@ impl DevKvCache {
             ops::head_rms_norm(gpu, pieces(q, qc, qw), qn, eps)?;
             ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
         }
-        if let Some((rot, inv_freq)) = rope {
+        if let Some((rot, freqs)) = rope {
             let pos = plan.positions.ptr();
-            ops::rope_qk(gpu, q, k, rot, pos, inv_freq)?;
+            ops::rope_qk(gpu, q, k, rot, pos, freqs)?;
         }
         let v_col = rows.k_col + rows.kv_heads * hd;
         self.write(gpu, layer, q, rows.k_col, v_col, plan)?;

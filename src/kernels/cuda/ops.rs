@@ -115,9 +115,19 @@ pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
     launch!(gpu, "head_rms_norm", cfg, x.base, stride, col, hd, w, eps)
 }
 
+/// A RoPE table on the device: `inv_freq` (rot / 2 f32) and the scale of cos and sin.
+pub type RopeFreqs = (u64, f32);
+
 /// RoPE in place on the first `rot` dims of every head (rot == head_dim: full rotary), at
-/// `positions` (device, i32 per row), with `inv_freq` (device, rot / 2 values).
-pub fn rope(gpu: &Gpu, x: Heads, rot: usize, positions: u64, inv_freq: u64) -> CudaResult<()> {
+/// `positions` (device, i32 per row), with `inv_freq` (device, rot / 2 values), cos and sin
+/// times `scale`.
+pub fn rope(
+    gpu: &Gpu,
+    x: Heads,
+    rot: usize,
+    positions: u64,
+    (inv_freq, scale): RopeFreqs,
+) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
     }
@@ -135,7 +145,7 @@ pub fn rope(gpu: &Gpu, x: Heads, rot: usize, positions: u64, inv_freq: u64) -> C
     );
     let cfg = rows_cfg(x.rows, ROW_THREADS)?;
     launch!(
-        gpu, "rope", cfg, x.base, stride, col, heads, hd, rot, positions, inv_freq
+        gpu, "rope", cfg, x.base, stride, col, heads, hd, rot, positions, inv_freq, scale
     )
 }
 
@@ -147,7 +157,7 @@ pub fn rope_qk(
     k: Heads,
     rot: usize,
     positions: u64,
-    inv_freq: u64,
+    freqs: RopeFreqs,
 ) -> CudaResult<()> {
     let same_rows =
         (q.base, q.stride, q.rows, q.head_dim) == (k.base, k.stride, k.rows, k.head_dim);
@@ -156,10 +166,10 @@ pub fn rope_qk(
             heads: q.heads + k.heads,
             ..q
         };
-        return rope(gpu, both, rot, positions, inv_freq);
+        return rope(gpu, both, rot, positions, freqs);
     }
-    rope(gpu, q, rot, positions, inv_freq)?;
-    rope(gpu, k, rot, positions, inv_freq)
+    rope(gpu, q, rot, positions, freqs)?;
+    rope(gpu, k, rot, positions, freqs)
 }
 
 /// `out[t, i] = silu(gu[t, i]) * gu[t, inter + i]` (out in `dtype`).

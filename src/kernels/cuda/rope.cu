@@ -9,15 +9,15 @@
 // Launch: grid (rows), block (256): threads loop over the rot/2 pairs, then over heads * rot/2.
 #define ROPE_MAX_HALF 128  // rot <= limits::ATTN_MAX_HEAD_DIM (256), checked by the caller
 extern "C" __global__ void rope(float* x, long long stride, int col, int heads, int hd, int rot,
-                                const int* positions, const float* inv_freq) {
+                                const int* positions, const float* inv_freq, float scale) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     const size_t row = blockIdx.x;
     const int half = rot / 2;
     const float pos = (float)positions[row];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float angle = __fmul_rn(inv_freq[i], pos);
-        cs[i] = (float)cos((double)angle);
-        sn[i] = (float)sin((double)angle);
+        cs[i] = __fmul_rn((float)cos((double)angle), scale);
+        sn[i] = __fmul_rn((float)sin((double)angle), scale);
     }
     __syncthreads();
     float* base = x + row * stride + col;
