@@ -197,6 +197,30 @@ mod tests {
         assert_eq!((s.rope_theta, s.rope_scaling), (10000.0, RopeScaling::None));
     }
 
+    /// Phi-4-mini's shape (config.json as released: the partial rotary factor and the original
+    /// context at the top level, `rope_scaling` `longrope` without a `factor`): 96 rotated dims of
+    /// 128, 4096 positions, the attention factor from 131072 / 4096.
+    #[test]
+    fn phi4_mini_shape() {
+        let v = json!({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 131072,
+            "tie_word_embeddings": true, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 4096, "sliding_window": 262144,
+            "rope_scaling": {"type": "longrope", "long_factor": vec![3.0; 48],
+                "short_factor": vec![1.0; 48]}});
+        let s = parse(&v).unwrap();
+        let l = s.longrope.unwrap();
+        assert_eq!(
+            (s.head_dim, l.rotary_dim, l.short_factor.len()),
+            (128, 96, 48)
+        );
+        assert_eq!((s.max_position_embeddings, s.sliding_window), (4096, None));
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
+        assert!((l.attention_factor - want).abs() < 1e-15);
+    }
+
     /// transformers 5's `rope_parameters` form (original context inside, theta, a given
     /// attention factor), and malformed LongRoPE configs refused by field.
     #[test]
