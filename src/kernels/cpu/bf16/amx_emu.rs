@@ -6,7 +6,8 @@
 //! It models what the kernels rely on: eight tiles of 16 rows × 64 bytes per thread,
 //! configured by `with_tiles` (zeroed, as `ldtilecfg` leaves them) and gone after it (a tile
 //! instruction outside panics: the CPU would fault); loads and stores of 16 rows at a byte
-//! stride from raw addresses; and `tdpbf16ps` as Intel's SDM writes it — per C element, over
+//! stride from raw addresses (A and B operands on cache lines, which the CPU needs for its
+//! rate: a misaligned one panics); and `tdpbf16ps` as Intel's SDM writes it — per C element, over
 //! the dword pairs of A's row and B's column in order, the even product then the odd one added
 //! in f32 (round to nearest even), bf16 inputs that are denormal read as zero and denormal
 //! sums flushed to zero. On normal values that is the pair order of the bf16 paths' scalar
@@ -48,6 +49,22 @@ unsafe fn load(t: usize, p: *const u8, stride: usize) {
         *row = unsafe { p.add(r * stride).cast::<[u32; 16]>().read_unaligned() };
     }
     on_tiles(|tiles| tiles[t] = regs);
+}
+
+/// `tileloadd` of an A or B operand: as [`load`], and its rows must start on cache lines. The
+/// CPU loads rows that straddle two lines at a third of the rate (`bf16::Tile`), so the kernels
+/// keep their operands line-aligned by construction; the emulator holds them to it, which no
+/// test could see otherwise without AMX.
+///
+/// # Safety
+/// As [`load`].
+unsafe fn load_operand(t: usize, p: *const u8, stride: usize) {
+    assert!(
+        (p as usize).is_multiple_of(64) && stride.is_multiple_of(64),
+        "AMX operand tile at {p:?}, row stride {stride}: rows straddle cache lines"
+    );
+    // SAFETY: (caller).
+    unsafe { load(t, p, stride) }
 }
 
 /// `tilestored`: tile `t` to 16 rows of 64 bytes at `p`, `stride` bytes apart.
@@ -132,12 +149,12 @@ impl TileUnit for Emulated {
     unsafe fn dp_2x2([a0, a1]: [*const u16; 2], [b0, b1]: [*const u16; 2]) {
         // SAFETY: (caller) four 1 KiB tiles.
         unsafe {
-            load(4, a0.cast(), 64);
-            load(6, b0.cast(), 64);
+            load_operand(4, a0.cast(), 64);
+            load_operand(6, b0.cast(), 64);
             tdpbf16ps(0, 4, 6);
-            load(7, b1.cast(), 64);
+            load_operand(7, b1.cast(), 64);
             tdpbf16ps(1, 4, 7);
-            load(5, a1.cast(), 64);
+            load_operand(5, a1.cast(), 64);
             tdpbf16ps(2, 5, 6);
             tdpbf16ps(3, 5, 7);
         }
@@ -145,13 +162,13 @@ impl TileUnit for Emulated {
 
     unsafe fn load_a(p: *const u8, stride: usize) {
         // SAFETY: (caller).
-        unsafe { load(4, p, stride) }
+        unsafe { load_operand(4, p, stride) }
     }
 
     unsafe fn dp_into(c: usize, p: *const u8) {
         let b = [5, 6, 7, 5][c.min(3)];
         // SAFETY: (caller) a 1 KiB tile.
-        unsafe { load(b, p, 64) };
+        unsafe { load_operand(b, p, 64) };
         tdpbf16ps(c.min(3), 4, b);
     }
 }
@@ -165,7 +182,8 @@ mod tests {
     }
 
     /// One `tdpbf16ps` on known tiles: sums in pair order, DAZ on inputs, FTZ on sums, C's
-    /// previous value the start of each sum; outside `with_tiles` an instruction panics.
+    /// previous value the start of each sum; outside `with_tiles` an instruction panics, and
+    /// so does an operand load off cache lines.
     #[test]
     fn tdpbf16ps_follows_the_sdm() {
         let mut a = [[0u32; 16]; 16];
@@ -195,5 +213,16 @@ mod tests {
         assert!(got.iter().flatten().skip(1).all(|&v| v == 0.0));
         let outside = std::panic::catch_unwind(|| unsafe { Emulated::zero(0) });
         assert!(outside.is_err(), "a tile instruction outside with_tiles");
+        // An operand whose rows straddle cache lines (a third of the rate on the CPU).
+        #[repr(C, align(64))]
+        struct Lines([u8; 2048]);
+        let lines = Lines([0; 2048]);
+        let misaligned = std::panic::catch_unwind(|| {
+            let p = lines.0.as_ptr().wrapping_add(4);
+            Emulated::with_tiles(|| unsafe { Emulated::load_a(p, 64) })
+        });
+        // The same rows on their lines load.
+        Emulated::with_tiles(|| unsafe { Emulated::load_a(lines.0.as_ptr(), 64) });
+        assert!(misaligned.is_err(), "a misaligned operand load");
     }
 }
