@@ -97,33 +97,30 @@ fn phi3_rope(
     max_pos: usize,
 ) -> Result<Option<(f64, LongRope)>, ModelError> {
     let rot = super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)?;
-    let partial = || {
-        let msg = "a partial rotary factor without LongRoPE (Phi-4-mini's has it)";
-        Err(cfg.err("partial_rotary_factor", msg))
-    };
-    let (field, params) = match cfg.get("rope_parameters") {
-        Some(p) => ("rope_parameters", p),
-        None => match cfg.get("rope_scaling") {
-            Some(p) if !p.is_null() => ("rope_scaling", p),
-            _ if rot != head_dim => return partial(),
-            _ => return Ok(None),
-        },
+    let params = match cfg.get("rope_parameters") {
+        Some(p) => Some(("rope_parameters", p)),
+        None => cfg.get("rope_scaling").map(|p| ("rope_scaling", p)),
     };
     let kind = params
-        .get("rope_type")
-        .or_else(|| params.get("type"))
+        .and_then(|(_, p)| p.get("rope_type").or_else(|| p.get("type")))
         .and_then(|v| v.as_str());
-    match kind {
-        Some("longrope" | "su") => {
-            super::longrope_config::longrope(cfg, field, rot, max_pos).map(Some)
+    match (kind, params) {
+        (Some("longrope" | "su"), Some((field, p))) => {
+            return super::longrope_config::longrope(cfg, (field, p), rot, max_pos).map(Some);
         }
-        Some("yarn") => Err(ModelError::Unsupported {
-            path: cfg.path_buf(),
-            what: "Phi-3 rope type `yarn`".into(),
-        }),
-        _ if rot != head_dim => partial(),
-        _ => Ok(None),
+        (Some("yarn"), _) => {
+            return Err(ModelError::Unsupported {
+                path: cfg.path_buf(),
+                what: "Phi-3 rope type `yarn`".into(),
+            });
+        }
+        _ => {}
     }
+    if rot != head_dim {
+        let msg = "a partial rotary factor without LongRoPE (Phi-4-mini's has it)";
+        return Err(cfg.err("partial_rotary_factor", msg));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

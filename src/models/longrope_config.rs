@@ -9,16 +9,17 @@ use super::architecture::{Architecture, default_theta};
 use super::config::{Cfg, LongRope};
 use super::pyjson::value_f64;
 
-/// `(theta, LongRope)` of the parameter object at `field`, for `rot` rotated dims per head
-/// and the config's `max_position_embeddings` `max_pos`.
+/// `(theta, LongRope)` of the parameter object `params` (found at `field`), for `rot` rotated
+/// dims per head and the config's `max_position_embeddings` `max_pos`.
 pub(super) fn longrope(
     cfg: &Cfg<'_>,
-    field: &str,
+    (field, params): (&str, &Value),
     rot: usize,
     max_pos: usize,
 ) -> Result<(f64, LongRope), ModelError> {
-    let params = cfg.get(field).and_then(Value::as_object);
-    let params = params.ok_or_else(|| cfg.err(field, "expected an object"))?;
+    let params = params
+        .as_object()
+        .ok_or_else(|| cfg.err(field, "expected an object"))?;
     let at = |k: &str| format!("{field}.{k}");
     let sub = |k: &str| params.get(k).filter(|v| !v.is_null());
     let num = |k: &str| match sub(k) {

@@ -57,16 +57,12 @@ mod imp {
     use std::ops::Range;
 
     use super::super::amx_emu::Emulated;
-    use super::super::amx_unit::{Hardware, TileUnit, ready};
+    pub use super::super::amx_unit::ready as hardware;
+    use super::super::amx_unit::{Hardware, TileUnit};
     use super::super::{Job, TILE_N};
 
     /// Whether the AMX paths run on the emulated tiles where the CPU has none.
     const EMULATION: bool = cfg!(any(test, feature = "amx-emu"));
-
-    /// The CPU has AMX (and the kernel granted the tile state).
-    pub fn hardware() -> bool {
-        ready()
-    }
 
     /// The AMX paths run here: on the CPU's tiles, or emulated.
     pub fn available() -> bool {
