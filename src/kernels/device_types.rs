@@ -343,19 +343,27 @@ pub struct AttnSoftmax<'a, D: Device> {
     pub temperature: Option<QueryTemperature>,
 }
 
-/// Llama-4's attention temperature tuning (its NoPE layers): the query at position p, after
-/// RoPE and norm, times `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`, in f32 as
-/// transformers computes it (1 exactly below `floor_scale - 1`).
+/// A per-position factor on the query after RoPE and norm,
+/// `log1p(floor((p + offset) / floor_scale)) · attn_scale + 1` in f32 as transformers computes
+/// it (1 exactly while `p + offset < floor_scale`): Llama-4's attention temperature tuning (its
+/// NoPE layers; `offset` 1) and the "Llama-4 attention scale" of Ministral 3 / Devstral 2 and
+/// Mistral 4 (every layer; `offset` 0, `floor_scale` the original context, `attn_scale`
+/// `llama_4_scaling_beta`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueryTemperature {
     pub floor_scale: f32,
     pub attn_scale: f32,
+    pub offset: f32,
 }
 
 impl QueryTemperature {
     /// The factor on the query at position `p`.
     pub fn factor(&self, p: usize) -> f32 {
-        ((p as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+        ((p as f32 + self.offset) / self.floor_scale)
+            .floor()
+            .ln_1p()
+            * self.attn_scale
+            + 1.0
     }
 }
 

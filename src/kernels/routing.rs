@@ -7,12 +7,12 @@ fn index(v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("MoE row {v} exceeds i32"))
 }
 
-/// Group-limited top-k over sigmoid scores (transformers' `NemotronHTopkRouter`, DeepSeek-V3's
-/// scheme): `s = sigmoid(logits)`; the choice ranks `s + e_score_correction_bias`, only inside
-/// the `topk_group` groups (of `n_group` equal expert ranges) with the largest sum of their two
-/// best choice values; the weights are the chosen experts' uncorrected `s`, divided by their
-/// sum (+1e-20) when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the lower
-/// group / expert index.
+/// Group-limited top-k (transformers' `NemotronHTopkRouter`, DeepSeek-V3's scheme): scores
+/// `s` of the logits ([`RouterScore`]); the choice ranks `s + e_score_correction_bias`, only
+/// inside the `topk_group` groups (of `n_group` equal expert ranges) with the largest sum of
+/// their two best choice values; the weights are the chosen experts' uncorrected `s`, divided
+/// by their sum (+1e-20) when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the
+/// lower group / expert index.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupedTopK {
     pub top_k: usize,
@@ -20,9 +20,30 @@ pub struct GroupedTopK {
     pub topk_group: usize,
     pub renorm: bool,
     pub scale: f32,
-    /// The choice ranks `logits + bias` instead (Llama-4's router: top-k of the logits, weights
-    /// their sigmoid; f32's sigmoid would tie every logit above ~17 at 1).
-    pub by_logit: bool,
+    pub score: RouterScore,
+}
+
+/// A grouped router's scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterScore {
+    /// `sigmoid(logit)` (DeepSeek-V3, GLM-4.5, MiniMax-M2, Nemotron 3).
+    Sigmoid,
+    /// `sigmoid(logit)`, but the choice ranks `logit + bias` (Llama-4's router: the top-k of
+    /// the logits, weighted by their sigmoid; f32's sigmoid ties every logit above ~17 at 1).
+    SigmoidByLogit,
+    /// The softmax of the token's logits (Mistral 4: DeepSeek-V2's group-limited router).
+    Softmax,
+}
+
+impl RouterScore {
+    /// The CUDA kernel's `score` argument.
+    pub fn code(self) -> i32 {
+        match self {
+            Self::Sigmoid => 0,
+            Self::SigmoidByLogit => 1,
+            Self::Softmax => 2,
+        }
+    }
 }
 
 impl GroupedTopK {

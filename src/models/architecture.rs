@@ -8,6 +8,9 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Mistral,
+    /// `Ministral3ForCausalLM` (Ministral 3, Devstral 2, Devstral Small 2): Mistral's layers,
+    /// each query scaled by its position past the original context.
+    Ministral3,
     /// `Qwen3_5ForCausalLM` (text model): Gated DeltaNet + gated full attention, dense MLP.
     Qwen3_5,
     /// `Qwen3NextForCausalLM`: Gated DeltaNet + gated full attention, MoE + shared expert.
@@ -31,6 +34,10 @@ pub enum Architecture {
     /// `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): DeepSeek-V3's multi-head latent attention
     /// and MoE, dense or sparse per layer as `mlp_layer_types` says.
     Glm4MoeLite,
+    /// `Mistral4ForCausalLM` (Mistral Small 4): DeepSeek-V3's multi-head latent attention with
+    /// each query scaled by its position past the original context, DeepSeek-V3's MoE with a
+    /// softmax router.
+    Mistral4,
     /// `MiniMaxM2ForCausalLM` (MiniMax-M2 / M2.1 / M2.5): q/k RMSNorm over the whole
     /// projection, partial rotary, every layer routed experts with a sigmoid router and a
     /// correction bias, no shared expert.
@@ -60,11 +67,12 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 23] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
+        Self::Ministral3,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -75,6 +83,7 @@ impl Architecture {
         Self::Glm4Moe,
         Self::DeepseekV3,
         Self::Glm4MoeLite,
+        Self::Mistral4,
         Self::MiniMaxM2,
         Self::Llama4,
         Self::Gemma3,
@@ -95,6 +104,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
+            Self::Ministral3 => "Ministral3ForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
@@ -105,6 +115,7 @@ impl Architecture {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Self::Mistral4 => "Mistral4ForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
@@ -125,7 +136,7 @@ impl Architecture {
 
     /// Families whose attention is multi-head latent attention (DeepSeek-V3's).
     pub fn has_latent_attention(self) -> bool {
-        matches!(self, Self::DeepseekV3 | Self::Glm4MoeLite)
+        matches!(self, Self::DeepseekV3 | Self::Glm4MoeLite | Self::Mistral4)
     }
 }
 
@@ -139,9 +150,10 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe => 131072,
         Architecture::Glm4MoeLite => 202752,
+        Architecture::Mistral4 => 1048576,
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
-        Architecture::Bamba => 262144,
+        Architecture::Bamba | Architecture::Ministral3 => 262144,
         Architecture::Phi3 => 4096,
     }
 }
@@ -150,7 +162,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
-        Architecture::Bamba | Architecture::Phi3 => 1e-5,
+        Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         _ => 1e-6,
     }
 }

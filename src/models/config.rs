@@ -18,6 +18,7 @@ pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 use super::weights::Weights;
+use crate::kernels::device::QueryTemperature;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
 
 /// Everything the engine and the backends need to know about a dense model.
@@ -69,6 +70,9 @@ pub struct ModelSpec {
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
     pub longrope: Option<LongRope>,
+    /// Ministral 3 / Devstral 2 and Mistral 4: every attention layer's query scaled by its
+    /// position (`llama_4_scaling_beta`); `None` for other architectures.
+    pub query_temperature: Option<QueryTemperature>,
 }
 
 /// Phi-3's LongRoPE (`rope_type` `longrope`, which older configs call `su`: Phi-3-mini /
@@ -122,8 +126,9 @@ impl ModelSpec {
     /// config names no dtype, `dtype` is F32 (`from_dir` then asks the weights).
     pub fn from_json(value: &Value, path: &Path, name: String) -> Result<ModelSpec, ModelError> {
         let value = super::export_config::text_model_config(value, path)?;
+        let architecture = Cfg::new(&value, path)?.architecture()?;
+        let value = super::mistral_config::with_class_rope(value, architecture);
         let cfg = Cfg::new(&value, path)?;
-        let architecture = cfg.architecture()?;
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
@@ -336,7 +341,10 @@ impl<'a> Cfg<'a> {
     ) -> Result<Option<usize>, ModelError> {
         let window = self.usize_opt("sliding_window")?.filter(|&w| w < max_pos);
         let refused = match arch {
-            Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
+            Architecture::Mistral
+            | Architecture::Ministral3
+            | Architecture::Mixtral
+            | Architecture::Phi3 => {
                 if window == Some(0) {
                     return Err(self.err("sliding_window", "must be at least 1"));
                 }

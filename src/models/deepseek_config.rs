@@ -13,7 +13,9 @@ use super::config::{
     Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
-use super::moe_config::{DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, deepseek_moe};
+use super::moe_config::{
+    DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, MISTRAL4_MOE, deepseek_moe,
+};
 use crate::kernels::device::MlaDims;
 
 /// Multi-head latent attention's geometry.
@@ -74,7 +76,23 @@ const GLM_4_MOE_LITE: MlaFamily = MlaFamily {
     moe: GLM_MOE_LITE,
 };
 
-/// The spec of a `DeepseekV3ForCausalLM` or `Glm4MoeLiteForCausalLM` config.
+/// `Mistral4Config`'s (Mistral Small 4's geometry).
+const MISTRAL4: MlaFamily = MlaFamily {
+    vocab: 131072,
+    hidden: 4096,
+    intermediate: 12288,
+    heads: 32,
+    nope: 64,
+    rope: 64,
+    v: 128,
+    q_lora: 1024,
+    kv_lora: 256,
+    eps: 1e-6,
+    moe: MISTRAL4_MOE,
+};
+
+/// The spec of a `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM` or `Mistral4ForCausalLM`
+/// config.
 pub(super) fn parse(
     cfg: &Cfg<'_>,
     architecture: Architecture,
@@ -82,6 +100,7 @@ pub(super) fn parse(
 ) -> Result<ModelSpec, ModelError> {
     let f = match architecture {
         Architecture::Glm4MoeLite => &GLM_4_MOE_LITE,
+        Architecture::Mistral4 => &MISTRAL4,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -115,10 +134,15 @@ pub(super) fn parse(
         );
         return Err(cfg.err("v_head_dim", msg));
     }
-    // The rotary table spans `qk_rope_head_dim · partial_rotary_factor` dims and is applied
-    // to all `qk_rope_head_dim` of them: transformers runs only a factor of 1.
-    if rotary_dim(cfg, dims.rope, 1.0)? != dims.rope {
-        let msg = "multi-head latent attention rotates all qk_rope_head_dim dims (factor 1)";
+    // The rotary table spans `qk_rope_head_dim · partial_rotary_factor` dims (Mistral 4: the
+    // whole head's, the factor `qk_rope_head_dim / head_dim` by default) and is applied to all
+    // `qk_rope_head_dim` of them: transformers runs only a factor giving those.
+    let (over, factor) = match architecture {
+        Architecture::Mistral4 => (dims.head_dim(), dims.rope as f64 / dims.head_dim() as f64),
+        _ => (dims.rope, 1.0),
+    };
+    if rotary_dim(cfg, over, factor)? != dims.rope {
+        let msg = "multi-head latent attention rotates all qk_rope_head_dim dims";
         return Err(cfg.err("partial_rotary_factor", msg));
     }
     let mla = MlaSpec {
@@ -168,6 +192,7 @@ pub(super) fn parse(
         gemma3: None,
         granite: None,
         longrope: None,
+        query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
     })
 }
 

@@ -1,4 +1,5 @@
-//! `DeepseekV3ForCausalLM` and `Glm4MoeLiteForCausalLM` (`model.*` names): per layer
+//! `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM` and `Mistral4ForCausalLM` (`model.*`
+//! names; Mistral 4 adds the query scale and the softmax router): per layer
 //! `input_layernorm` -> multi-head latent attention (`self_attn.{q_proj | q_a_proj,
 //! q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`) ->
 //! `post_attention_layernorm` -> a dense SwiGLU MLP or DeepSeek-V3's MoE (`mlp.gate` with its
@@ -78,6 +79,7 @@ fn load_mla<D: Device>(
         kv_lora,
         latent_eps: LATENT_EPS,
         score_factor: mla.score_factor,
+        temperature: spec.query_temperature,
         kv_layer: i,
     })
 }

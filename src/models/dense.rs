@@ -1,4 +1,4 @@
-//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, and the MoE ones Qwen3-MoE, Mixtral,
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, and the MoE ones Qwen3-MoE, Mixtral,
 //! GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
@@ -123,6 +123,7 @@ fn load_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let variant = AttnVariant {
         window: spec.sliding_window,
+        temperature: spec.query_temperature,
         ..AttnVariant::causal()
     };
     let attention = load_attention(ld, spec, i, variant)?;

@@ -24,7 +24,10 @@ pub(super) fn dense_spec(
     let default_head_dim = match architecture {
         // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
         // not hidden/heads.
-        Architecture::Qwen3 | Architecture::MiniMaxM2 | Architecture::Llama4 => 128,
+        Architecture::Qwen3
+        | Architecture::MiniMaxM2
+        | Architecture::Llama4
+        | Architecture::Ministral3 => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -84,6 +87,7 @@ pub(super) fn dense_spec(
             _ => None,
         },
         longrope: longrope.map(|(_, l)| l),
+        query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
     })
 }
 

@@ -37,9 +37,50 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
     // Its text config is Gemma3ForCausalLM's own class (`Gemma3TextConfig`).
     ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
-    // Mistral-Small-3.1 / 3.2: a `mistral` text config (`MistralConfig`'s defaults).
+    // Mistral-Small-3.1 / 3.2: a `mistral` text config (`MistralConfig`'s defaults); Ministral 3
+    // and Devstral (Small) 2 a `ministral3` one, Mistral Small 4 a `mistral4` one
+    // ([`MISTRAL3_TEXT`]).
     ("Mistral3ForConditionalGeneration", "MistralForCausalLM"),
 ];
+
+/// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:
+/// `mistral`, `Mistral3Config`'s default).
+const MISTRAL3_TEXT: &[(&str, &str)] = &[
+    ("mistral", "MistralForCausalLM"),
+    ("ministral3", "Ministral3ForCausalLM"),
+    ("mistral4", "Mistral4ForCausalLM"),
+];
+
+/// The text model's class of a `arch` export whose text config is `text`: the one
+/// [`TEXT_OF_MULTIMODAL`] names, or for Mistral-3 exports the one its `model_type` names.
+fn text_class(
+    arch: &str,
+    fixed: &'static str,
+    text: &serde_json::Map<String, Value>,
+    path: &Path,
+) -> Result<&'static str, ModelError> {
+    if arch != "Mistral3ForConditionalGeneration" {
+        return Ok(fixed);
+    }
+    let kind = text
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("mistral");
+    let found = MISTRAL3_TEXT.iter().find(|(k, _)| *k == kind);
+    found
+        .map(|&(_, class)| class)
+        .ok_or_else(|| ModelError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "`{arch}` with text_config.model_type `{kind}` (hsx runs {})",
+                MISTRAL3_TEXT
+                    .iter()
+                    .map(|(k, _)| *k)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+}
 
 /// Exports whose class ties the LM head to the embedding unless the config says otherwise
 /// (`Gemma3Config`'s default; the other export classes hsx runs default to untied — but
@@ -161,6 +202,7 @@ pub(super) fn text_model_config<'a>(
             text.insert(names[0].into(), v);
         }
     }
+    let text_arch = text_class(arch, text_arch, &text, path)?;
     text.insert("architectures".into(), Value::from(vec![text_arch]));
     reject_quantized(&Value::Object(text.clone()), path)?;
     tracing::info!(

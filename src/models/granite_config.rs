@@ -104,6 +104,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         gemma3: None,
         granite: Some(multipliers(cfg)?),
         longrope: None,
+        query_temperature: None,
     })
 }
 
@@ -150,6 +151,7 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
         gemma3: None,
         granite: None,
         longrope: None,
+        query_temperature: None,
     })
 }
 

@@ -308,6 +308,7 @@ fn parse_qwen(
         gemma3: None,
         granite: None,
         longrope: None,
+        query_temperature: None,
     })
 }
 
@@ -443,6 +444,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
         gemma3: None,
         granite: None,
         longrope: None,
+        query_temperature: None,
     })
 }
 

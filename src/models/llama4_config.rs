@@ -12,6 +12,8 @@ use super::ModelError;
 use super::config::Cfg;
 use super::hybrid_config::{MoeRouter, MoeSpec};
 use crate::kernels::device::QueryTemperature;
+#[cfg(test)]
+use crate::kernels::routing::RouterScore;
 
 /// Llama-4's per-layer attention.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +122,7 @@ fn temperature(cfg: &Cfg<'_>) -> Result<Option<QueryTemperature>, ModelError> {
     Ok(Some(QueryTemperature {
         floor_scale: floor_scale as f32,
         attn_scale: attn_scale as f32,
+        offset: 1.0,
     }))
 }
 
@@ -222,6 +225,7 @@ mod tests {
         let warm = QueryTemperature {
             floor_scale: 8192.0,
             attn_scale: 0.1,
+            offset: 1.0,
         };
         assert_eq!(l4.temperature, Some(warm));
         let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
@@ -232,7 +236,7 @@ mod tests {
         assert_eq!(m.shared_intermediate, Some(8192));
         assert!(m.sparse_layers.iter().all(|&s| s) && m.router == MoeRouter::Llama4);
         let g = m.grouped().unwrap();
-        assert!(g.by_logit && !g.renorm && g.scale == 1.0 && g.n_group == 1);
+        assert!(g.score == RouterScore::SigmoidByLogit && !g.renorm && g.n_group == 1);
     }
 
     /// The text config's own fields as a fine-tune saves them (Maverick's interleaving, the

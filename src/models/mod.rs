@@ -38,6 +38,7 @@ pub mod llama4;
 mod llama4_config;
 mod longrope_config;
 mod minimax_config;
+mod mistral_config;
 mod moe_config;
 mod moe_spec;
 pub mod moe_weights;

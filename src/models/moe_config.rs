@@ -93,6 +93,8 @@ pub(super) struct DeepseekMoeDefaults {
     n_group: usize,
     topk_group: usize,
     dense: DenseLayers,
+    /// The router scores by softmax ([`MoeRouter::GroupedSoftmax`], Mistral 4), not sigmoid.
+    softmax: bool,
 }
 
 /// Which layers keep a dense MLP.
@@ -113,6 +115,7 @@ pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     n_group: 1,
     topk_group: 1,
     dense: DenseLayers::FirstK(1),
+    softmax: false,
 };
 
 /// `Glm4MoeLiteConfig`'s (GLM-4.7-Flash's).
@@ -124,6 +127,7 @@ pub(super) const GLM_MOE_LITE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     n_group: 1,
     topk_group: 1,
     dense: DenseLayers::LayerTypes,
+    softmax: false,
 };
 
 /// `DeepseekV3Config`'s.
@@ -135,6 +139,19 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     n_group: 8,
     topk_group: 4,
     dense: DenseLayers::FirstK(3),
+    softmax: false,
+};
+
+/// `Mistral4Config`'s (Mistral Small 4's geometry).
+pub(super) const MISTRAL4_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 128,
+    top_k: 4,
+    inter: 2048,
+    scale: 1.0,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::FirstK(0),
+    softmax: true,
 };
 
 /// DeepSeek-V3's MoE (also GLM-4.5's): `n_routed_experts` (alias `num_local_experts`) of
@@ -166,10 +183,22 @@ pub(super) fn deepseek_moe(
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
         sparse_layers,
-        router: MoeRouter::Grouped {
-            n_group: cfg.usize_or("n_group", d.n_group)?,
-            topk_group: cfg.usize_or("topk_group", d.topk_group)?,
-            scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
+        router: {
+            let n_group = cfg.usize_or("n_group", d.n_group)?;
+            let topk_group = cfg.usize_or("topk_group", d.topk_group)?;
+            let scale = cfg.f64_or("routed_scaling_factor", d.scale)? as f32;
+            match d.softmax {
+                false => MoeRouter::Grouped {
+                    n_group,
+                    topk_group,
+                    scale,
+                },
+                true => MoeRouter::GroupedSoftmax {
+                    n_group,
+                    topk_group,
+                    scale,
+                },
+            }
         },
     })
 }

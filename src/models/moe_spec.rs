@@ -1,7 +1,7 @@
 //! A MoE block's geometry and router ([`MoeSpec`], [`MoeRouter`]), as every MoE family's
 //! config parser fills it in and `moe_weights` / the layers read it.
 
-use crate::kernels::routing::GroupedTopK;
+use crate::kernels::routing::{GroupedTopK, RouterScore};
 
 /// Sparse MoE block: top-k routed SwiGLU experts, and for Qwen3-Next / Qwen3.5-MoE a
 /// sigmoid-gated shared expert, for GLM-4.5 a plain one.
@@ -36,6 +36,13 @@ pub enum MoeRouter {
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
     Llama4,
+    /// Mistral 4's (DeepSeek-V2's group-limited router): the grouped choice over the softmax of
+    /// the logits, no correction bias; the shared expert `shared_experts`, added as it is.
+    GroupedSoftmax {
+        n_group: usize,
+        topk_group: usize,
+        scale: f32,
+    },
 }
 
 impl MoeSpec {
@@ -53,7 +60,19 @@ impl MoeSpec {
                 topk_group,
                 renorm: self.norm_topk_prob,
                 scale,
-                by_logit: false,
+                score: RouterScore::Sigmoid,
+            }),
+            MoeRouter::GroupedSoftmax {
+                n_group,
+                topk_group,
+                scale,
+            } => Some(GroupedTopK {
+                top_k: self.top_k,
+                n_group,
+                topk_group,
+                renorm: self.norm_topk_prob,
+                scale,
+                score: RouterScore::Softmax,
             }),
             // The grouped choice with one group, no bias and the logits ranked.
             MoeRouter::Llama4 => Some(GroupedTopK {
@@ -62,7 +81,7 @@ impl MoeSpec {
                 topk_group: 1,
                 renorm: false,
                 scale: 1.0,
-                by_logit: true,
+                score: RouterScore::SigmoidByLogit,
             }),
         }
     }

@@ -11,7 +11,7 @@ use super::layers::nemotron_moe::Relu2Expert;
 use super::layers::{Loader, Mlp, NemotronMoe};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
-use crate::kernels::routing::GroupedTopK;
+use crate::kernels::routing::{GroupedTopK, RouterScore};
 
 /// The MoE geometry and router of a Nemotron 3 model.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +45,7 @@ pub(super) fn parse(
             topk_group: cfg.usize_or("topk_group", 1)?,
             renorm: cfg.bool_or("norm_topk_prob", true)?,
             scale: scale as f32,
-            by_logit: false,
+            score: RouterScore::Sigmoid,
         },
         expert_intermediate: cfg.usize_or("moe_intermediate_size", 7688)?,
         shared_intermediate: cfg.usize_or("moe_shared_expert_intermediate_size", 7688)?,

@@ -12,6 +12,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Mistral => {
             dense::load(ld, spec)
         }
+        Architecture::Ministral3 => dense::load(ld, spec),
         Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::Glm4Moe => {
             dense::load(ld, spec)
         }
@@ -25,6 +26,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),
         Architecture::NemotronH => nemotron_h::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
-        Architecture::DeepseekV3 | Architecture::Glm4MoeLite => super::deepseek_v3::load(ld, spec),
+        Architecture::DeepseekV3 | Architecture::Glm4MoeLite | Architecture::Mistral4 => {
+            super::deepseek_v3::load(ld, spec)
+        }
     }
 }

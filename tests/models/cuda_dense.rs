@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 11] = [
+const ARCHS: [&str; 12] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -28,6 +28,7 @@ const ARCHS: [&str; 11] = [
     "phi3",
     "phi3_longrope",
     "phi4_mini",
+    "ministral3",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

@@ -3,13 +3,14 @@
 //! ones, up to 1,024 experts in 32 groups — the same experts in the same order with the same
 //! weights; and the experts' weighted sum and the latent cast, in f32 and written as bf16 (read
 //! back through an identity GEMM, exact) against the CPU's values rounded to bf16; Llama-4's
-//! router (the logits ranked) and its scaled gather of the experts' input rows.
+//! router (the logits ranked) and its scaled gather of the experts' input rows; Mistral 4's
+//! router (softmax scores, grouped).
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 use crate::common::backends::{cuda_usable, read_gemm_in};
 use hsx::kernels::cuda::CudaDevice;
 use hsx::kernels::device::{BufKind, HostMatrix};
-use hsx::kernels::routing::{GroupedTopK, Routing};
+use hsx::kernels::routing::{GroupedTopK, RouterScore, Routing};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device, WeightDtype};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -20,7 +21,7 @@ fn router(top_k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
         topk_group,
         renorm: true,
         scale: 2.5,
-        by_logit: false,
+        score: RouterScore::Sigmoid,
     }
 }
 
@@ -81,9 +82,16 @@ fn grouped_routing_matches_the_cpu() {
         topk_group: 1,
         renorm: false,
         scale: 1.0,
-        by_logit: true,
+        score: RouterScore::SigmoidByLogit,
         ..router(2, 1, 1)
     };
+    // Mistral 4's: softmax scores over every expert, the group-limited choice, no bias.
+    let mistral4 = GroupedTopK {
+        score: RouterScore::Softmax,
+        ..router(4, 4, 2)
+    };
+    let ties = vec![1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, -1.0];
+    cases.push(("mistral4 ties", 8, mistral4, ties, vec![0.0; 8]));
     let saturated = vec![20.0, 21.0, -1.0, 0.5, 0.0, 1.0, 1.0, 3.0];
     let top1 = GroupedTopK { top_k: 1, ..llama4 };
     cases.push(("llama4 saturated", 4, top1, saturated, vec![0.0; 4]));
@@ -92,8 +100,12 @@ fn grouped_routing_matches_the_cpu() {
         ("nano", 19, 128, router(6, 1, 1)),
         ("widest", 5, 1024, router(8, 32, 4)),
         ("llama4", 29, 16, llama4),
+        ("mistral4", 31, 128, mistral4),
     ] {
-        let bias = random(&mut rng, e, 0.1);
+        let bias = match r.score {
+            RouterScore::Softmax => vec![0.0; e],
+            _ => random(&mut rng, e, 0.1),
+        };
         cases.push((name, e, r, random(&mut rng, t * e, 3.0), bias));
     }
     for (name, e, r, logits, bias) in &cases {

@@ -176,4 +176,6 @@ matrix! {
     phi3 => "phi3",
     phi3_longrope => "phi3_longrope",
     phi4_mini => "phi4_mini",
+    ministral3 => "ministral3",
+    mistral4 => "mistral4",
 }

@@ -144,6 +144,8 @@ const FIXTURES: &[&str] = &[
     "phi3",
     "phi3_longrope",
     "phi4_mini",
+    "ministral3",
+    "mistral4",
 ];
 
 impl Bases {

@@ -19,8 +19,9 @@
 //! only, with Llama-4's chunks of `c` keys `lo_r = p - p % c ..= p`: the max, the sum and the
 //! weighted values run over those, in key order from `lo_r`; a task reads keys from its first
 //! row's `lo` on. With sinks, `m_r` also takes the head's sink logit and `sum_r` ends with
-//! `+ exp(sink - m_r)` (after the keys). With Llama-4's query temperature, `q_r` is multiplied
-//! by its position's factor (f32) as it is transposed, before any score.
+//! `+ exp(sink - m_r)` (after the keys). With a query temperature (Llama-4, Mistral), `q_r` is
+//! multiplied by its position's factor (f32) as it is transposed (or, on the bf16 tasks,
+//! packed), before any score.
 //!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
@@ -196,11 +197,8 @@ pub fn attention(
     );
     // Every element is written by a task: resizing zeroes only growth, not the reused part.
     out.resize(q.len(), 0.0);
-    // The bf16 task packs the queries itself, without the temperature.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    let engine = bf16
-        .filter(|_| softmax.temperature.is_none())
-        .and_then(|k| amx::engine(k, hd));
+    let engine = bf16.and_then(|k| amx::engine(k, hd));
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     let _ = bf16;
     let ctx = Ctx {

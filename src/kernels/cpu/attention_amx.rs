@@ -200,8 +200,9 @@ unsafe fn pack_v(ctx: &Ctx<'_>, s: &Scratch, a: &mut AmxScratch, keys: usize) {
 
 /// Q in B tiles, straight from the query rows: line `(rt, c, kk)` = rows `16 rt..` of dims
 /// `32 c + 2 kk` (low) and `+ 1` (high); rows past the task's are zero. A row's 32 dims
-/// rounded to bf16 are, in memory order, its 16 dim pairs: 16 rows of them transposed give
-/// the tile (no `[hd][rp]` transpose of Q first, which cost ~3% of a bf16 run).
+/// (times its position's query temperature, in f32) rounded to bf16 are, in memory order, its
+/// 16 dim pairs: 16 rows of them transposed give the tile (no `[hd][rp]` transpose of Q
+/// first, which cost ~3% of a bf16 run).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn pack_q(ctx: &Ctx<'_>, task: &Task, a: &mut AmxScratch, rp: usize) {
     let (hd, group) = (ctx.shape.head_dim, ctx.group);
@@ -220,12 +221,16 @@ unsafe fn pack_q(ctx: &Ctx<'_>, task: &Task, a: &mut AmxScratch, rp: usize) {
                 let at = (t * ctx.shape.heads + h) * hd + c * 32;
                 let x = &ctx.q[at..at + 32];
                 // SAFETY: 32 floats at x.
-                let (lo, hi) = unsafe {
+                let (mut lo, mut hi) = unsafe {
                     (
                         _mm512_loadu_ps(x.as_ptr()),
                         _mm512_loadu_ps(x.as_ptr().add(16)),
                     )
                 };
+                if let Some(tm) = ctx.softmax.temperature {
+                    let f = _mm512_set1_ps(tm.factor(ctx.plan.positions[t]));
+                    (lo, hi) = (_mm512_mul_ps(lo, f), _mm512_mul_ps(hi, f));
+                }
                 *word = round32_native(lo, hi);
             }
             transpose16(&mut words);

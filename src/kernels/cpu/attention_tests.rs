@@ -184,6 +184,7 @@ fn chunks_and_temperature_match_naive_and_are_invariant() {
     let warm = |floor_scale| QueryTemperature {
         floor_scale,
         attn_scale: 0.1,
+        offset: 1.0,
     };
     for (seed, chunk, temperature) in [
         (31, Some(7), None),
@@ -270,8 +271,8 @@ fn check_variant<'a>(mut seed: u64, softmax: impl Fn(usize) -> Softmax<'a>) {
 }
 
 /// The bf16 tasks (AMX tiles, `vdpbf16ps`): against [`naive`] within bf16 rounding of q, k,
-/// v and the probabilities, and bit-identical across chunkings, with and without window and
-/// sinks.
+/// v and the probabilities, and bit-identical across chunkings, with and without window,
+/// sinks and query temperature.
 #[test]
 fn bf16_tiles_match_naive_and_are_invariant_to_chunking() {
     for path in [Path::Amx, Path::Dpbf16] {
@@ -285,21 +286,30 @@ fn bf16_tiles_case(path: Path) {
     let sinks: Vec<f32> = (0..64).map(|h| (h as f32 * 0.77).sin() * 3.0).collect();
     let mut seed = 11;
     let mut worst = 0.0f64;
-    for (heads, kv_heads, hd, len, window, with_sinks) in [
-        (16, 4, 64, 70, None, false),
-        (8, 2, 64, 300, None, false),
-        (4, 4, 32, 37, Some(7), true),
-        (2, 1, 128, 90, None, true),
-        (8, 1, 64, 130, Some(40), false),
-        (64, 64, 32, 20, None, false),
-        (12, 4, 96, 75, Some(8), false),
+    // Mistral's temperature (offset 0), its floor crossed inside the sequence; Llama-4's.
+    let warm = |floor_scale, offset| {
+        Some(QueryTemperature {
+            floor_scale,
+            attn_scale: 0.5,
+            offset,
+        })
+    };
+    for (heads, kv_heads, hd, len, window, with_sinks, temperature) in [
+        (16, 4, 64, 70, None, false, None),
+        (8, 2, 64, 300, None, false, warm(64.0, 0.0)),
+        (4, 4, 32, 37, Some(7), true, None),
+        (2, 1, 128, 90, None, true, warm(16.0, 1.0)),
+        (8, 1, 64, 130, Some(40), false, None),
+        (64, 64, 32, 20, None, false, None),
+        (12, 4, 96, 75, Some(8), false, warm(30.0, 0.0)),
         // 80 query heads per kv head: tasks of 80 rows, more than 4 row tiles.
-        (80, 1, 32, 9, None, false),
+        (80, 1, 32, 9, None, false, None),
     ] {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = Softmax {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),
+            temperature,
             ..Softmax::default()
         };
         let want = naive(shape, variant(&sm), sm.sinks, len, (&q, &k, &v));

@@ -1,10 +1,10 @@
-//! The group-limited sigmoid router on the CPU ([`GroupedTopK`], Nemotron 3's MoE) and the
-//! weighted sum of the routed experts' outputs. The CUDA kernel (`moe_grouped.cu`) makes the
+//! The group-limited router on the CPU ([`GroupedTopK`]: Nemotron 3's, DeepSeek-V3's,
+//! Mistral 4's MoE) and the weighted sum of the routed experts' outputs. The CUDA kernel (`moe_grouped.cu`) makes the
 //! same choice in the same order: every comparison picks the lower index on ties, and the
 //! renormalising sum adds the chosen scores in choice order from zero.
 
 use super::recurrent::sigmoid;
-use crate::kernels::routing::{GroupedTopK, Routing};
+use crate::kernels::routing::{GroupedTopK, RouterScore, Routing};
 
 /// For router logits `[T, experts]` and the choice bias `[experts]`: each token's `top_k`
 /// expert ids in choice order and their weights (`[T, top_k]` each).
@@ -31,9 +31,13 @@ pub fn route_grouped(
     let (mut group_scores, mut kept) = (vec![0f32; r.n_group], vec![false; r.n_group]);
     let mut taken = vec![false; experts];
     for l in logits.chunks_exact(experts) {
-        for (((s, c), &v), &b) in scores.iter_mut().zip(&mut choice).zip(l).zip(bias) {
-            *s = sigmoid(v);
-            *c = if r.by_logit { v } else { *s } + b;
+        score(l, r.score, &mut scores);
+        for (((c, &s), &v), &b) in choice.iter_mut().zip(&scores).zip(l).zip(bias) {
+            *c = if r.score == RouterScore::SigmoidByLogit {
+                v
+            } else {
+                s
+            } + b;
         }
         for (g, group) in group_scores.iter_mut().zip(choice.chunks_exact(size)) {
             *g = top2_sum(group);
@@ -62,6 +66,29 @@ pub fn route_grouped(
         }
     }
     Ok((ids, weights))
+}
+
+/// The scores of one token's `logits`: their sigmoid, or their softmax (f32: the max, then
+/// `exp(l - max)` summed in expert order, each divided by the sum).
+fn score(logits: &[f32], kind: RouterScore, scores: &mut [f32]) {
+    match kind {
+        RouterScore::Sigmoid | RouterScore::SigmoidByLogit => {
+            for (s, &v) in scores.iter_mut().zip(logits) {
+                *s = sigmoid(v);
+            }
+        }
+        RouterScore::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for (s, &v) in scores.iter_mut().zip(logits) {
+                *s = (v - max).exp();
+                sum += *s;
+            }
+            for s in scores.iter_mut() {
+                *s /= sum;
+            }
+        }
+    }
 }
 
 /// The sum of the two largest values (the larger first).
@@ -116,7 +143,7 @@ mod tests {
             topk_group,
             renorm,
             scale: 2.0,
-            by_logit: false,
+            score: RouterScore::Sigmoid,
         }
     }
 
@@ -143,6 +170,30 @@ mod tests {
         );
     }
 
+    /// Mistral 4's scores are the softmax over all the token's experts (not just the kept
+    /// group's), the weights those probabilities renormalised over the chosen ones.
+    #[test]
+    fn softmax_scores_over_every_expert() {
+        let logits = [3.0f32, -2.0, -2.0, -2.0, 1.0, 1.0, 0.5, -2.0];
+        let r = GroupedTopK {
+            score: RouterScore::Softmax,
+            ..router(2, 2, 1, false)
+        };
+        let (ids, w) = route_grouped(&logits, &[0.0; 8], 8, &r).unwrap();
+        // In probability group 0's pair (3, -2) beats group 1's (1, 1), which the sigmoid
+        // prefers.
+        assert_eq!(ids, vec![0, 1]);
+        let sigmoid_ids = route_grouped(&logits, &[0.0; 8], 8, &router(2, 2, 1, false));
+        assert_eq!(sigmoid_ids.unwrap().0, vec![4, 5]);
+        let sum: f32 = logits.iter().map(|&v| (v - 3.0).exp()).sum();
+        let (p0, p1) = (1.0 / sum, (-5f32).exp() / sum);
+        assert_eq!(w, vec![2.0 * p0, 2.0 * p1]);
+        let r = GroupedTopK { renorm: true, ..r };
+        let (_, w) = route_grouped(&logits, &[0.0; 8], 8, &r).unwrap();
+        let d = p0 + p1 + 1e-20;
+        assert_eq!(w, vec![2.0 * (p0 / d), 2.0 * (p1 / d)]);
+    }
+
     /// Llama-4's choice ranks the logits: f32's sigmoid ties 20 and 21 (both 1), the logits
     /// do not; the weights are still the sigmoids, unrenormalised.
     #[test]
@@ -153,7 +204,7 @@ mod tests {
         let (ids, _) = route_grouped(&logits, &[0.0; 4], 4, &by_score).unwrap();
         assert_eq!(ids, vec![0]);
         let llama4 = GroupedTopK {
-            by_logit: true,
+            score: RouterScore::SigmoidByLogit,
             scale: 1.0,
             ..router(2, 1, 1, false)
         };

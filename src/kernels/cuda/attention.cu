@@ -16,8 +16,9 @@
 // (still counted from position 0) wholly before lo_r are skipped for the row, keys before lo_r
 // inside a block get p = 0 and are never added; the tile starts at the block of its first
 // row's lo. With sinks (`sinks` non-null) the head's sink logit joins the max and the
-// denominator once, after the last key block. Llama-4's query temperature (`temp_floor` > 0)
-// multiplies each query by its position's factor as it is loaded.
+// denominator once, after the last key block. The query temperature (`temp_floor` > 0:
+// Llama-4's, Mistral's) multiplies each query by its position's factor as it is loaded (in
+// f32, before the tensor-core kernel rounds it to bf16).
 
 // K/V rows of one token from the fused qkv rows into the cache.
 // Launch: grid (T), block (256).
@@ -72,8 +73,9 @@ struct AttnArgs {
     const float* sinks;      // [heads] sink logits, or null
     int window;              // sliding window in keys, or 0 for none
     int chunk;               // Llama-4's chunks of keys, or 0 for none (never with a window)
-    float temp_floor;        // Llama-4's query temperature: floor_scale, or 0 for none
-    float temp_scale;        //   and attn_scale
+    float temp_floor;        // the query temperature: floor_scale, or 0 for none
+    float temp_scale;        //   attn_scale
+    float temp_offset;       //   and offset (QueryTemperature)
 };
 
 // First key a query at position p sees: its window's or its chunk's start (0 for neither).
@@ -83,11 +85,13 @@ __device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
     return 0;
 }
 
-// The query at position p times Llama-4's temperature factor (f32, as the CPU computes it).
+// The query at position p times the temperature factor (f32, as the CPU computes it).
 __device__ __forceinline__ float attn_query(const AttnArgs& a, float q, int p) {
     if (a.temp_floor <= 0.f) return q;
-    const float f = __fadd_rn(__fmul_rn(log1pf(floorf(__fdiv_rn((float)p + 1.0f, a.temp_floor))),
-                                        a.temp_scale), 1.0f);
+    const float f = __fadd_rn(
+        __fmul_rn(log1pf(floorf(__fdiv_rn(__fadd_rn((float)p, a.temp_offset), a.temp_floor))),
+                  a.temp_scale),
+        1.0f);
     return __fmul_rn(q, f);
 }
 
@@ -300,8 +304,12 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int c = s * 16 + half * 8;
-                qa[s][2 * half] = r0 < n ? pack_bf16(q0[c], q0[c + 1]) : 0u;
-                qa[s][2 * half + 1] = r1 < n ? pack_bf16(q1[c], q1[c + 1]) : 0u;
+                qa[s][2 * half] = r0 < n ? pack_bf16(attn_query(a, q0[c], p0 + r0),
+                                                     attn_query(a, q0[c + 1], p0 + r0))
+                                         : 0u;
+                qa[s][2 * half + 1] = r1 < n ? pack_bf16(attn_query(a, q1[c], p0 + r1),
+                                                         attn_query(a, q1[c + 1], p0 + r1))
+                                             : 0u;
             }
         }
     }

@@ -116,8 +116,7 @@ impl Setup {
             sinks: 0,
             window: self.variant.window.unwrap_or(0),
             chunk: self.variant.chunk.unwrap_or(0),
-            temperature: (self.variant.temperature)
-                .map_or((0.0, 0.0), |t| (t.floor_scale, t.attn_scale)),
+            temperature: self.variant.temperature,
         };
         kv.attend(
             gpu,
@@ -166,38 +165,68 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
         return;
     }
     for hd in [16, 32, 64, 128, 256] {
-        let setup = Setup::new(hd, [230, 90], hd as u64);
-        let new_cache = |tensor_cores: bool| {
-            let mut kv =
-                DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
-            kv.tensor_cores = tensor_cores;
-            kv
-        };
-        for (tc, tol) in [(true, 1.5e-2), (false, 1e-5)] {
-            let kv = new_cache(tc);
-            // A's first 100 positions, then A's 100..230 (from inside a key block) with all of B.
-            setup.run(&gpu, &kv, &[(0, 0, 100)]);
-            let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
-            let e_a = err_of(&setup, &both, 0, (0, 100, 130));
-            let e_b = err_of(&setup, &both, 130, (1, 0, 90));
-            eprintln!("hd {hd}, tensor cores {tc}: max-rel {e_a:.2e} (A 100..230), {e_b:.2e} (B)");
-            assert!(
-                e_a <= tol && e_b <= tol,
-                "hd {hd}, tensor cores {tc}: {e_a:e} / {e_b:e}"
-            );
-            // A's rows again, alone in their batch: the same bits.
-            let alone = setup.run(&gpu, &kv, &[(0, 100, 130)]);
-            let n = 130 * HEADS * hd;
-            let same = alone
-                .iter()
-                .zip(&both[..n])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "hd {hd}, tensor cores {tc}: rows depend on the batch");
-        }
+        both_kernels_match(&gpu, &Setup::new(hd, [230, 90], hd as u64));
     }
 }
 
-/// Llama-4's softmax on the CUDA-core kernel (the tensor-core one is not taken for it): chunks
+/// Ministral 3's / Mistral 4's query temperature (offset 0) crossing its floor twice inside A
+/// and once inside B, on both kernels (the tensor-core one scales q in f32 before rounding it).
+#[test]
+fn both_kernels_apply_the_query_temperature() {
+    let Some(gpu) = test_gpu() else { return };
+    if gpu.info.compute_capability < (8, 0) {
+        return eprintln!("skipping: no bf16 mma on this GPU");
+    }
+    let mistral = QueryTemperature {
+        floor_scale: 64.0,
+        attn_scale: 0.5,
+        offset: 0.0,
+    };
+    let variant = Variant {
+        temperature: Some(mistral),
+        ..Variant::default()
+    };
+    for hd in [64, 128] {
+        both_kernels_match(
+            &gpu,
+            &Setup::with_variant(hd, [230, 90], hd as u64 + 3, variant),
+        );
+    }
+}
+
+/// Both kernels over `setup` against its reference (tensor cores within 1.5e-2, the CUDA-core
+/// kernel within 1e-5), a row's bits independent of the batch it is in.
+fn both_kernels_match(gpu: &Gpu, setup: &Setup) {
+    let hd = setup.hd;
+    let new_cache = |tensor_cores: bool| {
+        let mut kv = DevKvCache::new(gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+        kv.tensor_cores = tensor_cores;
+        kv
+    };
+    for (tc, tol) in [(true, 1.5e-2), (false, 1e-5)] {
+        let kv = new_cache(tc);
+        // A's first 100 positions, then A's 100..230 (from inside a key block) with all of B.
+        setup.run(gpu, &kv, &[(0, 0, 100)]);
+        let both = setup.run(gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
+        let e_a = err_of(setup, &both, 0, (0, 100, 130));
+        let e_b = err_of(setup, &both, 130, (1, 0, 90));
+        eprintln!("hd {hd}, tensor cores {tc}: max-rel {e_a:.2e} (A 100..230), {e_b:.2e} (B)");
+        assert!(
+            e_a <= tol && e_b <= tol,
+            "hd {hd}, tensor cores {tc}: {e_a:e} / {e_b:e}"
+        );
+        // A's rows again, alone in their batch: the same bits.
+        let alone = setup.run(gpu, &kv, &[(0, 100, 130)]);
+        let n = 130 * HEADS * hd;
+        let same = alone
+            .iter()
+            .zip(&both[..n])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "hd {hd}, tensor cores {tc}: rows depend on the batch");
+    }
+}
+
+/// Llama-4's softmax on the CUDA-core kernel (the tensor-core one is not taken for chunks): chunks
 /// of keys shorter than a key block and longer than one, the query temperature crossing its
 /// floor inside the prompt; a chunk of A that starts inside a key block and a chunk of keys.
 #[test]
@@ -206,6 +235,7 @@ fn chunks_and_temperature_match_the_reference() {
     let warm = QueryTemperature {
         floor_scale: 16.0,
         attn_scale: 0.1,
+        offset: 1.0,
     };
     for (hd, chunk, temperature) in [(32, Some(7), None), (64, Some(40), Some(warm))] {
         let variant = Variant {
@@ -300,11 +330,19 @@ fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
         ..plain
     };
     let chunks = DevSoftmax { chunk: 64, ..plain };
-    let warm = DevSoftmax {
-        temperature: (8192.0, 0.1),
-        ..plain
-    };
-    for other in [window, sinks, chunks, warm] {
+    for other in [window, sinks, chunks] {
         assert_eq!(pick(bf16, bf16, 64, &other), None);
     }
+    let warm = DevSoftmax {
+        temperature: Some(QueryTemperature {
+            floor_scale: 8192.0,
+            attn_scale: 0.1,
+            offset: 0.0,
+        }),
+        ..plain
+    };
+    assert_eq!(
+        pick(bf16, bf16, 64, &warm).as_deref(),
+        Some("attn_mma_h64_bf16")
+    );
 }

@@ -100,9 +100,7 @@ impl CudaDevice {
             sinks: sm.sinks.map_or(0, |s| s.ptr()),
             window: sm.window.unwrap_or(0),
             chunk: sm.chunk.unwrap_or(0),
-            temperature: sm
-                .temperature
-                .map_or((0.0, 0.0), |t| (t.floor_scale, t.attn_scale)),
+            temperature: sm.temperature,
         };
         let o = (out.ptr(), out.dtype());
         Ok(kv.attend(

@@ -105,7 +105,7 @@ fn tiles_of(plan: &BatchPlan<'_>, tile: usize) -> Vec<i32> {
 }
 
 pub use crate::kernels::device::AttnShape;
-use crate::kernels::device::KvShape;
+use crate::kernels::device::{KvShape, QueryTemperature};
 
 /// q/k RMSNorm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, and the
 /// (count, width) of the pieces of q and of k each normalises.
@@ -125,14 +125,14 @@ pub struct QkvRows {
 
 /// The softmax's variant as the kernel takes it: scale and head geometry, the sinks' device
 /// address (0 = none), the sliding window or the chunk in keys (0 = none), the query
-/// temperature's floor scale and attention scale (floor 0 = none).
+/// temperature.
 #[derive(Debug, Clone, Copy)]
 pub struct DevSoftmax {
     pub shape: AttnShape,
     pub sinks: u64,
     pub window: usize,
     pub chunk: usize,
-    pub temperature: (f32, f32),
+    pub temperature: Option<QueryTemperature>,
 }
 
 impl DevSoftmax {
@@ -143,7 +143,7 @@ impl DevSoftmax {
             sinks: 0,
             window: 0,
             chunk: 0,
-            temperature: (0.0, 0.0),
+            temperature: None,
         }
     }
 }
@@ -170,6 +170,7 @@ pub struct AttnArgs {
     chunk: i32,
     temp_floor: f32,
     temp_scale: f32,
+    temp_offset: f32,
 }
 
 /// K and V of every attention layer.
@@ -358,8 +359,9 @@ impl DevKvCache {
             sinks: softmax.sinks,
             window,
             chunk,
-            temp_floor: softmax.temperature.0,
-            temp_scale: softmax.temperature.1,
+            temp_floor: softmax.temperature.map_or(0.0, |t| t.floor_scale),
+            temp_scale: softmax.temperature.map_or(0.0, |t| t.attn_scale),
+            temp_offset: softmax.temperature.map_or(0.0, |t| t.offset),
         };
         let mma = self
             .tensor_cores
@@ -389,18 +391,15 @@ impl DevKvCache {
 }
 
 /// The tensor-core kernel (attn_mma_* in attention.cu, sm_80+) for a layer, where it applies:
-/// a bf16 cache, a head dim it is built for, no sliding window, chunks, sinks or temperature
-/// (those layers, and f32 / f16 caches, take the CUDA-core kernel).
+/// a bf16 cache, a head dim it is built for, no sliding window, chunks or sinks (those
+/// layers, and f32 / f16 caches, take the CUDA-core kernel); a query temperature it applies.
 fn mma_kernel(
     cache: WeightDtype,
     out: WeightDtype,
     hd: usize,
     softmax: &DevSoftmax,
 ) -> Option<String> {
-    let plain = softmax.window == 0
-        && softmax.chunk == 0
-        && softmax.sinks == 0
-        && softmax.temperature.0 == 0.0;
+    let plain = softmax.window == 0 && softmax.chunk == 0 && softmax.sinks == 0;
     let out = match out {
         WeightDtype::Bf16 | WeightDtype::F32 => suffix(out),
         _ => return None,

@@ -14,8 +14,9 @@ __device__ __forceinline__ void moeg_top2_merge(float& a, float& b, float oa, fl
 }
 
 // One warp per token (launch: grid (ceil(T / 4)), block (128)). logits [T, E], bias [E] ->
-// ids [T, top_k] (choice order) and weights [T, top_k]: s = sigmoid(logit), choice = s + bias
-// (logit + bias when by_logit != 0: Llama-4);
+// ids [T, top_k] (choice order) and weights [T, top_k]: s = sigmoid(logit) (score 0, 1) or the
+// softmax of the token's logits (score 2: Mistral 4), choice = s + bias (logit + bias for
+// score 1: Llama-4);
 // groups of E / n_group experts ranked by the sum of their two best choice values, the best
 // topk_group kept; top_k experts by choice inside them; weights s, divided by their sum
 // (+ 1e-20) when renorm != 0, times scale.
@@ -25,7 +26,7 @@ extern "C" __global__ void moe_route_grouped_f32(
     int* __restrict__ ids,
     float* __restrict__ weights,
     int num_tokens, int num_experts, int top_k, int n_group, int topk_group, int renorm,
-    float scale, int by_logit)
+    float scale, int score)
 {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -41,7 +42,35 @@ extern "C" __global__ void moe_route_grouped_f32(
     for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
         const int e = lane + 32 * r;
         s[r] = e < num_experts ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
-        c[r] = e < num_experts ? __fadd_rn(by_logit ? l[e] : s[r], bias[e]) : -HSX_INF;
+    }
+    if (score == 2) {
+        float mx = -HSX_INF;
+#pragma unroll
+        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
+            if (lane + 32 * r < num_experts) mx = fmaxf(mx, l[lane + 32 * r]);
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(HSX_FULL_MASK, mx, off));
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
+            const int e = lane + 32 * r;
+            s[r] = e < num_experts ? expf(l[e] - mx) : 0.0f;
+            sum = __fadd_rn(sum, s[r]);
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            sum = __fadd_rn(sum, __shfl_xor_sync(HSX_FULL_MASK, sum, off));
+        }
+#pragma unroll
+        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
+            s[r] = s[r] / sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
+        const int e = lane + 32 * r;
+        c[r] = e < num_experts ? __fadd_rn(score == 1 ? l[e] : s[r], bias[e]) : -HSX_INF;
     }
     // every lane ends with every group's score (butterfly reductions)
     float gsc[MOEG_MAX_GROUPS];

@@ -1,4 +1,4 @@
-//! Nemotron 3's MoE on the device (moe_grouped.cu): the group-limited sigmoid router, its
+//! Nemotron 3's MoE on the device (moe_grouped.cu): the group-limited router, its
 //! choice copied back and planned on the host like [`super::moe`]'s, and the weighted sum of
 //! the routed experts' outputs written in the next GEMM's input dtype; plus the f32 -> GEMM
 //! input cast of a latent projection. Each op checks its operands on the host first.
@@ -51,7 +51,7 @@ pub fn route_grouped(
         i32_of(r.topk_group, "topk_group")?,
         i32::from(r.renorm),
         r.scale,
-        i32::from(r.by_logit)
+        r.score.code()
     )
 }
 

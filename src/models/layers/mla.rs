@@ -9,7 +9,9 @@
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{AttnCall, AttnSoftmax, DevResult, MlaDims, QkvLayout};
+use crate::kernels::device::{
+    AttnCall, AttnSoftmax, DevResult, MlaDims, QkvLayout, QueryTemperature,
+};
 
 /// How q is made from the normed rows.
 pub enum MlaQuery<D: Device> {
@@ -45,6 +47,8 @@ pub struct MlaAttention<D: Device> {
     pub latent_eps: f64,
     /// The softmax scale over `D^-0.5` (YaRN's mscale²).
     pub score_factor: f64,
+    /// Mistral 4's query scale by position.
+    pub temperature: Option<QueryTemperature>,
     /// This layer's index among the attention layers (its KV cache layer).
     pub kv_layer: usize,
 }
@@ -102,6 +106,7 @@ impl<D: Device> MlaAttention<D> {
             rope: Some((&self.rope, d.rope)),
             softmax: AttnSoftmax {
                 score_factor: self.score_factor,
+                temperature: self.temperature,
                 ..AttnSoftmax::causal()
             },
         };
