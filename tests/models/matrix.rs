@@ -178,4 +178,5 @@ matrix! {
     phi4_mini => "phi4_mini",
     ministral3 => "ministral3",
     mistral4 => "mistral4",
+    ministral3_vl => "ministral3_vl",
 }

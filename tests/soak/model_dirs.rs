@@ -136,6 +136,7 @@ const FIXTURES: &[&str] = &[
     "gemma3",
     "gemma3_vl",
     "mistral3_vl",
+    "ministral3_vl",
     "granite",
     "granite_h",
     "granite_h_bf16",
