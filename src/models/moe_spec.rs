@@ -54,15 +54,8 @@ impl MoeSpec {
                 n_group,
                 topk_group,
                 scale,
-            } => Some(GroupedTopK {
-                top_k: self.top_k,
-                n_group,
-                topk_group,
-                renorm: self.norm_topk_prob,
-                scale,
-                score: RouterScore::Sigmoid,
-            }),
-            MoeRouter::GroupedSoftmax {
+            }
+            | MoeRouter::GroupedSoftmax {
                 n_group,
                 topk_group,
                 scale,
@@ -72,7 +65,10 @@ impl MoeSpec {
                 topk_group,
                 renorm: self.norm_topk_prob,
                 scale,
-                score: RouterScore::Softmax,
+                score: match self.router {
+                    MoeRouter::GroupedSoftmax { .. } => RouterScore::Softmax,
+                    _ => RouterScore::Sigmoid,
+                },
             }),
             // The grouped choice with one group, no bias and the logits ranked.
             MoeRouter::Llama4 => Some(GroupedTopK {

@@ -112,6 +112,30 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The softmax of a warp's n logits l[lane + 32 r] (r < N) into p (0 past n): the max and the
+// sum over the warp by butterfly shuffles, then exp(l - max) / sum (the MoE routers').
+template <int N>
+__device__ __forceinline__ void warp_softmax(const float* l, int n, int lane, float (&p)[N]) {
+    float mx = -HSX_INF;
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+        const int e = lane + 32 * r;
+        p[r] = e < n ? l[e] : -HSX_INF;
+        mx = fmaxf(mx, p[r]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+        const int e = lane + 32 * r;
+        p[r] = e < n ? expf(p[r] - mx) : 0.0f;
+        sum = __fadd_rn(sum, p[r]);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(HSX_FULL_MASK, sum, o));
+#pragma unroll
+    for (int r = 0; r < N; ++r) p[r] = p[r] / sum;
+}
+
 // Warp arg-max of (value v, index i) carrying a payload p: every lane ends with the largest v,
 // the lower i among equal ones (the MoE routers' tie rule on every device), and its payload.
 // A lane with i == 0x7fffffff holds nothing and never wins.

@@ -27,30 +27,7 @@ extern "C" __global__ void moe_route_f32(
     const int t = (int)warp;
     const float* l = logits + (size_t)t * num_experts;
     float p[MOE_MAX_PER_LANE];
-    float mx = -HSX_INF;
-#pragma unroll
-    for (int r = 0; r < MOE_MAX_PER_LANE; ++r) {
-        const int e = lane + 32 * r;
-        p[r] = e < num_experts ? l[e] : -HSX_INF;
-        mx = fmaxf(mx, p[r]);
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-        mx = fmaxf(mx, __shfl_xor_sync(HSX_FULL_MASK, mx, off));
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int r = 0; r < MOE_MAX_PER_LANE; ++r) {
-        const int e = lane + 32 * r;
-        p[r] = e < num_experts ? expf(p[r] - mx) : 0.0f;
-        sum = __fadd_rn(sum, p[r]);
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-        sum = __fadd_rn(sum, __shfl_xor_sync(HSX_FULL_MASK, sum, off));
-    }
-#pragma unroll
-    for (int r = 0; r < MOE_MAX_PER_LANE; ++r) {
-        p[r] = p[r] / sum;
-    }
+    warp_softmax(l, num_experts, lane, p);
     unsigned taken = 0u;  // bit r: entry lane + 32 r already chosen
     float chosen_sum = 0.0f;
     for (int i = 0; i < top_k; ++i) {

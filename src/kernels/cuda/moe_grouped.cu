@@ -44,28 +44,7 @@ extern "C" __global__ void moe_route_grouped_f32(
         s[r] = e < num_experts ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
     }
     if (score == 2) {
-        float mx = -HSX_INF;
-#pragma unroll
-        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
-            if (lane + 32 * r < num_experts) mx = fmaxf(mx, l[lane + 32 * r]);
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            mx = fmaxf(mx, __shfl_xor_sync(HSX_FULL_MASK, mx, off));
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
-            const int e = lane + 32 * r;
-            s[r] = e < num_experts ? expf(l[e] - mx) : 0.0f;
-            sum = __fadd_rn(sum, s[r]);
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            sum = __fadd_rn(sum, __shfl_xor_sync(HSX_FULL_MASK, sum, off));
-        }
-#pragma unroll
-        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
-            s[r] = s[r] / sum;
-        }
+        warp_softmax(l, num_experts, lane, s);
     }
 #pragma unroll
     for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
