@@ -332,8 +332,9 @@ pub struct AttnCall<'a, D: Device> {
 /// What the attention's softmax sees beyond the causal keys: a sliding window (gpt-oss,
 /// Mistral: query at position p sees keys `p - window + 1 ..= p`) or Llama-4's chunks (keys
 /// `p - p % chunk ..= p`), a learned per-head sink logit that joins the denominator only, a
-/// factor on the scores (YaRN's attention factor squared) on top of `head_dim^-0.5`, and a
-/// per-position query temperature (Llama-4's NoPE layers; every layer of Ministral 3 and
+/// factor on the scores on top of `head_dim^-0.5` (Gemma-3's `query_pre_attn_scalar`, Granite's
+/// attention multiplier, MLA's YaRN mscale²; YaRN's attention factor is on the RoPE table), and
+/// a per-position query temperature (Llama-4's NoPE layers; every layer of Ministral 3 and
 /// Mistral 4).
 pub struct AttnSoftmax<'a, D: Device> {
     pub window: Option<usize>,

@@ -1,9 +1,8 @@
 //! The RoPE frequency table (host side, every device): `inv_freq` per rotary dim pair, with
 //! linear, llama3, YaRN or LongRoPE scaling, and the f32 cos/sin transformers computes from it,
-//! times a scale. YaRN's attention factor, which transformers multiplies into cos and sin, is
-//! not in the table: it scales q and k alike, so the attention applies its square to the scores
-//! ([`Rope::score_factor`]); LongRoPE's is (Phi-4-mini rotates part of each head only, and the
-//! dims passed through are not scaled).
+//! times a scale: YaRN's and LongRoPE's attention factor, which transformers multiplies into
+//! cos and sin — so only the rotated dims carry it (a partial rotary factor passes the others
+//! through unscaled, as do MLA's non-rotated dims).
 
 use super::dtype::RopeScaling;
 
@@ -16,6 +15,7 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// cos and sin times YaRN's attention factor (1 for the other scalings).
     pub fn new(head_dim: usize, theta: f64, scaling: RopeScaling) -> Self {
         let mut inv_freq = default_inv_freq(head_dim, theta);
         if let RopeScaling::Yarn { .. } = scaling {
@@ -41,10 +41,13 @@ impl Rope {
             let factor = factor as f32;
             inv_freq.iter_mut().for_each(|f| *f /= factor);
         }
-        Self {
-            inv_freq,
-            scale: 1.0,
-        }
+        let scale = match scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor as f32,
+            _ => 1.0,
+        };
+        Self { inv_freq, scale }
     }
 
     /// Phi-3's LongRoPE over `rot` rotated dims (transformers `_compute_longrope_parameters`):
@@ -61,17 +64,6 @@ impl Rope {
         Self {
             inv_freq,
             scale: scale as f32,
-        }
-    }
-
-    /// What the attention scores are multiplied by on top of `head_dim^-0.5`: YaRN's
-    /// attention factor squared (1 otherwise).
-    pub fn score_factor(scaling: RopeScaling) -> f64 {
-        match scaling {
-            RopeScaling::Yarn {
-                attention_factor, ..
-            } => attention_factor * attention_factor,
-            _ => 1.0,
         }
     }
 
@@ -200,7 +192,7 @@ mod tests {
         for (l, p) in linear.inv_freq().iter().zip(plain.inv_freq()) {
             assert_eq!(*l, p / 8.0f32);
         }
-        assert_eq!(Rope::score_factor(RopeScaling::Linear { factor: 8.0 }), 1.0);
+        assert_eq!(linear.scale(), 1.0);
     }
 
     /// gpt-oss's fixture geometry (head_dim 16, theta 1e4, original context 64, beta 8 / 1,
@@ -230,6 +222,10 @@ mod tests {
         for (g, w) in got.inv_freq().iter().zip(want) {
             assert!(((g - w) / w).abs() < 1e-6, "{g} vs {w}");
         }
-        assert!((Rope::score_factor(yarn) - 1.138629f64.powi(2)).abs() < 1e-5);
+        // transformers' attention factor on cos and sin (f32).
+        assert_eq!(got.scale(), (0.1 * 4f64.ln() + 1.0) as f32);
+        let (mut cos, mut sin) = ([0f32; 8], [0f32; 8]);
+        got.cos_sin(0, &mut cos, &mut sin);
+        assert_eq!(cos, [got.scale(); 8]);
     }
 }

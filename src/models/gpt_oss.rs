@@ -22,7 +22,6 @@ use super::{ModelError, ModelSpec, mxfp4};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
 use crate::kernels::dtype::WeightDtype;
-use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let g = spec.gpt_oss.clone().ok_or_else(|| {
@@ -63,7 +62,6 @@ fn load_attention<D: Device>(
     let variant = AttnVariant {
         window: g.windows[i],
         sinks: Some(ld.vector(&sinks, spec.num_heads)?),
-        score_factor: Rope::score_factor(spec.rope_scaling),
         ..AttnVariant::causal()
     };
     super::dense::load_attention(ld, spec, i, variant)

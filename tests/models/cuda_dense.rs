@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 12] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -29,6 +29,7 @@ const ARCHS: [&str; 12] = [
     "phi3_longrope",
     "phi4_mini",
     "ministral3",
+    "qwen3_yarn",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

@@ -179,4 +179,5 @@ matrix! {
     ministral3 => "ministral3",
     mistral4 => "mistral4",
     ministral3_vl => "ministral3_vl",
+    qwen3_yarn => "qwen3_yarn",
 }

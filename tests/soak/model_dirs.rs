@@ -147,6 +147,7 @@ const FIXTURES: &[&str] = &[
     "phi4_mini",
     "ministral3",
     "mistral4",
+    "qwen3_yarn",
 ];
 
 impl Bases {
