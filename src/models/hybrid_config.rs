@@ -242,8 +242,11 @@ fn parse_qwen(
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let head_dim = cfg.usize_or("head_dim", 256)?;
     let (rope_theta, rope_scaling) = cfg.rope(architecture)?;
-    if rope_scaling != RopeScaling::None {
-        return Err(unsupported(cfg, "rope scaling in a hybrid model".into()));
+    // YaRN as the Qwen3-Next / Qwen3.5 model cards give it for long contexts (over the rotated
+    // dims, its attention factor on their cos / sin, as transformers); no other scaling.
+    if !matches!(rope_scaling, RopeScaling::None | RopeScaling::Yarn { .. }) {
+        let msg = "rope scaling other than yarn in a Qwen3-Next / Qwen3.5 model";
+        return Err(unsupported(cfg, msg.into()));
     }
     let rotary_dim = rotary_dim(cfg, head_dim, 0.25)?;
     let gdn = GdnSpec {
@@ -480,6 +483,24 @@ mod tests {
         assert_eq!(h.rotary_dim, 8);
         assert!(s.has_recurrent_layers());
         assert_eq!(s.rope_theta, 1e7);
+    }
+
+    /// YaRN (the model cards' long-context setting) runs over the rotated dims; other
+    /// scalings are refused by name.
+    #[test]
+    fn qwen_yarn_accepted_other_scalings_refused() {
+        let mut v = qwen();
+        v["rope_parameters"] = json!({"rope_type": "yarn", "rope_theta": 1e7, "factor": 4.0,
+            "original_max_position_embeddings": 262144});
+        let s = parse_json(&v).unwrap();
+        assert!(matches!(
+            s.rope_scaling,
+            RopeScaling::Yarn { factor: 4.0, .. }
+        ));
+        assert_eq!(s.hybrid.unwrap().rotary_dim, 8);
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 4.0});
+        let err = parse_json(&v).unwrap_err().to_string();
+        assert!(err.contains("other than yarn"), "{err}");
     }
 
     #[test]

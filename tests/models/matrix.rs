@@ -71,7 +71,11 @@ fn check(name: &str, dev: Dev) {
     // On CUDA, a bf16 hybrid's recurrences round each block's operands to bf16 (the
     // tensor-core state passes): pieces that cut blocks (7, 61) agree with one pass within
     // the bf16 tolerance, pieces of 64 (the blocks) within f32 rounding, as every other model.
+    // An f32 hybrid's pieces that cut blocks take the recurrences' other f32 form: rounding
+    // that grows over the layers (up to 4.5e-6 on qwen3_5 / qwen3_next, 2.3e-5 on
+    // qwen3_5_yarn p1 at layer 4, from 4.4e-6 after its first Gated DeltaNet layer).
     let tensor_recurrences = spec.hybrid.is_some() && spec.dtype == WeightDtype::Bf16;
+    let f32_recurrences = spec.has_recurrent_layers() && !tensor_recurrences;
     let pieces: &[(usize, bool)] = match dev {
         Dev::Cuda => &[(7, false), (61, true), (RECURRENT_BLOCK, false)],
         _ => &[(7, false), (61, true)],
@@ -88,10 +92,10 @@ fn check(name: &str, dev: Dev) {
                 }
                 Dev::Cuda => {
                     let cuts_blocks = !piece.is_multiple_of(RECURRENT_BLOCK);
-                    let piece_tol = if tensor_recurrences && cuts_blocks {
-                        tol
-                    } else {
-                        1e-5
+                    let piece_tol = match (cuts_blocks, tensor_recurrences, f32_recurrences) {
+                        (true, true, _) => tol,
+                        (true, _, true) => 5e-5,
+                        _ => 1e-5,
                     };
                     let err = max_rel(&b.0, &a.0);
                     assert!(err <= piece_tol, "{name} p{r} pieces of {piece}: {err:e}")
@@ -180,4 +184,6 @@ matrix! {
     mistral4 => "mistral4",
     ministral3_vl => "ministral3_vl",
     qwen3_yarn => "qwen3_yarn",
+    qwen3_5_yarn => "qwen3_5_yarn",
+    deepseek_v3_yarn => "deepseek_v3_yarn",
 }

@@ -148,6 +148,8 @@ const FIXTURES: &[&str] = &[
     "ministral3",
     "mistral4",
     "qwen3_yarn",
+    "qwen3_5_yarn",
+    "deepseek_v3_yarn",
 ];
 
 impl Bases {
