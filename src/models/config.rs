@@ -401,15 +401,20 @@ impl<'a> Cfg<'a> {
             .is_some_and(|a| a.iter().any(|t| t.as_str() == Some("sliding_attention")))
     }
 
+    /// The RoPE parameter object and the field it is at: transformers 5.x `rope_parameters`,
+    /// else the older `rope_scaling`; `None` where the config names neither.
+    pub(super) fn rope_object(&self) -> Option<(&'static str, &'a Value)> {
+        match self.get("rope_parameters") {
+            Some(p) => Some(("rope_parameters", p)),
+            None => self.get("rope_scaling").map(|p| ("rope_scaling", p)),
+        }
+    }
+
     /// (theta, scaling) from transformers 5.x `rope_parameters` or the older top-level
     /// `rope_theta` + `rope_scaling`; theta `default_theta(arch)` where neither names one.
     pub(super) fn rope(&self, arch: Architecture) -> Result<(f64, RopeScaling), ModelError> {
         let top_theta = self.f64_or("rope_theta", default_theta(arch))?;
-        let (field, params) = match self.get("rope_parameters") {
-            Some(p) => ("rope_parameters", Some(p)),
-            None => ("rope_scaling", self.get("rope_scaling")),
-        };
-        let Some(params) = params else {
+        let Some((field, params)) = self.rope_object() else {
             return Ok((top_theta, RopeScaling::None));
         };
         self.rope_params(field, params, top_theta)

@@ -211,11 +211,8 @@ fn score_factor(cfg: &Cfg<'_>, scaling: RopeScaling) -> Result<f64, ModelError> 
     let RopeScaling::Yarn { factor, .. } = scaling else {
         return Ok(1.0);
     };
-    let params = cfg
-        .get("rope_parameters")
-        .or_else(|| cfg.get("rope_scaling"));
-    let all_dim = params
-        .and_then(|p| p.get("mscale_all_dim"))
+    let all_dim = (cfg.rope_object())
+        .and_then(|(_, p)| p.get("mscale_all_dim"))
         .filter(|v| !v.is_null());
     let m = match all_dim {
         None => return Ok(1.0),

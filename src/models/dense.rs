@@ -1,5 +1,5 @@
-//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, and the MoE ones Qwen3-MoE, Mixtral,
-//! GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, and the MoE ones
+//! Qwen3-MoE, Mixtral, GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
 //! q/k norm or MiniMax-M2's over the whole projection, RoPE incl. llama3 scaling, partial

@@ -101,10 +101,7 @@ fn phi3_rope(
     max_pos: usize,
 ) -> Result<Option<(f64, LongRope)>, ModelError> {
     let rot = super::hybrid_config::rotary_dim(cfg, head_dim, 1.0)?;
-    let params = match cfg.get("rope_parameters") {
-        Some(p) => Some(("rope_parameters", p)),
-        None => cfg.get("rope_scaling").map(|p| ("rope_scaling", p)),
-    };
+    let params = cfg.rope_object();
     let kind = params
         .and_then(|(_, p)| p.get("rope_type").or_else(|| p.get("type")))
         .and_then(|v| v.as_str());

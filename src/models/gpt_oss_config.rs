@@ -44,7 +44,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
     let num_layers = cfg.num_layers()?;
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_or("num_attention_heads", 64)?;
-    let has_rope = cfg.get("rope_parameters").is_some() || cfg.get("rope_scaling").is_some();
+    let has_rope = cfg.rope_object().is_some();
     let (rope_theta, rope_scaling) = match has_rope {
         true => cfg.rope(Architecture::GptOss)?,
         false => (cfg.f64_or("rope_theta", 150000.0)?, DEFAULT_YARN),

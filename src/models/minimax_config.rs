@@ -25,6 +25,7 @@ pub(super) fn minimax_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, M
             n_group: 1,
             topk_group: 1,
             scale: 1.0,
+            softmax: false,
         },
     })
 }

@@ -53,13 +53,7 @@ pub(super) fn query_temperature(
     if !matches!(arch, Architecture::Ministral3 | Architecture::Mistral4) {
         return Ok(None);
     }
-    let (field, params) = match cfg.get("rope_parameters") {
-        Some(p) => ("rope_parameters", p),
-        None => (
-            "rope_scaling",
-            cfg.get("rope_scaling").unwrap_or(&Value::Null),
-        ),
-    };
+    let (field, params) = cfg.rope_object().unwrap_or(("rope_scaling", &Value::Null));
     let num = |k: &str| {
         let v = params.get(k).filter(|v| !v.is_null());
         let x = v.and_then(pyjson::value_f64);
@@ -236,10 +230,11 @@ mod tests {
             (moe.num_experts, moe.top_k, moe.shared_intermediate),
             (128, 4, Some(2048))
         );
-        let router = MoeRouter::GroupedSoftmax {
+        let router = MoeRouter::Grouped {
             n_group: 1,
             topk_group: 1,
             scale: 1.0,
+            softmax: true,
         };
         assert_eq!(moe.router, router);
         assert!(moe.sparse_layers.iter().all(|&s| s));

@@ -93,7 +93,8 @@ pub(super) struct DeepseekMoeDefaults {
     n_group: usize,
     topk_group: usize,
     dense: DenseLayers,
-    /// The router scores by softmax ([`MoeRouter::GroupedSoftmax`], Mistral 4), not sigmoid.
+    /// The router scores by softmax, without a bias (`MoeRouter::Grouped`'s `softmax`:
+    /// Mistral 4), not by sigmoid.
     softmax: bool,
 }
 
@@ -183,22 +184,11 @@ pub(super) fn deepseek_moe(
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
         sparse_layers,
-        router: {
-            let n_group = cfg.usize_or("n_group", d.n_group)?;
-            let topk_group = cfg.usize_or("topk_group", d.topk_group)?;
-            let scale = cfg.f64_or("routed_scaling_factor", d.scale)? as f32;
-            match d.softmax {
-                false => MoeRouter::Grouped {
-                    n_group,
-                    topk_group,
-                    scale,
-                },
-                true => MoeRouter::GroupedSoftmax {
-                    n_group,
-                    topk_group,
-                    scale,
-                },
-            }
+        router: MoeRouter::Grouped {
+            n_group: cfg.usize_or("n_group", d.n_group)?,
+            topk_group: cfg.usize_or("topk_group", d.topk_group)?,
+            scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
+            softmax: d.softmax,
         },
     })
 }

@@ -26,23 +26,18 @@ pub enum MoeRouter {
     /// `sigmoid(shared_expert_gate(x))`.
     Softmax,
     /// DeepSeek-V3's group-limited sigmoid router ([`GroupedTopK`]) with
-    /// `gate.e_score_correction_bias` (GLM-4.5); the shared expert is `shared_experts`, added
-    /// as it is. `scale` is `routed_scaling_factor`.
+    /// `gate.e_score_correction_bias` (GLM-4.5), or with `softmax` DeepSeek-V2's over the
+    /// softmax of the logits and no bias (Mistral 4); the shared expert is `shared_experts`,
+    /// added as it is. `scale` is `routed_scaling_factor`.
     Grouped {
         n_group: usize,
         topk_group: usize,
         scale: f32,
+        softmax: bool,
     },
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
     Llama4,
-    /// Mistral 4's (DeepSeek-V2's group-limited router): the grouped choice over the softmax of
-    /// the logits, no correction bias; the shared expert `shared_experts`, added as it is.
-    GroupedSoftmax {
-        n_group: usize,
-        topk_group: usize,
-        scale: f32,
-    },
 }
 
 impl MoeSpec {
@@ -54,20 +49,16 @@ impl MoeSpec {
                 n_group,
                 topk_group,
                 scale,
-            }
-            | MoeRouter::GroupedSoftmax {
-                n_group,
-                topk_group,
-                scale,
+                softmax,
             } => Some(GroupedTopK {
                 top_k: self.top_k,
                 n_group,
                 topk_group,
                 renorm: self.norm_topk_prob,
                 scale,
-                score: match self.router {
-                    MoeRouter::GroupedSoftmax { .. } => RouterScore::Softmax,
-                    _ => RouterScore::Sigmoid,
+                score: match softmax {
+                    true => RouterScore::Softmax,
+                    false => RouterScore::Sigmoid,
                 },
             }),
             // The grouped choice with one group, no bias and the logits ranked.

@@ -64,12 +64,10 @@ pub fn load<D: Device>(
                 gate: Some(ld.dev.vector(&gate)?),
             })
         }
-        (Some(inter), MoeRouter::Grouped { .. } | MoeRouter::GroupedSoftmax { .. }) => {
-            Some(SharedExpert {
-                mlp: swiglu(ld, &n("shared_experts"), hidden, inter, QWEN_EXPERTS)?,
-                gate: None,
-            })
-        }
+        (Some(inter), MoeRouter::Grouped { .. }) => Some(SharedExpert {
+            mlp: swiglu(ld, &n("shared_experts"), hidden, inter, QWEN_EXPERTS)?,
+            gate: None,
+        }),
         (Some(inter), MoeRouter::Llama4) => Some(SharedExpert {
             mlp: swiglu(ld, &n("shared_expert"), hidden, inter, QWEN_EXPERTS)?,
             gate: None,
@@ -80,7 +78,9 @@ pub fn load<D: Device>(
         Some(choice) => Router::Grouped {
             // Llama-4's and Mistral 4's routers have no bias.
             bias: match m.router {
-                MoeRouter::Grouped { .. } => ld.vector(&n(router_bias), m.num_experts)?,
+                MoeRouter::Grouped { softmax: false, .. } => {
+                    ld.vector(&n(router_bias), m.num_experts)?
+                }
                 _ => ld.dev.vector(&vec![0.0; m.num_experts])?,
             },
             choice,

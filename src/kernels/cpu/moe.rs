@@ -12,11 +12,9 @@ pub fn route_top_k(
 ) -> (Vec<i32>, Vec<f32>) {
     let t = logits.len().checked_div(experts).unwrap_or(0);
     let (mut ids, mut weights) = (Vec::with_capacity(t * top_k), Vec::with_capacity(t * top_k));
+    let mut probs = vec![0f32; experts];
     for l in logits.chunks_exact(experts) {
-        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let exps: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
-        let sum: f32 = exps.iter().sum();
-        let probs: Vec<f32> = exps.iter().map(|&v| v / sum).collect();
+        softmax_into(l, &mut probs);
         let mut order: Vec<usize> = (0..experts).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let mut top: Vec<(usize, f32)> = order[..top_k].iter().map(|&e| (e, probs[e])).collect();
@@ -32,6 +30,20 @@ pub fn route_top_k(
         }
     }
     (ids, weights)
+}
+
+/// The softmax of one token's `logits` into `probs` (f32: the max, then `exp(l - max)` summed
+/// in expert order, each divided by the sum): the softmax routers' scores.
+pub fn softmax_into(logits: &[f32], probs: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for (p, &v) in probs.iter_mut().zip(logits) {
+        *p = (v - max).exp();
+        sum += *p;
+    }
+    for p in probs.iter_mut() {
+        *p /= sum;
+    }
 }
 
 #[cfg(test)]

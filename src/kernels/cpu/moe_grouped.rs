@@ -1,8 +1,10 @@
 //! The group-limited router on the CPU ([`GroupedTopK`]: Nemotron 3's, DeepSeek-V3's,
-//! Mistral 4's MoE) and the weighted sum of the routed experts' outputs. The CUDA kernel (`moe_grouped.cu`) makes the
-//! same choice in the same order: every comparison picks the lower index on ties, and the
-//! renormalising sum adds the chosen scores in choice order from zero.
+//! Mistral 4's MoE) and the weighted sum of the routed experts' outputs. The CUDA kernel
+//! (`moe_grouped.cu`) makes the same choice in the same order: every comparison picks the
+//! lower index on ties, and the renormalising sum adds the chosen scores in choice order from
+//! zero.
 
+use super::moe::softmax_into;
 use super::recurrent::sigmoid;
 use crate::kernels::routing::{GroupedTopK, RouterScore, Routing};
 
@@ -68,8 +70,7 @@ pub fn route_grouped(
     Ok((ids, weights))
 }
 
-/// The scores of one token's `logits`: their sigmoid, or their softmax (f32: the max, then
-/// `exp(l - max)` summed in expert order, each divided by the sum).
+/// The scores of one token's `logits`: their sigmoid, or their softmax.
 fn score(logits: &[f32], kind: RouterScore, scores: &mut [f32]) {
     match kind {
         RouterScore::Sigmoid | RouterScore::SigmoidByLogit => {
@@ -77,17 +78,7 @@ fn score(logits: &[f32], kind: RouterScore, scores: &mut [f32]) {
                 *s = sigmoid(v);
             }
         }
-        RouterScore::Softmax => {
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for (s, &v) in scores.iter_mut().zip(logits) {
-                *s = (v - max).exp();
-                sum += *s;
-            }
-            for s in scores.iter_mut() {
-                *s /= sum;
-            }
-        }
+        RouterScore::Softmax => softmax_into(logits, scores),
     }
 }
 

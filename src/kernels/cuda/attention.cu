@@ -85,14 +85,18 @@ __device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
     return 0;
 }
 
-// The query at position p times the temperature factor (f32, as the CPU computes it).
-__device__ __forceinline__ float attn_query(const AttnArgs& a, float q, int p) {
-    if (a.temp_floor <= 0.f) return q;
-    const float f = __fadd_rn(
+// The temperature factor of the query at position p (f32, as the CPU computes it; 1 for none).
+__device__ __forceinline__ float attn_temp(const AttnArgs& a, int p) {
+    if (a.temp_floor <= 0.f) return 1.0f;
+    return __fadd_rn(
         __fmul_rn(log1pf(floorf(__fdiv_rn(__fadd_rn((float)p, a.temp_offset), a.temp_floor))),
                   a.temp_scale),
         1.0f);
-    return __fmul_rn(q, f);
+}
+
+// The query at position p times its temperature factor.
+__device__ __forceinline__ float attn_query(const AttnArgs& a, float q, int p) {
+    return a.temp_floor <= 0.f ? q : __fmul_rn(q, attn_temp(a, p));
 }
 
 // Launch: grid (num_tiles, heads), block (32 * ATTN_WARPS), dynamic shared memory
@@ -299,17 +303,17 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
         const size_t col = (size_t)a.q_col + (size_t)h * HD + 2 * qd;
         const float* q0 = a.q + (size_t)(t0 + min(r0, n - 1)) * a.q_stride + col;
         const float* q1 = a.q + (size_t)(t0 + min(r1, n - 1)) * a.q_stride + col;
+        // Each row's temperature factor, once (q · 1 is q where there is none).
+        const float f0 = attn_temp(a, p0 + r0), f1 = attn_temp(a, p0 + r1);
 #pragma unroll
         for (int s = 0; s < HD / 16; ++s) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int c = s * 16 + half * 8;
-                qa[s][2 * half] = r0 < n ? pack_bf16(attn_query(a, q0[c], p0 + r0),
-                                                     attn_query(a, q0[c + 1], p0 + r0))
-                                         : 0u;
-                qa[s][2 * half + 1] = r1 < n ? pack_bf16(attn_query(a, q1[c], p0 + r1),
-                                                         attn_query(a, q1[c + 1], p0 + r1))
-                                             : 0u;
+                qa[s][2 * half] =
+                    r0 < n ? pack_bf16(__fmul_rn(q0[c], f0), __fmul_rn(q0[c + 1], f0)) : 0u;
+                qa[s][2 * half + 1] =
+                    r1 < n ? pack_bf16(__fmul_rn(q1[c], f1), __fmul_rn(q1[c + 1], f1)) : 0u;
             }
         }
     }

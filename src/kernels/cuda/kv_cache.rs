@@ -342,6 +342,8 @@ impl DevKvCache {
             return Ok(());
         }
         let hd = shape.head_dim;
+        let (temp_floor, temp_scale, temp_offset) = (softmax.temperature)
+            .map_or((0.0, 0.0, 0.0), |t| (t.floor_scale, t.attn_scale, t.offset));
         let mut args = AttnArgs {
             q: q.base,
             q_stride: q.stride as i64,
@@ -359,9 +361,9 @@ impl DevKvCache {
             sinks: softmax.sinks,
             window,
             chunk,
-            temp_floor: softmax.temperature.map_or(0.0, |t| t.floor_scale),
-            temp_scale: softmax.temperature.map_or(0.0, |t| t.attn_scale),
-            temp_offset: softmax.temperature.map_or(0.0, |t| t.offset),
+            temp_floor,
+            temp_scale,
+            temp_offset,
         };
         let mma = self
             .tensor_cores

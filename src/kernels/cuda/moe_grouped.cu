@@ -38,13 +38,14 @@ extern "C" __global__ void moe_route_grouped_f32(
     const float* l = logits + (size_t)t * num_experts;
     float s[MOEG_MAX_PER_LANE];
     float c[MOEG_MAX_PER_LANE];
-#pragma unroll
-    for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
-        const int e = lane + 32 * r;
-        s[r] = e < num_experts ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
-    }
     if (score == 2) {
         warp_softmax(l, num_experts, lane, s);
+    } else {
+#pragma unroll
+        for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
+            const int e = lane + 32 * r;
+            s[r] = e < num_experts ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
+        }
     }
 #pragma unroll
     for (int r = 0; r < MOEG_MAX_PER_LANE; ++r) {
