@@ -319,12 +319,15 @@ impl AttnShape {
 }
 
 /// One attention layer's call: its KV cache layer, the qkv layout, optional q/k RMSNorm
-/// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]) and RoPE
-/// (table, rotary dims of each head), and the softmax's variant.
+/// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]), an optional
+/// per-head RMSNorm of v (Gemma 4's, unweighted: its weights are ones) and RoPE (table, rotary
+/// dims of each head), and the softmax's variant.
 pub struct AttnCall<'a, D: Device> {
     pub kv_layer: usize,
     pub layout: QkvLayout,
     pub qk_norm: Option<(&'a D::Vector, &'a D::Vector, f64)>,
+    /// `[head_dim]` weights and eps.
+    pub v_norm: Option<(&'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
     pub softmax: AttnSoftmax<'a, D>,
 }

@@ -67,6 +67,22 @@ impl Rope {
         }
     }
 
+    /// Gemma 4's proportional RoPE over a whole head (transformers
+    /// `_compute_proportional_rope_parameters`): the first `⌊partial · head_dim / 2⌋` pairs
+    /// rotate at the default frequencies of `head_dim`, the other pairs at frequency 0 (cos 1,
+    /// sin 0: they pass through unchanged, bit for bit); every frequency divided by `factor`.
+    pub fn proportional(head_dim: usize, theta: f64, partial: f64, factor: f64) -> Self {
+        let angles = ((partial * head_dim as f64) / 2.0).floor() as usize;
+        let mut inv_freq = default_inv_freq(head_dim, theta);
+        inv_freq.iter_mut().skip(angles).for_each(|f| *f = 0.0);
+        let factor = factor as f32;
+        inv_freq.iter_mut().for_each(|f| *f /= factor);
+        Self {
+            inv_freq,
+            scale: 1.0,
+        }
+    }
+
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }
@@ -159,6 +175,27 @@ fn llama3_scale(inv: &mut [f32], factor: f32, low: f32, high: f32, old_ctx: f32)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Gemma 4-31B's full layers (head_dim 512, partial 0.25, theta 1e6): transformers 5.24's
+    /// `_compute_proportional_rope_parameters` gives 256 frequencies, 64 rotating (values
+    /// printed from it), the rest 0 — whose pairs pass through exactly.
+    #[test]
+    fn proportional_rotates_a_share_of_the_pairs() {
+        let r = Rope::proportional(512, 1e6, 0.25, 1.0);
+        let f = r.inv_freq();
+        assert_eq!(f.len(), 256);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[1] as f64, f64::from_bits(0x3FEE519F00000000));
+        assert_eq!(f[2] as f64, f64::from_bits(0x3FECB9DA60000000));
+        assert_eq!(f[63] as f64, f64::from_bits(0x3FA116B100000000));
+        assert!(f[64..].iter().all(|&v| v == 0.0));
+        let (mut cos, mut sin) = (vec![0.0; 256], vec![0.0; 256]);
+        r.cos_sin(4321, &mut cos, &mut sin);
+        assert!(cos[64..].iter().all(|&c| c == 1.0) && sin[64..].iter().all(|&s| s == 0.0));
+        assert_ne!(sin[63], 0.0);
+        let halved = Rope::proportional(512, 1e6, 0.25, 2.0);
+        assert_eq!(halved.inv_freq()[1], f[1] / 2.0);
+    }
 
     #[test]
     fn llama3_has_three_bands() {

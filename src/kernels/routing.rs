@@ -149,11 +149,30 @@ impl Routing {
         }
         w
     }
+
+    /// Each token's weight of expert `e` times `scale[e]` (Gemma 4's `per_expert_scale`, in f32
+    /// after the top-k's renormalisation, as transformers).
+    pub fn scale_by_expert(&mut self, scale: &[f32]) {
+        for (&pos, w) in self.tok_pos.iter().zip(&mut self.tok_w) {
+            // The expert whose row span holds `pos`: the last offset at or before it.
+            let e = self.offsets.partition_point(|&o| o <= pos as usize) - 1;
+            *w *= scale[e];
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expert_scales_follow_the_experts() {
+        // 2 tokens, top-2 of 4 experts: token 0 -> experts 3, 1; token 1 -> experts 1, 2.
+        let mut r = Routing::build(&[3, 1, 1, 2], &[0.75, 0.25, 0.5, 0.5], 2, 2, 4).unwrap();
+        r.scale_by_expert(&[10.0, 2.0, 3.0, 4.0]);
+        // Ascending expert order per token: token 0 (1, 3), token 1 (1, 2).
+        assert_eq!(r.tok_w, [0.25 * 2.0, 0.75 * 4.0, 0.5 * 2.0, 0.5 * 3.0]);
+    }
 
     #[test]
     fn row_weights_follow_the_rows_and_leave_unit_weights() {

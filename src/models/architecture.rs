@@ -51,6 +51,12 @@ pub enum Architecture {
     /// layers with their own RoPE, `(1 + w)` RMSNorms around each sublayer (sandwich), per-head
     /// q/k norms, GeGLU MLPs, embeddings scaled by `√hidden`.
     Gemma3,
+    /// `Gemma4ForCausalLM` (Gemma 4 31B / 26B-A4B's language model): Gemma-3's sliding /
+    /// full layers with plain-weight sandwich norms, full layers with their own head size and
+    /// KV heads (values from the keys' projection where `attention_k_eq_v`) and proportional
+    /// RoPE, a v norm, unscaled scores, a per-layer output scalar, and optionally a MoE block
+    /// beside each dense MLP.
+    Gemma4,
     /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
     /// attention multipliers.
     Granite,
@@ -67,7 +73,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 23] = [
+    pub const ALL: [Self; 24] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -87,6 +93,7 @@ impl Architecture {
         Self::MiniMaxM2,
         Self::Llama4,
         Self::Gemma3,
+        Self::Gemma4,
         Self::Granite,
         Self::GraniteMoeHybrid,
         Self::Bamba,
@@ -119,6 +126,7 @@ impl Architecture {
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Gemma4 => "Gemma4ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
             Self::Bamba => "BambaForCausalLM",
@@ -154,6 +162,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba | Architecture::Ministral3 => 262144,
+        Architecture::Gemma4 => 131072,
         Architecture::Phi3 => 4096,
     }
 }
@@ -176,6 +185,8 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::Llama4 => 5e5,
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::Gemma3 => 1e6,
+        // Gemma4TextConfig's default rope_parameters: full 1e6, sliding 1e4 (read per kind).
+        Architecture::Gemma4 => 1e6,
         _ => 10000.0,
     }
 }

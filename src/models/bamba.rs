@@ -29,6 +29,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                     Part::new(norm("input_layernorm")?, mixer),
                     Part::new(norm("pre_ff_layernorm")?, Sublayer::Mlp(ffn)),
                 ],
+                scale: 1.0,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

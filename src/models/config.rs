@@ -13,6 +13,7 @@ pub use super::architecture::Architecture;
 pub(super) use super::architecture::{default_eps, default_max_pos, default_theta};
 use super::fp8_weights::Fp8Blocks;
 pub use super::gemma3_config::Gemma3Spec;
+pub use super::gemma4_config::{Gemma4Experts, Gemma4Rope, Gemma4Spec};
 use super::gpt_oss_config::GptOssSpec;
 pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
@@ -66,6 +67,9 @@ pub struct ModelSpec {
     /// Gemma-3's sliding / full layers, their RoPEs and score scale; `None` for other
     /// architectures.
     pub gemma3: Option<Gemma3Spec>,
+    /// Gemma 4's per-layer attention geometry, RoPEs and MoE block; `None` for other
+    /// architectures.
+    pub gemma4: Option<Gemma4Spec>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
@@ -132,6 +136,7 @@ impl ModelSpec {
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
+            Architecture::Gemma4 => super::gemma4_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,

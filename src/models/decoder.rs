@@ -3,7 +3,8 @@
 //! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
 //! `x += post_norm(sublayer(norm(x)))`; Granite scales it, `x += r · sublayer(norm(x))` — the
-//! add fused into the next part's norm (exact in f32), so the row captured as id `i` is the
+//! add fused into the next part's norm (exact in f32); Gemma 4 multiplies the stream by a
+//! per-layer scalar after its layer's last add. The row captured as id `i` is the
 //! residual stream after `i` layers; id L is the last layer's output before the final norm
 //! (DESIGN.md §1.1).
 
@@ -104,6 +105,12 @@ impl<D: Device> Decoder<D> {
                 if part.residual_scale != 1.0 {
                     dev.scale(&mut s.proj, part.residual_scale)?;
                 }
+            }
+            if layer.scale != 1.0 && pending {
+                // transformers: `hidden_states *= layer_scalar` after the last residual add.
+                dev.add(&mut s.x, &s.proj)?;
+                dev.scale(&mut s.x, layer.scale)?;
+                pending = false;
             }
         }
         if pending {

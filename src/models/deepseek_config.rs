@@ -190,6 +190,7 @@ pub(super) fn parse(
         fp8: None,
         llama4: None,
         gemma3: None,
+        gemma4: None,
         granite: None,
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,

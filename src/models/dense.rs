@@ -104,6 +104,7 @@ pub(super) fn attention_of<D: Device>(
         qkv,
         o: ld.linear1(&o, h, qd, spec.o_bias)?,
         qk_norm,
+        v_norm: None,
         rope,
         gated: false,
         heads: spec.num_heads,
@@ -167,6 +168,7 @@ pub(super) fn attention_layer<D: Device>(
                 ffn,
             ),
         ],
+        scale: 1.0,
     })
 }
 

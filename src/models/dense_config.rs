@@ -82,6 +82,7 @@ pub(super) fn dense_spec(
             _ => None,
         },
         gemma3: None,
+        gemma4: None,
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,

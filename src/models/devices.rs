@@ -86,6 +86,16 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
             limits::ATTN_MAX_HEAD_DIM
         ));
     }
+    // Gemma 4's full layers (the releases' global_head_dim 512).
+    if let Some(d) = (spec.gemma4.as_ref())
+        .map(|g| g.max_head_dim())
+        .filter(|&d| d > limits::ATTN_MAX_HEAD_DIM)
+    {
+        return Some(format!(
+            "its full layers' head_dim {d} > {} (the CUDA attention kernels' largest)",
+            limits::ATTN_MAX_HEAD_DIM
+        ));
+    }
     let h = spec.hybrid.as_ref()?;
     if let Some(g) = h
         .gdn

@@ -2,7 +2,8 @@
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
 //!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
-//!   `Gemma3ForConditionalGeneration`, `Mistral3ForConditionalGeneration`,
+//!   `Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`,
+//!   `Mistral3ForConditionalGeneration`,
 //!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
 //!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
 //!   weights under `model.language_model.*`, Llama-4's, Gemma-3's and Mistral-3's releases'
@@ -37,6 +38,8 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
     // Its text config is Gemma3ForCausalLM's own class (`Gemma3TextConfig`).
     ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+    // Its text config is Gemma4ForCausalLM's own class (`Gemma4TextConfig`).
+    ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
     // Mistral-Small-3.1 / 3.2: a `mistral` text config (`MistralConfig`'s defaults); Ministral 3
     // and Devstral (Small) 2 a `ministral3` one, Mistral Small 4 a `mistral4` one
     // ([`MISTRAL3_TEXT`]).
@@ -83,10 +86,13 @@ fn text_class(
 }
 
 /// Exports whose class ties the LM head to the embedding unless the config says otherwise
-/// (`Gemma3Config`'s default; the other export classes hsx runs default to untied — but
+/// (`Gemma3Config`'s and `Gemma4Config`'s default; the other export classes hsx runs default to untied — but
 /// `Mistral3Config`, whose default is tied too: its releases name no tie and carry their own
 /// `language_model.lm_head`, which transformers 5.24 keeps, finding two tensors to tie).
-const TIED_BY_DEFAULT: [&str; 1] = ["Gemma3ForConditionalGeneration"];
+const TIED_BY_DEFAULT: [&str; 2] = [
+    "Gemma3ForConditionalGeneration",
+    "Gemma4ForConditionalGeneration",
+];
 
 /// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top
 /// level, without a `text_config`; their LM head is tied when the top level or the text config

@@ -76,6 +76,7 @@ fn load_layer<D: Device>(
                 "post_feedforward_layernorm",
             )?,
         ],
+        scale: 1.0,
     })
 }
 

@@ -75,6 +75,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             local_rope,
             score_factor: (head_dim as f64 / scalar).sqrt(),
         }),
+        gemma4: None,
         granite: None,
         longrope: None,
         query_temperature: None,

@@ -49,6 +49,7 @@ fn load_layer<D: Device>(
                 Sublayer::GptOssMoe(load_moe(ld, spec, g, &format!("{p}.mlp"))?),
             ),
         ],
+        scale: 1.0,
     })
 }
 

@@ -88,6 +88,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         fp8: None,
         llama4: None,
         gemma3: None,
+        gemma4: None,
         granite: None,
         longrope: None,
         query_temperature: None,

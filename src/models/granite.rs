@@ -92,6 +92,7 @@ fn hybrid_layer<D: Device>(
             Part::new(norm("input_layernorm")?, mixer),
             Part::new(norm("post_attention_layernorm")?, ffn),
         ],
+        scale: 1.0,
     })
 }
 

@@ -28,6 +28,8 @@ mod export_config;
 pub mod fp8_weights;
 pub mod gemma3;
 mod gemma3_config;
+pub mod gemma4;
+mod gemma4_config;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod granite;
@@ -54,7 +56,8 @@ pub mod weights;
 
 pub use backend::{Layout, ModelBackend};
 pub use config::{
-    Architecture, Gemma3Spec, GraniteSpec, ModelSpec, QkNorm, RopeScaling, WeightDtype,
+    Architecture, Gemma3Spec, Gemma4Experts, Gemma4Rope, Gemma4Spec, GraniteSpec, ModelSpec,
+    QkNorm, RopeScaling, WeightDtype,
 };
 pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;

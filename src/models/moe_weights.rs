@@ -44,7 +44,13 @@ pub fn load<D: Device>(
     let n = |s: &str| format!("{prefix}.{s}");
     let llama4 = m.router == MoeRouter::Llama4;
     let experts = match ld.w.contains(&n("experts.gate_up_proj")) {
-        true => fused_experts(ld, prefix, hidden, m, llama4)?,
+        true => fused_experts(
+            ld,
+            prefix,
+            hidden,
+            (m.num_experts, m.expert_intermediate),
+            llama4,
+        )?,
         false => (0..m.num_experts)
             .map(|e| {
                 let p = n(&format!("experts.{e}"));
@@ -104,15 +110,15 @@ pub fn load<D: Device>(
 
 /// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`, or of
 /// those stored transposed (`[E, H, 2I]`, `[E, I, H]`: released Qwen3-VL-MoE checkpoints);
-/// `in_major`: always the transposed layout (Llama-4's own, whatever the shapes).
-fn fused_experts<D: Device>(
+/// `in_major`: always the transposed layout (Llama-4's own, whatever the shapes); `e` experts
+/// of intermediate size `inter`.
+pub fn fused_experts<D: Device>(
     ld: &Loader<'_, D>,
     prefix: &str,
     hidden: usize,
-    m: &MoeSpec,
+    (e, inter): (usize, usize),
     in_major: bool,
 ) -> Result<Vec<Expert<D>>, ModelError> {
-    let (e, inter) = (m.num_experts, m.expert_intermediate);
     let stacked = |name: &str, out, inp| {
         fused(
             ld,

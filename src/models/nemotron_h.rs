@@ -68,6 +68,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         let norm = ld.vector(&format!("backbone.layers.{i}.norm.weight"), h)?;
         layers.push(Layer {
             parts: vec![Part::new(norm, sublayer)],
+            scale: 1.0,
         });
     }
     let lm_head = ld.lm_head(&spec)?;
@@ -106,6 +107,7 @@ pub(super) fn load_attention<D: Device>(
         qkv: ld.linear(&parts, h, spec.qkv_bias)?,
         o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
         qk_norm: None,
+        v_norm: None,
         rope,
         gated: false,
         heads: spec.num_heads,

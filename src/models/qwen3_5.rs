@@ -108,6 +108,7 @@ fn load_layer<D: Device>(
             Part::new(norm("input_layernorm")?, mixer),
             Part::new(norm("post_attention_layernorm")?, ffn),
         ],
+        scale: 1.0,
     })
 }
 
@@ -147,6 +148,7 @@ fn load_attention<D: Device>(
         qkv: ld.dev.linear(qkv, bias)?,
         o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
         qk_norm: Some((norm("q_norm")?, norm("k_norm")?)),
+        v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, rotary_dim)),
         gated: true,
         heads: nh,

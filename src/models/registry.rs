@@ -19,6 +19,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::MiniMaxM2 => dense::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),
+        Architecture::Gemma4 => super::gemma4::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),
         Architecture::Bamba => super::bamba::load(ld, spec),
         Architecture::Phi3 => super::phi3::load(ld, spec),

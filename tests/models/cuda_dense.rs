@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 13] = [
+const ARCHS: [&str; 15] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -30,6 +30,8 @@ const ARCHS: [&str; 13] = [
     "phi4_mini",
     "ministral3",
     "qwen3_yarn",
+    "gemma4",
+    "gemma4_bf16",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

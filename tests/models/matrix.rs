@@ -186,4 +186,8 @@ matrix! {
     qwen3_yarn => "qwen3_yarn",
     qwen3_5_yarn => "qwen3_5_yarn",
     deepseek_v3_yarn => "deepseek_v3_yarn",
+    gemma4 => "gemma4",
+    gemma4_moe => "gemma4_moe",
+    gemma4_bf16 => "gemma4_bf16",
+    gemma4_vl => "gemma4_vl",
 }

@@ -111,6 +111,12 @@ const CASES: &[(&str, Expect)] = &[
         "gemma-3-27b-it.json",
         Accepted("Gemma3ForCausalLM", 62, None),
     ),
+    // Its language model, text-only: every 6th layer full (4 KV heads of 512, values from the
+    // keys' projection), the others a window of 1024 keys (16 KV heads of 256).
+    (
+        "gemma-4-31b-it.json",
+        Accepted("Gemma4ForCausalLM", 60, None),
+    ),
     // Its language model, text-only: Mistral's layers, no window, head_dim 128.
     (
         "mistral-small-3.1-24b-instruct-2503.json",
@@ -350,4 +356,14 @@ fn cuda_router_limits_are_checked_at_load() {
     .unwrap();
     let why = cuda_unsupported(&wide).unwrap();
     assert!(why.contains("n_routed_experts 256 in n_group 64"), "{why}");
+}
+
+/// Gemma 4-31B's full layers have heads of 512, past the CUDA attention kernels' 256: refused
+/// on CUDA by name (the CPU runs it).
+#[test]
+fn gemma4_wide_heads_are_refused_on_cuda() {
+    use hsx::models::devices::cuda_unsupported;
+    let g = edited("gemma-4-31b-it.json", |_| {}).unwrap();
+    let why = cuda_unsupported(&g).unwrap();
+    assert!(why.contains("head_dim 512 > 256"), "{why}");
 }

@@ -150,6 +150,10 @@ const FIXTURES: &[&str] = &[
     "qwen3_yarn",
     "qwen3_5_yarn",
     "deepseek_v3_yarn",
+    "gemma4",
+    "gemma4_moe",
+    "gemma4_bf16",
+    "gemma4_vl",
 ];
 
 impl Bases {

@@ -25,6 +25,12 @@ pub(super) fn attention(
         l.norm_pieces((qn.len(), kn.len()))
             .map_err(DeviceError::Invalid)?;
     }
+    if let Some((vn, _)) = call.v_norm.filter(|(vn, _)| vn.len() != hd) {
+        return Err(DeviceError::Invalid(format!(
+            "v_norm of {} values for heads of {hd}",
+            vn.len()
+        )));
+    }
     let split = ops::QkvSplit {
         width: qkv.width,
         q_dim: qd,
@@ -33,6 +39,7 @@ pub(super) fn attention(
         kv_dim: kvd,
         head_dim: hd,
         norm: call.qk_norm.map(|(qn, kn, eps)| (&qn[..], &kn[..], eps)),
+        v_norm: call.v_norm.map(|(vn, eps)| (&vn[..], eps)),
         rope: call.rope,
         positions: &plan.positions,
     };

@@ -168,14 +168,16 @@ pub struct QkvSplit<'a> {
     pub head_dim: usize,
     /// RMSNorm weights of q and k (each row cut into pieces as wide as its weight), and eps.
     pub norm: Option<(&'a [f32], &'a [f32], f64)>,
+    /// Per-head RMSNorm weights of v (Gemma 4's, all ones) and eps.
+    pub v_norm: Option<(&'a [f32], f64)>,
     /// RoPE on the first `rotary_dim` dims of every head, at each row's position.
     pub rope: Option<(&'a Rope, usize)>,
     pub positions: &'a [usize],
 }
 
-/// q, k and v of every row of `qkv`, one pass per token: each piece of q and k RMS-normed
-/// ([`rms_norm_row`], straight from the projection: Qwen3's per-head q/k norm, or a
-/// whole-width one), then rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first
+/// q, k and v of every row of `qkv`, one pass per token: each piece of q and k (and, where
+/// given, each head of v: Gemma 4) RMS-normed ([`rms_norm_row`], straight from the projection:
+/// Qwen3's per-head q/k norm, or a whole-width one), then rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first
 /// `rotary_dim` dims of every head at the row's position, the rest passing through (partial
 /// rotary); one cos / sin per token serves q and k. The bits of gathering the columns, then
 /// norming, then rotating in separate passes (test), without those passes over q and k
@@ -210,7 +212,8 @@ pub fn split_qkv(
         .for_each_init(
             || (vec![0.0f32; half], vec![0.0f32; half]),
             |(cos, sin), ((((qr, kr), vr), row), &pos)| {
-                vr.copy_from_slice(&row[s.v_col..s.v_col + s.kv_dim]);
+                let (vn, v_eps) = s.v_norm.map_or((None, 0.0), |(w, eps)| (Some(w), eps));
+                piece(vr, &row[s.v_col..s.v_col + s.kv_dim], vn, v_eps);
                 let eps = s.norm.map_or(0.0, |n| n.2);
                 piece(qr, &row[..s.q_dim], s.norm.map(|n| n.0), eps);
                 piece(
@@ -404,18 +407,23 @@ mod tests {
             Some((&whole_q[..], &whole_k[..], 1e-5)),
         ];
         let ropes = [None, Some((&rope, hd)), Some((&rope, hd / 2))];
+        let ones = vec![1.0f32; hd];
+        let v_norms = [None, Some((&ones[..], 1e-6))];
         let cols = |c: usize, w: usize| -> Vec<f32> {
             qkv.chunks_exact(width)
                 .flat_map(|r| r[c..c + w].to_vec())
                 .collect()
         };
         let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        for norm in norms {
+        for (norm, v_norm) in norms.into_iter().zip(v_norms.into_iter().cycle()) {
             for rope in ropes {
-                let (mut q, mut k, v) = (cols(0, qd), cols(qd, kvd), cols(qd + kvd, kvd));
+                let (mut q, mut k, mut v) = (cols(0, qd), cols(qd, kvd), cols(qd + kvd, kvd));
                 if let Some((qn, kn, eps)) = norm {
                     rms_norm_inplace(&mut q, qn, eps);
                     rms_norm_inplace(&mut k, kn, eps);
+                }
+                if let Some((vn, eps)) = v_norm {
+                    rms_norm_inplace(&mut v, vn, eps);
                 }
                 if let Some((r, rot)) = rope {
                     apply_rope(r, (&mut q, &mut k), &positions, hd, rot);
@@ -428,12 +436,18 @@ mod tests {
                     kv_dim: kvd,
                     head_dim: hd,
                     norm,
+                    v_norm,
                     rope,
                     positions: &positions,
                 };
                 let (mut q2, mut k2, mut v2) = (vec![f32::NAN; 3], Vec::new(), Vec::new());
                 split_qkv(&qkv, &split, (&mut q2, &mut k2, &mut v2));
-                let what = format!("norm {} rope {:?}", norm.is_some(), rope.map(|r| r.1));
+                let what = format!(
+                    "norm {} v norm {} rope {:?}",
+                    norm.is_some(),
+                    v_norm.is_some(),
+                    rope.map(|r| r.1)
+                );
                 assert_eq!((b(&q2), b(&k2), b(&v2)), (b(&q), b(&k), b(&v)), "{what}");
             }
         }

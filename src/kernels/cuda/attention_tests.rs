@@ -122,7 +122,7 @@ impl Setup {
             gpu,
             0,
             qkv_rows,
-            None,
+            (None, None),
             None,
             softmax,
             (out.ptr(), WeightDtype::F32),

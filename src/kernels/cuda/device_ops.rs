@@ -71,6 +71,13 @@ impl CudaDevice {
             }
             None => None,
         };
+        let v_norm = match call.v_norm {
+            Some((w, _)) if w.len() != hd => {
+                return invalid(format!("v_norm of {} values for heads of {hd}", w.len()));
+            }
+            Some((w, eps)) => Some((w.ptr(), eps)),
+            None => None,
+        };
         if let Some((rope, rot)) = call.rope
             && rot / 2 > rope.inv_freq.len()
         {
@@ -107,7 +114,7 @@ impl CudaDevice {
             &self.gpu,
             call.kv_layer,
             rows,
-            norms,
+            (norms, v_norm),
             rope,
             softmax,
             o,

@@ -111,6 +111,9 @@ use crate::kernels::device::{KvShape, QueryTemperature};
 /// (count, width) of the pieces of q and of k each normalises.
 pub type QkNorms = (u64, u64, f64, [(usize, usize); 2]);
 
+/// The per-head RMSNorm of v (weights `[head_dim]`, eps): Gemma 4's.
+pub type VNorm = (u64, f64);
+
 /// Fused projection rows `[q | … | k | v]` (f32, `width` apart, one per batch token): q heads
 /// at column 0, k heads at `k_col`, v right after k.
 #[derive(Debug, Clone, Copy)]
@@ -273,7 +276,8 @@ impl DevKvCache {
     }
 
     /// An attention layer over fused projection rows: q/k RMSNorm in place where `norms` =
-    /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, RoPE of
+    /// (q weight, k weight, eps, the (count, width) of q's and k's pieces) is given, v's
+    /// per-head RMSNorm where `norms.1` is given, RoPE of
     /// the first `rot` dims at the plan's positions where `rope` = (rot, (inv_freq, scale)) is given,
     /// every token's K/V into `layer`, then the causal attention (`softmax`'s scale, window
     /// and sinks) into `out` = (address, dtype).
@@ -283,7 +287,7 @@ impl DevKvCache {
         gpu: &Gpu,
         layer: usize,
         rows: QkvRows,
-        norms: Option<QkNorms>,
+        norms: (Option<QkNorms>, Option<VNorm>),
         rope: Option<(usize, ops::RopeFreqs)>,
         softmax: DevSoftmax,
         (out, out_dtype): (u64, WeightDtype),
@@ -299,7 +303,11 @@ impl DevKvCache {
             head_dim: hd,
         };
         let (q, k) = (heads(0, rows.heads), heads(rows.k_col, rows.kv_heads));
-        if let Some((qn, kn, eps, [(qc, qw), (kc, kw)])) = norms {
+        let v_col = rows.k_col + rows.kv_heads * hd;
+        if let Some((vn, eps)) = norms.1 {
+            ops::head_rms_norm(gpu, heads(v_col, rows.kv_heads), vn, eps)?;
+        }
+        if let Some((qn, kn, eps, [(qc, qw), (kc, kw)])) = norms.0 {
             let pieces = |x: Heads, heads, head_dim| Heads {
                 heads,
                 head_dim,
@@ -312,7 +320,6 @@ impl DevKvCache {
             let pos = plan.positions.ptr();
             ops::rope_qk(gpu, q, k, rot, pos, freqs)?;
         }
-        let v_col = rows.k_col + rows.kv_heads * hd;
         self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
         self.attention(gpu, layer, q, softmax, out, out_dtype, plan)
     }

@@ -1,5 +1,5 @@
 //! Full attention over the paged KV cache: fused q/k/v projection (+ bias), optional per-head
-//! q/k RMSNorm, RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
+//! q/k RMSNorm (and v RMSNorm: Gemma 4), RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
 //! attention (optionally gpt-oss's sliding window and sinks, a score factor, Llama-4's
 //! chunks, Llama-4's and Mistral's query temperature), optional output gate `· sigmoid(gate)`
 //! (Qwen3.5 / Qwen3-Next), `o_proj`.
@@ -15,6 +15,8 @@ pub struct Attention<D: Device> {
     pub o: D::Linear,
     /// Per-head q and k RMSNorm weights.
     pub qk_norm: Option<(D::Vector, D::Vector)>,
+    /// Per-head v RMSNorm weights (Gemma 4's unweighted norm: ones).
+    pub v_norm: Option<D::Vector>,
     /// RoPE table and rotary dims of each head.
     pub rope: Option<(D::Rope, usize)>,
     pub gated: bool,
@@ -87,6 +89,7 @@ impl<D: Device> Attention<D> {
             kv_layer: self.kv_layer,
             layout: self.layout(),
             qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k, self.eps)),
+            v_norm: (self.v_norm.as_ref()).map(|v| (v, self.eps)),
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
             softmax: AttnSoftmax {
                 window: self.variant.window,

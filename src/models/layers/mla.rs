@@ -103,6 +103,7 @@ impl<D: Device> MlaAttention<D> {
                 head_dim: d.head_dim(),
             },
             qk_norm: None,
+            v_norm: None,
             rope: Some((&self.rope, d.rope)),
             softmax: AttnSoftmax {
                 score_factor: self.score_factor,

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod gdn;
+pub mod gemma4_moe;
 pub mod gpt_oss_moe;
 pub mod mamba2;
 pub mod mla;
@@ -20,6 +21,7 @@ use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, Ho
 
 pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
+pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
 pub use mamba2::Mamba2;
 pub use mla::MlaAttention;
@@ -93,6 +95,8 @@ pub enum Sublayer<D: Device> {
     /// Nemotron 3's MoE block (group-limited sigmoid router, relu² experts).
     NemotronMoe(NemotronMoe<D>),
     GptOssMoe(GptOssMoe<D>),
+    /// Gemma 4's dense MLP beside routed experts.
+    Gemma4Moe(Gemma4Moe<D>),
     GatedDeltaNet(GatedDeltaNet<D>),
     Mamba2(Mamba2<D>),
 }
@@ -107,6 +111,7 @@ impl<D: Device> Sublayer<D> {
             Self::Moe(m) => m.forward(dev, s),
             Self::NemotronMoe(m) => m.forward(dev, s),
             Self::GptOssMoe(m) => m.forward(dev, s),
+            Self::Gemma4Moe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
         }
@@ -120,6 +125,7 @@ impl<D: Device> Sublayer<D> {
             Self::Moe(m) => m.widths(),
             Self::NemotronMoe(m) => m.widths(),
             Self::GptOssMoe(m) => m.widths(),
+            Self::Gemma4Moe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Mamba2(m) => m.widths(),
         }
@@ -148,9 +154,11 @@ impl<D: Device> Part<D> {
     }
 }
 
-/// One decoder layer (a layer id): its parts in order.
+/// One decoder layer (a layer id): its parts in order, then the residual stream times `scale`
+/// (Gemma 4's `layer_scalar`; 1 for every other model, which changes no bit).
 pub struct Layer<D: Device> {
     pub parts: Vec<Part<D>>,
+    pub scale: f32,
 }
 
 /// Row widths (values per token) of the shared activation buffers.

@@ -1,0 +1,171 @@
+//! Gemma 4 (`Gemma4ForCausalLM`; the language model of `Gemma4ForConditionalGeneration`
+//! exports, `model.language_model.*` answering to `model.*`): Gemma-3's sandwich, its norms
+//! with plain weights. Per layer `x += post_attention_layernorm(attention(input_layernorm(x)))`,
+//! `x += post_feedforward_layernorm(ffn(pre_feedforward_layernorm(x)))`, then
+//! `x *= layer_scalar`. The attention: per-head q / k norms and an unweighted v norm, scores
+//! unscaled (`scaling` 1), sliding layers with a window and their RoPE, full layers with their
+//! own head size and KV heads, proportional RoPE, and — with `attention_k_eq_v` — values from
+//! the keys' projection (no `v_proj`). The ffn: a GeGLU MLP, or the 26B-A4B's MLP beside
+//! routed experts ([`Gemma4Moe`]). Embeddings scaled by `√hidden` in the weights' dtype.
+//!
+//! One KV cache serves every layer, as wide as the widest layer's K (or V): a narrower layer's
+//! KV heads are repeated to fill it (their projection rows read twice: the same keys and
+//! values, each query head still reading its own group's), so the 31B's full layers (4 KV
+//! heads of 512) sit beside its sliding ones (16 of 256).
+
+use super::decoder::Decoder;
+use super::dense::load_mlp;
+use super::gemma3::embed_scale;
+use super::layers::mlp::Activation;
+use super::layers::{Attention, AttnVariant, Gemma4Moe, Layer, Loader, Part, Sublayer};
+use super::moe_weights::fused_experts;
+use super::{Gemma4Rope, Gemma4Spec, ModelError, ModelSpec};
+use crate::kernels::Device;
+use crate::kernels::device::HostMatrix;
+use crate::kernels::rope::Rope;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    let g = spec.gemma4.clone().ok_or_else(|| {
+        ModelError::InvalidOptions("Gemma4ForCausalLM spec without its layer geometry".into())
+    })?;
+    let (v, h) = (spec.vocab_size, spec.hidden_size);
+    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let layers = (0..spec.num_layers)
+        .map(|i| load_layer(ld, &spec, &g, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let final_norm = ld.vector("model.norm.weight", h)?;
+    let lm_head = ld.lm_head(&spec)?;
+    Ok(Decoder {
+        embed_scale: embed_scale(h, spec.dtype),
+        spec,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &Gemma4Spec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let h = spec.hidden_size;
+    let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
+    let part = |pre: &str, sublayer, post: &str| {
+        Ok::<_, ModelError>(Part {
+            norm: norm(pre)?,
+            sublayer,
+            post_norm: Some(norm(post)?),
+            residual_scale: 1.0,
+        })
+    };
+    let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
+    let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;
+    let ffn = match g.moe {
+        None => Sublayer::Mlp(mlp),
+        Some(m) => Sublayer::Gemma4Moe(Gemma4Moe {
+            mlp,
+            mlp_norm: norm("post_feedforward_layernorm_1")?,
+            router_scale: ld.vector(&format!("{p}.router.scale"), h)?,
+            router_factor: (h as f64).powf(-0.5) as f32,
+            router: ld.linear1(&format!("{p}.router.proj"), m.experts, h, false)?,
+            expert_scale: ld.f32s(&format!("{p}.router.per_expert_scale"), &[m.experts])?,
+            top_k: m.top_k,
+            experts_norm: norm("pre_feedforward_layernorm_2")?,
+            experts: fused_experts(ld, &p, h, (m.experts, m.inter), false)?,
+            experts_out_norm: norm("post_feedforward_layernorm_2")?,
+            eps: spec.rms_norm_eps,
+            inter: m.inter,
+            hidden: h,
+        }),
+    };
+    Ok(Layer {
+        parts: vec![
+            part("input_layernorm", attention, "post_attention_layernorm")?,
+            part(
+                "pre_feedforward_layernorm",
+                ffn,
+                "post_feedforward_layernorm",
+            )?,
+        ],
+        scale: ld.f32s(&format!("{p}.layer_scalar"), &[1])?[0],
+    })
+}
+
+/// Layer `i`'s attention: its head size and KV heads (repeated to the cache's width), its
+/// kind's window and RoPE over the whole head.
+fn load_attention<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &Gemma4Spec,
+    i: usize,
+) -> Result<Attention<D>, ModelError> {
+    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
+    let (h, heads) = (spec.hidden_size, spec.num_heads);
+    let ((hd, kv), repeat) = (g.geometry[i], g.kv_repeat(i));
+    let sliding = g.sliding[i];
+    let v_name = match g.k_eq_v && !sliding {
+        true => attn("k_proj"),
+        false => attn("v_proj"),
+    };
+    // Each KV head's rows `repeat` times over.
+    let heads_rows: Vec<(usize, usize)> = (0..kv)
+        .flat_map(|j| std::iter::repeat_n((j * hd, hd), repeat))
+        .collect();
+    let kv_part = |name: &str| -> Result<(HostMatrix<'_>, Vec<f32>), ModelError> {
+        let m = ld.matrix(&format!("{name}.weight"), kv * hd, h)?;
+        let bias = match spec.qkv_bias {
+            true => {
+                let b = ld.f32s(&format!("{name}.bias"), &[kv * hd])?;
+                (heads_rows.iter())
+                    .flat_map(|&(s, n)| b[s..s + n].to_vec())
+                    .collect()
+            }
+            false => Vec::new(),
+        };
+        Ok((m.select_rows(&heads_rows), bias))
+    };
+    let q = ld.matrix(&attn("q_proj.weight"), heads * hd, h)?;
+    let mut bias = match spec.qkv_bias {
+        true => ld.f32s(&attn("q_proj.bias"), &[heads * hd])?,
+        false => Vec::new(),
+    };
+    let (k, kb) = kv_part(&attn("k_proj"))?;
+    let (v, vb) = kv_part(&v_name)?;
+    bias.extend(kb.into_iter().chain(vb));
+    let qkv = HostMatrix::stack(vec![q, k, v]).map_err(ModelError::Device)?;
+    let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
+    let rope = match if sliding { g.local_rope } else { g.global_rope } {
+        Gemma4Rope::Default { theta } => Rope::new(hd, theta, super::RopeScaling::None),
+        Gemma4Rope::Proportional {
+            theta,
+            partial,
+            factor,
+        } => Rope::proportional(hd, theta, partial, factor),
+    };
+    Ok(Attention {
+        qkv,
+        o: ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,
+        qk_norm: Some((
+            ld.vector(&attn("q_norm.weight"), hd)?,
+            ld.vector(&attn("k_norm.weight"), hd)?,
+        )),
+        v_norm: Some(ld.dev.vector(&vec![1.0; hd])?),
+        rope: Some((ld.dev.rope_table(&rope)?, hd)),
+        gated: false,
+        heads,
+        kv_heads: kv * repeat,
+        head_dim: hd,
+        eps: spec.rms_norm_eps,
+        kv_layer: i,
+        variant: AttnVariant {
+            window: sliding.then_some(g.window),
+            // transformers' `scaling` 1: the scores unscaled, head_dim^-½ undone.
+            score_factor: (hd as f64).sqrt(),
+            ..AttnVariant::causal()
+        },
+    })
+}

@@ -1,0 +1,359 @@
+//! Gemma 4's text config (`Gemma4TextConfig`, `gemma4_text`: `Gemma4ForCausalLM` and the
+//! language model of `Gemma4ForConditionalGeneration` exports), with the class's defaults.
+//! Per layer: sliding-window or full attention (`layer_types`, else every 6th layer full; the
+//! last layer is always full, as the class forces it), each kind with its RoPE
+//! (`rope_parameters.{sliding,full}_attention`: `default`, or `proportional` — a share of the
+//! pairs of the whole head rotating). The full layers have their own head size and KV heads:
+//! released configs name `global_head_dim` and (with `attention_k_eq_v`)
+//! `num_global_key_value_heads`; configs saved by transformers name them per layer
+//! (`per_layer_config`). Refused by name: the E2B / E4B's per-layer embeddings and KV sharing,
+//! bidirectional attention over text.
+
+use serde_json::Value;
+
+use super::config::{Cfg, default_eps, default_max_pos, shown};
+use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling, WeightDtype};
+
+/// Gemma 4's per-layer attention and MoE block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Spec {
+    /// Per layer: sliding-window attention (`sliding_attention`), else full.
+    pub sliding: Vec<bool>,
+    /// Per layer: (head_dim, KV heads).
+    pub geometry: Vec<(usize, usize)>,
+    /// The sliding layers see keys `pos - window + 1 ..= pos`.
+    pub window: usize,
+    /// The sliding layers' RoPE and the full layers'.
+    pub local_rope: Gemma4Rope,
+    pub global_rope: Gemma4Rope,
+    /// The full layers' values are their keys' projection (no `v_proj`).
+    pub k_eq_v: bool,
+    /// The MoE block beside each layer's dense MLP (`enable_moe_block`).
+    pub moe: Option<Gemma4Experts>,
+}
+
+/// One layer kind's RoPE over its whole head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Gemma4Rope {
+    Default {
+        theta: f64,
+    },
+    /// The first `⌊partial · head_dim / 2⌋` pairs rotate, the others pass through; every
+    /// frequency divided by `factor`.
+    Proportional {
+        theta: f64,
+        partial: f64,
+        factor: f64,
+    },
+}
+
+/// The routed experts of a Gemma 4 MoE layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma4Experts {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's intermediate size.
+    pub inter: usize,
+}
+
+impl Gemma4Spec {
+    /// The KV cache's width: the widest layer's KV heads (a narrower layer's heads repeat
+    /// to fill it: [`Gemma4Spec::kv_repeat`]).
+    pub fn kv_dim(&self) -> usize {
+        self.geometry.iter().map(|&(d, k)| d * k).max().unwrap_or(0)
+    }
+
+    /// How often layer `i`'s KV heads repeat to fill [`Gemma4Spec::kv_dim`].
+    pub fn kv_repeat(&self, i: usize) -> usize {
+        let (d, k) = self.geometry[i];
+        self.kv_dim() / (d * k)
+    }
+
+    /// The largest head size of any layer.
+    pub fn max_head_dim(&self) -> usize {
+        self.geometry.iter().map(|g| g.0).max().unwrap_or(0)
+    }
+}
+
+const FULL: &str = "full_attention";
+const SLIDING: &str = "sliding_attention";
+
+/// The spec of a Gemma 4 text config.
+pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let arch = Architecture::Gemma4;
+    refuse_unsupported(cfg)?;
+    let layers = cfg.num_layers_or(30)?;
+    let heads = cfg.usize_or("num_attention_heads", 8)?;
+    let head_dim = cfg.usize_or("head_dim", 256)?;
+    let sliding = sliding_layers(cfg, layers)?;
+    let k_eq_v = cfg.bool_or("attention_k_eq_v", false)?;
+    let geometry = geometry(cfg, &sliding, (head_dim, k_eq_v))?;
+    let window = cfg.usize_or("sliding_window", 512)?;
+    if window == 0 {
+        return Err(cfg.err("sliding_window", "must be at least 1"));
+    }
+    let (local_rope, global_rope) = ropes(cfg)?;
+    let g = Gemma4Spec {
+        sliding,
+        geometry,
+        window,
+        local_rope,
+        global_rope,
+        k_eq_v,
+        moe: moe(cfg)?,
+    };
+    check_geometry(cfg, &g, heads)?;
+    let bias = cfg.bool_or("attention_bias", false)?;
+    Ok(ModelSpec {
+        name,
+        architecture: arch,
+        vocab_size: cfg.usize_or("vocab_size", 262_144)?,
+        hidden_size: cfg.usize_or("hidden_size", 2304)?,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: g.kv_dim() / head_dim,
+        head_dim,
+        intermediate_size: cfg.usize_or("intermediate_size", 9216)?,
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(arch))?,
+        rope_theta: match global_rope {
+            Gemma4Rope::Default { theta } | Gemma4Rope::Proportional { theta, .. } => theta,
+        },
+        rope_scaling: RopeScaling::None,
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: false,
+        qk_norm: QkNorm::PerHead,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
+        max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: None,
+        sliding_window: None,
+        gpt_oss: None,
+        fp8: None,
+        llama4: None,
+        gemma3: None,
+        gemma4: Some(g),
+        granite: None,
+        longrope: None,
+        query_temperature: None,
+    })
+}
+
+/// What Gemma 4's class allows but hsx does not run.
+fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
+    let unsupported = |what: String| ModelError::Unsupported {
+        path: cfg.path_buf(),
+        what,
+    };
+    let ple = cfg.usize_or("hidden_size_per_layer_input", 256)?;
+    if ple != 0 {
+        return Err(unsupported(format!(
+            "per-layer embeddings (hidden_size_per_layer_input {ple}: Gemma 4 E2B / E4B)"
+        )));
+    }
+    let shared = cfg.usize_or("num_kv_shared_layers", 0)?;
+    if shared != 0 {
+        return Err(unsupported(format!(
+            "layers sharing another layer's KV (num_kv_shared_layers {shared})"
+        )));
+    }
+    match cfg.get("use_bidirectional_attention") {
+        None => {}
+        Some(v) if v.as_str() == Some("vision") => {} // text tokens stay causal
+        Some(v) => {
+            return Err(unsupported(format!(
+                "bidirectional attention (use_bidirectional_attention {})",
+                shown(v)
+            )));
+        }
+    }
+    match cfg.get("hidden_activation") {
+        None => Ok(()),
+        Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => Ok(()),
+        Some(v) => Err(unsupported(format!(
+            "hidden_activation {} (only gelu_pytorch_tanh)",
+            shown(v)
+        ))),
+    }
+}
+
+/// `layer_types`, else every 6th layer full; the last layer full whatever they say
+/// (`Gemma4TextConfig` forces it, with a warning).
+fn sliding_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+    let mut sliding = match cfg.sliding_layer_types(layers)? {
+        Some(s) => s,
+        None => (0..layers).map(|i| !(i + 1).is_multiple_of(6)).collect(),
+    };
+    if let Some(last) = sliding.last_mut() {
+        *last = false;
+    }
+    Ok(sliding)
+}
+
+/// Each layer's (head_dim, KV heads): `per_layer_config`'s overrides where the config has
+/// them, else the full layers' `global_head_dim` (512) and, with `attention_k_eq_v`,
+/// `num_global_key_value_heads`.
+fn geometry(
+    cfg: &Cfg<'_>,
+    sliding: &[bool],
+    (head_dim, k_eq_v): (usize, bool),
+) -> Result<Vec<(usize, usize)>, ModelError> {
+    let kv_heads = cfg.usize_or("num_key_value_heads", 4)?;
+    let mut geometry = vec![(head_dim, kv_heads); sliding.len()];
+    let field = "per_layer_config";
+    let Some(per_layer) = cfg.get(field) else {
+        let global = cfg.usize_or("global_head_dim", 512)?;
+        let global_kv = match k_eq_v {
+            true => cfg.usize_or("num_global_key_value_heads", kv_heads)?,
+            false => kv_heads,
+        };
+        for (g, _) in geometry.iter_mut().zip(sliding).filter(|(_, s)| !**s) {
+            *g = (global, global_kv);
+        }
+        return Ok(geometry);
+    };
+    let map = (per_layer.as_object()).ok_or_else(|| cfg.err(field, "expected an object"))?;
+    for (key, overrides) in map {
+        let at = |k: &str| format!("{field}.{key}.{k}");
+        let layer = key
+            .parse::<usize>()
+            .ok()
+            .filter(|&i| i < sliding.len())
+            .ok_or_else(|| cfg.err(field, format!("layer `{key}` of {}", sliding.len())))?;
+        let obj = overrides
+            .as_object()
+            .ok_or_else(|| cfg.err(&at(""), "expected an object"))?;
+        for (k, v) in obj {
+            let n = v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| cfg.err(&at(k), format!("expected a count, found {}", shown(v))));
+            match k.as_str() {
+                "head_dim" => geometry[layer].0 = n?,
+                "num_key_value_heads" => geometry[layer].1 = n?,
+                _ => {
+                    return Err(ModelError::Unsupported {
+                        path: cfg.path_buf(),
+                        what: format!("a per-layer `{k}` ({})", at(k)),
+                    });
+                }
+            }
+        }
+    }
+    Ok(geometry)
+}
+
+/// Every layer's heads fit the cache: its KV width divides the widest, and its heads repeated
+/// that often still divide the query heads; one head size per layer kind (its RoPE's).
+fn check_geometry(cfg: &Cfg<'_>, g: &Gemma4Spec, heads: usize) -> Result<(), ModelError> {
+    let kv_dim = g.kv_dim();
+    for (i, &(d, k)) in g.geometry.iter().enumerate() {
+        let fits = d > 0 && k > 0 && d.is_multiple_of(2) && kv_dim.is_multiple_of(d * k);
+        if !fits || !heads.is_multiple_of(k * (kv_dim / (d * k))) {
+            return Err(cfg.err(
+                "per_layer_config",
+                format!(
+                    "layer {i}: {k} KV heads of {d} for {heads} query heads (other layers' KV \
+                     width {kv_dim})"
+                ),
+            ));
+        }
+        let first_of_kind = g.sliding.iter().position(|&s| s == g.sliding[i]);
+        if first_of_kind.is_some_and(|j| g.geometry[j].0 != d) {
+            return Err(cfg.err(
+                "per_layer_config",
+                format!("layer {i}: head_dim {d} differs from other layers of its kind"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// (sliding layers', full layers') RoPE from `rope_parameters.{sliding,full}_attention`
+/// (`Gemma4TextConfig`'s defaults where absent: theta 1e4; proportional over 0.25, theta 1e6).
+fn ropes(cfg: &Cfg<'_>) -> Result<(Gemma4Rope, Gemma4Rope), ModelError> {
+    let field = "rope_parameters";
+    let local = Gemma4Rope::Default { theta: 1e4 };
+    let global = Gemma4Rope::Proportional {
+        theta: 1e6,
+        partial: 0.25,
+        factor: 1.0,
+    };
+    let Some(params) = cfg.get(field) else {
+        return Ok((local, global));
+    };
+    let obj = (params.as_object()).ok_or_else(|| cfg.err(field, "expected an object"))?;
+    if let Some(k) = obj.keys().find(|k| *k != FULL && *k != SLIDING) {
+        return Err(cfg.err(
+            field,
+            format!("entry `{k}` (expected `{FULL}` / `{SLIDING}`)"),
+        ));
+    }
+    let of = |kind: &str, default| match obj.get(kind).filter(|v| !v.is_null()) {
+        Some(p) => rope_of(cfg, &format!("{field}.{kind}"), p),
+        None => Ok(default),
+    };
+    Ok((of(SLIDING, local)?, of(FULL, global)?))
+}
+
+fn rope_of(cfg: &Cfg<'_>, field: &str, p: &Value) -> Result<Gemma4Rope, ModelError> {
+    let num = |k: &str, default: f64| match p.get(k).filter(|v| !v.is_null()) {
+        None => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| cfg.err(&format!("{field}.{k}"), format!("{} (above 0)", shown(v)))),
+    };
+    let theta = num("rope_theta", 1e4)?;
+    match p
+        .get("rope_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("default")
+    {
+        // Gemma 4's default RoPE rotates the whole head: a partial_rotary_factor is not read.
+        "default" => Ok(Gemma4Rope::Default { theta }),
+        "proportional" => Ok(Gemma4Rope::Proportional {
+            theta,
+            partial: match num("partial_rotary_factor", 1.0)? {
+                x if x <= 1.0 => x,
+                x => {
+                    return Err(cfg.err(
+                        &format!("{field}.partial_rotary_factor"),
+                        format!("{x} (at most 1)"),
+                    ));
+                }
+            },
+            factor: num("factor", 1.0)?,
+        }),
+        other => Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: format!("{field}: rope type `{other}` (Gemma 4: `default`, `proportional`)"),
+        }),
+    }
+}
+
+/// `enable_moe_block`'s experts (`num_experts`, `top_k_experts`, `moe_intermediate_size`).
+fn moe(cfg: &Cfg<'_>) -> Result<Option<Gemma4Experts>, ModelError> {
+    if !cfg.bool_or("enable_moe_block", false)? {
+        return Ok(None);
+    }
+    let m = Gemma4Experts {
+        experts: cfg.usize_req("num_experts")?,
+        top_k: cfg.usize_req("top_k_experts")?,
+        inter: cfg.usize_req("moe_intermediate_size")?,
+    };
+    if m.top_k == 0 || m.top_k > m.experts || m.inter == 0 {
+        return Err(cfg.err(
+            "top_k_experts",
+            format!(
+                "{} of {} experts of {} (at least one of at least one)",
+                m.top_k, m.experts, m.inter
+            ),
+        ));
+    }
+    Ok(Some(m))
+}
+
+#[cfg(test)]
+#[path = "gemma4_config_tests.rs"]
+mod tests;

@@ -1,0 +1,145 @@
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::super::ModelSpec;
+use super::*;
+
+fn spec(v: &Value) -> Result<ModelSpec, ModelError> {
+    ModelSpec::from_json(v, Path::new("c.json"), "m".into())
+}
+
+/// A small `Gemma4ForCausalLM` config in the released form (`global_head_dim`).
+fn small(extra: Value) -> Value {
+    let mut v = json!({
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 16, "global_head_dim": 32,
+        "hidden_size_per_layer_input": 0, "vocab_size": 100, "intermediate_size": 128,
+    });
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    v
+}
+
+/// gemma-4-31B-it as released: a Gemma4ForConditionalGeneration export of 60 layers, every
+/// 6th full with 4 KV heads of 512 (values from the keys' projection), the others 16 of 256;
+/// the cache as wide as the sliding layers' KV, the full layers' heads repeated twice.
+#[test]
+fn gemma4_31b_as_released() {
+    let s = spec(&super::super::released_config("gemma-4-31b-it.json")).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma4);
+    assert_eq!((s.num_layers, s.hidden_size, s.num_heads), (60, 5376, 32));
+    assert_eq!((s.head_dim, s.num_kv_heads), (256, 16));
+    assert!(s.tie_word_embeddings && s.dtype == WeightDtype::Bf16);
+    let g = s.gemma4.unwrap();
+    let full: Vec<usize> = (0..60).filter(|&i| !g.sliding[i]).collect();
+    assert_eq!(full, (5..60).step_by(6).collect::<Vec<_>>());
+    assert_eq!((g.geometry[0], g.geometry[5]), ((256, 16), (512, 4)));
+    assert_eq!((g.kv_dim(), g.kv_repeat(0), g.kv_repeat(5)), (4096, 1, 2));
+    assert_eq!((g.window, g.k_eq_v, g.moe), (1024, true, None));
+    assert_eq!(g.local_rope, Gemma4Rope::Default { theta: 1e4 });
+    assert_eq!(
+        g.global_rope,
+        Gemma4Rope::Proportional {
+            theta: 1e6,
+            partial: 0.25,
+            factor: 1.0
+        }
+    );
+    assert_eq!(g.max_head_dim(), 512);
+}
+
+/// transformers' saves name the full layers' geometry per layer; without `attention_k_eq_v`
+/// `num_global_key_value_heads` is not read (the class ignores it).
+#[test]
+fn per_layer_config_and_global_kv_heads() {
+    let saved = small(json!({"per_layer_config": {
+        "2": {"head_dim": 32, "num_key_value_heads": 1},
+        "5": {"head_dim": 32, "num_key_value_heads": 1}},
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention", "sliding_attention", "full_attention"]}));
+    let g = spec(&saved).unwrap().gemma4.unwrap();
+    assert_eq!((g.geometry[1], g.geometry[2]), ((16, 4), (32, 1)));
+    assert_eq!((g.kv_dim(), g.kv_repeat(2)), (64, 2));
+    let no_share = small(json!({"num_global_key_value_heads": 1}));
+    let s = spec(&no_share).unwrap();
+    let g = s.gemma4.unwrap();
+    // Default pattern: layer 5 full (every 6th), 4 KV heads of 32 — wider than the others.
+    assert_eq!(g.geometry[5], (32, 4));
+    assert_eq!((g.kv_dim(), g.kv_repeat(0), s.num_kv_heads), (128, 2, 8));
+    let shared = small(json!({"num_global_key_value_heads": 1, "attention_k_eq_v": true}));
+    assert_eq!(spec(&shared).unwrap().gemma4.unwrap().geometry[5], (32, 1));
+}
+
+/// `Gemma4TextConfig` forces its last layer full.
+#[test]
+fn last_layer_is_full() {
+    let v = small(json!({"layer_types": vec!["sliding_attention"; 6]}));
+    let g = spec(&v).unwrap().gemma4.unwrap();
+    assert_eq!(g.sliding, [true, true, true, true, true, false]);
+}
+
+#[test]
+fn moe_block() {
+    let v = small(
+        json!({"enable_moe_block": true, "num_experts": 128, "top_k_experts": 8,
+        "moe_intermediate_size": 704}),
+    );
+    let m = spec(&v).unwrap().gemma4.unwrap().moe.unwrap();
+    assert_eq!((m.experts, m.top_k, m.inter), (128, 8, 704));
+    let v = small(
+        json!({"enable_moe_block": true, "num_experts": 4, "top_k_experts": 8,
+        "moe_intermediate_size": 704}),
+    );
+    assert!(spec(&v).unwrap_err().to_string().contains("top_k_experts"));
+}
+
+/// What hsx does not run is refused by name, never run otherwise.
+#[test]
+fn refusals_name_the_option() {
+    let cases = [
+        (
+            json!({"hidden_size_per_layer_input": 256}),
+            "per-layer embeddings",
+        ),
+        (
+            json!({"num_kv_shared_layers": 20}),
+            "num_kv_shared_layers 20",
+        ),
+        (
+            json!({"use_bidirectional_attention": "all"}),
+            "bidirectional",
+        ),
+        (json!({"hidden_activation": "silu"}), "hidden_activation"),
+        (
+            json!({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}),
+            "rope type `yarn`",
+        ),
+        (
+            json!({"per_layer_config": {"5": {"sliding_window": 4}}}),
+            "per-layer `sliding_window`",
+        ),
+        (
+            json!({"per_layer_config": {"5": {"num_key_value_heads": 3}}}),
+            "layer 5: 3 KV heads",
+        ),
+        (
+            json!({"per_layer_config": {"9": {"head_dim": 32}}}),
+            "layer `9`",
+        ),
+    ];
+    for (extra, want) in cases {
+        let e = spec(&small(extra.clone())).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    // The class's default has per-layer embeddings (E2B's 256): a config naming none.
+    let mut v = small(json!({}));
+    v.as_object_mut()
+        .unwrap()
+        .remove("hidden_size_per_layer_input");
+    assert!(spec(&v).unwrap_err().to_string().contains("per-layer"));
+    // Bidirectional attention over image tokens only leaves text causal.
+    assert!(spec(&small(json!({"use_bidirectional_attention": "vision"}))).is_ok());
+}
