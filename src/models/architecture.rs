@@ -57,6 +57,8 @@ pub enum Architecture {
     /// RoPE, a v norm, unscaled scores, a per-layer output scalar, and optionally a MoE block
     /// beside each dense MLP.
     Gemma4,
+    /// `SmolLM3ForCausalLM` (SmolLM3): Llama's layers, NoPE on every `no_rope_layers` 0.
+    SmolLM3,
     /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
     /// attention multipliers.
     Granite,
@@ -73,12 +75,13 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 24] = [
+    pub const ALL: [Self; 25] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
+        Self::SmolLM3,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -112,6 +115,7 @@ impl Architecture {
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Ministral3 => "Ministral3ForCausalLM",
+            Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
@@ -151,7 +155,7 @@ impl Architecture {
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
-        Architecture::Qwen2 | Architecture::Qwen3 => 32768,
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen3Moe => 32768,
@@ -182,6 +186,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::Mixtral => 1e6,
         Architecture::GptOss => 150000.0,
         Architecture::MiniMaxM2 => 5e6,
+        Architecture::SmolLM3 => 2e6,
         Architecture::Llama4 => 5e5,
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::Gemma3 => 1e6,

@@ -70,6 +70,9 @@ pub struct ModelSpec {
     /// Gemma 4's per-layer attention geometry, RoPEs and MoE block; `None` for other
     /// architectures.
     pub gemma4: Option<Gemma4Spec>,
+    /// Per layer: no RoPE (SmolLM3's NoPE layers, every 4th in the releases); `None`: every
+    /// layer rotates.
+    pub nope_layers: Option<Vec<bool>>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.

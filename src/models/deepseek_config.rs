@@ -191,6 +191,7 @@ pub(super) fn parse(
         llama4: None,
         gemma3: None,
         gemma4: None,
+        nope_layers: None,
         granite: None,
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,

@@ -1,4 +1,5 @@
-//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, and the MoE ones
+//! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, SmolLM3 (its NoPE
+//! layers without RoPE), and the MoE ones
 //! Qwen3-MoE, Mixtral, GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
@@ -80,8 +81,13 @@ pub(super) fn load_attention<D: Device>(
     // Sized by head_dim: made once the projections' shapes have confirmed it. GLM-4.5 rotates
     // the first `rotary_dim` dims of each head only.
     let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
-    let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
-    let rope = Some((ld.dev.rope_table(&rope)?, rot));
+    let rope = match spec.nope_layers.as_ref().is_some_and(|n| n[i]) {
+        true => None,
+        false => {
+            let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
+            Some((ld.dev.rope_table(&rope)?, rot))
+        }
+    };
     attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
 }
 

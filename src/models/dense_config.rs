@@ -70,7 +70,9 @@ pub(super) fn dense_spec(
             Architecture::MiniMaxM2 => QkNorm::Whole,
             _ => QkNorm::None,
         },
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        // SmolLM3Config ties by default.
+        tie_word_embeddings: cfg
+            .bool_or("tie_word_embeddings", architecture == Architecture::SmolLM3)?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         hybrid: super::moe_config::attention_moe(cfg, architecture, head_dim)?,
@@ -83,6 +85,10 @@ pub(super) fn dense_spec(
         },
         gemma3: None,
         gemma4: None,
+        nope_layers: match architecture {
+            Architecture::SmolLM3 => Some(smollm3_nope_layers(cfg, cfg.num_layers()?)?),
+            _ => None,
+        },
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,
@@ -90,6 +96,36 @@ pub(super) fn dense_spec(
         longrope: longrope.map(|(_, l)| l),
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
     })
+}
+
+/// SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none), else every
+/// `no_rope_layer_interval`-th layer (4); its sliding window (`use_sliding_window`, on the
+/// NoPE layers only; off in the releases) refused.
+fn smollm3_nope_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+    if cfg.bool_or("use_sliding_window", false)? {
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: "SmolLM3's sliding window (use_sliding_window)".into(),
+        });
+    }
+    let field = "no_rope_layers";
+    let Some(list) = cfg.get(field) else {
+        let every = cfg.usize_or("no_rope_layer_interval", 4)?;
+        if every == 0 {
+            return Err(cfg.err("no_rope_layer_interval", "must be at least 1"));
+        }
+        return Ok((0..layers).map(|i| (i + 1).is_multiple_of(every)).collect());
+    };
+    let flags = (list.as_array())
+        .filter(|a| a.len() >= layers)
+        .ok_or_else(|| cfg.err(field, format!("expected a list of at least {layers} flags")))?;
+    (flags.iter().take(layers))
+        .map(|f| match f.as_u64() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(cfg.err(field, format!("flag {f} (1: RoPE, 0: none)"))),
+        })
+        .collect()
 }
 
 /// Phi-3's RoPE as hsx runs it: `longrope` (`su`) read as [`LongRope`] with its theta, over

@@ -76,6 +76,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             score_factor: (head_dim as f64 / scalar).sqrt(),
         }),
         gemma4: None,
+        nope_layers: None,
         granite: None,
         longrope: None,
         query_temperature: None,

@@ -133,6 +133,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         llama4: None,
         gemma3: None,
         gemma4: Some(g),
+        nope_layers: None,
         granite: None,
         longrope: None,
         query_temperature: None,

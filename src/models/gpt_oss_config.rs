@@ -89,6 +89,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         llama4: None,
         gemma3: None,
         gemma4: None,
+        nope_layers: None,
         granite: None,
         longrope: None,
         query_temperature: None,

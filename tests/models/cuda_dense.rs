@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 15] = [
+const ARCHS: [&str; 16] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -32,6 +32,7 @@ const ARCHS: [&str; 15] = [
     "qwen3_yarn",
     "gemma4",
     "gemma4_bf16",
+    "smollm3",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

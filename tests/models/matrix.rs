@@ -190,4 +190,5 @@ matrix! {
     gemma4_moe => "gemma4_moe",
     gemma4_bf16 => "gemma4_bf16",
     gemma4_vl => "gemma4_vl",
+    smollm3 => "smollm3",
 }

@@ -36,6 +36,11 @@ const CASES: &[(&str, Expect)] = &[
         Accepted("MistralForCausalLM", 32, None),
     ),
     ("qwen3-8b.json", Accepted("Qwen3ForCausalLM", 36, None)),
+    // Llama's layers, every 4th without RoPE.
+    (
+        "smollm3-3b-base.json",
+        Accepted("SmolLM3ForCausalLM", 36, None),
+    ),
     (
         "qwen3-30b-a3b.json",
         Accepted("Qwen3MoeForCausalLM", 48, Some("*")),

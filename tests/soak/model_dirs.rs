@@ -154,6 +154,7 @@ const FIXTURES: &[&str] = &[
     "gemma4_moe",
     "gemma4_bf16",
     "gemma4_vl",
+    "smollm3",
 ];
 
 impl Bases {
