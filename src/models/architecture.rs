@@ -57,6 +57,13 @@ pub enum Architecture {
     /// RoPE, a v norm, unscaled scores, a per-layer output scalar, and optionally a MoE block
     /// beside each dense MLP.
     Gemma4,
+    /// `Olmo2ForCausalLM` (OLMo 2): Llama's attention and MLP, each sublayer's output RMS-normed
+    /// before the residual add and its input not normed, q / k RMSNorm over the whole
+    /// projection.
+    Olmo2,
+    /// `Olmo3ForCausalLM` (OLMo 3): OLMo 2's layers, three of four with a sliding window, each
+    /// kind with its RoPE.
+    Olmo3,
     /// `SmolLM3ForCausalLM` (SmolLM3): Llama's layers, NoPE on every `no_rope_layers` 0.
     SmolLM3,
     /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
@@ -75,13 +82,15 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 25] = [
+    pub const ALL: [Self; 27] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
         Self::SmolLM3,
+        Self::Olmo2,
+        Self::Olmo3,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -116,6 +125,8 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Ministral3 => "Ministral3ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
+            Self::Olmo2 => "Olmo2ForCausalLM",
+            Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
@@ -155,6 +166,7 @@ impl Architecture {
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
+        Architecture::Olmo2 | Architecture::Olmo3 => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -176,6 +188,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
+        Architecture::Olmo2 | Architecture::Olmo3 => 1e-5,
         _ => 1e-6,
     }
 }
@@ -187,6 +200,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::GptOss => 150000.0,
         Architecture::MiniMaxM2 => 5e6,
         Architecture::SmolLM3 => 2e6,
+        Architecture::Olmo3 => 5e5,
         Architecture::Llama4 => 5e5,
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::Gemma3 => 1e6,

@@ -18,6 +18,7 @@ use super::gpt_oss_config::GptOssSpec;
 pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
+pub use super::olmo_config::OlmoSpec;
 use super::weights::Weights;
 use crate::kernels::device::QueryTemperature;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
@@ -73,6 +74,9 @@ pub struct ModelSpec {
     /// Per layer: no RoPE (SmolLM3's NoPE layers, every 4th in the releases); `None`: every
     /// layer rotates.
     pub nope_layers: Option<Vec<bool>>,
+    /// OLMo 2 / 3's per-layer windows and the sliding layers' RoPE; `None` for other
+    /// architectures.
+    pub olmo: Option<OlmoSpec>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
@@ -140,6 +144,9 @@ impl ModelSpec {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
             Architecture::Gemma4 => super::gemma4_config::parse(&cfg, name)?,
+            a @ (Architecture::Olmo2 | Architecture::Olmo3) => {
+                super::olmo_config::parse(&cfg, a, name)?
+            }
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,

@@ -2,7 +2,7 @@
 //! final norm and the LM head — and the residual stream every architecture runs:
 //! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
-//! `x += post_norm(sublayer(norm(x)))`; Granite scales it, `x += r · sublayer(norm(x))` — the
+//! `x += post_norm(sublayer(norm(x)))`, OLMo 2 / 3 only its output, `x += post_norm(sublayer(x))`; Granite scales it, `x += r · sublayer(norm(x))` — the
 //! add fused into the next part's norm (exact in f32); Gemma 4 multiplies the stream by a
 //! per-layer scalar after its layer's last add. The row captured as id `i` is the
 //! residual stream after `i` layers; id L is the last layer's output before the final norm
@@ -85,10 +85,18 @@ impl<D: Device> Decoder<D> {
         let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
             for (j, part) in layer.parts.iter().enumerate() {
-                if pending {
-                    dev.add_rms_norm(&mut s.x, &s.proj, &part.norm, eps, &mut s.normed)?;
-                } else {
-                    dev.rms_norm(&s.x, &part.norm, eps, &mut s.normed)?;
+                match (&part.norm, pending) {
+                    (Some(n), true) => {
+                        dev.add_rms_norm(&mut s.x, &s.proj, n, eps, &mut s.normed)?
+                    }
+                    (Some(n), false) => dev.rms_norm(&s.x, n, eps, &mut s.normed)?,
+                    (None, pending) => {
+                        if pending {
+                            dev.add(&mut s.x, &s.proj)?;
+                        }
+                        // OLMo 2 / 3: the sublayer reads the stream (in the GEMM's dtype).
+                        dev.cast(&s.x, &mut s.normed)?;
+                    }
                 }
                 if j == 0 && i > 0 {
                     cap(i, &s.x)?;

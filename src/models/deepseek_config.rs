@@ -192,6 +192,7 @@ pub(super) fn parse(
         gemma3: None,
         gemma4: None,
         nope_layers: None,
+        olmo: None,
         granite: None,
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,

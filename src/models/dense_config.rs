@@ -67,7 +67,7 @@ pub(super) fn dense_spec(
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe => QkNorm::PerHead,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
-            Architecture::MiniMaxM2 => QkNorm::Whole,
+            Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
             _ => QkNorm::None,
         },
         // SmolLM3Config ties by default.
@@ -89,6 +89,7 @@ pub(super) fn dense_spec(
             Architecture::SmolLM3 => Some(smollm3_nope_layers(cfg, cfg.num_layers()?)?),
             _ => None,
         },
+        olmo: None,
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,

@@ -58,7 +58,7 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     let part = |pre: &str, sublayer, post: &str| {
         Ok::<_, ModelError>(Part {
-            norm: ld.norm_one_plus(&format!("{p}.{pre}"), h)?,
+            norm: Some(ld.norm_one_plus(&format!("{p}.{pre}"), h)?),
             sublayer,
             post_norm: Some(ld.norm_one_plus(&format!("{p}.{post}"), h)?),
             residual_scale: 1.0,

@@ -77,6 +77,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         }),
         gemma4: None,
         nope_layers: None,
+        olmo: None,
         granite: None,
         longrope: None,
         query_temperature: None,

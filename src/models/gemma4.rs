@@ -56,7 +56,7 @@ fn load_layer<D: Device>(
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
     let part = |pre: &str, sublayer, post: &str| {
         Ok::<_, ModelError>(Part {
-            norm: norm(pre)?,
+            norm: Some(norm(pre)?),
             sublayer,
             post_norm: Some(norm(post)?),
             residual_scale: 1.0,

@@ -134,6 +134,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         gemma3: None,
         gemma4: Some(g),
         nope_layers: None,
+        olmo: None,
         granite: None,
         longrope: None,
         query_temperature: None,

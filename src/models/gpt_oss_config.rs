@@ -90,6 +90,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         gemma3: None,
         gemma4: None,
         nope_layers: None,
+        olmo: None,
         granite: None,
         longrope: None,
         query_temperature: None,

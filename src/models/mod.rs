@@ -47,6 +47,8 @@ pub mod moe_weights;
 mod mxfp4;
 pub mod nemotron_h;
 pub mod nemotron_moe;
+pub mod olmo;
+mod olmo_config;
 pub mod phi3;
 pub mod pyjson;
 pub mod qwen3_5;

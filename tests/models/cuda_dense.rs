@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 16] = [
+const ARCHS: [&str; 18] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -33,6 +33,8 @@ const ARCHS: [&str; 16] = [
     "gemma4",
     "gemma4_bf16",
     "smollm3",
+    "olmo2",
+    "olmo3",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

@@ -191,4 +191,6 @@ matrix! {
     gemma4_bf16 => "gemma4_bf16",
     gemma4_vl => "gemma4_vl",
     smollm3 => "smollm3",
+    olmo2 => "olmo2",
+    olmo3 => "olmo3",
 }

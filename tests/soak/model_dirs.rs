@@ -155,6 +155,8 @@ const FIXTURES: &[&str] = &[
     "gemma4_bf16",
     "gemma4_vl",
     "smollm3",
+    "olmo2",
+    "olmo3",
 ];
 
 impl Bases {

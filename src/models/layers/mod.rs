@@ -133,10 +133,12 @@ impl<D: Device> Sublayer<D> {
 }
 
 /// `x += sublayer(norm(x))`, or with a post-norm (Gemma's sandwich)
-/// `x += post_norm(sublayer(norm(x)))`; the added rows times `residual_scale` (Granite's
-/// residual multiplier; 1 for every other model, which changes no bit).
+/// `x += post_norm(sublayer(norm(x)))`, or without a pre-norm (OLMo 2 / 3)
+/// `x += post_norm(sublayer(x))`; the added rows times `residual_scale` (Granite's residual
+/// multiplier; 1 for every other model, which changes no bit).
 pub struct Part<D: Device> {
-    pub norm: D::Vector,
+    /// `None`: the sublayer reads the residual stream itself.
+    pub norm: Option<D::Vector>,
     pub sublayer: Sublayer<D>,
     pub post_norm: Option<D::Vector>,
     pub residual_scale: f32,
@@ -146,7 +148,7 @@ impl<D: Device> Part<D> {
     /// `x += sublayer(norm(x))`.
     pub fn new(norm: D::Vector, sublayer: Sublayer<D>) -> Self {
         Self {
-            norm,
+            norm: Some(norm),
             sublayer,
             post_norm: None,
             residual_scale: 1.0,

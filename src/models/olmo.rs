@@ -1,0 +1,58 @@
+//! OLMo 2 / 3 (`Olmo2ForCausalLM`, `Olmo3ForCausalLM`; `model.*` names as Llama's). Per
+//! layer, each sublayer reads the residual stream itself and its output is RMS-normed before
+//! the add: `x += post_attention_layernorm(attention(x))`,
+//! `x += post_feedforward_layernorm(mlp(x))` (no `input_layernorm`). The attention: q / k
+//! RMSNorm over the whole projection before RoPE, biases where `attention_bias`; OLMo 3's
+//! sliding layers with their window and RoPE.
+
+use super::decoder::Decoder;
+use super::dense::{load_attention, load_mlp, load_with};
+use super::layers::mlp::Activation;
+use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
+use super::{ModelError, ModelSpec};
+use crate::kernels::Device;
+use crate::kernels::rope::Rope;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    load_with(ld, spec, load_layer)
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let o = spec.olmo.as_ref().ok_or_else(|| {
+        ModelError::InvalidOptions("an OLMo spec without its layer windows".into())
+    })?;
+    let p = format!("model.layers.{i}");
+    let post = |n: &str| ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size);
+    let part = |sublayer, post_norm| Part {
+        norm: None,
+        sublayer,
+        post_norm: Some(post_norm),
+        residual_scale: 1.0,
+    };
+    let sliding = o.sliding[i];
+    let variant = AttnVariant {
+        window: sliding.then_some(o.window),
+        ..AttnVariant::causal()
+    };
+    let mut attention = load_attention(ld, spec, i, variant)?;
+    if sliding {
+        let (theta, scaling) = o.local_rope;
+        let rope = Rope::new(spec.head_dim, theta, scaling);
+        attention.rope = Some((ld.dev.rope_table(&rope)?, spec.head_dim));
+    }
+    let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?;
+    Ok(Layer {
+        parts: vec![
+            part(
+                Sublayer::Attention(attention),
+                post("post_attention_layernorm")?,
+            ),
+            part(Sublayer::Mlp(mlp), post("post_feedforward_layernorm")?),
+        ],
+        scale: 1.0,
+    })
+}
