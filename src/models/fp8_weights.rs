@@ -1,13 +1,16 @@
-//! Block-quantized FP8 checkpoints (`quantization_config.quant_method: "fp8"`, the format of
-//! DeepSeek-V3 / R1, Kimi-K2, MiniMax-M2 and the Qwen3 / GLM `-FP8` releases): a linear layer's
-//! `weight` holds float8_e4m3fn codes and `weight_scale_inv` one f32 (or bf16) scale per
-//! block of `weight_block_size` `[rows, cols]` values, the last blocks of a row or column
-//! possibly short (DeepSeek-V3's `kv_a_proj_with_mqa` has 576 rows: 5 row blocks of 128).
+//! FP8 checkpoints (`quantization_config.quant_method: "fp8"`): block-quantized, the format of
+//! DeepSeek-V3 / R1, Kimi-K2, MiniMax-M2 and the Qwen3 / GLM `-FP8` releases — a linear
+//! layer's `weight` holds float8_e4m3fn codes and `weight_scale_inv` one f32 (or bf16) scale
+//! per block of `weight_block_size` `[rows, cols]` values, the last blocks of a row or column
+//! possibly short (DeepSeek-V3's `kv_a_proj_with_mqa` has 576 rows: 5 row blocks of 128) —
+//! or per-tensor, Mistral's (Ministral 3, Devstral 2): one `weight_scale_inv` value per
+//! matrix, with an `activation_scale` for its static activation scheme.
 //!
 //! hsx dequantizes each weight at load to the model's dtype (`torch_dtype`), as transformers
 //! does when it cannot run FP8 (`FineGrainedFP8Config(dequantize=True)`): `code · scale`
 //! in f32, rounded once to that dtype. The model then runs as its bf16 release would.
-//! Activations are not quantized (`activation_scheme` must be `dynamic`: no stored scales).
+//! Activations are not quantized (a static scheme's `activation_scale`s are not read, as
+//! transformers' dequantized run does not read them).
 
 use std::borrow::Cow;
 
@@ -34,8 +37,9 @@ impl Fp8Blocks {
 }
 
 /// The blocks of an fp8 `quantization_config` (`None` for any other method). Refuses what
-/// dequantizing at load cannot reproduce: another `fmt` than e4m3, static activation scales,
-/// a malformed `weight_block_size`. `err(field, message)` builds the caller's error.
+/// dequantizing at load cannot reproduce: another `fmt` than e4m3, an activation scheme
+/// neither `dynamic` nor `static`, a malformed `weight_block_size`. `err(field, message)`
+/// builds the caller's error.
 pub fn fp8_blocks(
     q: &Value,
     err: impl Fn(&str, String) -> ModelError,
@@ -51,10 +55,12 @@ pub fn fp8_blocks(
         let msg = format!("{fmt}: hsx reads float8_e4m3fn weights only");
         return Err(err("quantization_config.fmt", msg));
     }
+    // `static`: Mistral's releases store an `activation_scale` per linear layer, which
+    // transformers' dequantized run does not read (nor does hsx).
     if let Some(scheme) = field("activation_scheme")
-        && scheme.as_str() != Some("dynamic")
+        && !matches!(scheme.as_str(), Some("dynamic" | "static"))
     {
-        let msg = format!("{scheme}: only `dynamic` (no stored activation scales)");
+        let msg = format!("{scheme}: only `dynamic` or `static`");
         return Err(err("quantization_config.activation_scheme", msg));
     }
     // FineGrainedFP8Config's default.
@@ -163,7 +169,7 @@ mod tests {
             (json!({"quant_method": "fp8", "fmt": "e5m2"}), "fmt"),
             (json!({"quant_method": "fp8", "fmt": "float8_e5m2"}), "fmt"),
             (
-                json!({"quant_method": "fp8", "activation_scheme": "static"}),
+                json!({"quant_method": "fp8", "activation_scheme": "per_token"}),
                 "activation_scheme",
             ),
             (

@@ -173,8 +173,9 @@ impl Weights {
     }
 
     /// The FP8 tensor `name` (`codes`: `[lead.., rows, cols]`, matrices stacked along the
-    /// leading dims) dequantized with `{name}_scale_inv` (`[lead.., row blocks, col blocks]`)
-    /// as the matrix `[n · rows, cols]`, `n` the product of `lead`.
+    /// leading dims) dequantized with `{name}_scale_inv` (`[lead.., row blocks, col blocks]`,
+    /// or one value for a single matrix) as the matrix `[n · rows, cols]`, `n` the product of
+    /// `lead`.
     fn fp8_stack(
         &self,
         name: &str,
@@ -196,8 +197,22 @@ impl Weights {
                  reads block-quantized FP8 (`{scale_name}`)"
             )));
         }
+        // One scale for the whole matrix (Mistral's FP8 releases: Ministral 3, Devstral 2):
+        // transformers reads the blocks off the scales' shape, a single value being one block.
+        let scale_shape = self.shape_of(&scale_name)?;
+        let per_tensor = lead.is_empty() && scale_shape.iter().product::<usize>() == 1;
+        let blocks = match per_tensor {
+            true => Fp8Blocks {
+                rows: rows.max(1),
+                cols: cols.max(1),
+            },
+            false => blocks,
+        };
         let grid = blocks.grid(rows, cols);
-        let shape = [lead, &grid[..]].concat();
+        let shape = match per_tensor {
+            true => scale_shape,
+            false => [lead, &grid[..]].concat(),
+        };
         let scales = self.tensor(&scale_name, &shape)?;
         let (per, per_scales) = (rows * cols, grid[0] * grid[1]);
         let mut data = Vec::with_capacity(n * per * dtype_size(dtype));

@@ -193,4 +193,5 @@ matrix! {
     smollm3 => "smollm3",
     olmo2 => "olmo2",
     olmo3 => "olmo3",
+    ministral3_fp8 => "ministral3_fp8",
 }

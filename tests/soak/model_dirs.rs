@@ -157,6 +157,7 @@ const FIXTURES: &[&str] = &[
     "smollm3",
     "olmo2",
     "olmo3",
+    "ministral3_fp8",
 ];
 
 impl Bases {
