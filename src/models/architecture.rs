@@ -64,6 +64,9 @@ pub enum Architecture {
     /// `Olmo3ForCausalLM` (OLMo 3): OLMo 2's layers, three of four with a sliding window, each
     /// kind with its RoPE.
     Olmo3,
+    /// `Exaone4ForCausalLM` (EXAONE 4.0): OLMo 2's post-norm layers with per-head q / k
+    /// norms; with a `sliding_window`, sliding layers with RoPE and full layers without.
+    Exaone4,
     /// `SmolLM3ForCausalLM` (SmolLM3): Llama's layers, NoPE on every `no_rope_layers` 0.
     SmolLM3,
     /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
@@ -82,7 +85,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 27] = [
+    pub const ALL: [Self; 28] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -91,6 +94,7 @@ impl Architecture {
         Self::SmolLM3,
         Self::Olmo2,
         Self::Olmo3,
+        Self::Exaone4,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -127,6 +131,7 @@ impl Architecture {
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
+            Self::Exaone4 => "Exaone4ForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
@@ -166,7 +171,7 @@ impl Architecture {
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
-        Architecture::Olmo2 | Architecture::Olmo3 => 2048,
+        Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -188,7 +193,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
-        Architecture::Olmo2 | Architecture::Olmo3 => 1e-5,
+        Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         _ => 1e-6,
     }
 }

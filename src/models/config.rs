@@ -144,7 +144,7 @@ impl ModelSpec {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
             Architecture::Gemma4 => super::gemma4_config::parse(&cfg, name)?,
-            a @ (Architecture::Olmo2 | Architecture::Olmo3) => {
+            a @ (Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4) => {
                 super::olmo_config::parse(&cfg, a, name)?
             }
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,

@@ -1,9 +1,11 @@
-//! OLMo 2 / 3 (`Olmo2ForCausalLM`, `Olmo3ForCausalLM`; `model.*` names as Llama's). Per
+//! OLMo 2 / 3 and EXAONE 4.0 (`Olmo2ForCausalLM`, `Olmo3ForCausalLM`, `Exaone4ForCausalLM`;
+//! `model.*` names as Llama's). Per
 //! layer, each sublayer reads the residual stream itself and its output is RMS-normed before
 //! the add: `x += post_attention_layernorm(attention(x))`,
 //! `x += post_feedforward_layernorm(mlp(x))` (no `input_layernorm`). The attention: q / k
-//! RMSNorm over the whole projection before RoPE, biases where `attention_bias`; OLMo 3's
-//! sliding layers with their window and RoPE.
+//! RMSNorm over the whole projection (EXAONE: per head) before RoPE, biases where
+//! `attention_bias`; OLMo 3's and EXAONE's sliding layers with their window and RoPE (EXAONE's
+//! full layers without RoPE: the spec's `nope_layers`).
 
 use super::decoder::Decoder;
 use super::dense::{load_attention, load_mlp, load_with};

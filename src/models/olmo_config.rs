@@ -1,4 +1,4 @@
-//! OLMo 2 / 3's configs (`Olmo2Config`, `Olmo3Config`): Llama's fields with their defaults
+//! OLMo 2 / 3's and EXAONE 4.0's configs (`Olmo2Config`, `Olmo3Config`, `Exaone4Config`): Llama's fields with their defaults
 //! (eps 1e-5; OLMo 3's RoPE theta 5e5), q / k norm over the whole projection, `attention_bias`
 //! on q, k, v and o. OLMo 3 adds per-layer windows: `layer_types` (else three sliding layers of
 //! every four), `sliding_window` (4096), each kind with its RoPE — transformers 5's
@@ -34,6 +34,7 @@ pub(super) fn parse(
     let layers = spec.num_layers;
     let global = (spec.rope_theta, spec.rope_scaling);
     spec.olmo = Some(match arch {
+        Architecture::Exaone4 => exaone4(cfg, &mut spec)?,
         Architecture::Olmo3 => {
             let (full, local) = olmo3_ropes(cfg)?;
             (spec.rope_theta, spec.rope_scaling) = full;
@@ -57,6 +58,43 @@ pub(super) fn parse(
         return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
     }
     Ok(spec)
+}
+
+/// EXAONE 4.0: with a `sliding_window` (4096 unless null), `layer_types` or every
+/// `sliding_window_pattern`-th layer (4) full, the full layers without RoPE (its "global
+/// NoPE"), the sliding ones with the one RoPE; with a null window every layer full, with RoPE.
+fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<OlmoSpec, ModelError> {
+    let layers = spec.num_layers;
+    let local_rope = (spec.rope_theta, spec.rope_scaling);
+    let null = cfg.has("sliding_window") && cfg.get("sliding_window").is_none();
+    if null {
+        return Ok(OlmoSpec {
+            sliding: vec![false; layers],
+            window: 0,
+            local_rope,
+        });
+    }
+    let sliding = match cfg.sliding_layer_types(layers)? {
+        Some(s) => s,
+        None => {
+            let field = "sliding_window_pattern";
+            let every = match cfg.get(field) {
+                None => 4,
+                Some(v) => (v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| cfg.err(field, format!("{v} without `layer_types`")))?,
+            };
+            (0..layers)
+                .map(|i| !(i + 1).is_multiple_of(every))
+                .collect()
+        }
+    };
+    spec.nope_layers = Some(sliding.iter().map(|s| !s).collect());
+    Ok(OlmoSpec {
+        sliding,
+        window: cfg.usize_or("sliding_window", 4096)?,
+        local_rope,
+    })
 }
 
 /// `layer_types`, else every 4th layer full.
@@ -133,6 +171,33 @@ mod tests {
         assert_eq!(
             (s.qk_norm, s.rms_norm_eps),
             (super::super::QkNorm::Whole, 1e-5)
+        );
+    }
+
+    /// EXAONE 4.0: full layers without RoPE where a window is set (every 4th by default, or
+    /// `layer_types`); a null window (the 1.2B) makes every layer full and rotating; a pattern
+    /// string without `layer_types` is what the class cannot expand either.
+    #[test]
+    fn exaone4_windows_and_global_nope() {
+        let exaone = |extra: Value| {
+            let mut v = olmo3(extra);
+            v["architectures"] = json!(["Exaone4ForCausalLM"]);
+            spec(v)
+        };
+        let s = exaone(json!({})).unwrap();
+        let o = s.olmo.unwrap();
+        assert_eq!((o.window, o.sliding[3], o.sliding[2]), (4096, false, true));
+        assert_eq!(
+            s.nope_layers.unwrap(),
+            o.sliding.iter().map(|s| !s).collect::<Vec<_>>()
+        );
+        let s = exaone(json!({"sliding_window": null})).unwrap();
+        assert!(s.olmo.unwrap().sliding.iter().all(|s| !s) && s.nope_layers.is_none());
+        let e = exaone(json!({"sliding_window_pattern": "LLLG"})).unwrap_err();
+        assert!(e.to_string().contains("sliding_window_pattern"), "{e}");
+        assert_eq!(
+            exaone(json!({})).unwrap().qk_norm,
+            super::super::QkNorm::PerHead
         );
     }
 

@@ -20,7 +20,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),
         Architecture::Gemma4 => super::gemma4::load(ld, spec),
-        Architecture::Olmo2 | Architecture::Olmo3 => super::olmo::load(ld, spec),
+        Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => {
+            super::olmo::load(ld, spec)
+        }
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),
         Architecture::Bamba => super::bamba::load(ld, spec),
         Architecture::Phi3 => super::phi3::load(ld, spec),

@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 18] = [
+const ARCHS: [&str; 19] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -35,6 +35,7 @@ const ARCHS: [&str; 18] = [
     "smollm3",
     "olmo2",
     "olmo3",
+    "exaone4",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

@@ -194,4 +194,5 @@ matrix! {
     olmo2 => "olmo2",
     olmo3 => "olmo3",
     ministral3_fp8 => "ministral3_fp8",
+    exaone4 => "exaone4",
 }

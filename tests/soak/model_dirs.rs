@@ -158,6 +158,7 @@ const FIXTURES: &[&str] = &[
     "olmo2",
     "olmo3",
     "ministral3_fp8",
+    "exaone4",
 ];
 
 impl Bases {
