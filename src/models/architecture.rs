@@ -67,6 +67,12 @@ pub enum Architecture {
     /// `Exaone4ForCausalLM` (EXAONE 4.0): OLMo 2's post-norm layers with per-head q / k
     /// norms; with a `sliding_window`, sliding layers with RoPE and full layers without.
     Exaone4,
+    /// `Glm4ForCausalLM` (GLM-4-0414, GLM-Z1): q / k / v biases, RoPE on half of each head in
+    /// interleaved pairs, each sublayer between two RMSNorms, a fused gate / up projection.
+    Glm4,
+    /// `SeedOssForCausalLM` (Seed-OSS-36B): Llama's layers with q / k / v biases and an
+    /// optional o_proj bias of its own.
+    SeedOss,
     /// `SmolLM3ForCausalLM` (SmolLM3): Llama's layers, NoPE on every `no_rope_layers` 0.
     SmolLM3,
     /// `GraniteForCausalLM` (Granite 3.x): Llama's layers with embedding, residual and
@@ -85,13 +91,15 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 28] = [
+    pub const ALL: [Self; 30] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
         Self::SmolLM3,
+        Self::SeedOss,
+        Self::Glm4,
         Self::Olmo2,
         Self::Olmo3,
         Self::Exaone4,
@@ -129,6 +137,8 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Ministral3 => "Ministral3ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
+            Self::SeedOss => "SeedOssForCausalLM",
+            Self::Glm4 => "Glm4ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
@@ -177,13 +187,14 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
-        Architecture::GptOss | Architecture::Glm4Moe => 131072,
+        Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
         Architecture::Glm4MoeLite => 202752,
         Architecture::Mistral4 => 1048576,
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba | Architecture::Ministral3 => 262144,
         Architecture::Gemma4 => 131072,
+        Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
     }
 }
@@ -194,6 +205,8 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
+        // Glm4Config's 1.5625e-7.
+        Architecture::Glm4 => 0.00000015625,
         _ => 1e-6,
     }
 }

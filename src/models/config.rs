@@ -77,6 +77,9 @@ pub struct ModelSpec {
     /// OLMo 2 / 3's per-layer windows and the sliding layers' RoPE; `None` for other
     /// architectures.
     pub olmo: Option<OlmoSpec>,
+    /// GLM-4's rotated dims of each head (its `partial_rotary_factor`, ½ by default); `None`:
+    /// as the hybrid spec says, else the whole head.
+    pub rotary_dim: Option<usize>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.

@@ -2,7 +2,8 @@
 //! final norm and the LM head — and the residual stream every architecture runs:
 //! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
-//! `x += post_norm(sublayer(norm(x)))`, OLMo 2 / 3 only its output, `x += post_norm(sublayer(x))`; Granite scales it, `x += r · sublayer(norm(x))` — the
+//! `x += post_norm(sublayer(norm(x)))`, OLMo 2 / 3 and EXAONE 4 only its output,
+//! `x += post_norm(sublayer(x))`; Granite scales it, `x += r · sublayer(norm(x))` — the
 //! add fused into the next part's norm (exact in f32); Gemma 4 multiplies the stream by a
 //! per-layer scalar after its layer's last add. The row captured as id `i` is the
 //! residual stream after `i` layers; id L is the last layer's output before the final norm

@@ -193,6 +193,7 @@ pub(super) fn parse(
         gemma4: None,
         nope_layers: None,
         olmo: None,
+        rotary_dim: None,
         granite: None,
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,

@@ -27,7 +27,9 @@ pub(super) fn dense_spec(
         Architecture::Qwen3
         | Architecture::MiniMaxM2
         | Architecture::Llama4
-        | Architecture::Ministral3 => 128,
+        | Architecture::Ministral3
+        | Architecture::SeedOss
+        | Architecture::Glm4 => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -39,8 +41,10 @@ pub(super) fn dense_spec(
         None => cfg.rope(architecture)?,
     };
     // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
+    // SeedOssConfig and Glm4Config bias q / k / v by default.
+    let biased = matches!(architecture, Architecture::SeedOss | Architecture::Glm4);
     let attention_bias =
-        architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", false)?;
+        architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", biased)?;
     let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
     Ok(ModelSpec {
         name,
@@ -60,9 +64,13 @@ pub(super) fn dense_spec(
         rope_theta,
         rope_scaling,
         qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-        // Qwen2's and GLM-4.5's `attention_bias` leaves o_proj without one.
-        o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Glm4Moe)
-            && attention_bias,
+        // Qwen2's and GLM-4 / 4.5's `attention_bias` leaves o_proj without one; Seed-OSS's o_proj
+        // has its own `attention_out_bias`.
+        o_bias: match architecture {
+            Architecture::Qwen2 | Architecture::Glm4Moe | Architecture::Glm4 => false,
+            Architecture::SeedOss => cfg.bool_or("attention_out_bias", false)?,
+            _ => attention_bias,
+        },
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
@@ -90,6 +98,10 @@ pub(super) fn dense_spec(
             _ => None,
         },
         olmo: None,
+        rotary_dim: match architecture {
+            Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
+            _ => None,
+        },
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,

@@ -86,9 +86,10 @@ fn text_class(
 }
 
 /// Exports whose class ties the LM head to the embedding unless the config says otherwise
-/// (`Gemma3Config`'s and `Gemma4Config`'s default; the other export classes hsx runs default to untied — but
-/// `Mistral3Config`, whose default is tied too: its releases name no tie and carry their own
-/// `language_model.lm_head`, which transformers 5.24 keeps, finding two tensors to tie).
+/// (`Gemma3Config`'s and `Gemma4Config`'s default; the other export classes hsx runs default
+/// to untied — but `Mistral3Config`, whose default is tied too: its releases name no tie and
+/// carry their own `language_model.lm_head`, which transformers 5.24 keeps, finding two
+/// tensors to tie).
 const TIED_BY_DEFAULT: [&str; 2] = [
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",

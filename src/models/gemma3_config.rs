@@ -78,6 +78,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         gemma4: None,
         nope_layers: None,
         olmo: None,
+        rotary_dim: None,
         granite: None,
         longrope: None,
         query_temperature: None,

@@ -14,7 +14,7 @@
 //! heads of 512) sit beside its sliding ones (16 of 256).
 
 use super::decoder::Decoder;
-use super::dense::load_mlp;
+use super::dense::{load_mlp, load_with};
 use super::gemma3::embed_scale;
 use super::layers::mlp::Activation;
 use super::layers::{Attention, AttnVariant, Gemma4Moe, Layer, Loader, Part, Sublayer};
@@ -28,21 +28,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let g = spec.gemma4.clone().ok_or_else(|| {
         ModelError::InvalidOptions("Gemma4ForCausalLM spec without its layer geometry".into())
     })?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
-    let layers = (0..spec.num_layers)
-        .map(|i| load_layer(ld, &spec, &g, i))
-        .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = ld.vector("model.norm.weight", h)?;
-    let lm_head = ld.lm_head(&spec)?;
-    Ok(Decoder {
-        embed_scale: embed_scale(h, spec.dtype),
-        spec,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-    })
+    let scale = embed_scale(spec.hidden_size, spec.dtype);
+    let mut decoder = load_with(ld, spec, |ld, spec, i| load_layer(ld, spec, &g, i))?;
+    decoder.embed_scale = scale;
+    Ok(decoder)
 }
 
 fn load_layer<D: Device>(

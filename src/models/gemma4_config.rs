@@ -135,6 +135,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         gemma4: Some(g),
         nope_layers: None,
         olmo: None,
+        rotary_dim: None,
         granite: None,
         longrope: None,
         query_temperature: None,

@@ -91,6 +91,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         gemma4: None,
         nope_layers: None,
         olmo: None,
+        rotary_dim: None,
         granite: None,
         longrope: None,
         query_temperature: None,

@@ -30,6 +30,7 @@ pub mod gemma3;
 mod gemma3_config;
 pub mod gemma4;
 mod gemma4_config;
+pub mod glm4;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod granite;

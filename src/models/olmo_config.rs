@@ -1,9 +1,10 @@
-//! OLMo 2 / 3's and EXAONE 4.0's configs (`Olmo2Config`, `Olmo3Config`, `Exaone4Config`): Llama's fields with their defaults
-//! (eps 1e-5; OLMo 3's RoPE theta 5e5), q / k norm over the whole projection, `attention_bias`
-//! on q, k, v and o. OLMo 3 adds per-layer windows: `layer_types` (else three sliding layers of
-//! every four), `sliding_window` (4096), each kind with its RoPE — transformers 5's
-//! `rope_parameters.{full,sliding}_attention`, or the releases' `rope_theta` for both and
-//! `rope_scaling` (YaRN in the long-context releases) on the full layers only, as
+//! OLMo 2 / 3's and EXAONE 4.0's configs (`Olmo2Config`, `Olmo3Config`, `Exaone4Config`):
+//! Llama's fields with their defaults (eps 1e-5; OLMo 3's RoPE theta 5e5), q / k norm over the
+//! whole projection (EXAONE: per head), `attention_bias` on q, k, v and o. EXAONE 4.0's windows
+//! and NoPE full layers: [`exaone4`]. OLMo 3 adds per-layer windows: `layer_types` (else three
+//! sliding layers of every four), `sliding_window` (4096), each kind with its RoPE —
+//! transformers 5's `rope_parameters.{full,sliding}_attention`, or the releases' `rope_theta`
+//! for both and `rope_scaling` (YaRN in the long-context releases) on the full layers only, as
 //! `Olmo3Config` reads them.
 
 use serde_json::Value;

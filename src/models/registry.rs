@@ -12,7 +12,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Mistral => {
             dense::load(ld, spec)
         }
-        Architecture::Ministral3 | Architecture::SmolLM3 => dense::load(ld, spec),
+        Architecture::Ministral3 | Architecture::SmolLM3 | Architecture::SeedOss => {
+            dense::load(ld, spec)
+        }
         Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::Glm4Moe => {
             dense::load(ld, spec)
         }
@@ -20,6 +22,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),
         Architecture::Gemma4 => super::gemma4::load(ld, spec),
+        Architecture::Glm4 => super::glm4::load(ld, spec),
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => {
             super::olmo::load(ld, spec)
         }

@@ -16,7 +16,7 @@ use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, 
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
-const ARCHS: [&str; 19] = [
+const ARCHS: [&str; 21] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -36,6 +36,8 @@ const ARCHS: [&str; 19] = [
     "olmo2",
     "olmo3",
     "exaone4",
+    "seed_oss",
+    "glm4",
 ];
 const NUM_BLOCKS: usize = 64;
 const BUDGET: usize = 256;

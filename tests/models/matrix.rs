@@ -195,4 +195,6 @@ matrix! {
     olmo3 => "olmo3",
     ministral3_fp8 => "ministral3_fp8",
     exaone4 => "exaone4",
+    seed_oss => "seed_oss",
+    glm4 => "glm4",
 }

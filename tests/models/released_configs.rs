@@ -36,6 +36,11 @@ const CASES: &[(&str, Expect)] = &[
         Accepted("MistralForCausalLM", 32, None),
     ),
     ("qwen3-8b.json", Accepted("Qwen3ForCausalLM", 36, None)),
+    // Llama's layers with q / k / v biases, o_proj unbiased.
+    (
+        "seed-oss-36b-instruct.json",
+        Accepted("SeedOssForCausalLM", 64, None),
+    ),
     // Llama's layers, every 4th without RoPE.
     (
         "smollm3-3b-base.json",

@@ -159,6 +159,8 @@ const FIXTURES: &[&str] = &[
     "olmo3",
     "ministral3_fp8",
     "exaone4",
+    "seed_oss",
+    "glm4",
 ];
 
 impl Bases {

@@ -177,11 +177,11 @@ pub struct QkvSplit<'a> {
 
 /// q, k and v of every row of `qkv`, one pass per token: each piece of q and k (and, where
 /// given, each head of v: Gemma 4) RMS-normed ([`rms_norm_row`], straight from the projection:
-/// Qwen3's per-head q/k norm, or a whole-width one), then rotate-half RoPE (transformers `apply_rotary_pos_emb`) on the first
-/// `rotary_dim` dims of every head at the row's position, the rest passing through (partial
-/// rotary); one cos / sin per token serves q and k. The bits of gathering the columns, then
-/// norming, then rotating in separate passes (test), without those passes over q and k
-/// (copies, norm and RoPE had been ~4% of a bf16 run).
+/// Qwen3's per-head q/k norm, or a whole-width one), then rotate-half RoPE (transformers
+/// `apply_rotary_pos_emb`) on the first `rotary_dim` dims of every head at the row's position,
+/// the rest passing through (partial rotary); one cos / sin per token serves q and k. The bits
+/// of gathering the columns, then norming, then rotating in separate passes (test), without
+/// those passes over q and k (copies, norm and RoPE had been ~4% of a bf16 run).
 pub fn split_qkv(
     qkv: &[f32],
     s: &QkvSplit<'_>,

@@ -1,8 +1,8 @@
 //! Full attention over the paged KV cache: fused q/k/v projection (+ bias), optional per-head
-//! q/k RMSNorm (and v RMSNorm: Gemma 4), RoPE (full or partial rotary, or none), K/V into the cache, causal GQA
-//! attention (optionally gpt-oss's sliding window and sinks, a score factor, Llama-4's
-//! chunks, Llama-4's and Mistral's query temperature), optional output gate `· sigmoid(gate)`
-//! (Qwen3.5 / Qwen3-Next), `o_proj`.
+//! q/k RMSNorm (and v RMSNorm: Gemma 4), RoPE (full or partial rotary, or none), K/V into the
+//! cache, causal GQA attention (optionally gpt-oss's sliding window and sinks, a score factor,
+//! Llama-4's chunks, Llama-4's and Mistral's query temperature), optional output gate
+//! `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
