@@ -129,6 +129,7 @@ fn refusals_name_the_option() {
             json!({"per_layer_config": {"9": {"head_dim": 32}}}),
             "layer `9`",
         ),
+        (json!({"sliding_window": null}), "sliding_window"),
     ];
     for (extra, want) in cases {
         let e = spec(&small(extra.clone())).unwrap_err().to_string();

@@ -37,6 +37,10 @@ pub(super) fn parse(
     spec.olmo = Some(match arch {
         Architecture::Exaone4 => exaone4(cfg, &mut spec)?,
         Architecture::Olmo3 => {
+            if cfg.has("sliding_window") && cfg.get("sliding_window").is_none() {
+                // transformers' sliding-window mask refuses a null window too.
+                return Err(cfg.err("sliding_window", "null with sliding layers"));
+            }
             let (full, local) = olmo3_ropes(cfg)?;
             (spec.rope_theta, spec.rope_scaling) = full;
             OlmoSpec {
@@ -218,7 +222,9 @@ mod tests {
             "full_attention": {"rope_type": "dynamic", "factor": 2.0}}})))
         .unwrap_err();
         assert!(e.to_string().contains("rope type `dynamic`"), "{e}");
-        let e = spec(olmo3(json!({"sliding_window": 0}))).unwrap_err();
-        assert!(e.to_string().contains("sliding_window"), "{e}");
+        for window in [json!(0), json!(null)] {
+            let e = spec(olmo3(json!({"sliding_window": window}))).unwrap_err();
+            assert!(e.to_string().contains("sliding_window"), "{e}");
+        }
     }
 }
