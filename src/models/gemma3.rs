@@ -56,13 +56,9 @@ fn load_layer<D: Device>(
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
     let h = spec.hidden_size;
+    let norm = |n: &str| ld.norm_one_plus(&format!("{p}.{n}"), h);
     let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(Part {
-            norm: Some(ld.norm_one_plus(&format!("{p}.{pre}"), h)?),
-            sublayer,
-            post_norm: Some(ld.norm_one_plus(&format!("{p}.{post}"), h)?),
-            residual_scale: 1.0,
-        })
+        Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;

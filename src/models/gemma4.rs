@@ -44,12 +44,7 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
     let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(Part {
-            norm: Some(norm(pre)?),
-            sublayer,
-            post_norm: Some(norm(post)?),
-            residual_scale: 1.0,
-        })
+        Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;

@@ -32,12 +32,7 @@ fn load_layer<D: Device>(
     let (h, inter) = (spec.hidden_size, spec.intermediate_size);
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
     let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(Part {
-            norm: Some(norm(pre)?),
-            sublayer,
-            post_norm: Some(norm(post)?),
-            residual_scale: 1.0,
-        })
+        Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
     };
     let mlp = Mlp {
         up: ld.linear1(&format!("{p}.mlp.gate_up_proj"), 2 * inter, h, false)?,

@@ -154,6 +154,14 @@ impl<D: Device> Part<D> {
             residual_scale: 1.0,
         }
     }
+
+    /// `x += post_norm(sublayer(norm(x)))` (Gemma's and GLM-4's sandwich).
+    pub fn sandwich(norm: D::Vector, sublayer: Sublayer<D>, post_norm: D::Vector) -> Self {
+        Self {
+            post_norm: Some(post_norm),
+            ..Self::new(norm, sublayer)
+        }
+    }
 }
 
 /// One decoder layer (a layer id): its parts in order, then the residual stream times `scale`
