@@ -168,6 +168,14 @@ impl ModelSpec {
 
     /// The model has linear-attention or Mamba layers, so every running request needs a
     /// recurrent-state slot.
+    /// The rotated dims of each attention head: GLM-4's `rotary_dim`, else the hybrid / MoE
+    /// spec's, else the whole head.
+    pub fn rotated_dims(&self) -> usize {
+        (self.rotary_dim)
+            .or(self.hybrid.as_ref().map(|h| h.rotary_dim))
+            .unwrap_or(self.head_dim)
+    }
+
     pub fn has_recurrent_layers(&self) -> bool {
         self.hybrid
             .as_ref()
@@ -250,6 +258,11 @@ impl<'a> Cfg<'a> {
     /// The config names `field`, null included (where null means something else than absent).
     pub(super) fn has(&self, field: &str) -> bool {
         self.map.contains_key(field)
+    }
+
+    /// The config names `field` as null (which [`Cfg::get`] reads as absent).
+    pub(super) fn is_null(&self, field: &str) -> bool {
+        self.map.get(field).is_some_and(Value::is_null)
     }
 
     /// The FP8 blocks of `quantization_config` (`None` when not `fp8`).

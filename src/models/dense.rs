@@ -15,7 +15,7 @@ use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
 use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
 use super::moe_weights::{self, GATE_BIAS, MIXTRAL_EXPERTS, QWEN_EXPERTS};
-use super::{Architecture, ModelError, ModelSpec, QkNorm};
+use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -55,6 +55,18 @@ pub(super) fn load_attention<D: Device>(
     i: usize,
     variant: AttnVariant<D>,
 ) -> Result<Attention<D>, ModelError> {
+    let rope = (spec.rope_theta, spec.rope_scaling);
+    load_attention_roped(ld, spec, i, variant, rope)
+}
+
+/// [`load_attention`] with the RoPE (theta, scaling) `rope` (OLMo 3's sliding layers' own).
+pub(super) fn load_attention_roped<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+    variant: AttnVariant<D>,
+    (theta, scaling): (f64, RopeScaling),
+) -> Result<Attention<D>, ModelError> {
     let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
@@ -80,11 +92,11 @@ pub(super) fn load_attention<D: Device>(
     )?;
     // Sized by head_dim: made once the projections' shapes have confirmed it. GLM-4.5 rotates
     // the first `rotary_dim` dims of each head only.
-    let rot = spec.hybrid.as_ref().map_or(hd, |h| h.rotary_dim);
+    let rot = spec.rotated_dims();
     let rope = match spec.nope_layers.as_ref().is_some_and(|n| n[i]) {
         true => None,
         false => {
-            let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
+            let rope = Rope::new(rot, theta, scaling);
             Some((ld.dev.rope_table(&rope)?, rot))
         }
     };

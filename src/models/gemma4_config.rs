@@ -90,7 +90,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     let geometry = geometry(cfg, &sliding, (head_dim, k_eq_v))?;
     let window = cfg.usize_or("sliding_window", 512)?;
     // A null window is not the class's default: transformers' sliding mask refuses it.
-    if window == 0 || (cfg.has("sliding_window") && cfg.get("sliding_window").is_none()) {
+    if window == 0 || cfg.is_null("sliding_window") {
         return Err(cfg.err("sliding_window", "must be at least 1"));
     }
     let (local_rope, global_rope) = ropes(cfg)?;

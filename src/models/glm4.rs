@@ -73,7 +73,7 @@ fn load_attention<D: Device>(
 ) -> Result<Attention<D>, ModelError> {
     let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let rot = spec.rotary_dim.unwrap_or(hd);
+    let rot = spec.rotated_dims();
     let (q_rows, k_rows) = (
         deinterleaved(spec.num_heads, hd, rot),
         deinterleaved(spec.num_kv_heads, hd, rot),

@@ -8,12 +8,11 @@
 //! full layers without RoPE: the spec's `nope_layers`).
 
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_mlp, load_with};
+use super::dense::{load_attention_roped, load_mlp, load_with};
 use super::layers::mlp::Activation;
 use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
-use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     load_with(ld, spec, load_layer)
@@ -40,12 +39,11 @@ fn load_layer<D: Device>(
         window: sliding.then_some(o.window),
         ..AttnVariant::causal()
     };
-    let mut attention = load_attention(ld, spec, i, variant)?;
-    if sliding {
-        let (theta, scaling) = o.local_rope;
-        let rope = Rope::new(spec.head_dim, theta, scaling);
-        attention.rope = Some((ld.dev.rope_table(&rope)?, spec.head_dim));
-    }
+    let rope = match sliding {
+        true => o.local_rope,
+        false => (spec.rope_theta, spec.rope_scaling),
+    };
+    let attention = load_attention_roped(ld, spec, i, variant, rope)?;
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?;
     Ok(Layer {
         parts: vec![

@@ -37,7 +37,7 @@ pub(super) fn parse(
     spec.olmo = Some(match arch {
         Architecture::Exaone4 => exaone4(cfg, &mut spec)?,
         Architecture::Olmo3 => {
-            if cfg.has("sliding_window") && cfg.get("sliding_window").is_none() {
+            if cfg.is_null("sliding_window") {
                 // transformers' sliding-window mask refuses a null window too.
                 return Err(cfg.err("sliding_window", "null with sliding layers"));
             }
@@ -71,8 +71,7 @@ pub(super) fn parse(
 fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<OlmoSpec, ModelError> {
     let layers = spec.num_layers;
     let local_rope = (spec.rope_theta, spec.rope_scaling);
-    let null = cfg.has("sliding_window") && cfg.get("sliding_window").is_none();
-    if null {
+    if cfg.is_null("sliding_window") {
         return Ok(OlmoSpec {
             sliding: vec![false; layers],
             window: 0,
