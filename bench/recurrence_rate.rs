@@ -56,6 +56,8 @@ pub fn gdn(pool: &rayon::ThreadPool, (nk, nv, dk, dv): Shape) -> f64 {
         dv,
         neg_a: &neg_a,
         dt_bias: &dt_bias,
+        beta_scale: 1.0,
+        per_channel: false,
     };
     let ss = seqs();
     let mut state = vec![0.0f32; REQUESTS * nv * dk * dv];

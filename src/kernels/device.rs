@@ -239,13 +239,13 @@ pub trait Device: Send + Sync + Sized + 'static {
         p: &GdnParams<'_, Self>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// Per-head `w · rms_norm(x) · silu(z)` (heads of `w`'s length).
+    /// Per-head `w · rms_norm(x) · silu(z)` (heads of `w`'s length), or `· sigmoid(z)`.
     fn gdn_gated_norm(
         &self,
         x: &Self::Buf,
         z: Cols<'_, Self::Buf>,
         w: &Self::Vector,
-        eps: f64,
+        norm: (f64, NormGate),
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// The Mamba-2 selective scan token by token over the conv output `xbc` (`[x | B | C]`)

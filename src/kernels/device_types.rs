@@ -430,11 +430,37 @@ pub struct GdnDims {
     pub dv: usize,
 }
 
-/// Gated DeltaNet per-head parameters: `-exp(A_log)` and `dt_bias`.
+/// Gated DeltaNet per-head parameters: `-exp(A_log)` and `dt_bias`, and the factor on
+/// `sigmoid(b)`.
 pub struct GdnParams<'a, D: Device> {
     pub dims: GdnDims,
     pub neg_a: &'a D::Vector,
     pub dt_bias: &'a D::Vector,
+    /// `beta = beta_scale · sigmoid(b)`: 1, or 2 where the model allows negative eigenvalues
+    /// (OLMo Hybrid's `linear_allow_neg_eigval`, beta in (0, 2)).
+    pub beta_scale: f32,
+    /// Kimi Delta Attention: the decay per key channel, not per head (`alpha` `nv · dk`
+    /// columns, `dt_bias` `nv · dk` values; channel `h · dk + i` gates row i of head h's state).
+    pub per_channel: bool,
+}
+
+impl<D: Device> GdnParams<'_, D> {
+    /// Columns of the decay's input `alpha` (and values of `dt_bias`).
+    pub fn gate_width(&self) -> usize {
+        match self.per_channel {
+            true => self.dims.nv * self.dims.dk,
+            false => self.dims.nv,
+        }
+    }
+}
+
+/// The gate of a linear attention's output norm `w · rms_norm(x) · act(z)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormGate {
+    /// Gated DeltaNet's `silu(z)`.
+    Silu,
+    /// Kimi Delta Attention's `sigmoid(z)`.
+    Sigmoid,
 }
 
 /// Mamba-2 geometry.

@@ -67,6 +67,10 @@ pub enum Architecture {
     /// `Exaone4ForCausalLM` (EXAONE 4.0): OLMo 2's post-norm layers with per-head q / k
     /// norms; with a `sliding_window`, sliding layers with RoPE and full layers without.
     Exaone4,
+    /// `OlmoHybridForCausalLM` (OLMo Hybrid): Gated DeltaNet layers (pre-norm; separate
+    /// projections, beta in (0, 2)) and, every few layers, OLMo 3's post-norm attention
+    /// (without RoPE in the releases).
+    OlmoHybrid,
     /// `Glm4ForCausalLM` (GLM-4-0414, GLM-Z1): q / k / v biases, RoPE on half of each head in
     /// interleaved pairs, each sublayer between two RMSNorms, a fused gate / up projection.
     Glm4,
@@ -91,7 +95,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 30] = [
+    pub const ALL: [Self; 31] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -103,6 +107,7 @@ impl Architecture {
         Self::Olmo2,
         Self::Olmo3,
         Self::Exaone4,
+        Self::OlmoHybrid,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -142,6 +147,7 @@ impl Architecture {
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
+            Self::OlmoHybrid => "OlmoHybridForCausalLM",
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
@@ -194,6 +200,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba | Architecture::Ministral3 => 262144,
         Architecture::Gemma4 => 131072,
+        Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
     }

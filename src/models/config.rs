@@ -150,6 +150,7 @@ impl ModelSpec {
             a @ (Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4) => {
                 super::olmo_config::parse(&cfg, a, name)?
             }
+            Architecture::OlmoHybrid => super::olmo_config::parse_hybrid(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,

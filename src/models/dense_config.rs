@@ -76,6 +76,7 @@ pub(super) fn dense_spec(
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
+            Architecture::OlmoHybrid => QkNorm::Whole,
             _ => QkNorm::None,
         },
         // SmolLM3Config ties by default.

@@ -48,6 +48,11 @@ pub struct GdnSpec {
     pub k_head_dim: usize,
     pub v_head_dim: usize,
     pub conv_kernel: usize,
+    /// `beta = beta_scale · sigmoid(b)`: 1, or 2 with OLMo Hybrid's
+    /// `linear_allow_neg_eigval`.
+    pub beta_scale: f32,
+    /// The gated output norm's epsilon where it is not `rms_norm_eps` (OLMo Hybrid: 1e-5).
+    pub norm_eps: Option<f64>,
 }
 
 impl GdnSpec {
@@ -255,6 +260,8 @@ fn parse_qwen(
         k_head_dim: cfg.usize_or("linear_key_head_dim", 128)?,
         v_head_dim: cfg.usize_or("linear_value_head_dim", 128)?,
         conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
+        beta_scale: 1.0,
+        norm_eps: None,
     };
     let moe = if architecture != Architecture::Qwen3_5 {
         super::moe_config::qwen_moe(cfg, architecture, num_layers)?

@@ -5,10 +5,12 @@
 //! `x += post_feedforward_layernorm(mlp(x))` (no `input_layernorm`). The attention: q / k
 //! RMSNorm over the whole projection (EXAONE: per head) before RoPE, biases where
 //! `attention_bias`; OLMo 3's and EXAONE's sliding layers with their window and RoPE (EXAONE's
-//! full layers without RoPE: the spec's `nope_layers`).
+//! full layers without RoPE: the spec's `nope_layers`). OLMo Hybrid's attention layers are
+//! these, between pre-norm Gated DeltaNet layers ([`load_hybrid`]).
 
 use super::decoder::Decoder;
-use super::dense::{load_attention_roped, load_mlp, load_with};
+use super::dense::{load_attention, load_attention_roped, load_mlp, load_with};
+use super::hybrid_config::LayerKind;
 use super::layers::mlp::Activation;
 use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
 use super::{ModelError, ModelSpec};
@@ -16,6 +18,87 @@ use crate::kernels::Device;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     load_with(ld, spec, load_layer)
+}
+
+/// OLMo Hybrid (`OlmoHybridForCausalLM`): its `full_attention` layers are OLMo's post-norm
+/// layers (above; RoPE unless the spec's NoPE), its `linear_attention` layers Llama's pre-norm
+/// layers around a Gated DeltaNet (`linear_attn`, [`super::qwen3_5::load_gdn`]) and the MLP.
+pub fn load_hybrid<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: ModelSpec,
+) -> Result<Decoder<D>, ModelError> {
+    load_with(ld, spec, load_hybrid_layer)
+}
+
+fn load_hybrid_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let hybrid = spec.hybrid.as_ref();
+    let (Some(kinds), Some(gdn)) = (
+        hybrid.map(|h| &h.layers),
+        hybrid.and_then(|h| h.gdn.as_ref()),
+    ) else {
+        return Err(ModelError::InvalidOptions(
+            "an OLMo Hybrid spec without its layer kinds".into(),
+        ));
+    };
+    // The KV cache and the recurrent states are indexed among the layers of their kind.
+    let before = |k: LayerKind| kinds[..i].iter().filter(|&&x| x == k).count();
+    let p = format!("model.layers.{i}");
+    let mlp = Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?);
+    let norm = |n: &str| {
+        let name = |n: &str| format!("{p}.{n}.weight");
+        let on_disk = name(released_norm_name(n));
+        match ld.w.contains(&on_disk) {
+            true => ld.vector(&on_disk, spec.hidden_size),
+            false => ld.vector(&name(n), spec.hidden_size),
+        }
+    };
+    if kinds[i] == LayerKind::Attention {
+        let mut attention = load_attention(ld, spec, i, AttnVariant::causal())?;
+        attention.kv_layer = before(LayerKind::Attention);
+        return Ok(Layer {
+            parts: vec![
+                post_normed(
+                    Sublayer::Attention(attention),
+                    norm("post_attention_layernorm")?,
+                ),
+                post_normed(mlp, norm("post_feedforward_layernorm")?),
+            ],
+            scale: 1.0,
+        });
+    }
+    let state_layer = before(LayerKind::GatedDeltaNet);
+    let linear = super::qwen3_5::load_gdn(ld, &format!("{p}.linear_attn"), spec, gdn, state_layer)?;
+    Ok(Layer {
+        parts: vec![
+            Part::new(norm("input_layernorm")?, Sublayer::GatedDeltaNet(linear)),
+            Part::new(norm("post_attention_layernorm")?, mlp),
+        ],
+        scale: 1.0,
+    })
+}
+
+/// Where the releases keep transformers' norm `name` (`OlmoHybridForCausalLM`'s conversion
+/// mapping; a checkpoint under transformers' own names loads too).
+fn released_norm_name(name: &str) -> &str {
+    match name {
+        "input_layernorm" => "attention_layer_norm",
+        "post_attention_layernorm" => "feedforward_layer_norm",
+        other => other,
+    }
+}
+
+/// `x += post_norm(sublayer(x))`: OLMo's parts.
+fn post_normed<D: Device>(sublayer: Sublayer<D>, post_norm: D::Vector) -> Part<D> {
+    Part {
+        norm: None,
+        sublayer,
+        post_norm: Some(post_norm),
+        residual_scale: 1.0,
+    }
 }
 
 fn load_layer<D: Device>(
@@ -28,12 +111,6 @@ fn load_layer<D: Device>(
     })?;
     let p = format!("model.layers.{i}");
     let post = |n: &str| ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size);
-    let part = |sublayer, post_norm| Part {
-        norm: None,
-        sublayer,
-        post_norm: Some(post_norm),
-        residual_scale: 1.0,
-    };
     let sliding = o.sliding[i];
     let variant = AttnVariant {
         window: sliding.then_some(o.window),
@@ -47,11 +124,11 @@ fn load_layer<D: Device>(
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?;
     Ok(Layer {
         parts: vec![
-            part(
+            post_normed(
                 Sublayer::Attention(attention),
                 post("post_attention_layernorm")?,
             ),
-            part(Sublayer::Mlp(mlp), post("post_feedforward_layernorm")?),
+            post_normed(Sublayer::Mlp(mlp), post("post_feedforward_layernorm")?),
         ],
         scale: 1.0,
     })

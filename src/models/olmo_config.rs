@@ -5,11 +5,12 @@
 //! sliding layers of every four), `sliding_window` (4096), each kind with its RoPE —
 //! transformers 5's `rope_parameters.{full,sliding}_attention`, or the releases' `rope_theta`
 //! for both and `rope_scaling` (YaRN in the long-context releases) on the full layers only, as
-//! `Olmo3Config` reads them.
+//! `Olmo3Config` reads them. OLMo Hybrid (`OlmoHybridConfig`): [`parse_hybrid`].
 
 use serde_json::Value;
 
 use super::config::{Cfg, default_theta};
+use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::{Architecture, ModelError, ModelSpec, RopeScaling};
 
 /// OLMo's per-layer attention.
@@ -99,6 +100,96 @@ fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<OlmoSpec, ModelError> 
         window: cfg.usize_or("sliding_window", 4096)?,
         local_rope,
     })
+}
+
+/// OLMo Hybrid: Llama's fields (eps 1e-6, 65536 positions, untied) with OLMo's q / k norms
+/// over the whole projection; `layer_types` of `linear_attention` (Gated DeltaNet) and
+/// `full_attention`, by default every 4th layer full (the last where that gives none); the
+/// DeltaNet's `linear_*` geometry with `OlmoHybridConfig`'s defaults (heads as the attention's,
+/// key dim `int(0.75 · hidden / key heads)`, value dim twice that), beta × 2 where
+/// `linear_allow_neg_eigval` (default), its gated norm's eps 1e-5 (FLA's, as transformers).
+/// A null RoPE theta (the releases' `"rope_theta": null`) makes every attention layer NoPE.
+pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut spec = super::dense_config::dense_spec(cfg, Architecture::OlmoHybrid, name)?;
+    let (h, heads, layers) = (spec.hidden_size, spec.num_heads, spec.num_layers);
+    let nk = cfg.usize_or("linear_num_key_heads", heads)?;
+    let dk = match cfg.get("linear_key_head_dim") {
+        Some(_) => cfg.usize_req("linear_key_head_dim")?,
+        None if nk == 0 => 0,
+        None => (0.75 * h as f64 / nk as f64) as usize,
+    };
+    let gdn = GdnSpec {
+        num_k_heads: nk,
+        num_v_heads: cfg.usize_or("linear_num_value_heads", heads)?,
+        k_head_dim: dk,
+        v_head_dim: cfg.usize_or("linear_value_head_dim", 2 * dk)?,
+        conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
+        beta_scale: match cfg.bool_or("linear_allow_neg_eigval", true)? {
+            true => 2.0,
+            false => 1.0,
+        },
+        norm_eps: Some(1e-5),
+    };
+    if rope_theta_is_null(cfg) {
+        spec.nope_layers = Some(vec![true; layers]);
+    }
+    spec.hybrid = Some(HybridSpec {
+        layers: hybrid_layers(cfg, layers)?,
+        rotary_dim: spec.head_dim,
+        gdn: Some(gdn),
+        moe: None,
+        mamba: None,
+        nemotron_moe: None,
+        mla: None,
+    });
+    Ok(spec)
+}
+
+/// transformers builds no rotary embedding where the RoPE theta it resolves is null: the RoPE
+/// object's `rope_theta` where it names one, else the top-level field.
+fn rope_theta_is_null(cfg: &Cfg<'_>) -> bool {
+    match cfg.rope_object() {
+        Some((_, p)) if p.get("rope_theta").is_some() => p["rope_theta"].is_null(),
+        _ => cfg.is_null("rope_theta"),
+    }
+}
+
+/// OLMo Hybrid's `layer_types` (at least one of each kind), else every 4th layer full.
+fn hybrid_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<LayerKind>, ModelError> {
+    let field = "layer_types";
+    let kinds = match cfg.get(field) {
+        None => {
+            let mut kinds: Vec<_> = (0..layers)
+                .map(|i| match i % 4 {
+                    3 => LayerKind::Attention,
+                    _ => LayerKind::GatedDeltaNet,
+                })
+                .collect();
+            if let Some(last) = kinds.last_mut().filter(|_| layers < 4) {
+                *last = LayerKind::Attention;
+            }
+            kinds
+        }
+        Some(v) => {
+            let names = v
+                .as_array()
+                .ok_or_else(|| cfg.err(field, "expected a list"))?;
+            let kind = |n: &Value| match n.as_str() {
+                Some("linear_attention") => Ok(LayerKind::GatedDeltaNet),
+                Some("full_attention") => Ok(LayerKind::Attention),
+                _ => Err(cfg.err(field, format!("unknown layer type {n}"))),
+            };
+            names.iter().map(kind).collect::<Result<Vec<_>, _>>()?
+        }
+    };
+    let has = |k: LayerKind| kinds.contains(&k);
+    if !has(LayerKind::Attention) || !has(LayerKind::GatedDeltaNet) {
+        return Err(cfg.err(
+            field,
+            "needs both linear_attention and full_attention layers",
+        ));
+    }
+    Ok(kinds)
 }
 
 /// `layer_types`, else every 4th layer full.
@@ -203,6 +294,92 @@ mod tests {
             exaone(json!({})).unwrap().qk_norm,
             super::super::QkNorm::PerHead
         );
+    }
+
+    fn olmo_hybrid(extra: Value) -> Result<ModelSpec, ModelError> {
+        let mut v = olmo3(extra);
+        v["architectures"] = json!(["OlmoHybridForCausalLM"]);
+        spec(v)
+    }
+
+    /// `OlmoHybridConfig`'s defaults: every 4th layer full, linear heads as the attention's,
+    /// key dim int(0.75 · 64 / 4) = 12, value dim 24, beta × 2, the gated norm's eps 1e-5,
+    /// RoPE (theta 1e4) on the attention layers; eps 1e-6, 65536 positions, untied.
+    #[test]
+    fn olmo_hybrid_defaults() {
+        let s = olmo_hybrid(json!({})).unwrap();
+        let h = s.hybrid.clone().unwrap();
+        let (g, a) = (LayerKind::GatedDeltaNet, LayerKind::Attention);
+        assert_eq!(h.layers, [g, g, g, a, g, g, g, a]);
+        assert_eq!(
+            h.gdn.unwrap(),
+            GdnSpec {
+                num_k_heads: 4,
+                num_v_heads: 4,
+                k_head_dim: 12,
+                v_head_dim: 24,
+                conv_kernel: 4,
+                beta_scale: 2.0,
+                norm_eps: Some(1e-5),
+            }
+        );
+        assert_eq!((h.rotary_dim, s.head_dim, s.rope_theta), (16, 16, 1e4));
+        assert_eq!(s.nope_layers, None);
+        assert_eq!(
+            (s.qk_norm, s.rms_norm_eps),
+            (super::super::QkNorm::Whole, 1e-6)
+        );
+        assert_eq!(
+            (s.max_position_embeddings, s.tie_word_embeddings),
+            (65536, false)
+        );
+        assert!(s.has_recurrent_layers());
+        let s = olmo_hybrid(json!({"num_hidden_layers": 2, "linear_allow_neg_eigval": false}));
+        let h = s.unwrap().hybrid.unwrap();
+        assert_eq!((h.layers, h.gdn.unwrap().beta_scale), (vec![g, a], 1.0));
+    }
+
+    /// The RoPE theta transformers resolves: null (OLMo-core's releases write
+    /// `"rope_theta": null`) turns RoPE off on every layer; a theta in the RoPE object wins
+    /// over the top-level one, null included; a null RoPE object is the default RoPE.
+    #[test]
+    fn olmo_hybrid_nope_where_the_theta_is_null() {
+        let nope = |extra: Value| olmo_hybrid(extra).unwrap().nope_layers;
+        assert_eq!(nope(json!({"rope_theta": null})), Some(vec![true; 8]));
+        let p = json!({"rope_type": "default", "rope_theta": null});
+        assert_eq!(nope(json!({"rope_parameters": p})), Some(vec![true; 8]));
+        let p = json!({"rope_type": "default"});
+        let both = json!({"rope_parameters": p, "rope_theta": null});
+        assert_eq!(nope(both), Some(vec![true; 8]));
+        let p = json!({"rope_type": "default", "rope_theta": 5e5});
+        assert_eq!(
+            nope(json!({"rope_parameters": p, "rope_theta": null})),
+            None
+        );
+        assert_eq!(nope(json!({"rope_parameters": null})), None);
+    }
+
+    /// Layer kinds transformers refuses (no linear or no full layer) or does not know, and
+    /// a list of the wrong length, are refused by name.
+    #[test]
+    fn olmo_hybrid_layer_types_refused() {
+        let types = |t: Value| {
+            olmo_hybrid(json!({"layer_types": t}))
+                .unwrap_err()
+                .to_string()
+        };
+        let lin = "linear_attention";
+        let full = "full_attention";
+        for bad in [
+            json!(vec![lin; 8]),
+            json!(vec![full; 8]),
+            json!([lin, "mamba", lin, full]),
+        ] {
+            assert!(types(bad).contains("layer_types"));
+        }
+        assert!(types(json!([lin, full])).contains("layer_types"));
+        let e = olmo_hybrid(json!({"linear_num_key_heads": 3})).unwrap_err();
+        assert!(e.to_string().contains("linear_num_value_heads"), "{e}");
     }
 
     /// transformers 5's saves: one RoPE per kind.

@@ -170,7 +170,11 @@ fn q_then_gate(heads: usize, hd: usize) -> RowRanges {
         .collect()
 }
 
-fn load_gdn<D: Device>(
+/// The Gated DeltaNet under `p` (`...layers.{i}.linear_attn`), its state in recurrent layer
+/// `state_layer`. Qwen3.5's projections, Qwen3-Next's fused ones ([`next_to_fused`]) or OLMo
+/// Hybrid's separate `q k v g b a` (the gate `g` is Qwen's `z`; its norm `o_norm`, its
+/// output `o_proj`) are stacked as `[q | k | v | z | b | a]`.
+pub(super) fn load_gdn<D: Device>(
     ld: &Loader<'_, D>,
     p: &str,
     spec: &ModelSpec,
@@ -181,44 +185,91 @@ fn load_gdn<D: Device>(
     let (kd, vd, nv, k) = (g.key_dim(), g.value_dim(), g.num_v_heads, g.conv_kernel);
     let conv_dim = g.conv_dim();
     let n = |s: &str| format!("{p}.{s}");
-    let in_proj = if spec.architecture == Architecture::Qwen3Next {
-        let qkvz = ld.matrix(&n("in_proj_qkvz.weight"), 2 * kd + 2 * vd, h)?;
-        let ba = ld.matrix(&n("in_proj_ba.weight"), 2 * nv, h)?;
-        let (a, b) = next_to_fused(g);
-        let parts = vec![qkvz.select_rows(&a), ba.select_rows(&b)];
-        HostMatrix::stack(parts).map_err(ModelError::Device)?
-    } else {
-        let parts = vec![
-            ld.matrix(&n("in_proj_qkv.weight"), conv_dim, h)?,
-            ld.matrix(&n("in_proj_z.weight"), vd, h)?,
-            ld.matrix(&n("in_proj_b.weight"), nv, h)?,
-            ld.matrix(&n("in_proj_a.weight"), nv, h)?,
-        ];
-        HostMatrix::stack(parts).map_err(ModelError::Device)?
+    let rows = |name: &str, r: usize| ld.matrix(&n(&format!("{name}.weight")), r, h);
+    let parts = match spec.architecture {
+        Architecture::Qwen3Next => {
+            let (a, b) = next_to_fused(g);
+            let qkvz = rows("in_proj_qkvz", 2 * kd + 2 * vd)?;
+            vec![
+                qkvz.select_rows(&a),
+                rows("in_proj_ba", 2 * nv)?.select_rows(&b),
+            ]
+        }
+        Architecture::OlmoHybrid => {
+            let names = [
+                ("q", kd),
+                ("k", kd),
+                ("v", vd),
+                ("g", vd),
+                ("b", nv),
+                ("a", nv),
+            ];
+            (names.iter())
+                .map(|&(x, r)| rows(&format!("{x}_proj"), r))
+                .collect::<Result<_, _>>()?
+        }
+        _ => vec![
+            rows("in_proj_qkv", conv_dim)?,
+            rows("in_proj_z", vd)?,
+            rows("in_proj_b", nv)?,
+            rows("in_proj_a", nv)?,
+        ],
+    };
+    let in_proj = HostMatrix::stack(parts).map_err(ModelError::Device)?;
+    let (norm, out) = match spec.architecture {
+        Architecture::OlmoHybrid => ("o_norm.weight", "o_proj"),
+        _ => ("norm.weight", "out_proj"),
     };
     let a_log = ld.f32s(&n("A_log"), &[nv])?;
+    let conv = match ld.w.contains(&n("q_conv1d.weight")) {
+        true => split_conv(ld, p, (conv_dim, k))?,
+        false => ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?,
+    };
     Ok(GatedDeltaNet {
         in_proj: ld.dev.linear(in_proj, None)?,
         conv: CausalConv {
-            weight: ld
-                .dev
-                .vector(&ld.f32s(&n("conv1d.weight"), &[conv_dim, 1, k])?)?,
+            weight: ld.dev.vector(&conv)?,
             bias: None,
             kernel: k,
             state_layer,
         },
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         dt_bias: ld.vector(&n("dt_bias"), nv)?,
-        norm: ld.vector(&n("norm.weight"), g.v_head_dim)?,
-        out_proj: ld.linear1(&n("out_proj"), h, vd, false)?,
+        norm: ld.vector(&n(norm), g.v_head_dim)?,
+        out_proj: ld.linear1(&n(out), h, vd, false)?,
         dims: GdnDims {
             nk: g.num_k_heads,
             nv,
             dk: g.k_head_dim,
             dv: g.v_head_dim,
         },
-        eps: spec.rms_norm_eps,
+        eps: g.norm_eps.unwrap_or(spec.rms_norm_eps),
+        beta_scale: g.beta_scale,
     })
+}
+
+/// OLMo Hybrid's releases keep one conv per q / k / v (`{p}.{q,k,v}_conv1d.weight`), which
+/// transformers concatenates; its own saves split the whole in three equal parts, so only the
+/// sum of their channels is checked (`conv_dim`), as transformers' loading does.
+fn split_conv<D: Device>(
+    ld: &Loader<'_, D>,
+    p: &str,
+    (conv_dim, k): (usize, usize),
+) -> Result<Vec<f32>, ModelError> {
+    let mut conv = Vec::with_capacity(conv_dim * k);
+    for x in ["q", "k", "v"] {
+        let name = format!("{p}.{x}_conv1d.weight");
+        let channels = ld.w.shape_of(&name)?.first().copied().unwrap_or(0);
+        conv.extend(ld.f32s(&name, &[channels, 1, k])?);
+    }
+    if conv.len() != conv_dim * k {
+        return Err(ModelError::TensorShape {
+            name: format!("{p}.{{q,k,v}}_conv1d.weight"),
+            expected: vec![conv_dim, 1, k],
+            found: vec![conv.len() / k.max(1), 1, k],
+        });
+    }
+    Ok(conv)
 }
 
 /// Qwen3-Next's projections are grouped per key head — `in_proj_qkvz` rows

@@ -197,4 +197,6 @@ matrix! {
     exaone4 => "exaone4",
     seed_oss => "seed_oss",
     glm4 => "glm4",
+    olmo_hybrid => "olmo_hybrid",
+    olmo_hybrid_rope => "olmo_hybrid_rope",
 }

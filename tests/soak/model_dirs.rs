@@ -161,6 +161,8 @@ const FIXTURES: &[&str] = &[
     "exaone4",
     "seed_oss",
     "glm4",
+    "olmo_hybrid",
+    "olmo_hybrid_rope",
 ];
 
 impl Bases {

@@ -17,7 +17,7 @@ use super::ops;
 use super::recurrent::{StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, check_slot_copies,
+    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -466,10 +466,10 @@ impl Device for CpuDevice {
         x: &CpuBuf,
         z: Cols<'_, CpuBuf>,
         w: &Vec<f32>,
-        eps: f64,
+        norm: (f64, NormGate),
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        device_hybrid::gdn_gated_norm(x, z, w, eps, out)
+        device_hybrid::gdn_gated_norm(x, z, w, norm, out)
     }
 
     fn mamba2_scan(

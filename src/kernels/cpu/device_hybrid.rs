@@ -4,7 +4,9 @@
 use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, check_gate, col_rows, gather_cols, set};
 use crate::kernels::cpu::recurrent;
 use crate::kernels::cpu::{gdn, mamba};
-use crate::kernels::device::{Cols, ConvCall, DevResult, GdnParams, MambaParams};
+use crate::kernels::device::{
+    Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams, NormGate,
+};
 
 pub(super) fn conv1d_silu(
     step: &CpuStep<'_>,
@@ -38,9 +40,17 @@ pub(super) fn gated_delta_rule(
     p: &GdnParams<'_, CpuDevice>,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
+    let d = p.dims;
+    if beta.width != d.nv || alpha.width != p.gate_width() || beta.buf.rows() != qkv.rows() {
+        return Err(DeviceError::Invalid(format!(
+            "gated delta rule {d:?}: beta / alpha of {} / {} columns for {} rows of q | k | v",
+            beta.width,
+            alpha.width,
+            qkv.rows()
+        )));
+    }
     gather_cols(beta, &mut states.first);
     gather_cols(alpha, &mut states.second);
-    let d = p.dims;
     let params = gdn::GdnParams {
         nk: d.nk,
         nv: d.nv,
@@ -48,6 +58,8 @@ pub(super) fn gated_delta_rule(
         dv: d.dv,
         neg_a: p.neg_a,
         dt_bias: p.dt_bias,
+        beta_scale: p.beta_scale,
+        per_channel: p.per_channel,
     };
     let st = states.cache.layer_mut(state_layer);
     gdn::gated_delta_rule(
@@ -67,13 +79,13 @@ pub(super) fn gdn_gated_norm(
     x: &CpuBuf,
     z: Cols<'_, CpuBuf>,
     w: &[f32],
-    eps: f64,
+    norm: (f64, NormGate),
     out: &mut CpuBuf,
 ) -> DevResult<()> {
     check_gate("gdn_gated_norm", x, &z)?;
     out.data.clear();
     out.data.extend_from_slice(&x.data);
-    recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, eps);
+    recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, norm);
     set(out, x.width);
     Ok(())
 }

@@ -1,8 +1,11 @@
-//! The gated delta rule of Gated DeltaNet (Qwen3.5 / Qwen3-Next), token by token in f32.
+//! The gated delta rule of Gated DeltaNet (Qwen3.5 / Qwen3-Next, OLMo Hybrid) and of Kimi Delta
+//! Attention (Kimi Linear), token by token in f32.
 //!
 //! Per value head the state `S` (`[dk, dv]`) goes, for each token t,
-//! `S ← decay_t · S`, `m = Sᵀ k_t`, `δ = (v_t − m) · β_t`, `S ← S + k_t δᵀ`, `o_t = Sᵀ q_t`
-//! (chunk invariance: [`recurrent`](super::recurrent)'s module docs).
+//! `S ← diag(decay_t) · S`, `m = Sᵀ k_t`, `δ = (v_t − m) · β_t`, `S ← S + k_t δᵀ`,
+//! `o_t = Sᵀ q_t` (chunk invariance: [`recurrent`](super::recurrent)'s module docs). Gated
+//! DeltaNet's decay is one per head (every row of the state the same); Kimi Delta Attention's
+//! one per key channel (row).
 //!
 //! # One sweep over the state per token
 //! The state is read and written once per token: the sweep that applies token t's update and
@@ -31,13 +34,29 @@ pub struct GdnParams<'a> {
     /// `-exp(A_log)` per value head.
     pub neg_a: &'a [f32],
     pub dt_bias: &'a [f32],
+    /// `beta = beta_scale · sigmoid(b)` (1, or 2 with negative eigenvalues allowed).
+    pub beta_scale: f32,
+    /// Kimi Delta Attention's decay per key channel: `a` has `nv · dk` columns and `dt_bias`
+    /// `nv · dk` values (channel `h · dk + i` gates row i of head h's state).
+    pub per_channel: bool,
 }
 
-/// The gated delta rule. `qkv` is the conv output `[T, 2·nk·dk + nv·dv]` (q | k | v), `b` and
-/// `a` are `[T, nv]`; `state` is `[slots, nv, dk, dv]`. Writes the core output `[T, nv·dv]`.
+impl GdnParams<'_> {
+    /// Columns of `a`.
+    fn gate_width(&self) -> usize {
+        match self.per_channel {
+            true => self.nv * self.dk,
+            false => self.nv,
+        }
+    }
+}
+
+/// The gated delta rule. `qkv` is the conv output `[T, 2·nk·dk + nv·dv]` (q | k | v), `b` is
+/// `[T, nv]`, `a` `[T, nv]` (or `[T, nv·dk]`, [`GdnParams::per_channel`]); `state` is
+/// `[slots, nv, dk, dv]`. Writes the core output `[T, nv·dv]`.
 /// q and k are L2-normalised (eps 1e-6) and q is scaled by `dk^-0.5`;
-/// `g = -exp(A_log)·softplus(a + dt_bias)`, `beta = sigmoid(b)`; q/k head `h / (nv/nk)` serves
-/// value head h (transformers `repeat_interleave`).
+/// `g = -exp(A_log)·softplus(a + dt_bias)`, `beta = beta_scale·sigmoid(b)`; q/k head
+/// `h / (nv/nk)` serves value head h (transformers `repeat_interleave`).
 pub fn gated_delta_rule(
     qkv: &[f32],
     b: &[f32],
@@ -68,11 +87,12 @@ struct GdnIo<'a> {
     a: &'a [f32],
 }
 
-/// One token's per-head inputs: normalised q (scaled) and k, v, the decay and beta.
+/// One token's per-head inputs: normalised q (scaled) and k, v, the decay of each state row
+/// and beta.
 struct Token {
     q: Vec<f32>,
     k: Vec<f32>,
-    decay: f32,
+    decay: Vec<f32>,
     beta: f32,
 }
 
@@ -81,7 +101,7 @@ impl Token {
         Self {
             q: vec![0.0; dk],
             k: vec![0.0; dk],
-            decay: 0.0,
+            decay: vec![0.0; dk],
             beta: 0.0,
         }
     }
@@ -99,9 +119,13 @@ impl Token {
         for v in self.q.iter_mut() {
             *v *= scale;
         }
-        let g = p.neg_a[h] * softplus(io.a[r * nv + h] + p.dt_bias[h]);
-        self.decay = g.exp();
-        self.beta = sigmoid(io.b[r * nv + h]);
+        let a = &io.a[r * p.gate_width()..(r + 1) * p.gate_width()];
+        let gate = |c: usize| (p.neg_a[h] * softplus(a[c] + p.dt_bias[c])).exp();
+        match p.per_channel {
+            true => (self.decay.iter_mut().enumerate()).for_each(|(i, d)| *d = gate(h * dk + i)),
+            false => self.decay.fill(gate(h)),
+        }
+        self.beta = sigmoid(io.b[r * nv + h]) * p.beta_scale;
         &x[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv]
     }
 }
@@ -122,7 +146,7 @@ fn head(
         return;
     };
     let mut v = cur.load(io, p, h, first);
-    sweep_any(st, dv, None, Some((cur.decay, &cur.k, &mut m)));
+    sweep_any(st, dv, None, Some((&cur.decay, &cur.k, &mut m)));
     for (i, r) in rows.clone().enumerate() {
         for ((d, &mj), &vj) in delta.iter_mut().zip(&m).zip(v) {
             *d = (vj - mj) * cur.beta;
@@ -130,7 +154,7 @@ fn head(
         let update = Some((&cur.k[..], &delta[..], &cur.q[..], out.row(i)));
         if r + 1 < rows.end {
             v = next.load(io, p, h, r + 1);
-            sweep_any(st, dv, update, Some((next.decay, &next.k, &mut m)));
+            sweep_any(st, dv, update, Some((&next.decay, &next.k, &mut m)));
             std::mem::swap(&mut cur, &mut next);
         } else {
             sweep_any(st, dv, update, None);
@@ -140,8 +164,8 @@ fn head(
 
 /// Token t's update: its k, δ, q, and where `o_t` goes.
 type Update<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a mut [f32]);
-/// Token t+1's decay, its k, and where `m_{t+1}` goes.
-type Decay<'a> = (f32, &'a [f32], &'a mut [f32]);
+/// Token t+1's decay of each state row, its k, and where `m_{t+1}` goes.
+type Decay<'a> = (&'a [f32], &'a [f32], &'a mut [f32]);
 
 /// [`sweep`] in strips of [`STRIP`] columns where dv allows (every real model), else of 16,
 /// else of one.
@@ -176,7 +200,7 @@ fn sweep<const W: usize>(
         let rows = st.chunks_exact_mut(dv).map(|row| &mut row[c..c + W]);
         match (&update, &decay) {
             (Some((k, _, q, _)), Some((g, k2, _))) => {
-                for (((s, &ki), &qi), &k2i) in rows.zip(*k).zip(*q).zip(*k2) {
+                for ((((s, &ki), &qi), &k2i), &g) in rows.zip(*k).zip(*q).zip(*k2).zip(*g) {
                     for (((s, &dj), oj), mj) in s.iter_mut().zip(&d).zip(&mut o).zip(&mut m) {
                         *s += ki * dj;
                         *oj += *s * qi;
@@ -194,7 +218,7 @@ fn sweep<const W: usize>(
                 }
             }
             (None, Some((g, k2, _))) => {
-                for (s, &k2i) in rows.zip(*k2) {
+                for ((s, &k2i), &g) in rows.zip(*k2).zip(*g) {
                     for (s, mj) in s.iter_mut().zip(&mut m) {
                         *s *= g;
                         *mj += *s * k2i;
@@ -244,9 +268,9 @@ mod tests {
         for r in 0..t {
             let v = tok.load(io, p, h, r);
             m.fill(0.0);
-            for (ki, srow) in tok.k.iter().zip(st.chunks_exact_mut(dv)) {
+            for ((ki, g), srow) in tok.k.iter().zip(&tok.decay).zip(st.chunks_exact_mut(dv)) {
                 for (mj, s) in m.iter_mut().zip(srow.iter_mut()) {
-                    *s *= tok.decay;
+                    *s *= g;
                     *mj += *s * ki;
                 }
             }
@@ -284,8 +308,14 @@ mod tests {
             let (nk, nv, dk, t) = (2, 4, 16, 23);
             let mut seed = dv as u64;
             let qkv = noise(t * (2 * nk * dk + nv * dv), &mut seed, 2.0);
-            let (b, a) = (noise(t * nv, &mut seed, 4.0), noise(t * nv, &mut seed, 4.0));
-            let (neg_a, dt_bias) = (noise(nv, &mut seed, 1.0), noise(nv, &mut seed, 1.0));
+            // Kimi Delta Attention's decay per key channel on one geometry.
+            let per_channel = dv == 24;
+            let gates = if per_channel { nv * dk } else { nv };
+            let (b, a) = (
+                noise(t * nv, &mut seed, 4.0),
+                noise(t * gates, &mut seed, 4.0),
+            );
+            let (neg_a, dt_bias) = (noise(nv, &mut seed, 1.0), noise(gates, &mut seed, 1.0));
             let neg_a: Vec<f32> = neg_a.iter().map(|x| -x.abs() - 0.1).collect();
             let p = GdnParams {
                 nk,
@@ -294,6 +324,9 @@ mod tests {
                 dv,
                 neg_a: &neg_a,
                 dt_bias: &dt_bias,
+                // OLMo Hybrid's beta in (0, 2) on one geometry.
+                beta_scale: if dv == 48 { 2.0 } else { 1.0 },
+                per_channel,
             };
             let io = GdnIo {
                 qkv: &qkv,

@@ -29,6 +29,7 @@ use rayon::prelude::*;
 
 use super::ops::inv_rms;
 use super::vector;
+use crate::kernels::device::NormGate;
 use crate::kernels::plan::SeqState;
 
 /// Conv state (`[k - 1, channels]` per slot) and recurrent state (f32) of one layer.
@@ -344,26 +345,31 @@ fn head_tasks<'a>(
     tasks
 }
 
-/// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`,
+/// Qwen3.5 / Qwen3-Next gated norm per head: `w · (x · rsqrt(mean(x²) + eps)) · silu(z)`
+/// (Kimi Delta Attention: `· sigmoid(z)`),
 /// over `dv = w.len()`-wide heads of `x` (`[T, heads·dv]`) and of `z`'s T rows (each
 /// `heads·dv` wide), in place on `x`.
 pub fn gated_rms_norm_then_gate<'a>(
     x: &mut [f32],
     z: impl IndexedParallelIterator<Item = &'a [f32]>,
     w: &[f32],
-    eps: f64,
+    (eps, gate): (f64, NormGate),
 ) {
     let (d, rows) = (w.len(), z.len());
     if x.is_empty() || rows == 0 {
         return;
     }
+    let act = match gate {
+        NormGate::Silu => silu,
+        NormGate::Sigmoid => sigmoid,
+    };
     x.par_chunks_mut(x.len() / rows)
         .zip(z)
         .for_each(|(xr, zr)| {
             for (xh, zh) in xr.chunks_exact_mut(d).zip(zr.chunks_exact(d)) {
                 let r = inv_rms(xh, eps);
                 for ((v, &zi), &wi) in xh.iter_mut().zip(zh).zip(w) {
-                    *v = wi * (*v * r) * silu(zi);
+                    *v = wi * (*v * r) * act(zi);
                 }
             }
         });

@@ -194,7 +194,7 @@ extern "C" __global__ void gdn_chunk_prep_f32(
     float* __restrict__ w,
     float* __restrict__ u,
     float* __restrict__ g,
-    int nk, int nv, int dk, int dv)
+    int nk, int nv, int dk, int dv, float beta_scale)
 {
     __shared__ float tm[GC][GC + 1];
     __shared__ float xs[GC][GC_SLICE + 1];
@@ -210,7 +210,7 @@ extern "C" __global__ void gdn_chunk_prep_f32(
     if (tid < L) {
         const size_t row = (size_t)(r0 + tid);
         gs[tid] = neg_a[h] * gc_softplus(a[row * ba_stride + h] + dt_bias[h]);
-        bs[tid] = 1.0f / (1.0f + expf(-b[row * ba_stride + h]));
+        bs[tid] = __fmul_rn(1.0f / (1.0f + expf(-b[row * ba_stride + h])), beta_scale);
     }
     __syncthreads();
     if (tid == 0) {

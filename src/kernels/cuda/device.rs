@@ -14,6 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::api::{CudaUnavailable, DeviceInfo};
 use super::capture::Capture;
 use super::context::{CudaError, DevBuf, Gpu, panic_message, probe};
+use super::device_ops::GatedNormKind;
 use super::device_types::{
     CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, glu_shape, invalid, same_f32,
 };
@@ -24,7 +25,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
-    HostMatrix, KvShape, MambaParams, MlaDims, check_slot_copies,
+    HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -445,10 +446,10 @@ impl Device for CudaDevice {
         x: &CudaBuf,
         z: Cols<'_, CudaBuf>,
         w: &DevBuf<f32>,
-        eps: f64,
+        (eps, gate): (f64, NormGate),
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.gated_norm_op(x, z, w, (None, eps), out)
+        self.gated_norm_op(x, z, w, (GatedNormKind::PerHead(gate), eps), out)
     }
 
     fn mamba2_scan(
@@ -472,7 +473,7 @@ impl Device for CudaDevice {
         (group_size, eps): (usize, f64),
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.gated_norm_op(y, z, w, (Some(group_size), eps), out)
+        self.gated_norm_op(y, z, w, (GatedNormKind::Groups(group_size), eps), out)
     }
 
     fn moe_route(&self, logits: &CudaBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {

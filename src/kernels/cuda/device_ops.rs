@@ -18,7 +18,7 @@ use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use super::recurrent_chunked::Recurrence;
 use crate::kernels::device::{
-    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams,
+    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams, NormGate,
 };
 use crate::kernels::routing::Routing;
 
@@ -36,6 +36,15 @@ fn indices(v: &[i32], limit: usize, what: &str) -> DevResult<()> {
         Some(r) => invalid(format!("{what}: row {r} of {limit}")),
         None => Ok(()),
     }
+}
+
+/// Which gated RMSNorm [`CudaDevice::gated_norm_op`] runs.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GatedNormKind {
+    /// Per head of the weight's length, with this gate (Gated DeltaNet, Kimi Delta Attention).
+    PerHead(NormGate),
+    /// Mamba-2's: over groups of this many values.
+    Groups(usize),
 }
 
 impl CudaDevice {
@@ -187,14 +196,16 @@ impl CudaDevice {
         let (a, a_stride) = cols(alpha, "gated delta alpha")?;
         check_rows(beta.buf.rows(), t, "gated delta beta")?;
         check_rows(alpha.buf.rows(), t, "gated delta alpha")?;
-        if beta.width != d.nv || alpha.width != d.nv || a_stride != b_stride {
+        if beta.width != d.nv || alpha.width != p.gate_width() {
             return invalid(format!(
-                "gated delta beta / alpha of {} / {} columns, strides {b_stride} / {a_stride}",
-                beta.width, alpha.width
+                "gated delta beta / alpha of {} / {} columns, {} expected",
+                beta.width,
+                alpha.width,
+                p.gate_width()
             ));
         }
         check_len(p.neg_a, d.nv, "gated delta A")?;
-        check_len(p.dt_bias, d.nv, "gated delta dt bias")?;
+        check_len(p.dt_bias, p.gate_width(), "gated delta dt bias")?;
         let (_, ssm_per) = states.shape(layer)?;
         if ssm_per != d.nv * d.dk * d.dv {
             return invalid(format!(
@@ -212,10 +223,13 @@ impl CudaDevice {
             b,
             a,
             ba_stride: b_stride,
+            a_stride,
             neg_a: p.neg_a.ptr(),
             dt_bias: p.dt_bias.ptr(),
             state: states.ssm(layer)?,
             out: out.ptr(),
+            beta_scale: p.beta_scale,
+            per_channel: p.per_channel,
         };
         Ok(recurrent::gated_delta(
             &self.gpu,
@@ -225,15 +239,15 @@ impl CudaDevice {
         )?)
     }
 
-    /// The two gated norms: per head of `w.len()` values (`group` None, Gated DeltaNet
-    /// `w · norm(x) · silu(z)`) or over groups of `group` values (Mamba-2
-    /// `norm(x · silu(z)) · w`).
+    /// The gated norms: per head of `w.len()` values (Gated DeltaNet
+    /// `w · norm(x) · silu(z)`, Kimi Delta Attention's `· sigmoid(z)`) or over groups of
+    /// `group` values (Mamba-2 `norm(x · silu(z)) · w`).
     pub(super) fn gated_norm_op(
         &self,
         x: &CudaBuf,
         z: Cols<'_, CudaBuf>,
         w: &DevBuf<f32>,
-        (group, eps): (Option<usize>, f64),
+        (kind, eps): (GatedNormKind, f64),
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         x.f32("gated norm input")?;
@@ -258,15 +272,15 @@ impl CudaDevice {
             eps,
         };
         let g = &self.gpu;
-        match group {
-            None => {
+        match kind {
+            GatedNormKind::PerHead(gate) => {
                 let dv = w.len();
                 if dv == 0 || !width.is_multiple_of(dv) {
                     return invalid(format!("gated norm of {dv} over {width}-wide rows"));
                 }
-                Ok(gated_norm::gdn_gated_norm(g, n, width / dv, dv)?)
+                Ok(gated_norm::gdn_gated_norm(g, n, (width / dv, dv), gate)?)
             }
-            Some(group_size) => {
+            GatedNormKind::Groups(group_size) => {
                 check_len(w, width, "gated norm weight")?;
                 Ok(gated_norm::mamba2_gated_norm(g, n, width, group_size)?)
             }

@@ -23,7 +23,9 @@
 //   neg_a [nv] = -exp(A_log), dt_bias [nv]
 //   state [slots, nv, dk, dv]
 //   out   [T, nv * dv]
-// g = neg_a[h] * softplus(a + dt_bias[h]), beta = sigmoid(b); key head h / (nv / nk) serves
+// g = neg_a[h] * softplus(a + dt_bias[h]) (per_channel, Kimi Delta Attention: a [T, a_stride]
+// and dt_bias [nv * dk], channel h * dk + i decaying row i of head h's state), beta = sigmoid(b)
+// * beta_scale (1, or 2 where negative eigenvalues are allowed); key head h / (nv / nk) serves
 // value head h (transformers repeat_interleave).
 
 __device__ __forceinline__ float gdn_softplus(float v) {
@@ -75,7 +77,7 @@ extern "C" __global__ void gated_delta_rule_f32(
     const int* __restrict__ seq_len,
     const int* __restrict__ seq_slot,
     float* __restrict__ out,
-    int nk, int nv, int dk, int dv)
+    int nk, int nv, int dk, int dv, float beta_scale, int a_stride, int per_channel)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -95,14 +97,15 @@ extern "C" __global__ void gated_delta_rule_f32(
     float S[ST_MAX];
     state_load(S, st + j, dv, part, dk, col_ok);
     const float na = neg_a[h];
-    const float bias = dt_bias[h];
     float kreg[ST_MAX];
     for (int local = 0; local < len; ++local) {
         const size_t row = (size_t)(r0 + local);
         const float* x = qkv + row * qkv_stride;
-        const float g = __fmul_rn(na, gdn_softplus(__fadd_rn(a[row * ba_stride + h], bias)));
-        const float decay = expf(g);
-        const float beta = 1.0f / (1.0f + expf(-b[row * ba_stride + h]));
+        const float* ar = a + row * a_stride;
+        // Gated DeltaNet: one decay for the head; Kimi Delta Attention: one per key channel.
+        const float head_decay =
+            per_channel ? 0.0f : expf(__fmul_rn(na, gdn_softplus(__fadd_rn(ar[h], dt_bias[h]))));
+        const float beta = __fmul_rn(1.0f / (1.0f + expf(-b[row * ba_stride + h])), beta_scale);
         const float* kv = x + key_dim + (size_t)kh * dk;
         const float* qv = x + (size_t)kh * dk;
         float m = 0.0f;
@@ -111,6 +114,10 @@ extern "C" __global__ void gated_delta_rule_f32(
             const int i = part + ST_PARTS * r;
             if (i < dk) {
                 kreg[r] = kv[i];
+                const int c = h * dk + i;
+                const float decay =
+                    per_channel ? expf(__fmul_rn(na, gdn_softplus(__fadd_rn(ar[c], dt_bias[c]))))
+                                : head_decay;
                 S[r] = __fmul_rn(S[r], decay);
                 m = __fadd_rn(m, __fmul_rn(S[r], kreg[r]));
             }
@@ -140,7 +147,7 @@ extern "C" __global__ void gated_delta_rule_f32(
 // eps)) with the mean of squares accumulated in f64 (as the CPU). x [T, nv * dv] f32, z
 // [T, z_stride] (column h * dv + i), out [T, nv * dv] in the out_proj GEMM's input dtype.
 // Launch: grid (ceil(T * nv / 4)), block (128): one warp per (token, head).
-template <typename OUT>
+template <typename OUT, bool SIGMOID>
 __device__ void gdn_gated_norm_t(const float* x, const float* z, int z_stride, const float* w,
                                  OUT* out, int num_tokens, int nv, int dv, double eps) {
     const int lane = threadIdx.x & 31;
@@ -163,22 +170,39 @@ __device__ void gdn_gated_norm_t(const float* x, const float* z, int z_stride, c
     const float r = (float)(1.0 / sqrt((double)var + eps));
     for (int i = lane; i < dv; i += 32) {
         const float zi = zr[i];
-        const float gate = zi / (1.0f + expf(-zi));
+        const float sig = 1.0f / (1.0f + expf(-zi));
+        const float gate = SIGMOID ? sig : zi / (1.0f + expf(-zi));
         out[off + i] = from_f32<OUT>(__fmul_rn(__fmul_rn(w[i], __fmul_rn(xr[i], r)), gate));
     }
 }
 extern "C" __global__ void gdn_gated_norm_f32(const float* x, const float* z, int z_stride,
                                               const float* w, float* out, int num_tokens, int nv,
                                               int dv, double eps) {
-    gdn_gated_norm_t<float>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+    gdn_gated_norm_t<float, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
 }
 extern "C" __global__ void gdn_gated_norm_bf16(const float* x, const float* z, int z_stride,
                                                const float* w, bf16_t* out, int num_tokens,
                                                int nv, int dv, double eps) {
-    gdn_gated_norm_t<bf16_t>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+    gdn_gated_norm_t<bf16_t, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
 }
 extern "C" __global__ void gdn_gated_norm_f16(const float* x, const float* z, int z_stride,
                                               const float* w, f16_t* out, int num_tokens, int nv,
                                               int dv, double eps) {
-    gdn_gated_norm_t<f16_t>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+    gdn_gated_norm_t<f16_t, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+}
+// Kimi Delta Attention's: out = w * (x * r) * sigmoid(z).
+extern "C" __global__ void gdn_sigmoid_norm_f32(const float* x, const float* z, int z_stride,
+                                               const float* w, float* out, int num_tokens, int nv,
+                                               int dv, double eps) {
+    gdn_gated_norm_t<float, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+}
+extern "C" __global__ void gdn_sigmoid_norm_bf16(const float* x, const float* z, int z_stride,
+                                                const float* w, bf16_t* out, int num_tokens,
+                                                int nv, int dv, double eps) {
+    gdn_gated_norm_t<bf16_t, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
+}
+extern "C" __global__ void gdn_sigmoid_norm_f16(const float* x, const float* z, int z_stride,
+                                               const float* w, f16_t* out, int num_tokens, int nv,
+                                               int dv, double eps) {
+    gdn_gated_norm_t<f16_t, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
 }

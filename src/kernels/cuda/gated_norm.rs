@@ -4,6 +4,7 @@
 use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch};
 use super::ops::{i32_of, suffix};
 use super::recurrent::warps_cfg;
+use crate::kernels::device::NormGate;
 use crate::kernels::dtype::WeightDtype;
 
 /// A gated RMSNorm over `t` rows: input `x` (f32), gate `z` (f32 rows `z_stride` apart),
@@ -46,13 +47,23 @@ fn gated_norm(
     )
 }
 
-/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output (`nv` heads of `dv`).
-pub fn gdn_gated_norm(gpu: &Gpu, n: GatedNormIo, nv: usize, dv: usize) -> CudaResult<()> {
+/// Per-head gated RMSNorm `w·norm(x)·silu(z)` of the GDN output (`nv` heads of `dv`), or
+/// `w·norm(x)·sigmoid(z)` (Kimi Delta Attention).
+pub fn gdn_gated_norm(
+    gpu: &Gpu,
+    n: GatedNormIo,
+    (nv, dv): (usize, usize),
+    gate: NormGate,
+) -> CudaResult<()> {
     if n.t == 0 {
         return Ok(());
     }
     let dims = (i32_of(nv, "nv")?, i32_of(dv, "dv")?);
-    gated_norm(gpu, "gdn_gated_norm", n, nv, dims)
+    let kernel = match gate {
+        NormGate::Silu => "gdn_gated_norm",
+        NormGate::Sigmoid => "gdn_sigmoid_norm",
+    };
+    gated_norm(gpu, kernel, n, nv, dims)
 }
 
 /// `y·silu(z)` then grouped RMSNorm times `w` (`n.x` = y, `inner` wide, groups of

@@ -366,16 +366,23 @@ pub struct GdnIo {
     pub dv: usize,
     /// Conv output `[T, 2·nk·dk + nv·dv]` (q | k | v); q and k are normalised in place.
     pub qkv: u64,
-    /// `b` and `a` columns (head h at +h), rows `ba_stride` apart.
+    /// `b` columns (head h at +h), rows `ba_stride` apart.
     pub b: u64,
+    /// `a` columns (head h at +h, or channel h·dk + i where `per_channel`), rows `a_stride`
+    /// apart.
     pub a: u64,
     pub ba_stride: usize,
+    pub a_stride: usize,
     pub neg_a: u64,
     pub dt_bias: u64,
     /// This layer's state `[slots, nv, dk, dv]`.
     pub state: u64,
     /// `[T, nv·dv]` f32 output.
     pub out: u64,
+    /// `beta = beta_scale · sigmoid(b)`.
+    pub beta_scale: f32,
+    /// Kimi Delta Attention: a decay per key channel (token-serial kernel only).
+    pub per_channel: bool,
 }
 
 /// Columns per block of `gated_delta_rule_f32` / rows per block of `mamba2_scan_f32`.
@@ -416,7 +423,8 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> Cud
         dk,
         scale
     )?;
-    if form != Recurrence::Serial {
+    // The chunked forms take one decay per head, and b and a rows of one stride.
+    if form != Recurrence::Serial && !g.per_channel && g.a_stride == g.ba_stride {
         return chunked::gated_delta(gpu, &g, seqs, stride, form);
     }
     launch!(
@@ -438,7 +446,10 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> Cud
         nk,
         nv,
         dk,
-        dv
+        dv,
+        g.beta_scale,
+        i32_of(g.a_stride, "a stride")?,
+        i32::from(g.per_channel)
     )
 }
 
@@ -534,7 +545,12 @@ mod tests {
         .map(String::from)
         .to_vec();
         for d in ["f32", "bf16", "f16"] {
-            for k in ["gdn_gated_norm", "mamba2_gated_norm", "relu2"] {
+            for k in [
+                "gdn_gated_norm",
+                "gdn_sigmoid_norm",
+                "mamba2_gated_norm",
+                "relu2",
+            ] {
                 wanted.push(format!("{k}_{d}"));
             }
         }

@@ -211,7 +211,8 @@ pub fn gated_delta(
         nk,
         nv,
         dk,
-        dv
+        dv,
+        g.beta_scale
     )?;
     let (state_pass, state_cfg) = form.state_pass(
         g.dk,

@@ -146,6 +146,9 @@ impl Layer {
                     dt_bias: p(nv),
                     state: state.ptr(),
                     out: out.ptr(),
+                    a_stride: 2 * nv,
+                    beta_scale: 1.0,
+                    per_channel: false,
                 };
                 recurrent::gated_delta(gpu, io, &dev, form).unwrap();
             }

@@ -5,7 +5,7 @@
 
 use super::{CausalConv, Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{Cols, DevResult, GdnDims, GdnParams};
+use crate::kernels::device::{Cols, DevResult, GdnDims, GdnParams, NormGate};
 
 pub struct GatedDeltaNet<D: Device> {
     /// `[q (nk·dk) | k (nk·dk) | v (nv·dv) | z (nv·dv) | b (nv) | a (nv)]` rows.
@@ -19,7 +19,10 @@ pub struct GatedDeltaNet<D: Device> {
     pub norm: D::Vector,
     pub out_proj: D::Linear,
     pub dims: GdnDims,
+    /// The gated norm's epsilon.
     pub eps: f64,
+    /// `beta = beta_scale · sigmoid(b)` ([`GdnParams::beta_scale`]).
+    pub beta_scale: f32,
 }
 
 impl<D: Device> GatedDeltaNet<D> {
@@ -64,11 +67,14 @@ impl<D: Device> GatedDeltaNet<D> {
             dims: self.dims,
             neg_a: &self.neg_a,
             dt_bias: &self.dt_bias,
+            beta_scale: self.beta_scale,
+            per_channel: false,
         };
         let ba = (cols(cd + vd, nv), cols(cd + vd + nv, nv));
         let (step, l) = (ctx.step, self.conv.state_layer);
         dev.gated_delta_rule(step, ctx.states()?, l, &mut s.conv, ba, &params, &mut s.mid)?;
-        dev.gdn_gated_norm(&s.mid, cols(cd, vd), &self.norm, self.eps, &mut s.act)?;
+        let norm = (self.eps, NormGate::Silu);
+        dev.gdn_gated_norm(&s.mid, cols(cd, vd), &self.norm, norm, &mut s.act)?;
         dev.matmul(&s.act, &self.out_proj, &mut s.proj)
     }
 }
