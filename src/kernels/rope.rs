@@ -83,6 +83,12 @@ impl Rope {
         }
     }
 
+    /// A table over `dims` that rotates nothing (every frequency 0: each value passes through
+    /// bit for bit): Kimi Linear's latent attention keeps its "rotated" key part unrotated.
+    pub fn identity(dims: usize) -> Self {
+        Self::proportional(dims, 1.0, 0.0, 1.0)
+    }
+
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }

@@ -38,6 +38,9 @@ pub enum Architecture {
     /// each query scaled by its position past the original context, DeepSeek-V3's MoE with a
     /// softmax router.
     Mistral4,
+    /// `KimiLinearForCausalLM` (Kimi Linear): Kimi Delta Attention layers (a decay per key
+    /// channel) and DeepSeek's multi-head latent attention without RoPE, DeepSeek-V3's MoE.
+    KimiLinear,
     /// `MiniMaxM2ForCausalLM` (MiniMax-M2 / M2.1 / M2.5): q/k RMSNorm over the whole
     /// projection, partial rotary, every layer routed experts with a sigmoid router and a
     /// correction bias, no shared expert.
@@ -95,7 +98,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 31] = [
+    pub const ALL: [Self; 32] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -119,6 +122,7 @@ impl Architecture {
         Self::DeepseekV3,
         Self::Glm4MoeLite,
         Self::Mistral4,
+        Self::KimiLinear,
         Self::MiniMaxM2,
         Self::Llama4,
         Self::Gemma3,
@@ -159,6 +163,7 @@ impl Architecture {
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Self::Mistral4 => "Mistral4ForCausalLM",
+            Self::KimiLinear => "KimiLinearForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
@@ -195,7 +200,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
         Architecture::Glm4MoeLite => 202752,
-        Architecture::Mistral4 => 1048576,
+        Architecture::Mistral4 | Architecture::KimiLinear => 1048576,
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba | Architecture::Ministral3 => 262144,

@@ -142,6 +142,7 @@ impl ModelSpec {
         let value = super::export_config::text_model_config(value, path)?;
         let architecture = Cfg::new(&value, path)?.architecture()?;
         let value = super::mistral_config::with_class_rope(value, architecture);
+        let value = super::kimi_config::as_deepseek(value, architecture);
         let cfg = Cfg::new(&value, path)?;
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
@@ -151,6 +152,7 @@ impl ModelSpec {
                 super::olmo_config::parse(&cfg, a, name)?
             }
             Architecture::OlmoHybrid => super::olmo_config::parse_hybrid(&cfg, name)?,
+            Architecture::KimiLinear => super::kimi_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,

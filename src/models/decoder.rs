@@ -55,6 +55,7 @@ impl<D: Device> Decoder<D> {
             .sublayers()
             .filter_map(|l| match l {
                 Sublayer::GatedDeltaNet(g) => Some(g.state_shape()),
+                Sublayer::Kda(k) => Some(k.state_shape()),
                 Sublayer::Mamba2(m) => Some(m.state_shape()),
                 _ => None,
             })

@@ -14,7 +14,7 @@ use super::config::{
 };
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
 use super::moe_config::{
-    DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, MISTRAL4_MOE, deepseek_moe,
+    DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, KIMI_LINEAR_MOE, MISTRAL4_MOE, deepseek_moe,
 };
 use crate::kernels::device::MlaDims;
 
@@ -40,6 +40,7 @@ struct MlaFamily {
     nope: usize,
     rope: usize,
     v: usize,
+    /// 0: `q_proj` (no LoRA) by default.
     q_lora: usize,
     kv_lora: usize,
     eps: f64,
@@ -91,8 +92,23 @@ const MISTRAL4: MlaFamily = MlaFamily {
     moe: MISTRAL4_MOE,
 };
 
+/// `KimiLinearConfig`'s (Kimi Linear 48B-A3B's attention layers; q without a LoRA).
+const KIMI_LINEAR: MlaFamily = MlaFamily {
+    vocab: 163840,
+    hidden: 2304,
+    intermediate: 9216,
+    heads: 32,
+    nope: 128,
+    rope: 64,
+    v: 128,
+    q_lora: 0,
+    kv_lora: 512,
+    eps: 1e-5,
+    moe: KIMI_LINEAR_MOE,
+};
+
 /// The spec of a `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM` or `Mistral4ForCausalLM`
-/// config.
+/// config (and of `KimiLinearForCausalLM`'s attention layers and MoE: [`super::kimi_config`]).
 pub(super) fn parse(
     cfg: &Cfg<'_>,
     architecture: Architecture,
@@ -101,6 +117,7 @@ pub(super) fn parse(
     let f = match architecture {
         Architecture::Glm4MoeLite => &GLM_4_MOE_LITE,
         Architecture::Mistral4 => &MISTRAL4,
+        Architecture::KimiLinear => &KIMI_LINEAR,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -205,7 +222,8 @@ pub(super) fn parse(
 fn q_lora_rank(cfg: &Cfg<'_>, default: usize) -> Result<Option<usize>, ModelError> {
     match cfg.has("q_lora_rank") {
         true => cfg.usize_opt("q_lora_rank"),
-        false => Ok(Some(default)),
+        // A family without a q LoRA by default (Kimi Linear) has 0 here.
+        false => Ok((default > 0).then_some(default)),
     }
 }
 

@@ -12,7 +12,7 @@ use super::deepseek_config::MlaSpec;
 use super::dense::{attention_layer, load_ffn, load_with};
 use super::layers::mla::MlaQuery;
 use super::layers::{Layer, Loader, MlaAttention, Sublayer};
-use super::{ModelError, ModelSpec};
+use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -38,16 +38,16 @@ fn load_layer<D: Device>(
             "a DeepSeek-V3 spec without its attention or MoE geometry".into(),
         ));
     };
-    let attention = Sublayer::Mla(load_mla(ld, spec, mla, i)?);
+    let attention = Sublayer::Mla(load_mla(ld, spec, mla, (i, i))?);
     attention_layer(ld, spec, &p, attention, load_ffn(ld, spec, &p, i)?)
 }
 
-/// Layer `i`'s `self_attn`.
-fn load_mla<D: Device>(
+/// Layer `i`'s `self_attn`, its KV cache layer `kv_layer`. Kimi Linear's rotates nothing.
+pub(super) fn load_mla<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     mla: &MlaSpec,
-    i: usize,
+    (i, kv_layer): (usize, usize),
 ) -> Result<MlaAttention<D>, ModelError> {
     let a = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, d) = (spec.hidden_size, mla.dims);
@@ -64,7 +64,10 @@ fn load_mla<D: Device>(
     let kv_a = ld.matrix(&a("kv_a_proj_with_mqa.weight"), kv_lora + d.rope, h)?;
     let o = ld.matrix(&a("o_proj.weight"), h, d.heads * d.v)?;
     // Sized by the rotated dims: made once the projections' shapes have confirmed them.
-    let rope = Rope::new(d.rope, spec.rope_theta, spec.rope_scaling);
+    let rope = match spec.architecture {
+        Architecture::KimiLinear => Rope::identity(d.rope),
+        _ => Rope::new(d.rope, spec.rope_theta, spec.rope_scaling),
+    };
     Ok(MlaAttention {
         q,
         kv_latent: ld.dev.linear(kv_a.select_rows(&[(0, kv_lora)]), None)?,
@@ -80,6 +83,6 @@ fn load_mla<D: Device>(
         latent_eps: LATENT_EPS,
         score_factor: mla.score_factor,
         temperature: spec.query_temperature,
-        kv_layer: i,
+        kv_layer,
     })
 }

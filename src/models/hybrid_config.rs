@@ -25,6 +25,9 @@ pub enum LayerKind {
     Attention,
     /// Gated DeltaNet (Qwen3.5 / Qwen3-Next `linear_attention`).
     GatedDeltaNet,
+    /// Kimi Delta Attention (Kimi Linear's `linear_attention`): Gated DeltaNet with a decay
+    /// per key channel.
+    KimiDelta,
     /// Mamba-2 mixer (Nemotron-H `linear_attention` / `M`).
     Mamba2,
     /// MLP-only block (Nemotron-H `mlp` / `-`).
@@ -36,7 +39,7 @@ pub enum LayerKind {
 impl LayerKind {
     /// Layers that keep a per-request recurrent state (conv + delta/SSM state).
     pub fn is_recurrent(self) -> bool {
-        matches!(self, Self::GatedDeltaNet | Self::Mamba2)
+        matches!(self, Self::GatedDeltaNet | Self::KimiDelta | Self::Mamba2)
     }
 }
 

@@ -36,6 +36,8 @@ mod gpt_oss_config;
 pub mod granite;
 mod granite_config;
 pub mod hybrid_config;
+mod kimi_config;
+pub mod kimi_linear;
 pub mod layers;
 pub mod llama4;
 mod llama4_config;

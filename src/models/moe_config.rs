@@ -105,6 +105,9 @@ enum DenseLayers {
     /// Those `mlp_layer_types` names `"dense"`; by default layer 0
     /// (`Glm4MoeLiteConfig`, which ignores `first_k_dense_replace`).
     LayerTypes,
+    /// Those `mlp_layer_types` names `"dense"`, else those below `first_k_dense_replace`
+    /// (this default; `KimiLinearConfig`).
+    LayerTypesElseFirstK(usize),
 }
 
 /// `Glm4MoeConfig`'s.
@@ -128,6 +131,18 @@ pub(super) const GLM_MOE_LITE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     n_group: 1,
     topk_group: 1,
     dense: DenseLayers::LayerTypes,
+    softmax: false,
+};
+
+/// `KimiLinearConfig`'s (Kimi Linear 48B-A3B's).
+pub(super) const KIMI_LINEAR_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 256,
+    top_k: 8,
+    inter: 1024,
+    scale: 2.446,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::LayerTypesElseFirstK(1),
     softmax: false,
 };
 
@@ -175,6 +190,13 @@ pub(super) fn deepseek_moe(
             (0..num_layers).map(|i| i >= dense).collect()
         }
         DenseLayers::LayerTypes => mlp_layer_types(cfg, num_layers)?,
+        DenseLayers::LayerTypesElseFirstK(k) => match cfg.get("mlp_layer_types") {
+            Some(_) => mlp_layer_types(cfg, num_layers)?,
+            None => {
+                let dense = cfg.usize_or("first_k_dense_replace", k)?;
+                (0..num_layers).map(|i| i >= dense).collect()
+            }
+        },
     };
     Ok(MoeSpec {
         num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], d.experts)?,

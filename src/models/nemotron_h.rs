@@ -58,10 +58,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                 let m = hybrid.nemotron_moe.as_ref().ok_or_else(missing)?;
                 Sublayer::NemotronMoe(super::nemotron_moe::load(ld, &px, &spec, m)?)
             }
-            LayerKind::GatedDeltaNet => {
+            LayerKind::GatedDeltaNet | LayerKind::KimiDelta => {
                 return Err(ModelError::Unsupported {
                     path: ld.w.dir().join("config.json"),
-                    what: format!("block {i}: Gated DeltaNet in a Nemotron-H model"),
+                    what: format!("block {i}: {kind:?} in a Nemotron-H model"),
                 });
             }
         };

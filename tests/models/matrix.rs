@@ -199,4 +199,5 @@ matrix! {
     glm4 => "glm4",
     olmo_hybrid => "olmo_hybrid",
     olmo_hybrid_rope => "olmo_hybrid_rope",
+    kimi_linear => "kimi_linear",
 }

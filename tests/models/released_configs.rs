@@ -177,6 +177,7 @@ fn pattern(spec: &ModelSpec) -> Option<String> {
     let kind = |k: &LayerKind| match k {
         LayerKind::Attention => '*',
         LayerKind::GatedDeltaNet => 'G',
+        LayerKind::KimiDelta => 'K',
         LayerKind::Mamba2 => 'M',
         LayerKind::Mlp => '-',
         LayerKind::Moe => 'E',

@@ -163,6 +163,7 @@ const FIXTURES: &[&str] = &[
     "glm4",
     "olmo_hybrid",
     "olmo_hybrid_rope",
+    "kimi_linear",
 ];
 
 impl Bases {

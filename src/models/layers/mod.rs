@@ -1,6 +1,6 @@
 //! The building blocks every architecture is made of, generic over the [`Device`] ops: a
 //! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
-//! a MoE block, Gated DeltaNet or Mamba-2. Each reads the normed rows `s.normed` and leaves
+//! a MoE block, Gated DeltaNet (or Kimi Delta Attention) or Mamba-2. Each reads the normed rows `s.normed` and leaves
 //! its output in `s.proj`. The residual stream and the capture are in [`super::decoder`].
 //!
 //! [`Loader`] reads checkpoint tensors for the architecture files, which alone know the names.
@@ -9,6 +9,7 @@ pub mod attention;
 pub mod gdn;
 pub mod gemma4_moe;
 pub mod gpt_oss_moe;
+pub mod kda;
 pub mod mamba2;
 pub mod mla;
 pub mod mlp;
@@ -23,6 +24,7 @@ pub use attention::{Attention, AttnVariant};
 pub use gdn::GatedDeltaNet;
 pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
+pub use kda::KimiDeltaAttention;
 pub use mamba2::Mamba2;
 pub use mla::MlaAttention;
 pub use mlp::Mlp;
@@ -98,6 +100,8 @@ pub enum Sublayer<D: Device> {
     /// Gemma 4's dense MLP beside routed experts.
     Gemma4Moe(Gemma4Moe<D>),
     GatedDeltaNet(GatedDeltaNet<D>),
+    /// Kimi Linear's Kimi Delta Attention.
+    Kda(KimiDeltaAttention<D>),
     Mamba2(Mamba2<D>),
 }
 
@@ -113,6 +117,7 @@ impl<D: Device> Sublayer<D> {
             Self::GptOssMoe(m) => m.forward(dev, s),
             Self::Gemma4Moe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
+            Self::Kda(k) => k.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
         }
     }
@@ -127,6 +132,7 @@ impl<D: Device> Sublayer<D> {
             Self::GptOssMoe(m) => m.widths(),
             Self::Gemma4Moe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
+            Self::Kda(k) => k.widths(),
             Self::Mamba2(m) => m.widths(),
         }
     }
