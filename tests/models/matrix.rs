@@ -200,4 +200,5 @@ matrix! {
     olmo_hybrid => "olmo_hybrid",
     olmo_hybrid_rope => "olmo_hybrid_rope",
     kimi_linear => "kimi_linear",
+    kimi_linear_bf16 => "kimi_linear_bf16",
 }

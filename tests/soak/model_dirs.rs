@@ -164,6 +164,7 @@ const FIXTURES: &[&str] = &[
     "olmo_hybrid",
     "olmo_hybrid_rope",
     "kimi_linear",
+    "kimi_linear_bf16",
 ];
 
 impl Bases {
