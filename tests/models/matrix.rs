@@ -201,4 +201,5 @@ matrix! {
     olmo_hybrid_rope => "olmo_hybrid_rope",
     kimi_linear => "kimi_linear",
     kimi_linear_bf16 => "kimi_linear_bf16",
+    gemma4_wide => "gemma4_wide",
 }

@@ -165,6 +165,7 @@ const FIXTURES: &[&str] = &[
     "olmo_hybrid_rope",
     "kimi_linear",
     "kimi_linear_bf16",
+    "gemma4_wide",
 ];
 
 impl Bases {

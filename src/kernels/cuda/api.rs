@@ -5,8 +5,11 @@ use thiserror::Error;
 /// What the CUDA kernels can hold (the same with and without the feature, so a model can be
 /// checked against them anywhere).
 pub mod limits {
-    /// Largest attention head_dim (query tile and key block in shared memory).
-    pub const ATTN_MAX_HEAD_DIM: usize = 256;
+    /// Largest attention head_dim (query tile and key block in shared memory): 512, Gemma 4's
+    /// full layers (heads over 256 take the CUDA-core `attention_wide_*` kernels).
+    pub const ATTN_MAX_HEAD_DIM: usize = 512;
+    /// Largest head_dim of the narrow CUDA-core attention kernels (`attention_*`).
+    pub const ATTN_NARROW_HEAD_DIM: usize = 256;
     /// Largest dk (Gated DeltaNet) / d_state (Mamba-2) the register-resident scans hold.
     pub const MAX_STATE_DIM: usize = 256;
     /// Largest expert count of `moe_route_f32` (32 lanes × 32 registers).

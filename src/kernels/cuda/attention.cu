@@ -57,8 +57,8 @@ __device__ __forceinline__ size_t cache_slot(const int* table, int block_size, i
 #define ATTN_WARPS 4
 #define ATTN_TILE 16                         // query tokens per tile (one sequence run)
 #define ATTN_ROWS (ATTN_TILE / ATTN_WARPS)   // rows per warp
-#define ATTN_MAX_HD 256
-#define ATTN_DIMS (ATTN_MAX_HD / 32)         // dims per lane
+#define ATTN_DIMS 8        // dims per lane: heads up to 256
+#define ATTN_WIDE_DIMS 16  // attention_wide_*: heads up to 512 (Gemma 4's full layers)
 
 struct AttnArgs {
     const float* q;          // [T, *] f32, head h at column q_col + h * hd, rows q_stride apart
@@ -100,9 +100,11 @@ __device__ __forceinline__ float attn_query(const AttnArgs& a, float q, int p) {
 }
 
 // Launch: grid (num_tiles, heads), block (32 * ATTN_WARPS), dynamic shared memory
-// (ATTN_TILE * hd + kb * (hd + 1) + kb * hd) floats; kb <= 32, hd <= 256, hd % 32 == 0 not
-// required (lanes past hd idle).
-template <typename C, typename OUT>
+// (ATTN_TILE * hd + kb * (hd + 1) + kb * hd) floats; kb <= 32, hd <= 32 * DIMS, hd % 32 == 0
+// not required (lanes past hd idle). Heads over 256 take the DIMS 16 build (attention_wide_*):
+// its query tile alone is 32 KiB at 512, so its key blocks are 2 keys (kv_cache.rs) — the same
+// arithmetic per row, slower.
+template <typename C, typename OUT, int DIMS>
 __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out) {
     extern __shared__ float smem[];
     const int hd = a.hd, kb_n = a.kb;
@@ -122,7 +124,7 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
                                    a.positions[t0 + r])
                       : 0.f;
     }
-    float m[ATTN_ROWS], l[ATTN_ROWS], acc[ATTN_ROWS][ATTN_DIMS];
+    float m[ATTN_ROWS], l[ATTN_ROWS], acc[ATTN_ROWS][DIMS];
     int len[ATTN_ROWS], lo[ATTN_ROWS];
 #pragma unroll
     for (int ri = 0; ri < ATTN_ROWS; ++ri) {
@@ -132,7 +134,7 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
         m[ri] = -HSX_INF;
         l[ri] = 0.f;
 #pragma unroll
-        for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] = 0.f;
+        for (int c = 0; c < DIMS; ++c) acc[ri][c] = 0.f;
     }
     const int first = attn_first_key(a, a.positions[t0]);
     for (int kb = first / kb_n * kb_n; kb < max_len; kb += kb_n) {
@@ -168,12 +170,12 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
             const float p = valid ? expf(s - m_new) : 0.f;
             l[ri] = fmaf(l[ri], alpha, warp_sum(p));
 #pragma unroll
-            for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] *= alpha;
+            for (int c = 0; c < DIMS; ++c) acc[ri][c] *= alpha;
             const int keys = min(kb_n, len[ri] - kb);
             for (int j = max(0, lo[ri] - kb); j < keys; ++j) {
                 const float pj = __shfl_sync(HSX_FULL_MASK, p, j);
 #pragma unroll
-                for (int c = 0; c < ATTN_DIMS; ++c) {
+                for (int c = 0; c < DIMS; ++c) {
                     const int d = lane + 32 * c;
                     if (d < hd) acc[ri][c] = fmaf(pj, vs[j * hd + d], acc[ri][c]);
                 }
@@ -191,27 +193,32 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
             const float alpha = expf(m[ri] - m_new);
             l[ri] = fmaf(l[ri], alpha, expf(sink - m_new));
 #pragma unroll
-            for (int c = 0; c < ATTN_DIMS; ++c) acc[ri][c] *= alpha;
+            for (int c = 0; c < DIMS; ++c) acc[ri][c] *= alpha;
         }
         const float inv = 1.0f / l[ri];
         OUT* o = out + (size_t)(t0 + r) * a.heads * hd + (size_t)h * hd;
 #pragma unroll
-        for (int c = 0; c < ATTN_DIMS; ++c) {
+        for (int c = 0; c < DIMS; ++c) {
             const int d = lane + 32 * c;
             if (d < hd) o[d] = from_f32<OUT>(__fmul_rn(acc[ri][c], inv));
         }
     }
 }
 
-#define HSX_ATTN(NAME, C, OUT)                                                               \
+#define HSX_ATTN(NAME, C, OUT, DIMS)                                                         \
     extern "C" __global__ void NAME(const AttnArgs a, const C* kc, const C* vc, OUT* out) {  \
-        attention_t<C, OUT>(a, kc, vc, out);                                                 \
+        attention_t<C, OUT, DIMS>(a, kc, vc, out);                                           \
     }
-HSX_ATTN(attention_f32_f32, float, float)
-HSX_ATTN(attention_bf16_bf16, bf16_t, bf16_t)
-HSX_ATTN(attention_bf16_f32, bf16_t, float)
-HSX_ATTN(attention_f16_f16, f16_t, f16_t)
-HSX_ATTN(attention_f16_f32, f16_t, float)
+HSX_ATTN(attention_f32_f32, float, float, ATTN_DIMS)
+HSX_ATTN(attention_bf16_bf16, bf16_t, bf16_t, ATTN_DIMS)
+HSX_ATTN(attention_bf16_f32, bf16_t, float, ATTN_DIMS)
+HSX_ATTN(attention_f16_f16, f16_t, f16_t, ATTN_DIMS)
+HSX_ATTN(attention_f16_f32, f16_t, float, ATTN_DIMS)
+HSX_ATTN(attention_wide_f32_f32, float, float, ATTN_WIDE_DIMS)
+HSX_ATTN(attention_wide_bf16_bf16, bf16_t, bf16_t, ATTN_WIDE_DIMS)
+HSX_ATTN(attention_wide_bf16_f32, bf16_t, float, ATTN_WIDE_DIMS)
+HSX_ATTN(attention_wide_f16_f16, f16_t, f16_t, ATTN_WIDE_DIMS)
+HSX_ATTN(attention_wide_f16_f32, f16_t, float, ATTN_WIDE_DIMS)
 
 // ---- Tensor-core attention over a bf16 cache (sm_80+) ----
 //

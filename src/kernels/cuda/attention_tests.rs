@@ -3,7 +3,8 @@
 //! tensor-core kernel is built for (16, 32, 64, 128, 256: the fixtures', the bench models' and
 //! Qwen3.5's, whose 256 splits a row tile's output over two warps):
 //! prompts over several key blocks and tiles, GQA, two sequences in one batch, a chunk that
-//! starts inside a key block, and a row's bits independent of the batch.
+//! starts inside a key block, and a row's bits independent of the batch. Heads over 256 (the
+//! wide CUDA-core kernel: Gemma 4's 512) likewise, against the reference.
 //! Runs on the emulator (`cuda-emu`) or a GPU; skipped, saying why, where neither is there.
 //! Also which layers take the tensor-core kernel (no device needed).
 
@@ -166,6 +167,28 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
     }
     for hd in [16, 32, 64, 128, 256] {
         both_kernels_match(&gpu, &Setup::new(hd, [230, 90], hd as u64));
+    }
+}
+
+/// Heads over 256 (Gemma 4's full layers: 512; and one not a multiple of 64) on the wide
+/// CUDA-core kernel, key blocks of 2: the reference within 1e-5, a row's bits independent of
+/// the batch it is in.
+#[test]
+fn wide_heads_match_the_reference() {
+    let Some(gpu) = test_gpu() else { return };
+    for hd in [288, 512] {
+        let setup = Setup::new(hd, [230, 90], hd as u64 + 11);
+        let kv = DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+        let whole = setup.run(&gpu, &kv, &[(0, 0, 230)]);
+        let e = err_of(&setup, &whole, 0, (0, 0, 230));
+        eprintln!("hd {hd} (wide kernel): max-rel {e:.2e}");
+        assert!(e <= 1e-5, "hd {hd}: {e:e}");
+        let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
+        let same = (both[..130 * HEADS * hd].iter())
+            .zip(&whole[100 * HEADS * hd..])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "hd {hd}: rows depend on the chunking");
+        assert!(err_of(&setup, &both, 130, (1, 0, 90)) <= 1e-5);
     }
 }
 

@@ -384,11 +384,20 @@ impl DevKvCache {
             };
             return launch!(gpu, &name => "attn_mma_h128_bf16", cfg, args, k.ptr(), v.ptr(), out);
         }
-        let name = format!("attention_{}_{}", suffix(self.dtype), suffix(out_dtype));
-        let kb = [32usize, 16, 8]
+        let wide = match hd > super::limits::ATTN_NARROW_HEAD_DIM {
+            true => "wide_",
+            false => "",
+        };
+        let name = format!(
+            "attention_{wide}{}_{}",
+            suffix(self.dtype),
+            suffix(out_dtype)
+        );
+        // Heads of 512 leave room for key blocks of 2 beside their 32 KiB query tile.
+        let kb = [32usize, 16, 8, 4, 2]
             .into_iter()
             .find(|&kb| smem_floats(hd, kb) * 4 <= SMEM_LIMIT)
-            .unwrap_or(8);
+            .unwrap_or(2);
         args.kb = kb as i32;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_tiles as u32, shape.heads as u32, 1),

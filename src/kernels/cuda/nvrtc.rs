@@ -314,6 +314,7 @@ mod tests {
             ("f16", "f32"),
         ] {
             wanted.push(format!("attention_{c}_{o}"));
+            wanted.push(format!("attention_wide_{c}_{o}"));
         }
         for hd in [16, 32, 64, 128] {
             for o in ["bf16", "f32"] {
@@ -361,7 +362,11 @@ mod tests {
         assert!(names.iter().any(|n| n == "attention_bf16_f32"), "{names:?}");
         assert!(names.iter().any(|n| n == "attn_mma_h128_bf16"), "{names:?}");
         assert!(names.iter().any(|n| n == "attn_mma_h256_f32"), "{names:?}");
+        assert!(
+            names.iter().any(|n| n == "attention_wide_bf16_f32"),
+            "{names:?}"
+        );
         assert!(!names.iter().any(|n| n == "NAME"), "{names:?}");
-        assert_eq!(names.len(), 3 + 5 + 10, "{names:?}");
+        assert_eq!(names.len(), 3 + 2 * 5 + 10, "{names:?}");
     }
 }

@@ -7,7 +7,7 @@
 // The angles depend on the row and the pair index only, so a block computes each pair's cos
 // and sin once (double-precision sin / cos are the costly part) and every head reuses them.
 // Launch: grid (rows), block (256): threads loop over the rot/2 pairs, then over heads * rot/2.
-#define ROPE_MAX_HALF 128  // rot <= limits::ATTN_MAX_HEAD_DIM (256), checked by the caller
+#define ROPE_MAX_HALF 256  // rot <= limits::ATTN_MAX_HEAD_DIM (512), checked by the caller
 extern "C" __global__ void rope(float* x, long long stride, int col, int heads, int hd, int rot,
                                 const int* positions, const float* inv_freq, float scale) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
