@@ -184,6 +184,12 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
     hybrid_conversation("nemotron_h").await;
 }
 
+/// Kimi Linear: Kimi Delta Attention's state (a decay per key channel) beside latent attention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kimi_delta_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("kimi_linear").await;
+}
+
 /// Posts these prompts (turn lengths of the conversation of `seed`) all at once over HTTP and
 /// returns the tokens computed and each one's file, by position in `turns`.
 async fn send_at_once(d: &TestDaemon, seed: u64, turns: &[usize]) -> (u64, Vec<HsFile>) {
