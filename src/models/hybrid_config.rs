@@ -112,6 +112,20 @@ pub struct HybridSpec {
     pub mla: Option<super::deepseek_config::MlaSpec>,
 }
 
+impl HybridSpec {
+    /// Layer `i`'s index among the layers of its kind: its KV cache layer (attention) or its
+    /// recurrent-state layer (Gated DeltaNet, Kimi Delta Attention, Mamba-2), as the cache is
+    /// laid out.
+    pub fn index_in_kind(&self, i: usize) -> usize {
+        let kind = self.layers[i];
+        let same = |k: LayerKind| match kind.is_recurrent() {
+            true => k.is_recurrent(),
+            false => k == kind,
+        };
+        self.layers[..i].iter().filter(|&&k| same(k)).count()
+    }
+}
+
 /// Rotated dims of each attention head: `int(head_dim · partial_rotary_factor)` as transformers
 /// computes it, the factor read from `rope_parameters` or the top level (`default` when absent).
 pub(super) fn rotary_dim(

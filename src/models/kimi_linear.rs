@@ -28,21 +28,17 @@ fn load_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let hybrid = spec.hybrid.as_ref();
-    let parts = hybrid.and_then(|h| Some((&h.layers, h.mla.as_ref()?, h.gdn.as_ref()?)));
-    let Some((kinds, mla, kda)) = parts else {
+    let parts = hybrid.and_then(|h| Some((h, h.mla.as_ref()?, h.gdn.as_ref()?)));
+    let Some((hybrid, mla, kda)) = parts else {
         return Err(ModelError::InvalidOptions(
             "a Kimi Linear spec without its layer kinds, attention or KDA geometry".into(),
         ));
     };
-    // The KV cache and the recurrent states are indexed among the layers of their kind.
-    let before = |k: LayerKind| kinds[..i].iter().filter(|&&x| x == k).count();
     let p = format!("model.layers.{i}");
-    let mixer = match kinds[i] {
-        LayerKind::Attention => {
-            let at = (i, before(LayerKind::Attention));
-            Sublayer::Mla(super::deepseek_v3::load_mla(ld, spec, mla, at)?)
-        }
-        _ => Sublayer::Kda(load_kda(ld, spec, kda, (i, before(LayerKind::KimiDelta)))?),
+    let at = (i, hybrid.index_in_kind(i));
+    let mixer = match hybrid.layers[i] {
+        LayerKind::Attention => Sublayer::Mla(super::deepseek_v3::load_mla(ld, spec, mla, at)?),
+        _ => Sublayer::Kda(load_kda(ld, spec, kda, at)?),
     };
     attention_layer(ld, spec, &p, mixer, load_ffn(ld, spec, &p, i)?)
 }

@@ -36,16 +36,11 @@ fn load_hybrid_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let hybrid = spec.hybrid.as_ref();
-    let (Some(kinds), Some(gdn)) = (
-        hybrid.map(|h| &h.layers),
-        hybrid.and_then(|h| h.gdn.as_ref()),
-    ) else {
+    let Some((hybrid, gdn)) = hybrid.and_then(|h| Some((h, h.gdn.as_ref()?))) else {
         return Err(ModelError::InvalidOptions(
             "an OLMo Hybrid spec without its layer kinds".into(),
         ));
     };
-    // The KV cache and the recurrent states are indexed among the layers of their kind.
-    let before = |k: LayerKind| kinds[..i].iter().filter(|&&x| x == k).count();
     let p = format!("model.layers.{i}");
     let mlp = Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?);
     let norm = |n: &str| {
@@ -56,9 +51,9 @@ fn load_hybrid_layer<D: Device>(
             false => ld.vector(&name(n), spec.hidden_size),
         }
     };
-    if kinds[i] == LayerKind::Attention {
+    if hybrid.layers[i] == LayerKind::Attention {
         let mut attention = load_attention(ld, spec, i, AttnVariant::causal())?;
-        attention.kv_layer = before(LayerKind::Attention);
+        attention.kv_layer = hybrid.index_in_kind(i);
         return Ok(Layer {
             parts: vec![
                 post_normed(
@@ -70,7 +65,7 @@ fn load_hybrid_layer<D: Device>(
             scale: 1.0,
         });
     }
-    let state_layer = before(LayerKind::GatedDeltaNet);
+    let state_layer = hybrid.index_in_kind(i);
     let linear = super::qwen3_5::load_gdn(ld, &format!("{p}.linear_attn"), spec, gdn, state_layer)?;
     Ok(Layer {
         parts: vec![

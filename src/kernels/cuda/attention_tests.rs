@@ -178,18 +178,26 @@ fn wide_heads_match_the_reference() {
     let Some(gpu) = test_gpu() else { return };
     for hd in [288, 512] {
         let setup = Setup::new(hd, [230, 90], hd as u64 + 11);
-        let kv = DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
-        let whole = setup.run(&gpu, &kv, &[(0, 0, 230)]);
-        let e = err_of(&setup, &whole, 0, (0, 0, 230));
-        eprintln!("hd {hd} (wide kernel): max-rel {e:.2e}");
-        assert!(e <= 1e-5, "hd {hd}: {e:e}");
-        let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
-        let same = (both[..130 * HEADS * hd].iter())
-            .zip(&whole[100 * HEADS * hd..])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "hd {hd}: rows depend on the chunking");
-        assert!(err_of(&setup, &both, 130, (1, 0, 90)) <= 1e-5);
+        cuda_core_kernel_matches(&gpu, &setup, "wide kernel");
     }
+}
+
+/// The CUDA-core kernel over `setup` (a bf16 cache; heads no tensor-core kernel is taken for,
+/// or a variant it does not take): A whole within 1e-5 of the reference, then A from 100 on
+/// beside all of B, A's rows the same bits as in the whole run.
+fn cuda_core_kernel_matches(gpu: &Gpu, setup: &Setup, what: &str) {
+    let hd = setup.hd;
+    let kv = DevKvCache::new(gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+    let whole = setup.run(gpu, &kv, &[(0, 0, 230)]);
+    let e = err_of(setup, &whole, 0, (0, 0, 230));
+    eprintln!("hd {hd}, {what}: max-rel {e:.2e}");
+    assert!(e <= 1e-5, "hd {hd}, {what}: {e:e}");
+    let both = setup.run(gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
+    let same = (both[..130 * HEADS * hd].iter())
+        .zip(&whole[100 * HEADS * hd..])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "hd {hd}, {what}: rows depend on the chunking");
+    assert!(err_of(setup, &both, 130, (1, 0, 90)) <= 1e-5);
 }
 
 /// Ministral 3's / Mistral 4's query temperature (offset 0) crossing its floor twice inside A
@@ -267,17 +275,8 @@ fn chunks_and_temperature_match_the_reference() {
             ..Variant::default()
         };
         let setup = Setup::with_variant(hd, [230, 90], hd as u64 + 7, variant);
-        let kv = DevKvCache::new(&gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
-        let whole = setup.run(&gpu, &kv, &[(0, 0, 230)]);
-        let e = err_of(&setup, &whole, 0, (0, 0, 230));
-        eprintln!("hd {hd}, chunk {chunk:?}, temperature {temperature:?}: max-rel {e:.2e}");
-        assert!(e <= 1e-5, "hd {hd}: {e:e}");
-        let both = setup.run(&gpu, &kv, &[(0, 100, 130), (1, 0, 90)]);
-        let same = (both[..130 * HEADS * hd].iter())
-            .zip(&whole[100 * HEADS * hd..])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "hd {hd}: rows depend on the chunking");
-        assert!(err_of(&setup, &both, 130, (1, 0, 90)) <= 1e-5);
+        let what = format!("chunk {chunk:?}, temperature {temperature:?}");
+        cuda_core_kernel_matches(&gpu, &setup, &what);
     }
 }
 

@@ -175,34 +175,15 @@ __device__ void gdn_gated_norm_t(const float* x, const float* z, int z_stride, c
         out[off + i] = from_f32<OUT>(__fmul_rn(__fmul_rn(w[i], __fmul_rn(xr[i], r)), gate));
     }
 }
-extern "C" __global__ void gdn_gated_norm_f32(const float* x, const float* z, int z_stride,
-                                              const float* w, float* out, int num_tokens, int nv,
-                                              int dv, double eps) {
-    gdn_gated_norm_t<float, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
-extern "C" __global__ void gdn_gated_norm_bf16(const float* x, const float* z, int z_stride,
-                                               const float* w, bf16_t* out, int num_tokens,
-                                               int nv, int dv, double eps) {
-    gdn_gated_norm_t<bf16_t, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
-extern "C" __global__ void gdn_gated_norm_f16(const float* x, const float* z, int z_stride,
-                                              const float* w, f16_t* out, int num_tokens, int nv,
-                                              int dv, double eps) {
-    gdn_gated_norm_t<f16_t, false>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
+#define HSX_GDN_NORM(NAME, OUT, SIGMOID)                                                      \
+    extern "C" __global__ void NAME(const float* x, const float* z, int z_stride, const float* w, \
+                                    OUT* out, int num_tokens, int nv, int dv, double eps) {       \
+        gdn_gated_norm_t<OUT, SIGMOID>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);          \
+    }
+HSX_GDN_NORM(gdn_gated_norm_f32, float, false)
+HSX_GDN_NORM(gdn_gated_norm_bf16, bf16_t, false)
+HSX_GDN_NORM(gdn_gated_norm_f16, f16_t, false)
 // Kimi Delta Attention's: out = w * (x * r) * sigmoid(z).
-extern "C" __global__ void gdn_sigmoid_norm_f32(const float* x, const float* z, int z_stride,
-                                               const float* w, float* out, int num_tokens, int nv,
-                                               int dv, double eps) {
-    gdn_gated_norm_t<float, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
-extern "C" __global__ void gdn_sigmoid_norm_bf16(const float* x, const float* z, int z_stride,
-                                                const float* w, bf16_t* out, int num_tokens,
-                                                int nv, int dv, double eps) {
-    gdn_gated_norm_t<bf16_t, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
-extern "C" __global__ void gdn_sigmoid_norm_f16(const float* x, const float* z, int z_stride,
-                                               const float* w, f16_t* out, int num_tokens, int nv,
-                                               int dv, double eps) {
-    gdn_gated_norm_t<f16_t, true>(x, z, z_stride, w, out, num_tokens, nv, dv, eps);
-}
+HSX_GDN_NORM(gdn_sigmoid_norm_f32, float, true)
+HSX_GDN_NORM(gdn_sigmoid_norm_bf16, bf16_t, true)
+HSX_GDN_NORM(gdn_sigmoid_norm_f16, f16_t, true)
