@@ -275,15 +275,15 @@ impl Gpu {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) fn kernel_names(src: &str) -> Vec<String> {
     const DECL: &str = "__global__ void ";
+    let makers = kernel_macros(src);
     let mut names = Vec::new();
     for line in src.lines() {
         let t = line.trim();
         if t.starts_with('#') || t.ends_with('\\') {
             continue;
         }
-        let macro_args = t
-            .strip_prefix("HSX_ATTN(")
-            .or_else(|| t.strip_prefix("HSX_ATTN_MMA("));
+        let macro_args = (makers.iter())
+            .find_map(|m| t.strip_prefix(m.as_str()).and_then(|r| r.strip_prefix('(')));
         let name = if let Some(args) = macro_args {
             args.split(',').next().unwrap_or("")
         } else if let Some(i) = t.find(DECL) {
@@ -298,6 +298,34 @@ pub(super) fn kernel_names(src: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// The macros of `src` that define kernels (`#define NAME(...)` blocks whose body declares a
+/// `__global__`, as `HSX_ATTN`): a line invoking one makes the kernel named by its first
+/// argument.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn kernel_macros(src: &str) -> Vec<String> {
+    let mut makers = Vec::new();
+    let mut lines = src.lines();
+    while let Some(line) = lines.next() {
+        let Some(def) = line.trim().strip_prefix("#define ") else {
+            continue;
+        };
+        let Some(name) = def.split('(').next().filter(|n| n.len() < def.len()) else {
+            continue;
+        };
+        let mut body = line.to_string();
+        let mut cont = line.trim_end().ends_with('\\');
+        while cont {
+            let Some(next) = lines.next() else { break };
+            body.push_str(next);
+            cont = next.trim_end().ends_with('\\');
+        }
+        if body.contains("__global__") {
+            makers.push(name.trim().to_string());
+        }
+    }
+    makers
 }
 
 /// A device buffer of `len` elements of `T` with bounds-checked raw pointers; freed on drop
@@ -395,6 +423,30 @@ mod tests {
     use super::*;
     use cudarc::driver::DriverError;
     use cudarc::driver::sys::CUresult;
+
+    /// The kernels the driver loads by name (each source's [`kernel_names`]) are every entry
+    /// point the C preprocessor finds (build.rs's `KERNEL_SIGS`), macro-made ones included
+    /// (`HSX_ATTN`, `HSX_GDN_NORM`, `HSX_GATHER_SCALED`, …): a kernel missed here would be
+    /// launched on a GPU and not found.
+    #[test]
+    fn every_entry_point_is_loaded_by_name() {
+        let mut loaded: Vec<String> = (super::super::nvrtc::SOURCES.iter())
+            .flat_map(|(_, src)| kernel_names(src))
+            .collect();
+        let mut declared: Vec<String> = (super::super::launch_args::KERNEL_SIGS.iter())
+            .map(|(name, _)| name.to_string())
+            .collect();
+        loaded.sort();
+        declared.sort();
+        assert_eq!(loaded, declared);
+        for name in [
+            "moe_gather_scaled_bf16",
+            "gdn_sigmoid_norm_f32",
+            "attention_wide_f32_f32",
+        ] {
+            assert!(loaded.iter().any(|n| n == name), "{name}");
+        }
+    }
 
     #[test]
     fn row_tiles_cover_every_column_or_say_why_not() {
