@@ -402,33 +402,6 @@ impl<'a> Cfg<'a> {
         Ok(None)
     }
 
-    /// `layer_types` as one flag per layer, `sliding_attention` (true) or `full_attention`;
-    /// `None` where the config names none (gpt-oss, Gemma-3).
-    pub(super) fn sliding_layer_types(
-        &self,
-        layers: usize,
-    ) -> Result<Option<Vec<bool>>, ModelError> {
-        let field = "layer_types";
-        let Some(v) = self.get(field) else {
-            return Ok(None);
-        };
-        let kinds = (v.as_array())
-            .filter(|a| a.len() == layers)
-            .ok_or_else(|| self.err(field, format!("expected a list of {layers} layer types")))?;
-        let kind = |k: &Value| match k.as_str() {
-            Some("sliding_attention") => Ok(true),
-            Some("full_attention") => Ok(false),
-            _ => Err(self.err(
-                field,
-                format!(
-                    "layer type {} (sliding_attention / full_attention)",
-                    shown(k)
-                ),
-            )),
-        };
-        kinds.iter().map(kind).collect::<Result<_, _>>().map(Some)
-    }
-
     fn has_sliding_layer_types(&self) -> bool {
         self.get("layer_types")
             .and_then(|v| v.as_array())

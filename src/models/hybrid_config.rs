@@ -223,21 +223,8 @@ fn parse_qwen(
     check_act(cfg, "hidden_act", "silu", &["silu", "swish"])?;
     no_sliding_window(cfg)?;
     let num_layers = cfg.num_layers()?;
-    let layers = match string_list(cfg, "layer_types")? {
-        Some(types) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                "linear_attention" => Ok(LayerKind::GatedDeltaNet),
-                "full_attention" => Ok(LayerKind::Attention),
-                other => Err(unsupported(
-                    cfg,
-                    format!(
-                        "layer_types entry `{other}` (Qwen3.5 / Qwen3-Next layers are \
-                         `linear_attention` or `full_attention`)"
-                    ),
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
+    let layers = match cfg.linear_layer_types(num_layers, LayerKind::GatedDeltaNet)? {
+        Some(kinds) => kinds,
         None => {
             let interval = cfg.usize_or("full_attention_interval", 4)?.max(1);
             (0..num_layers)
@@ -251,15 +238,6 @@ fn parse_qwen(
                 .collect()
         }
     };
-    if layers.len() != num_layers {
-        return Err(cfg.err(
-            "layer_types",
-            format!(
-                "has {} entries, num_hidden_layers is {num_layers}",
-                layers.len()
-            ),
-        ));
-    }
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let head_dim = cfg.usize_or("head_dim", 256)?;

@@ -90,14 +90,8 @@ fn layer_kinds(
     linear: Option<&Map<String, Value>>,
     layers: usize,
 ) -> Result<Vec<LayerKind>, ModelError> {
-    if let Some(types) = cfg.get("layer_types") {
-        let kind = |t: &Value| match t.as_str() {
-            Some("linear_attention") => Some(LayerKind::KimiDelta),
-            Some("full_attention") => Some(LayerKind::Attention),
-            _ => None,
-        };
-        let kinds: Option<Vec<_>> = types.as_array().and_then(|a| a.iter().map(kind).collect());
-        return kinds.ok_or_else(|| cfg.err("layer_types", format!("{types}")));
+    if let Some(kinds) = cfg.linear_layer_types(layers, LayerKind::KimiDelta)? {
+        return Ok(kinds);
     }
     let lists = linear.and_then(|l| Some((l.get("kda_layers")?, l.get("full_attn_layers")?)));
     let Some((kda, full)) = lists else {

@@ -38,6 +38,7 @@ mod granite_config;
 pub mod hybrid_config;
 mod kimi_config;
 pub mod kimi_linear;
+mod layer_types;
 pub mod layers;
 pub mod llama4;
 mod llama4_config;

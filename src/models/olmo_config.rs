@@ -157,7 +157,8 @@ fn rope_theta_is_null(cfg: &Cfg<'_>) -> bool {
 /// OLMo Hybrid's `layer_types` (at least one of each kind), else every 4th layer full.
 fn hybrid_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<LayerKind>, ModelError> {
     let field = "layer_types";
-    let kinds = match cfg.get(field) {
+    let kinds = match cfg.linear_layer_types(layers, LayerKind::GatedDeltaNet)? {
+        Some(kinds) => kinds,
         None => {
             let mut kinds: Vec<_> = (0..layers)
                 .map(|i| match i % 4 {
@@ -169,17 +170,6 @@ fn hybrid_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<LayerKind>, ModelEr
                 *last = LayerKind::Attention;
             }
             kinds
-        }
-        Some(v) => {
-            let names = v
-                .as_array()
-                .ok_or_else(|| cfg.err(field, "expected a list"))?;
-            let kind = |n: &Value| match n.as_str() {
-                Some("linear_attention") => Ok(LayerKind::GatedDeltaNet),
-                Some("full_attention") => Ok(LayerKind::Attention),
-                _ => Err(cfg.err(field, format!("unknown layer type {n}"))),
-            };
-            names.iter().map(kind).collect::<Result<Vec<_>, _>>()?
         }
     };
     let has = |k: LayerKind| kinds.contains(&k);
