@@ -23,10 +23,11 @@
 //   neg_a [nv] = -exp(A_log), dt_bias [nv]
 //   state [slots, nv, dk, dv]
 //   out   [T, nv * dv]
-// g = neg_a[h] * softplus(a + dt_bias[h]) (per_channel, Kimi Delta Attention: a [T, a_stride]
-// and dt_bias [nv * dk], channel h * dk + i decaying row i of head h's state), beta = sigmoid(b)
-// * beta_scale (1, or 2 where negative eigenvalues are allowed); key head h / (nv / nk) serves
-// value head h (transformers repeat_interleave).
+// g = neg_a[h] * softplus(a + dt_bias[h]), beta = sigmoid(b) * beta_scale (1, or 2 where
+// negative eigenvalues are allowed); key head h / (nv / nk) serves value head h (transformers
+// repeat_interleave). Kimi Delta Attention (per_channel) decays row i of head h's state by
+// channel h * dk + i: kda_decay_f32 computes those decays first, once per (token, channel),
+// into `a` [T, a_stride] (the serial kernel then reads them instead of the raw gate).
 
 __device__ __forceinline__ float gdn_softplus(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
@@ -62,6 +63,26 @@ extern "C" __global__ void gdn_qk_l2norm_f32(
             v = __fmul_rn(v, q_scale);
         }
         x[i] = v;
+    }
+}
+
+// Kimi Delta Attention's decays: decay[t, c] = exp(neg_a[c / dk] * softplus(a[t, c] +
+// dt_bias[c])) for the nv * dk channels c, in the serial kernel's order of operations (each of
+// a head's dv column threads would otherwise recompute its dk decays every token).
+// Launch: grid-stride over T * nv * dk.
+extern "C" __global__ void kda_decay_f32(
+    const float* __restrict__ a, int a_stride,
+    const float* __restrict__ neg_a,
+    const float* __restrict__ dt_bias,
+    float* __restrict__ decay,
+    int num_tokens, int nv, int dk)
+{
+    const long long width = (long long)nv * dk;
+    HSX_GRID_STRIDE(idx, (long long)num_tokens * width) {
+        const long long t = idx / width;
+        const int c = (int)(idx - t * width);
+        const float g = gdn_softplus(__fadd_rn(a[t * a_stride + c], dt_bias[c]));
+        decay[idx] = expf(__fmul_rn(neg_a[c / dk], g));
     }
 }
 
@@ -102,7 +123,8 @@ extern "C" __global__ void gated_delta_rule_f32(
         const size_t row = (size_t)(r0 + local);
         const float* x = qkv + row * qkv_stride;
         const float* ar = a + row * a_stride;
-        // Gated DeltaNet: one decay for the head; Kimi Delta Attention: one per key channel.
+        // Gated DeltaNet: one decay for the head; Kimi Delta Attention: one per key channel,
+        // already in `a` (kda_decay_f32).
         const float head_decay =
             per_channel ? 0.0f : expf(__fmul_rn(na, gdn_softplus(__fadd_rn(ar[h], dt_bias[h]))));
         const float beta = __fmul_rn(1.0f / (1.0f + expf(-b[row * ba_stride + h])), beta_scale);
@@ -114,10 +136,7 @@ extern "C" __global__ void gated_delta_rule_f32(
             const int i = part + ST_PARTS * r;
             if (i < dk) {
                 kreg[r] = kv[i];
-                const int c = h * dk + i;
-                const float decay =
-                    per_channel ? expf(__fmul_rn(na, gdn_softplus(__fadd_rn(ar[c], dt_bias[c]))))
-                                : head_decay;
+                const float decay = per_channel ? ar[h * dk + i] : head_decay;
                 S[r] = __fmul_rn(S[r], decay);
                 m = __fadd_rn(m, __fmul_rn(S[r], kreg[r]));
             }
@@ -170,8 +189,8 @@ __device__ void gdn_gated_norm_t(const float* x, const float* z, int z_stride, c
     const float r = (float)(1.0 / sqrt((double)var + eps));
     for (int i = lane; i < dv; i += 32) {
         const float zi = zr[i];
-        const float sig = 1.0f / (1.0f + expf(-zi));
-        const float gate = SIGMOID ? sig : zi / (1.0f + expf(-zi));
+        const float denom = 1.0f + expf(-zi);
+        const float gate = SIGMOID ? 1.0f / denom : zi / denom;
         out[off + i] = from_f32<OUT>(__fmul_rn(__fmul_rn(w[i], __fmul_rn(xr[i], r)), gate));
     }
 }

@@ -427,6 +427,30 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> Cud
     if form != Recurrence::Serial && !g.per_channel && g.a_stride == g.ba_stride {
         return chunked::gated_delta(gpu, &g, seqs, stride, form);
     }
+    // Kimi Delta Attention: each token's decays per key channel, once (the serial kernel
+    // reads them in place of `a`).
+    let decay: DevBuf<f32>;
+    let (a, a_stride) = match g.per_channel {
+        true => {
+            let width = g.nv * g.dk;
+            decay = gpu.zeros(t * width)?;
+            launch!(
+                gpu,
+                "kda_decay_f32",
+                stride_cfg(t * width)?,
+                g.a,
+                i32_of(g.a_stride, "a stride")?,
+                g.neg_a,
+                g.dt_bias,
+                decay.ptr(),
+                ti,
+                nv,
+                dk
+            )?;
+            (decay.ptr(), width)
+        }
+        false => (g.a, g.a_stride),
+    };
     launch!(
         gpu,
         "gated_delta_rule_f32",
@@ -434,7 +458,7 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> Cud
         g.qkv,
         stride,
         g.b,
-        g.a,
+        a,
         i32_of(g.ba_stride, "b/a stride")?,
         g.neg_a,
         g.dt_bias,
@@ -448,7 +472,7 @@ pub fn gated_delta(gpu: &Gpu, g: GdnIo, seqs: &DevSeqs, form: Recurrence) -> Cud
         dk,
         dv,
         g.beta_scale,
-        i32_of(g.a_stride, "a stride")?,
+        i32_of(a_stride, "a stride")?,
         i32::from(g.per_channel)
     )
 }
@@ -534,6 +558,7 @@ mod tests {
             "conv1d_state_update_f32",
             "gdn_qk_l2norm_f32",
             "gated_delta_rule_f32",
+            "kda_decay_f32",
             "mamba2_scan_f32",
             "gdn_chunk_prep_f32",
             "gdn_chunk_state_f32",
