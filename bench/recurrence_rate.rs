@@ -7,6 +7,7 @@
 
 use hsx::kernels::cpu::gdn::{GdnParams, gated_delta_rule};
 use hsx::kernels::cpu::mamba::{MambaParams, mamba2_scan};
+use hsx::kernels::device::GdnDims;
 use hsx::kernels::plan::SeqState;
 
 /// Four dimensions of a recurrence (named where used).
@@ -55,10 +56,7 @@ pub fn gdn(pool: &rayon::ThreadPool, (nk, nv, dk, dv): Shape, per_channel: bool)
     let a: Vec<f32> = (0..t * gates).map(|i| val(i, 1013)).collect();
     let (neg_a, dt_bias) = (vec![-0.5f32; nv], vec![0.1f32; gates]);
     let p = GdnParams {
-        nk,
-        nv,
-        dk,
-        dv,
+        dims: GdnDims { nk, nv, dk, dv },
         neg_a: &neg_a,
         dt_bias: &dt_bias,
         beta_scale: 1.0,

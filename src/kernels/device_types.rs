@@ -430,6 +430,17 @@ pub struct GdnDims {
     pub dv: usize,
 }
 
+impl GdnDims {
+    /// Columns of the decay's input `alpha` (and values of `dt_bias`): one per value head,
+    /// or one per key channel of each (Kimi Delta Attention's `per_channel`).
+    pub fn gate_width(&self, per_channel: bool) -> usize {
+        match per_channel {
+            true => self.nv * self.dk,
+            false => self.nv,
+        }
+    }
+}
+
 /// Gated DeltaNet per-head parameters: `-exp(A_log)` and `dt_bias`, and the factor on
 /// `sigmoid(b)`.
 pub struct GdnParams<'a, D: Device> {
@@ -447,10 +458,7 @@ pub struct GdnParams<'a, D: Device> {
 impl<D: Device> GdnParams<'_, D> {
     /// Columns of the decay's input `alpha` (and values of `dt_bias`).
     pub fn gate_width(&self) -> usize {
-        match self.per_channel {
-            true => self.dims.nv * self.dims.dk,
-            false => self.dims.nv,
-        }
+        self.dims.gate_width(self.per_channel)
     }
 }
 

@@ -52,10 +52,7 @@ pub(super) fn gated_delta_rule(
     gather_cols(beta, &mut states.first);
     gather_cols(alpha, &mut states.second);
     let params = gdn::GdnParams {
-        nk: d.nk,
-        nv: d.nv,
-        dk: d.dk,
-        dv: d.dv,
+        dims: d,
         neg_a: p.neg_a,
         dt_bias: p.dt_bias,
         beta_scale: p.beta_scale,

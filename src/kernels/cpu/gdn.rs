@@ -15,7 +15,9 @@
 //! their order (decay, `m +=`, update, `o +=`; sums over rows in row order), so the bits are
 //! those of the plain loops on every vector unit (tests below).
 
+use super::decay::decays_into;
 use super::recurrent::{HeadRows, per_head, sigmoid, softplus};
+use crate::kernels::device::GdnDims;
 use crate::kernels::plan::SeqState;
 
 /// Value columns per strip of a sweep: two AVX-512 registers of f32. Each row adds into every
@@ -27,10 +29,7 @@ const STRIP: usize = 32;
 
 /// Gated DeltaNet geometry and per-head parameters.
 pub struct GdnParams<'a> {
-    pub nk: usize,
-    pub nv: usize,
-    pub dk: usize,
-    pub dv: usize,
+    pub dims: GdnDims,
     /// `-exp(A_log)` per value head.
     pub neg_a: &'a [f32],
     pub dt_bias: &'a [f32],
@@ -39,16 +38,6 @@ pub struct GdnParams<'a> {
     /// Kimi Delta Attention's decay per key channel: `a` has `nv · dk` columns and `dt_bias`
     /// `nv · dk` values (channel `h · dk + i` gates row i of head h's state).
     pub per_channel: bool,
-}
-
-impl GdnParams<'_> {
-    /// Columns of `a`.
-    fn gate_width(&self) -> usize {
-        match self.per_channel {
-            true => self.nv * self.dk,
-            false => self.nv,
-        }
-    }
 }
 
 /// The gated delta rule. `qkv` is the conv output `[T, 2·nk·dk + nv·dv]` (q | k | v), `b` is
@@ -67,8 +56,9 @@ pub fn gated_delta_rule(
     out: &mut Vec<f32>,
 ) {
     let io = GdnIo { qkv, b, a };
-    let t = qkv.len() / (2 * p.nk * p.dk + p.nv * p.dv);
-    let dims = (p.nv, p.dk * p.dv, p.dv);
+    let GdnDims { nk, nv, dk, dv } = p.dims;
+    let t = qkv.len() / (2 * nk * dk + nv * dv);
+    let dims = (nv, dk * dv, dv);
     per_head(
         state,
         dims,
@@ -109,7 +99,7 @@ impl Token {
     /// Loads row `r` for value head `h`; returns v.
     #[inline(always)]
     fn load<'a>(&mut self, io: &GdnIo<'a>, p: &GdnParams<'_>, h: usize, r: usize) -> &'a [f32] {
-        let (nk, nv, dk, dv) = (p.nk, p.nv, p.dk, p.dv);
+        let GdnDims { nk, nv, dk, dv } = p.dims;
         let key_dim = nk * dk;
         let x = &io.qkv[r * (2 * key_dim + nv * dv)..][..2 * key_dim + nv * dv];
         let kh = h / (nv / nk);
@@ -119,11 +109,18 @@ impl Token {
         for v in self.q.iter_mut() {
             *v *= scale;
         }
-        let a = &io.a[r * p.gate_width()..(r + 1) * p.gate_width()];
-        let gate = |c: usize| (p.neg_a[h] * softplus(a[c] + p.dt_bias[c])).exp();
+        let a = &io.a[r * p.dims.gate_width(p.per_channel)..][..p.dims.gate_width(p.per_channel)];
         match p.per_channel {
-            true => (self.decay.iter_mut().enumerate()).for_each(|(i, d)| *d = gate(h * dk + i)),
-            false => self.decay.fill(gate(h)),
+            // dk channels: the lane form (libm's three calls per channel outweighed the sweep).
+            true => decays_into(
+                p.neg_a[h],
+                &a[h * dk..],
+                &p.dt_bias[h * dk..],
+                &mut self.decay,
+            ),
+            false => self
+                .decay
+                .fill((p.neg_a[h] * softplus(a[h] + p.dt_bias[h])).exp()),
         }
         self.beta = sigmoid(io.b[r * nv + h]) * p.beta_scale;
         &x[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv]
@@ -139,8 +136,8 @@ fn head(
     (h, rows, st): (usize, std::ops::Range<usize>, &mut [f32]),
     mut out: HeadRows<'_>,
 ) {
-    let dv = p.dv;
-    let (mut cur, mut next) = (Token::new(p.dk), Token::new(p.dk));
+    let dv = p.dims.dv;
+    let (mut cur, mut next) = (Token::new(p.dims.dk), Token::new(p.dims.dk));
     let (mut m, mut delta) = (vec![0.0f32; dv], vec![0.0f32; dv]);
     let Some(first) = rows.clone().next() else {
         return;
@@ -261,9 +258,9 @@ mod tests {
         t: usize,
         st: &mut [f32],
     ) -> Vec<f32> {
-        let dv = p.dv;
+        let dv = p.dims.dv;
         let mut res = vec![0.0f32; t * dv];
-        let mut tok = Token::new(p.dk);
+        let mut tok = Token::new(p.dims.dk);
         let mut m = vec![0.0f32; dv];
         for r in 0..t {
             let v = tok.load(io, p, h, r);
@@ -318,10 +315,7 @@ mod tests {
             let (neg_a, dt_bias) = (noise(nv, &mut seed, 1.0), noise(gates, &mut seed, 1.0));
             let neg_a: Vec<f32> = neg_a.iter().map(|x| -x.abs() - 0.1).collect();
             let p = GdnParams {
-                nk,
-                nv,
-                dk,
-                dv,
+                dims: GdnDims { nk, nv, dk, dv },
                 neg_a: &neg_a,
                 dt_bias: &dt_bias,
                 // OLMo Hybrid's beta in (0, 2) on one geometry.

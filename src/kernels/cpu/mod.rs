@@ -15,6 +15,7 @@
 pub mod attention;
 pub mod bf16;
 pub mod capture;
+pub mod decay;
 pub mod device;
 pub mod exp;
 pub mod gdn;
