@@ -143,10 +143,10 @@ unsafe fn decay8(neg_a: f32, x: *const f32, bias: *const f32, out: *mut f32) {
 mod tests {
     use super::*;
 
-    /// Gates from -60 to 60 (and the edges), decay rates from 1e-3 to 20.
+    /// Gates from -30 to 30 in steps of 0.001 (and the edges), decay rates from 1e-3 to 20.
     fn inputs() -> (Vec<f32>, Vec<f32>) {
-        let x: Vec<f32> = (0..2400)
-            .map(|i| (i as f32 - 1200.0) * 0.05)
+        let x: Vec<f32> = (0..60_000)
+            .map(|i| (i as f32 - 30_000.0) * 0.001)
             .chain([0.0, -0.0, 20.0, 20.000_002, -88.0, 88.0, 1e30, -1e30])
             .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY])
             .collect();
