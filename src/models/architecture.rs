@@ -34,6 +34,13 @@ pub enum Architecture {
     /// `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): DeepSeek-V3's multi-head latent attention
     /// and MoE, dense or sparse per layer as `mlp_layer_types` says.
     Glm4MoeLite,
+    /// `DeepseekV32ForCausalLM` (DeepSeek-V3.2): DeepSeek-V3 with DeepSeek Sparse Attention (an
+    /// indexer picks each query's `index_topk` keys; hsx runs prompts up to that length, where it
+    /// picks every key).
+    DeepseekV32,
+    /// `GlmMoeDsaForCausalLM` (GLM-5): GLM's multi-head latent attention with DeepSeek Sparse
+    /// Attention (as [`Self::DeepseekV32`]), DeepSeek-V3's MoE.
+    GlmMoeDsa,
     /// `Mistral4ForCausalLM` (Mistral Small 4): DeepSeek-V3's multi-head latent attention with
     /// each query scaled by its position past the original context, DeepSeek-V3's MoE with a
     /// softmax router.
@@ -98,7 +105,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 32] = [
+    pub const ALL: [Self; 34] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -121,6 +128,8 @@ impl Architecture {
         Self::Glm4Moe,
         Self::DeepseekV3,
         Self::Glm4MoeLite,
+        Self::DeepseekV32,
+        Self::GlmMoeDsa,
         Self::Mistral4,
         Self::KimiLinear,
         Self::MiniMaxM2,
@@ -162,6 +171,8 @@ impl Architecture {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Self::DeepseekV32 => "DeepseekV32ForCausalLM",
+            Self::GlmMoeDsa => "GlmMoeDsaForCausalLM",
             Self::Mistral4 => "Mistral4ForCausalLM",
             Self::KimiLinear => "KimiLinearForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
@@ -185,7 +196,19 @@ impl Architecture {
 
     /// Families whose attention is multi-head latent attention (DeepSeek-V3's).
     pub fn has_latent_attention(self) -> bool {
-        matches!(self, Self::DeepseekV3 | Self::Glm4MoeLite | Self::Mistral4)
+        matches!(
+            self,
+            Self::DeepseekV3
+                | Self::Glm4MoeLite
+                | Self::Mistral4
+                | Self::DeepseekV32
+                | Self::GlmMoeDsa
+        )
+    }
+
+    /// Families with DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5).
+    pub fn has_sparse_attention(self) -> bool {
+        matches!(self, Self::DeepseekV32 | Self::GlmMoeDsa)
     }
 }
 
@@ -199,7 +222,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
-        Architecture::Glm4MoeLite => 202752,
+        Architecture::Glm4MoeLite | Architecture::GlmMoeDsa => 202752,
+        Architecture::DeepseekV32 => 163840,
         Architecture::Mistral4 | Architecture::KimiLinear => 1048576,
         Architecture::MiniMaxM2 => 196608,
         Architecture::Llama4 | Architecture::Gemma3 => 131072,

@@ -14,7 +14,8 @@ use super::config::{
 };
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
 use super::moe_config::{
-    DEEPSEEK_V3_MOE, DeepseekMoeDefaults, GLM_MOE_LITE, KIMI_LINEAR_MOE, MISTRAL4_MOE, deepseek_moe,
+    DEEPSEEK_V3_MOE, DEEPSEEK_V32_MOE, DeepseekMoeDefaults, GLM_MOE_DSA, GLM_MOE_LITE,
+    KIMI_LINEAR_MOE, MISTRAL4_MOE, deepseek_moe,
 };
 use crate::kernels::device::MlaDims;
 
@@ -29,6 +30,11 @@ pub struct MlaSpec {
     /// The softmax scale's factor over `head_dim^-0.5`: YaRN's `mscale(factor,
     /// mscale_all_dim)²` (transformers' `yarn_apply_mscale`), else 1.
     pub score_factor: f64,
+    /// DeepSeek Sparse Attention's `index_topk` (DeepSeek-V3.2, GLM-5): its indexer keeps each
+    /// query's top `index_topk` keys by its own scores. Up to that many keys it keeps every one,
+    /// so the attention is this dense MLA exactly; hsx runs requests up to that length (the
+    /// spec's `max_position_embeddings`) and does not implement the selection past it.
+    pub index_topk: Option<usize>,
 }
 
 /// A config class's defaults for the fields a config may leave out.
@@ -77,6 +83,27 @@ const GLM_4_MOE_LITE: MlaFamily = MlaFamily {
     moe: GLM_MOE_LITE,
 };
 
+/// `DeepseekV32Config`'s: DeepSeek-V3's geometry.
+const DEEPSEEK_V32: MlaFamily = MlaFamily {
+    moe: DEEPSEEK_V32_MOE,
+    ..DEEPSEEK_V3
+};
+
+/// `GlmMoeDsaConfig`'s (GLM-5's geometry).
+const GLM_MOE_DSA_FAMILY: MlaFamily = MlaFamily {
+    vocab: 154880,
+    hidden: 6144,
+    intermediate: 12288,
+    heads: 64,
+    nope: 192,
+    rope: 64,
+    v: 256,
+    q_lora: 2048,
+    kv_lora: 512,
+    eps: 1e-5,
+    moe: GLM_MOE_DSA,
+};
+
 /// `Mistral4Config`'s (Mistral Small 4's geometry).
 const MISTRAL4: MlaFamily = MlaFamily {
     vocab: 131072,
@@ -118,6 +145,8 @@ pub(super) fn parse(
         Architecture::Glm4MoeLite => &GLM_4_MOE_LITE,
         Architecture::Mistral4 => &MISTRAL4,
         Architecture::KimiLinear => &KIMI_LINEAR,
+        Architecture::DeepseekV32 => &DEEPSEEK_V32,
+        Architecture::GlmMoeDsa => &GLM_MOE_DSA_FAMILY,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -141,7 +170,8 @@ pub(super) fn parse(
         nope: cfg.usize_or("qk_nope_head_dim", f.nope)?,
         rope: cfg.usize_or("qk_rope_head_dim", f.rope)?,
         v: cfg.usize_or("v_head_dim", f.v)?,
-        interleave: cfg.bool_or("rope_interleave", true)?,
+        // The sparse-attention classes always rotate interleaved pairs (no `rope_interleave`).
+        interleave: architecture.has_sparse_attention() || cfg.bool_or("rope_interleave", true)?,
     };
     if dims.rope == 0 || !dims.rope.is_multiple_of(2) || dims.v == 0 || dims.v > dims.head_dim() {
         let msg = format!(
@@ -167,12 +197,18 @@ pub(super) fn parse(
         kv_lora: cfg.usize_or("kv_lora_rank", f.kv_lora)?,
         dims,
         score_factor: score_factor(cfg, rope_scaling)?,
+        index_topk: index_topk(cfg, architecture)?,
     };
     if mla.q_lora == Some(0) || mla.kv_lora == 0 {
         return Err(cfg.err("kv_lora_rank", "q_lora_rank and kv_lora_rank must be > 0"));
     }
-    let max_position_embeddings =
-        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
+    if mla.index_topk.is_some() && mla.q_lora.is_none() {
+        let msg = "null: DeepSeek Sparse Attention's classes always project q through q_a_proj";
+        return Err(cfg.err("q_lora_rank", msg));
+    }
+    let max_position_embeddings = cfg
+        .usize_or("max_position_embeddings", default_max_pos(architecture))?
+        .min(mla.index_topk.unwrap_or(usize::MAX));
     Ok(ModelSpec {
         name,
         architecture,
@@ -215,6 +251,17 @@ pub(super) fn parse(
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
     })
+}
+
+/// DeepSeek Sparse Attention's `index_topk` (2048 by default), for the families that have it.
+fn index_topk(cfg: &Cfg<'_>, architecture: Architecture) -> Result<Option<usize>, ModelError> {
+    if !architecture.has_sparse_attention() {
+        return Ok(None);
+    }
+    match cfg.usize_or("index_topk", 2048)? {
+        0 => Err(cfg.err("index_topk", "must be > 0")),
+        k => Ok(Some(k)),
+    }
 }
 
 /// `q_lora_rank`: the config class's default when absent, `None` (q through `q_proj`) when
@@ -406,5 +453,65 @@ mod tests {
         assert!(parse(&v).unwrap_err().contains("partial_rotary_factor"));
         v["partial_rotary_factor"] = json!(1.0);
         assert_eq!(mla(&v).dims.rope, 64);
+    }
+
+    /// DeepSeek-V3.2 and GLM-5 (DeepSeek Sparse Attention): the classes' geometry, interleaved
+    /// pairs whatever `rope_interleave` says, and requests up to `index_topk` (2048 by
+    /// default), where the indexer keeps every key; a null q latent or a zero `index_topk` is
+    /// refused by name.
+    #[test]
+    fn sparse_attention_families_run_up_to_index_topk() {
+        let mut v = json!({"architectures": ["DeepseekV32ForCausalLM"], "num_hidden_layers": 5,
+            "rope_interleave": false});
+        let s = parse(&v).unwrap();
+        assert_eq!(
+            (s.architecture, s.num_heads, s.head_dim),
+            (Architecture::DeepseekV32, 128, 192)
+        );
+        assert_eq!(s.max_position_embeddings, 2048);
+        let m = s.hybrid.as_ref().unwrap().mla.clone().unwrap();
+        assert_eq!((m.q_lora, m.index_topk), (Some(1536), Some(2048)));
+        assert!(m.dims.interleave);
+        let moe = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(moe.sparse_layers, [false, false, false, true, true]);
+        v["mlp_layer_types"] = json!(["dense", "sparse", "sparse", "sparse", "dense"]);
+        v["index_topk"] = json!(64);
+        v["max_position_embeddings"] = json!(32);
+        let s = parse(&v).unwrap();
+        assert_eq!(s.max_position_embeddings, 32);
+        let moe = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(moe.sparse_layers, [false, true, true, true, false]);
+        v["max_position_embeddings"] = json!(4096);
+        assert_eq!(parse(&v).unwrap().max_position_embeddings, 64);
+        v["index_topk"] = json!(0);
+        assert!(parse(&v).unwrap_err().contains("index_topk"));
+        v["index_topk"] = json!(64);
+        v["q_lora_rank"] = Value::Null;
+        assert!(parse(&v).unwrap_err().contains("q_lora_rank"));
+
+        let glm = json!({"architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 78});
+        let s = parse(&glm).unwrap();
+        assert_eq!(
+            (s.vocab_size, s.hidden_size, s.num_heads, s.rms_norm_eps),
+            (154880, 6144, 64, 1e-5)
+        );
+        assert_eq!(s.max_position_embeddings, 2048);
+        let m = s.hybrid.as_ref().unwrap().mla.clone().unwrap();
+        assert_eq!(
+            (m.q_lora, m.kv_lora, m.index_topk),
+            (Some(2048), 512, Some(2048))
+        );
+        assert_eq!((m.dims.nope, m.dims.rope, m.dims.v), (192, 64, 256));
+        let moe = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.expert_intermediate),
+            (256, 8, 2048)
+        );
+        assert_eq!(moe.grouped().unwrap().scale, 2.5);
+        assert_eq!(moe.sparse_layers.iter().filter(|&&s| !s).count(), 3);
+        // DeepSeek-V3 itself has no indexer.
+        let v3 = json!({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
+            "index_topk": 8});
+        assert_eq!(mla(&v3).index_topk, None);
     }
 }

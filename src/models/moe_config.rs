@@ -122,6 +122,24 @@ pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     softmax: false,
 };
 
+/// `GlmMoeDsaConfig`'s (GLM-5's).
+pub(super) const GLM_MOE_DSA: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 256,
+    top_k: 8,
+    inter: 2048,
+    scale: 2.5,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::LayerTypesElseFirstK(3),
+    softmax: false,
+};
+
+/// `DeepseekV32Config`'s: DeepSeek-V3's, with `mlp_layer_types` read where given.
+pub(super) const DEEPSEEK_V32_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    dense: DenseLayers::LayerTypesElseFirstK(3),
+    ..DEEPSEEK_V3_MOE
+};
+
 /// `Glm4MoeLiteConfig`'s (GLM-4.7-Flash's).
 pub(super) const GLM_MOE_LITE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     experts: 64,

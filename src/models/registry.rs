@@ -35,8 +35,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),
         Architecture::NemotronH => nemotron_h::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
-        Architecture::DeepseekV3 | Architecture::Glm4MoeLite | Architecture::Mistral4 => {
-            super::deepseek_v3::load(ld, spec)
-        }
+        Architecture::DeepseekV3
+        | Architecture::Glm4MoeLite
+        | Architecture::Mistral4
+        | Architecture::DeepseekV32
+        | Architecture::GlmMoeDsa => super::deepseek_v3::load(ld, spec),
     }
 }

@@ -230,6 +230,31 @@ fn a_longrope_model_runs_up_to_its_original_context() {
     assert_refused(&o, &files, &needles);
 }
 
+/// A DeepSeek Sparse Attention model (DeepSeek-V3.2 / GLM-5) runs requests up to its
+/// `index_topk` (256 in the fixture, under its `max_position_embeddings` of 2048), where the
+/// indexer keeps every key: a longer one fails alone, naming the limit, and a longer
+/// `max_model_len` is refused at start, saying why.
+#[test]
+fn a_sparse_attention_model_runs_up_to_its_index_topk() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/deepseek_v32");
+    let to_dsa = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    let (o, files) = extract_with_config(to_dsa);
+    assert!(!o.status.success(), "a request failed: exit code 1");
+    let err = stderr(&o);
+    let why = "line 4 (id demo-03): request of 300 tokens (prompt + max_tokens) exceeds \
+               max_model_len 256";
+    assert!(err.contains("completed 11") && err.contains(why), "{err}");
+    assert_eq!(files.len(), 11, "{files:?}");
+    let (o, files) =
+        extract_with_config(|c| to_dsa(c).replace("max_model_len = 0", "max_model_len = 300"));
+    let needles = [
+        "max_model_len 300",
+        "index_topk 256",
+        "DeepSeek Sparse Attention",
+    ];
+    assert_refused(&o, &files, &needles);
+}
+
 /// Naming the `amx` path: refused at start, naming it and the paths this CPU has, where the
 /// CPU has no AMX (and the build no `amx-emu`); a normal run where it can.
 #[test]

@@ -161,6 +161,8 @@ matrix! {
     deepseek_v3 => "deepseek_v3",
     deepseek_v3_bf16 => "deepseek_v3_bf16",
     glm4_moe_lite => "glm4_moe_lite",
+    deepseek_v32 => "deepseek_v32",
+    glm_moe_dsa => "glm_moe_dsa",
     qwen3_moe_fp8 => "qwen3_moe_fp8",
     minimax_m2 => "minimax_m2",
     minimax_m2_fp8 => "minimax_m2_fp8",

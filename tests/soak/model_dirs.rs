@@ -127,6 +127,8 @@ const FIXTURES: &[&str] = &[
     "glm4_moe",
     "deepseek_v3",
     "glm4_moe_lite",
+    "deepseek_v32",
+    "glm_moe_dsa",
     "qwen3_moe_fp8",
     "minimax_m2_fp8",
     "qwen3_vl_moe",

@@ -209,6 +209,8 @@ const FIELDS: &[&str] = &[
     "mamba_proj_bias",
     "attn_layer_indices",
     "original_max_position_embeddings",
+    "index_topk",
+    "index_n_heads",
 ];
 
 const WORDS: &[&str] = &[
