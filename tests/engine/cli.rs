@@ -205,53 +205,49 @@ fn assert_refused(o: &Output, files: &[String], needles: &[&str]) {
 
 /// A LongRoPE model (Phi-3's 128k scaling) runs requests up to its
 /// `original_max_position_embeddings` (256 in the fixture; its `max_position_embeddings` is
-/// 1024): a longer one fails alone, naming the limit, and a longer `max_model_len` is refused
-/// at start, saying why.
+/// 1024).
 #[test]
 fn a_longrope_model_runs_up_to_its_original_context() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/phi3_longrope");
-    let to_longrope = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
-    let (o, files) = extract_with_config(to_longrope);
-    // The demo prompts: one of 300 tokens (demo-03), the others up to 256.
-    assert!(!o.status.success(), "a request failed: exit code 1");
-    let err = stderr(&o);
-    let why = "line 4 (id demo-03): request of 300 tokens (prompt + max_tokens) exceeds \
-               max_model_len 256";
-    assert!(err.contains("completed 11") && err.contains(why), "{err}");
-    assert_eq!(files.len(), 11, "{files:?}");
-    assert!(!files.iter().any(|f| f.contains("demo-03")), "{files:?}");
-    let (o, files) =
-        extract_with_config(|c| to_longrope(c).replace("max_model_len = 0", "max_model_len = 300"));
-    let needles = [
-        "max_model_len 300",
-        "original_max_position_embeddings 256",
-        "LongRoPE",
-    ];
-    assert_refused(&o, &files, &needles);
+    runs_up_to_256(
+        "phi3_longrope",
+        &["original_max_position_embeddings 256", "LongRoPE"],
+    );
 }
 
 /// A DeepSeek Sparse Attention model (DeepSeek-V3.2 / GLM-5) runs requests up to its
 /// `index_topk` (256 in the fixture, under its `max_position_embeddings` of 2048), where the
-/// indexer keeps every key: a longer one fails alone, naming the limit, and a longer
-/// `max_model_len` is refused at start, saying why.
+/// indexer keeps every key.
 #[test]
 fn a_sparse_attention_model_runs_up_to_its_index_topk() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/deepseek_v32");
-    let to_dsa = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
-    let (o, files) = extract_with_config(to_dsa);
+    runs_up_to_256(
+        "deepseek_v32",
+        &["index_topk 256", "DeepSeek Sparse Attention"],
+    );
+}
+
+/// The README's extract on `fixture`, whose requests stop at 256 tokens below its
+/// `max_position_embeddings`: the demo prompt of 300 tokens (demo-03) fails alone, naming the
+/// limit, the other 11 (up to 256) complete; a `max_model_len` of 300 is refused at start, the
+/// error naming each of `why`.
+fn runs_up_to_256(fixture: &str, why: &[&str]) {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(fixture);
+    let to_model = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    let (o, files) = extract_with_config(to_model);
     assert!(!o.status.success(), "a request failed: exit code 1");
     let err = stderr(&o);
-    let why = "line 4 (id demo-03): request of 300 tokens (prompt + max_tokens) exceeds \
-               max_model_len 256";
-    assert!(err.contains("completed 11") && err.contains(why), "{err}");
+    let failed = "line 4 (id demo-03): request of 300 tokens (prompt + max_tokens) exceeds \
+                  max_model_len 256";
+    assert!(
+        err.contains("completed 11") && err.contains(failed),
+        "{err}"
+    );
     assert_eq!(files.len(), 11, "{files:?}");
+    assert!(!files.iter().any(|f| f.contains("demo-03")), "{files:?}");
     let (o, files) =
-        extract_with_config(|c| to_dsa(c).replace("max_model_len = 0", "max_model_len = 300"));
-    let needles = [
-        "max_model_len 300",
-        "index_topk 256",
-        "DeepSeek Sparse Attention",
-    ];
+        extract_with_config(|c| to_model(c).replace("max_model_len = 0", "max_model_len = 300"));
+    let needles: Vec<&str> = ["max_model_len 300"].iter().chain(why).copied().collect();
     assert_refused(&o, &files, &needles);
 }
 
