@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 use super::exp::exp_neg;
 #[cfg(target_arch = "x86_64")]
-use super::exp::{exp_neg_avx2, exp_neg_avx512};
+use super::exp::{Lanes, exp_neg_avx2, exp_neg_avx512, lane_runs};
 
 /// `1/17, 1/15, …, 1/3`: atanh's series in `z = s²`, Horner from the highest term.
 const ATANH: [f32; 8] = [
@@ -50,38 +50,22 @@ pub fn decay(neg_a: f32, x: f32) -> f32 {
 pub fn decays_into(neg_a: f32, x: &[f32], bias: &[f32], out: &mut [f32]) {
     let n = out.len().min(x.len()).min(bias.len());
     let (x, bias, out) = (&x[..n], &bias[..n], &mut out[..n]);
-    let mut i = 0;
+    // SAFETY: `lane_runs` asks for `lanes` floats at i < n of x, bias and out only where the
+    // CPU has the unit of that width.
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            while i + 16 <= n {
-                // SAFETY: AVX-512F present; 16 floats at i of each slice.
-                unsafe {
-                    decay16(
-                        neg_a,
-                        x[i..].as_ptr(),
-                        bias[i..].as_ptr(),
-                        out[i..].as_mut_ptr(),
-                    )
-                };
-                i += 16;
-            }
+    let i = lane_runs(n, |i, lanes| unsafe {
+        let (x, b, o) = (
+            x.as_ptr().add(i),
+            bias.as_ptr().add(i),
+            out.as_mut_ptr().add(i),
+        );
+        match lanes {
+            Lanes::Sixteen => decay16(neg_a, x, b, o),
+            Lanes::Eight => decay8(neg_a, x, b, o),
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            while i + 8 <= n {
-                // SAFETY: AVX2 + FMA present; 8 floats at i of each slice.
-                unsafe {
-                    decay8(
-                        neg_a,
-                        x[i..].as_ptr(),
-                        bias[i..].as_ptr(),
-                        out[i..].as_mut_ptr(),
-                    )
-                };
-                i += 8;
-            }
-        }
-    }
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let i = 0;
     for ((o, &xi), &bi) in out[i..].iter_mut().zip(&x[i..]).zip(&bias[i..]) {
         *o = decay(neg_a, xi + bi);
     }

@@ -135,39 +135,57 @@ pub fn gelu_tanh_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     gate_into::<true>(g, u, out);
 }
 
+/// The widths [`lane_runs`] hands out.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) enum Lanes {
+    /// 16 floats, on AVX-512F.
+    Sixteen,
+    /// 8 floats, on AVX2 + FMA.
+    Eight,
+}
+
+/// The lane forms' share of `n` elements: `step(i, Sixteen)` at i = 0, 16, … while 16 remain,
+/// where the CPU has AVX-512F, then `step(i, Eight)` while 8 remain, where it has AVX2 + FMA;
+/// returns where the scalar tail starts. `step` may rely on both (its unsafe calls do).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn lane_runs(n: usize, mut step: impl FnMut(usize, Lanes)) -> usize {
+    let mut i = 0;
+    if is_x86_feature_detected!("avx512f") {
+        while i + 16 <= n {
+            step(i, Lanes::Sixteen);
+            i += 16;
+        }
+    }
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        while i + 8 <= n {
+            step(i, Lanes::Eight);
+            i += 8;
+        }
+    }
+    i
+}
+
 /// [`silu_times`] (or, `GELU`, [`gelu_tanh_times`]) of every lane.
 fn gate_into<const GELU: bool>(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len().min(g.len()).min(u.len());
-    let mut i = 0;
+    // SAFETY: `lane_runs` asks for `lanes` floats at i < n of g, u and out only where the
+    // CPU has the unit of that width.
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F present; 16 lanes at i + 16 <= n.
-            while i + 16 <= n {
-                unsafe {
-                    gate16::<GELU>(
-                        g.as_ptr().add(i),
-                        u.as_ptr().add(i),
-                        out.as_mut_ptr().add(i),
-                    )
-                };
-                i += 16;
-            }
+    let i = lane_runs(n, |i, lanes| unsafe {
+        let (g, u, o) = (
+            g.as_ptr().add(i),
+            u.as_ptr().add(i),
+            out.as_mut_ptr().add(i),
+        );
+        match lanes {
+            Lanes::Sixteen => gate16::<GELU>(g, u, o),
+            Lanes::Eight => gate8::<GELU>(g, u, o),
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 + FMA present; 8 lanes at i + 8 <= n.
-            while i + 8 <= n {
-                unsafe {
-                    gate8::<GELU>(
-                        g.as_ptr().add(i),
-                        u.as_ptr().add(i),
-                        out.as_mut_ptr().add(i),
-                    )
-                };
-                i += 8;
-            }
-        }
-    }
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let i = 0;
     for j in i..n {
         out[j] = match GELU {
             true => gelu_tanh_times(g[j], u[j]),
@@ -180,25 +198,17 @@ fn gate_into<const GELU: bool>(g: &[f32], u: &[f32], out: &mut [f32]) {
 pub fn silu_inplace(x: &mut [f32]) {
     const ONES: [f32; 16] = [1.0; 16];
     let n = x.len();
-    let p = x.as_mut_ptr();
-    let mut i = 0;
+    // SAFETY: as in `gate_into`, on x (each lane read before written) and 16 ones.
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F present; 16 lanes at i + 16 <= n (read before written).
-            while i + 16 <= n {
-                unsafe { silu16(p.add(i), ONES.as_ptr(), p.add(i)) };
-                i += 16;
-            }
+    let i = lane_runs(n, |i, lanes| unsafe {
+        let p = x.as_mut_ptr().add(i);
+        match lanes {
+            Lanes::Sixteen => silu16(p, ONES.as_ptr(), p),
+            Lanes::Eight => silu8(p, ONES.as_ptr(), p),
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 + FMA present; 8 lanes at i + 8 <= n.
-            while i + 8 <= n {
-                unsafe { silu8(p.add(i), ONES.as_ptr(), p.add(i)) };
-                i += 8;
-            }
-        }
-    }
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let i = 0;
     for v in &mut x[i..] {
         *v = silu_times(*v, 1.0);
     }

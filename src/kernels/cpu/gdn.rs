@@ -109,7 +109,8 @@ impl Token {
         for v in self.q.iter_mut() {
             *v *= scale;
         }
-        let a = &io.a[r * p.dims.gate_width(p.per_channel)..][..p.dims.gate_width(p.per_channel)];
+        let width = p.dims.gate_width(p.per_channel);
+        let a = &io.a[r * width..][..width];
         match p.per_channel {
             // dk channels: the lane form (libm's three calls per channel outweighed the sweep).
             true => decays_into(

@@ -26,8 +26,8 @@
 // g = neg_a[h] * softplus(a + dt_bias[h]), beta = sigmoid(b) * beta_scale (1, or 2 where
 // negative eigenvalues are allowed); key head h / (nv / nk) serves value head h (transformers
 // repeat_interleave). Kimi Delta Attention (per_channel) decays row i of head h's state by
-// channel h * dk + i: kda_decay_f32 computes those decays first, once per (token, channel),
-// into `a` [T, a_stride] (the serial kernel then reads them instead of the raw gate).
+// channel h * dk + i: kda_decay_f32 computes those decays first, once per (token, channel), into
+// a buffer the serial kernel then takes as `a` [T, a_stride] in place of the raw gate.
 
 __device__ __forceinline__ float gdn_softplus(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
