@@ -311,10 +311,6 @@ impl Engine {
 const LONGROPE_LIMIT: &str = "; LongRoPE: hsx runs its short factors, which transformers uses up \
                               to there (past it, the long ones)";
 
-const SPARSE_LIMIT: &str = "; DeepSeek Sparse Attention: up to index_topk keys its indexer keeps \
-                            every one (dense attention, which hsx runs); past it, it selects keys, \
-                            which hsx does not implement";
-
 fn engine_info(
     cfg: &Config,
     spec: &ModelSpec,
@@ -326,22 +322,15 @@ fn engine_info(
         WeightDtype::F16 => OutputDtype::F16,
     };
     let model_max = spec.max_position_embeddings;
-    let sparse_limit = (spec.hybrid.as_ref())
-        .and_then(|h| h.mla.as_ref()?.index_topk)
-        .is_some_and(|k| k == model_max);
     if spec.longrope.is_some() {
         tracing::warn!("requests up to {model_max} tokens{LONGROPE_LIMIT}");
-    }
-    if sparse_limit {
-        tracing::warn!("requests up to {model_max} tokens{SPARSE_LIMIT}");
     }
     let max_model_len = match cfg.engine.max_model_len {
         0 => model_max,
         n if n > model_max => {
-            let (limit, note) = match (spec.longrope.is_some(), sparse_limit) {
-                (true, _) => ("original_max_position_embeddings", LONGROPE_LIMIT),
-                (false, true) => ("index_topk", SPARSE_LIMIT),
-                (false, false) => ("max_position_embeddings", ""),
+            let (limit, note) = match spec.longrope.is_some() {
+                true => ("original_max_position_embeddings", LONGROPE_LIMIT),
+                false => ("max_position_embeddings", ""),
             };
             return Err(EngineError::MaxModelLen {
                 asked: n,

@@ -17,6 +17,7 @@
 
 use std::ops::Range;
 
+pub use super::dsa::{DsaCall, IndexShape};
 pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
 use super::rope::Rope;
@@ -154,6 +155,20 @@ pub trait Device: Send + Sync + Sized + 'static {
         qkv: &mut Self::Buf,
         call: &AttnCall<'_, Self>,
         out: &mut Self::Buf,
+    ) -> DevResult<()>;
+    /// DeepSeek Sparse Attention's indexer ([`crate::kernels::dsa`]): `k` (`[T, head_dim]`,
+    /// `wk`'s output) LayerNormed and rotated, `q` (`[T, heads · head_dim]`) rotated, in place;
+    /// every token's key into the index cache, then each token past `topk` keys picks its keys
+    /// by `w` (`[T, heads]`, `weights_proj`'s output), kept in `kv` for the next sparse
+    /// [`Device::attention`].
+    fn dsa_select(
+        &self,
+        step: &Self::Step<'_>,
+        kv: &mut Self::Kv,
+        call: &DsaCall<'_, Self>,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        w: &Self::Buf,
     ) -> DevResult<()>;
     /// Multi-head latent attention's heads as a fused projection for [`Device::attention`]:
     /// `out` `[T, 3 · heads · D]` = `[q | k | v]`, `D` = [`MlaDims::head_dim`]. A q or k head is

@@ -256,8 +256,7 @@ impl MlaDims {
     /// The checkpoint's rotated dim at assembled dim `c < rope`.
     pub fn rope_source(&self, c: usize) -> usize {
         match self.interleave {
-            true if c < self.rope / 2 => 2 * c,
-            true => 2 * (c - self.rope / 2) + 1,
+            true => crate::kernels::dsa::deinterleaved_source(c, self.rope),
             false => c,
         }
     }
@@ -346,6 +345,9 @@ pub struct AttnSoftmax<'a, D: Device> {
     pub sinks: Option<&'a D::Vector>,
     pub score_factor: f64,
     pub temperature: Option<QueryTemperature>,
+    /// DeepSeek Sparse Attention: a token the last [`Device::dsa_select`] chose keys for
+    /// attends over those keys only.
+    pub sparse: bool,
 }
 
 /// A per-position factor on the query after RoPE and norm,
@@ -390,6 +392,7 @@ impl<D: Device> AttnSoftmax<'_, D> {
             sinks: None,
             score_factor: 1.0,
             temperature: None,
+            sparse: false,
         }
     }
 
@@ -499,13 +502,14 @@ pub struct ConvCall<'a, D: Device> {
 }
 
 /// Shape of a paged KV cache: `layers` attention layers of `num_blocks × block_size` slots of
-/// `kv_dim` values for K and for V.
+/// `kv_dim` values for K and for V, and the sparse-attention indexer's keys in the same slots.
 #[derive(Debug, Clone, Copy)]
 pub struct KvShape {
     pub layers: usize,
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_dim: usize,
+    pub index: Option<crate::kernels::dsa::IndexShape>,
 }
 
 /// How a forward's captured rows are staged: `layers` slots of `hidden` values, up to `rows`
@@ -526,17 +530,6 @@ pub struct CaptureSpec {
 pub struct Captured {
     pub bytes: Vec<u8>,
     pub refused: Vec<(usize, usize, RowFault)>,
-}
-
-/// What the guard finds in one captured row, from the row's two flags.
-pub fn row_fault(non_finite: bool, any_nonzero: bool, zero_check: bool) -> Option<RowFault> {
-    if non_finite {
-        Some(RowFault::NonFinite)
-    } else if zero_check && !any_nonzero {
-        Some(RowFault::AllZero)
-    } else {
-        None
-    }
 }
 
 impl KvShape {

@@ -13,6 +13,7 @@ pub(crate) mod attention_reference;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod dsa;
 pub mod dtype;
 pub mod fp8;
 pub mod host_copy;
@@ -83,6 +84,17 @@ pub enum RowFault {
 }
 
 impl RowFault {
+    /// What the guard finds in one captured row, from the row's two flags.
+    pub fn of(non_finite: bool, any_nonzero: bool, zero_check: bool) -> Option<Self> {
+        if non_finite {
+            Some(Self::NonFinite)
+        } else if zero_check && !any_nonzero {
+            Some(Self::AllZero)
+        } else {
+            None
+        }
+    }
+
     /// The metric label.
     pub fn name(self) -> &'static str {
         match self {

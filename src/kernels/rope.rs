@@ -109,6 +109,18 @@ impl Rope {
     }
 }
 
+/// `x * cos + rotate_half(x) * sin` for one head.
+#[inline]
+pub fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    let (a, b) = head.split_at_mut(half);
+    for i in 0..half {
+        let (x1, x2) = (a[i], b[i]);
+        a[i] = x1 * cos[i] + (-x2) * sin[i];
+        b[i] = x2 * cos[i] + x1 * sin[i];
+    }
+}
+
 /// `1 / theta^(2i / d)` in f32, as transformers `_compute_default_rope_parameters`.
 fn default_inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
     let base = theta as f32;

@@ -35,8 +35,7 @@ pub enum Architecture {
     /// and MoE, dense or sparse per layer as `mlp_layer_types` says.
     Glm4MoeLite,
     /// `DeepseekV32ForCausalLM` (DeepSeek-V3.2): DeepSeek-V3 with DeepSeek Sparse Attention (an
-    /// indexer picks each query's `index_topk` keys; hsx runs prompts up to that length, where it
-    /// picks every key).
+    /// indexer picks the `index_topk` keys each query attends over).
     DeepseekV32,
     /// `GlmMoeDsaForCausalLM` (GLM-5): GLM's multi-head latent attention with DeepSeek Sparse
     /// Attention (as [`Self::DeepseekV32`]), DeepSeek-V3's MoE.

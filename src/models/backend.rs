@@ -64,6 +64,7 @@ impl<D: Device> ModelBackend<D> {
             num_blocks: layout.num_blocks,
             block_size: layout.block_size,
             kv_dim: shape.kv_dim,
+            index: shape.index,
         })?;
         let states = match shape.state_shapes.is_empty() {
             true => None,

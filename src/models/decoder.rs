@@ -12,7 +12,7 @@
 use super::ModelSpec;
 use super::layers::{Ctx, Layer, Sublayer, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{BufKind, DevResult, DeviceError};
+use crate::kernels::device::{BufKind, DevResult, DeviceError, IndexShape};
 
 pub use super::layers::Scratch;
 
@@ -35,6 +35,8 @@ pub struct CacheShape {
     pub kv_layers: usize,
     pub kv_dim: usize,
     pub state_shapes: Vec<(usize, usize)>,
+    /// DeepSeek Sparse Attention's index keys.
+    pub index: Option<IndexShape>,
 }
 
 impl<D: Device> Decoder<D> {
@@ -60,10 +62,15 @@ impl<D: Device> Decoder<D> {
                 _ => None,
             })
             .collect();
+        let dsa = (s.hybrid.as_ref()).and_then(|h| h.mla.as_ref()?.dsa.as_ref());
         CacheShape {
             kv_layers,
             kv_dim: s.num_kv_heads * s.head_dim,
             state_shapes,
+            index: dsa.map(|d| IndexShape {
+                layers: d.indexer_layers(),
+                dim: d.head_dim,
+            }),
         }
     }
 

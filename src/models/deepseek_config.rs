@@ -12,6 +12,7 @@ use super::ModelError;
 use super::config::{
     Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
+use super::dsa_config::{DsaSpec, dsa_spec};
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
 use super::moe_config::{
     DEEPSEEK_V3_MOE, DEEPSEEK_V32_MOE, DeepseekMoeDefaults, GLM_MOE_DSA, GLM_MOE_LITE,
@@ -30,11 +31,8 @@ pub struct MlaSpec {
     /// The softmax scale's factor over `head_dim^-0.5`: YaRN's `mscale(factor,
     /// mscale_all_dim)²` (transformers' `yarn_apply_mscale`), else 1.
     pub score_factor: f64,
-    /// DeepSeek Sparse Attention's `index_topk` (DeepSeek-V3.2, GLM-5): its indexer keeps each
-    /// query's top `index_topk` keys by its own scores. Up to that many keys it keeps every one,
-    /// so the attention is this dense MLA exactly; hsx runs requests up to that length (the
-    /// spec's `max_position_embeddings`) and does not implement the selection past it.
-    pub index_topk: Option<usize>,
+    /// DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5).
+    pub dsa: Option<DsaSpec>,
 }
 
 /// A config class's defaults for the fields a config may leave out.
@@ -197,18 +195,17 @@ pub(super) fn parse(
         kv_lora: cfg.usize_or("kv_lora_rank", f.kv_lora)?,
         dims,
         score_factor: score_factor(cfg, rope_scaling)?,
-        index_topk: index_topk(cfg, architecture)?,
+        dsa: dsa_spec(cfg, architecture, num_layers, dims.rope)?,
     };
     if mla.q_lora == Some(0) || mla.kv_lora == 0 {
         return Err(cfg.err("kv_lora_rank", "q_lora_rank and kv_lora_rank must be > 0"));
     }
-    if mla.index_topk.is_some() && mla.q_lora.is_none() {
+    if mla.dsa.is_some() && mla.q_lora.is_none() {
         let msg = "null: DeepSeek Sparse Attention's classes always project q through q_a_proj";
         return Err(cfg.err("q_lora_rank", msg));
     }
-    let max_position_embeddings = cfg
-        .usize_or("max_position_embeddings", default_max_pos(architecture))?
-        .min(mla.index_topk.unwrap_or(usize::MAX));
+    let max_position_embeddings =
+        cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
     Ok(ModelSpec {
         name,
         architecture,
@@ -251,17 +248,6 @@ pub(super) fn parse(
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
     })
-}
-
-/// DeepSeek Sparse Attention's `index_topk` (2048 by default), for the families that have it.
-fn index_topk(cfg: &Cfg<'_>, architecture: Architecture) -> Result<Option<usize>, ModelError> {
-    if !architecture.has_sparse_attention() {
-        return Ok(None);
-    }
-    match cfg.usize_or("index_topk", 2048)? {
-        0 => Err(cfg.err("index_topk", "must be > 0")),
-        k => Ok(Some(k)),
-    }
 }
 
 /// `q_lora_rank`: the config class's default when absent, `None` (q through `q_proj`) when
@@ -456,11 +442,11 @@ mod tests {
     }
 
     /// DeepSeek-V3.2 and GLM-5 (DeepSeek Sparse Attention): the classes' geometry, interleaved
-    /// pairs whatever `rope_interleave` says, and requests up to `index_topk` (2048 by
-    /// default), where the indexer keeps every key; a null q latent or a zero `index_topk` is
-    /// refused by name.
+    /// pairs whatever `rope_interleave` says, their whole context (the indexer's selection runs
+    /// past `index_topk`); a null q latent is refused by name (the indexer's own fields:
+    /// dsa_config_tests.rs).
     #[test]
-    fn sparse_attention_families_run_up_to_index_topk() {
+    fn sparse_attention_families_parse_with_their_indexer() {
         let mut v = json!({"architectures": ["DeepseekV32ForCausalLM"], "num_hidden_layers": 5,
             "rope_interleave": false});
         let s = parse(&v).unwrap();
@@ -468,24 +454,20 @@ mod tests {
             (s.architecture, s.num_heads, s.head_dim),
             (Architecture::DeepseekV32, 128, 192)
         );
-        assert_eq!(s.max_position_embeddings, 2048);
+        assert_eq!(s.max_position_embeddings, 163840);
         let m = s.hybrid.as_ref().unwrap().mla.clone().unwrap();
-        assert_eq!((m.q_lora, m.index_topk), (Some(1536), Some(2048)));
-        assert!(m.dims.interleave);
+        let dsa = m.dsa.unwrap();
+        assert_eq!((m.q_lora, dsa.topk, dsa.heads), (Some(1536), 2048, 64));
+        assert!(m.dims.interleave && !dsa.interleave);
         let moe = s.hybrid.unwrap().moe.unwrap();
         assert_eq!(moe.sparse_layers, [false, false, false, true, true]);
         v["mlp_layer_types"] = json!(["dense", "sparse", "sparse", "sparse", "dense"]);
         v["index_topk"] = json!(64);
-        v["max_position_embeddings"] = json!(32);
+        v["max_position_embeddings"] = json!(4096);
         let s = parse(&v).unwrap();
-        assert_eq!(s.max_position_embeddings, 32);
+        assert_eq!(s.max_position_embeddings, 4096);
         let moe = s.hybrid.unwrap().moe.unwrap();
         assert_eq!(moe.sparse_layers, [false, true, true, true, false]);
-        v["max_position_embeddings"] = json!(4096);
-        assert_eq!(parse(&v).unwrap().max_position_embeddings, 64);
-        v["index_topk"] = json!(0);
-        assert!(parse(&v).unwrap_err().contains("index_topk"));
-        v["index_topk"] = json!(64);
         v["q_lora_rank"] = Value::Null;
         assert!(parse(&v).unwrap_err().contains("q_lora_rank"));
 
@@ -495,12 +477,11 @@ mod tests {
             (s.vocab_size, s.hidden_size, s.num_heads, s.rms_norm_eps),
             (154880, 6144, 64, 1e-5)
         );
-        assert_eq!(s.max_position_embeddings, 2048);
+        assert_eq!(s.max_position_embeddings, 202752);
         let m = s.hybrid.as_ref().unwrap().mla.clone().unwrap();
-        assert_eq!(
-            (m.q_lora, m.kv_lora, m.index_topk),
-            (Some(2048), 512, Some(2048))
-        );
+        let dsa = m.dsa.unwrap();
+        assert_eq!((m.q_lora, m.kv_lora, dsa.topk), (Some(2048), 512, 2048));
+        assert!(dsa.interleave && dsa.heads == 32);
         assert_eq!((m.dims.nope, m.dims.rope, m.dims.v), (192, 64, 256));
         let moe = s.hybrid.unwrap().moe.unwrap();
         assert_eq!(
@@ -512,6 +493,6 @@ mod tests {
         // DeepSeek-V3 itself has no indexer.
         let v3 = json!({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
             "index_topk": 8});
-        assert_eq!(mla(&v3).index_topk, None);
+        assert_eq!(mla(&v3).dsa, None);
     }
 }

@@ -10,10 +10,11 @@
 use super::decoder::Decoder;
 use super::deepseek_config::MlaSpec;
 use super::dense::{attention_layer, load_ffn, load_with};
-use super::layers::mla::MlaQuery;
+use super::layers::mla::{Indexer, MlaQuery, SparseAttention};
 use super::layers::{Layer, Loader, MlaAttention, Sublayer};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
+use crate::kernels::device::HostMatrix;
 use crate::kernels::rope::Rope;
 
 /// `DeepseekV3RMSNorm`'s default eps, which the q / kv latent norms keep.
@@ -84,5 +85,43 @@ pub(super) fn load_mla<D: Device>(
         score_factor: mla.score_factor,
         temperature: spec.query_temperature,
         kv_layer,
+        sparse: load_sparse(ld, mla, (i, h))?,
     })
+}
+
+/// Layer `i`'s DeepSeek Sparse Attention: its indexer (`self_attn.indexer.*`) unless it shares
+/// the last one's selection.
+fn load_sparse<D: Device>(
+    ld: &Loader<'_, D>,
+    mla: &MlaSpec,
+    (i, hidden): (usize, usize),
+) -> Result<Option<SparseAttention<D>>, ModelError> {
+    let Some(dsa) = &mla.dsa else {
+        return Ok(None);
+    };
+    let n = |x: &str| format!("model.layers.{i}.self_attn.indexer.{x}");
+    let (h, d) = (dsa.heads, dsa.head_dim);
+    let indexer = match (dsa.index_layer(i), mla.q_lora) {
+        (Some(index_layer), Some(rank)) => Some(Indexer {
+            wq_b: ld.linear1(&n("wq_b"), h * d, rank, false)?,
+            wk: ld.linear1(&n("wk"), d, hidden, false)?,
+            k_norm: (
+                ld.vector(&n("k_norm.weight"), d)?,
+                ld.vector(&n("k_norm.bias"), d)?,
+            ),
+            weights_proj: {
+                let w = ld.matrix(&n("weights_proj.weight"), h, hidden)?.to_f32();
+                ld.dev.linear(HostMatrix::from_f32(&w, h, hidden), None)?
+            },
+            index_layer,
+        }),
+        _ => None,
+    };
+    Ok(Some(SparseAttention {
+        indexer,
+        heads: h,
+        head_dim: d,
+        topk: dsa.topk,
+        interleave: dsa.interleave,
+    }))
 }

@@ -40,23 +40,34 @@ impl Cfg<'_> {
         })
     }
 
-    /// A list of exactly `layers` strings, each one `kind` knows; the error names the field,
-    /// the entry and the accepted values.
     fn layer_types<T>(
         &self,
         layers: usize,
         accepted: &str,
         kind: impl Fn(&str) -> Option<T>,
     ) -> Result<Option<Vec<T>>, ModelError> {
-        let Some(v) = self.get(FIELD) else {
+        self.per_layer_list(FIELD, layers, accepted, kind)
+    }
+
+    /// `field` as a list of exactly `layers` strings, each one `kind` knows (`None` where the
+    /// config has no such field); the error names the field, the entry and the accepted
+    /// values.
+    pub(super) fn per_layer_list<T>(
+        &self,
+        field: &str,
+        layers: usize,
+        accepted: &str,
+        kind: impl Fn(&str) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, ModelError> {
+        let Some(v) = self.get(field) else {
             return Ok(None);
         };
         let entries = (v.as_array())
             .filter(|a| a.len() == layers)
-            .ok_or_else(|| self.err(FIELD, format!("expected a list of {layers} layer types")))?;
+            .ok_or_else(|| self.err(field, format!("expected a list of {layers} layer types")))?;
         let one = |k: &Value| {
             (k.as_str().and_then(&kind))
-                .ok_or_else(|| self.err(FIELD, format!("layer type {} ({accepted})", shown(k))))
+                .ok_or_else(|| self.err(field, format!("layer type {} ({accepted})", shown(k))))
         };
         entries.iter().map(one).collect::<Result<_, _>>().map(Some)
     }

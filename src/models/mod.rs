@@ -23,6 +23,7 @@ pub mod deepseek_v3;
 pub mod dense;
 mod dense_config;
 pub mod devices;
+pub mod dsa_config;
 mod error;
 mod export_config;
 pub mod fp8_weights;

@@ -214,15 +214,18 @@ fn a_longrope_model_runs_up_to_its_original_context() {
     );
 }
 
-/// A DeepSeek Sparse Attention model (DeepSeek-V3.2 / GLM-5) runs requests up to its
-/// `index_topk` (256 in the fixture, under its `max_position_embeddings` of 2048), where the
-/// indexer keeps every key.
+/// A DeepSeek Sparse Attention model (DeepSeek-V3.2 / GLM-5) runs the README's extract past its
+/// `index_topk` (24 in the fixture): every demo prompt (5 to 300 tokens) completes, its queries
+/// from position 24 on attending over the keys the indexer picks.
 #[test]
-fn a_sparse_attention_model_runs_up_to_its_index_topk() {
-    runs_up_to_256(
-        "deepseek_v32",
-        &["index_topk 256", "DeepSeek Sparse Attention"],
-    );
+fn a_sparse_attention_model_runs_past_its_index_topk() {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/deepseek_v32_sparse");
+    let (o, files) = extract_with_config(|c| {
+        c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"))
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(files.len(), 12, "{files:?}");
 }
 
 /// The README's extract on `fixture`, whose requests stop at 256 tokens below its

@@ -163,6 +163,8 @@ matrix! {
     glm4_moe_lite => "glm4_moe_lite",
     deepseek_v32 => "deepseek_v32",
     glm_moe_dsa => "glm_moe_dsa",
+    deepseek_v32_sparse => "deepseek_v32_sparse",
+    glm_moe_dsa_sparse => "glm_moe_dsa_sparse",
     qwen3_moe_fp8 => "qwen3_moe_fp8",
     minimax_m2 => "minimax_m2",
     minimax_m2_fp8 => "minimax_m2_fp8",

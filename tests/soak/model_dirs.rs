@@ -129,6 +129,8 @@ const FIXTURES: &[&str] = &[
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",
+    "deepseek_v32_sparse",
+    "glm_moe_dsa_sparse",
     "qwen3_moe_fp8",
     "minimax_m2_fp8",
     "qwen3_vl_moe",

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::kernels::RowFault;
-use crate::kernels::device::{CaptureSpec, Captured, DevResult, DeviceError, row_fault};
+use crate::kernels::device::{CaptureSpec, Captured, DevResult, DeviceError};
 use crate::kernels::dtype::OutputDtype;
 use crate::kernels::fp8::{SCALE_BYTES, quantize_row};
 
@@ -95,7 +95,7 @@ impl CpuCapture {
                 for (i, (row, dst)) in src.chunks_exact(h).zip(dsts).enumerate() {
                     let out = &mut dst[slot * h * es..(slot + 1) * h * es];
                     let (bad, nonzero) = encode_into(row, dtype, out);
-                    if let Some(fault) = zero_check.and_then(|z| row_fault(bad, nonzero, z)) {
+                    if let Some(fault) = zero_check.and_then(|z| RowFault::of(bad, nonzero, z)) {
                         refused.push((task * ROWS_PER_TASK + i, slot, fault));
                     }
                 }

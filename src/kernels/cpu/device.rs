@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use super::bf16::{Bf16Kernel, Half, PackedHalf};
 use super::capture::CpuCapture;
+use super::dsa::{IndexCache, Selection};
 use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
@@ -17,7 +18,7 @@ use super::ops;
 use super::recurrent::{StateCache, sigmoid};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
+    DsaCall, GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -170,8 +171,15 @@ impl Device for CpuDevice {
     fn kv_cache(&self, s: KvShape) -> DevResult<CpuKv> {
         let cache = KvCache::new(s.layers, s.num_blocks, s.block_size, s.kv_dim)
             .map_err(DeviceError::Invalid)?;
+        let slots = s.num_blocks.saturating_mul(s.block_size);
+        let index = (s.index)
+            .map(|shape| IndexCache::new(shape, slots))
+            .transpose()
+            .map_err(DeviceError::Invalid)?;
         Ok(CpuKv {
             cache,
+            index,
+            selection: Selection::default(),
             q: Vec::new(),
             k: Vec::new(),
             v: Vec::new(),
@@ -334,6 +342,18 @@ impl Device for CpuDevice {
             .load(Ordering::Relaxed)
             .then_some(self.bf16);
         device_attention::attention(step, kv, qkv, call, out, bf16)
+    }
+
+    fn dsa_select(
+        &self,
+        step: &CpuStep<'_>,
+        kv: &mut CpuKv,
+        call: &DsaCall<'_, Self>,
+        q: &mut CpuBuf,
+        k: &mut CpuBuf,
+        w: &CpuBuf,
+    ) -> DevResult<()> {
+        device_attention::dsa_select(step, kv, call, (q, k, w))
     }
 
     fn mla_heads(

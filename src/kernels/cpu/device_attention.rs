@@ -4,8 +4,8 @@
 use super::{CpuBuf, CpuDevice, CpuKv, CpuStep, set};
 use crate::kernels::cpu::attention::{self, attention as attend};
 use crate::kernels::cpu::bf16::Bf16Kernel;
-use crate::kernels::cpu::{mla, ops};
-use crate::kernels::device::{AttnCall, DevResult, DeviceError, MlaDims};
+use crate::kernels::cpu::{dsa, mla, ops};
+use crate::kernels::device::{AttnCall, DevResult, DeviceError, DsaCall, MlaDims};
 
 /// q/k norms and RoPE, the step's K/V into the cache, then attention into `out`; `bf16`: a
 /// bf16 model's GEMM path (its attention on bf16 products where that path has them).
@@ -62,7 +62,68 @@ pub(super) fn attention(
         temperature: sm.temperature,
     };
     attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, bf16);
+    if sm.sparse {
+        if sm.window.is_some()
+            || sm.chunk.is_some()
+            || sm.sinks.is_some()
+            || sm.temperature.is_some()
+        {
+            return Err(DeviceError::Invalid(
+                "sparse attention with a window, chunks, sinks or a temperature".into(),
+            ));
+        }
+        let sel = &kv.selection;
+        if sel.tokens() != plan.num_tokens() {
+            return Err(DeviceError::Invalid(
+                "sparse attention without this step's selection".into(),
+            ));
+        }
+        dsa::attend_selected(&kv.q, (kc, vc), plan, shape, sel, &mut out.data);
+    }
     set(out, qd);
+    Ok(())
+}
+
+/// DeepSeek Sparse Attention's indexer: `k` normed and rotated, `q` rotated, the step's keys
+/// into the index cache, each token's selection into `kv.selection`.
+pub(super) fn dsa_select(
+    step: &CpuStep<'_>,
+    kv: &mut CpuKv,
+    call: &DsaCall<'_, CpuDevice>,
+    (q, k, w): (&mut CpuBuf, &mut CpuBuf, &CpuBuf),
+) -> DevResult<()> {
+    call.check().map_err(DeviceError::Invalid)?;
+    let (heads, d, t) = (call.heads, call.head_dim, step.plan.num_tokens());
+    let (norm_w, norm_b, eps) = call.k_norm;
+    let fits = [(&*q, heads * d), (&*k, d), (w, heads)]
+        .iter()
+        .all(|(b, width)| b.width == *width && b.rows() == t)
+        && norm_w.len() == d
+        && norm_b.len() == d;
+    let cache = kv.index.as_mut().filter(|c| {
+        let s = c.shape();
+        call.index_layer < s.layers && s.dim == d
+    });
+    let (true, Some(cache)) = (fits, cache) else {
+        return Err(DeviceError::Invalid(format!(
+            "dsa_select: inputs or index cache do not fit {heads} heads of {d} at indexer layer {}",
+            call.index_layer
+        )));
+    };
+    let ix = dsa::Indexer {
+        heads,
+        head_dim: d,
+        topk: call.topk,
+        rope: call.rope,
+        interleave: call.interleave,
+        norm: (norm_w, norm_b, eps),
+        score_scale: call.score_scale(),
+        weight_scale: call.weight_scale(),
+    };
+    dsa::prepare(&mut q.data, &mut k.data, &step.plan.positions, &ix);
+    cache.write(call.index_layer, &step.plan.slots, &k.data);
+    let keys = cache.layer(call.index_layer);
+    dsa::select(&q.data, &w.data, keys, step.plan, &ix, &mut kv.selection);
     Ok(())
 }
 

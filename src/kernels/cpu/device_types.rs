@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::kernels::cpu::dsa::{IndexCache, Selection};
 use crate::kernels::cpu::kv_cache::KvCache;
 use crate::kernels::cpu::recurrent::StateCache;
 use crate::kernels::device::{Cols, DevResult, DeviceError};
@@ -25,6 +26,10 @@ impl CpuBuf {
 /// The KV cache plus the contiguous q / k / v of the layer being computed.
 pub struct CpuKv {
     pub(super) cache: KvCache,
+    /// DeepSeek Sparse Attention's indexer keys, when the model has an indexer.
+    pub(super) index: Option<IndexCache>,
+    /// The last indexer layer's selection (GLM-5's shared layers reuse it).
+    pub(super) selection: Selection,
     pub(super) q: Vec<f32>,
     pub(super) k: Vec<f32>,
     pub(super) v: Vec<f32>,

@@ -24,6 +24,7 @@ impl KvCache {
             num_blocks,
             block_size,
             kv_dim,
+            index: None,
         };
         let per_layer = shape.per_layer().ok_or("KV cache size overflows")?;
         // Zeroed by the allocator (calloc: fresh pages from the OS are zero and only become

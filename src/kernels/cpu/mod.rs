@@ -17,6 +17,7 @@ pub mod bf16;
 pub mod capture;
 pub mod decay;
 pub mod device;
+pub mod dsa;
 pub mod exp;
 pub mod gdn;
 pub mod kv_cache;

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::rope::Rope;
+use crate::kernels::rope::{Rope, rotate_half};
 
 /// Rows per rayon task for the cheap per-row kernels.
 const ROWS_PER_TASK: usize = 16;
@@ -231,18 +231,6 @@ pub fn split_qkv(
                 }
             },
         );
-}
-
-/// `x * cos + rotate_half(x) * sin` for one head.
-#[inline]
-fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
-    let half = cos.len();
-    let (a, b) = head.split_at_mut(half);
-    for i in 0..half {
-        let (x1, x2) = (a[i], b[i]);
-        a[i] = x1 * cos[i] + (-x2) * sin[i];
-        b[i] = x2 * cos[i] + x1 * sin[i];
-    }
 }
 
 #[cfg(test)]

@@ -187,7 +187,7 @@ fn wide_heads_match_the_reference() {
 /// beside all of B, A's rows the same bits as in the whole run.
 fn cuda_core_kernel_matches(gpu: &Gpu, setup: &Setup, what: &str) {
     let hd = setup.hd;
-    let kv = DevKvCache::new(gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+    let kv = DevKvCache::new(gpu, kv_shape(KV_HEADS * hd), WeightDtype::Bf16).unwrap();
     let whole = setup.run(gpu, &kv, &[(0, 0, 230)]);
     let e = err_of(setup, &whole, 0, (0, 0, 230));
     eprintln!("hd {hd}, {what}: max-rel {e:.2e}");
@@ -230,7 +230,7 @@ fn both_kernels_apply_the_query_temperature() {
 fn both_kernels_match(gpu: &Gpu, setup: &Setup) {
     let hd = setup.hd;
     let new_cache = |tensor_cores: bool| {
-        let mut kv = DevKvCache::new(gpu, 1, 32, BLOCK, KV_HEADS * hd, WeightDtype::Bf16).unwrap();
+        let mut kv = DevKvCache::new(gpu, kv_shape(KV_HEADS * hd), WeightDtype::Bf16).unwrap();
         kv.tensor_cores = tensor_cores;
         kv
     };
@@ -367,4 +367,15 @@ fn tensor_core_kernel_is_taken_for_plain_bf16_layers_only() {
         pick(bf16, bf16, 64, &warm).as_deref(),
         Some("attn_mma_h64_bf16")
     );
+}
+
+/// One layer of 32 blocks of `BLOCK` slots, `kv_dim` wide, no indexer.
+fn kv_shape(kv_dim: usize) -> KvShape {
+    KvShape {
+        layers: 1,
+        num_blocks: 32,
+        block_size: BLOCK,
+        kv_dim,
+        index: None,
+    }
 }

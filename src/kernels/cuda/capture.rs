@@ -21,7 +21,8 @@ use std::sync::Arc;
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch, rows_cfg};
 use super::driver::{DeviceApi, Event, Stream};
 use super::ops::i32_of;
-use crate::kernels::device::{CaptureSpec, Captured, row_fault};
+use crate::kernels::RowFault;
+use crate::kernels::device::{CaptureSpec, Captured};
 use crate::kernels::dtype::OutputDtype;
 
 /// Page-locked host bytes (cached, not write-combined: the host reads them).
@@ -271,7 +272,7 @@ impl Capture {
             let flags = gpu.download(&self.flags, t * self.layers)?;
             for (i, &f) in flags.iter().enumerate() {
                 let (row, slot) = (i / self.layers, i % self.layers);
-                if let Some(fault) = row_fault(f & 1 != 0, f & 2 != 0, zero_check[slot]) {
+                if let Some(fault) = RowFault::of(f & 1 != 0, f & 2 != 0, zero_check[slot]) {
                     refused.push((row, slot, fault));
                 }
             }

@@ -24,8 +24,8 @@ use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
-    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, GdnParams,
-    HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
+    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
+    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -138,14 +138,7 @@ impl Device for CudaDevice {
         i32_of(s.block_size, "block_size")?;
         i32_of(s.kv_dim, "kv_dim")?;
         let g = &self.gpu;
-        let cache = DevKvCache::new(
-            g,
-            s.layers,
-            s.num_blocks,
-            s.block_size,
-            s.kv_dim,
-            self.dtype,
-        )?;
+        let cache = DevKvCache::new(g, s, self.dtype)?;
         Ok(cache)
     }
 
@@ -314,6 +307,18 @@ impl Device for CudaDevice {
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         self.attention_op(step, kv, qkv, call, out)
+    }
+
+    fn dsa_select(
+        &self,
+        step: &CudaStep<'_>,
+        kv: &mut DevKvCache,
+        call: &DsaCall<'_, Self>,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        w: &CudaBuf,
+    ) -> DevResult<()> {
+        self.dsa_select_op(step, kv, call, (q, k, w))
     }
 
     fn mla_heads(

@@ -23,7 +23,7 @@ use crate::kernels::device::{
 use crate::kernels::routing::Routing;
 
 /// Fails unless `rows` (of `what`) is the step's token count.
-fn check_rows(rows: usize, t: usize, what: &str) -> DevResult<()> {
+pub(super) fn check_rows(rows: usize, t: usize, what: &str) -> DevResult<()> {
     if rows != t {
         return invalid(format!("{what}: {rows} rows for a step of {t} tokens"));
     }
@@ -119,7 +119,7 @@ impl CudaDevice {
             temperature: sm.temperature,
         };
         let o = (out.ptr(), out.dtype());
-        Ok(kv.attend(
+        kv.attend(
             &self.gpu,
             call.kv_layer,
             rows,
@@ -128,7 +128,18 @@ impl CudaDevice {
             softmax,
             o,
             plan,
-        )?)
+        )?;
+        if sm.sparse {
+            if softmax.window + softmax.chunk > 0 || softmax.sinks != 0 || sm.temperature.is_some()
+            {
+                return invalid(
+                    "sparse attention with a window, chunks, sinks or a temperature".into(),
+                );
+            }
+            let q = (qkv.ptr(), qkv.width());
+            kv.attend_selected(&self.gpu, call.kv_layer, q, softmax.shape, o, plan)?;
+        }
+        Ok(())
     }
 
     pub(super) fn conv1d_op(

@@ -8,6 +8,7 @@
 use super::context::LaunchConfig;
 
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, launch};
+use super::dsa::DevDsa;
 use super::gemm::WeightData;
 use super::ops::{self, Heads, suffix};
 use crate::kernels::dtype::WeightDtype;
@@ -46,9 +47,13 @@ pub struct DevPlan {
     /// The same in tiles of at most [`MMA_TILE`] tokens, for the tensor-core kernel.
     mma_tiles: DevBuf<i32>,
     num_mma_tiles: usize,
-    tables: DevBuf<i32>,
-    table_start: DevBuf<i32>,
-    block_size: usize,
+    pub(super) tables: DevBuf<i32>,
+    pub(super) table_start: DevBuf<i32>,
+    pub(super) block_size: usize,
+    /// Each token's index into `table_start` (its sequence chunk).
+    pub(super) seq_of: DevBuf<i32>,
+    /// The most keys any token sees (its position + 1).
+    pub(super) max_keys: usize,
 }
 
 impl DevPlan {
@@ -63,6 +68,8 @@ impl DevPlan {
             .map(|&p| to_i32(p, "position"))
             .collect::<CudaResult<Vec<_>>>()?;
         let slots: Vec<i64> = plan.slots.iter().map(|&s| s as i64).collect();
+        // Seq indices are < T, which the caller bounds by the token budget.
+        let seq_of: Vec<i32> = plan.seq_of.iter().map(|&s| s as i32).collect();
         let tiles = tiles_of(plan, ATTN_TILE);
         let mma_tiles = tiles_of(plan, MMA_TILE);
         let mut tables = Vec::new();
@@ -85,6 +92,8 @@ impl DevPlan {
             tables: gpu.upload(&tables)?,
             table_start: gpu.upload(&table_start)?,
             block_size: plan.block_size,
+            seq_of: gpu.upload(&seq_of)?,
+            max_keys: plan.positions.iter().max().map_or(0, |p| p + 1),
         })
     }
 }
@@ -186,29 +195,27 @@ pub struct DevKvCache {
     dtype: WeightDtype,
     /// Whether attention may take the tensor-core kernel ([`mma_kernel`]).
     tensor_cores: bool,
+    /// DeepSeek Sparse Attention's index keys and selection, for a model with an indexer.
+    pub(super) dsa: Option<DevDsa>,
 }
 
 impl DevKvCache {
     /// Allocates (zero-filled) `layers` K and V buffers in `dtype`.
-    pub fn new(
-        gpu: &Gpu,
-        layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_dim: usize,
-        dtype: WeightDtype,
-    ) -> CudaResult<Self> {
-        let shape = KvShape {
-            layers,
+    pub fn new(gpu: &Gpu, shape: KvShape, dtype: WeightDtype) -> CudaResult<Self> {
+        let KvShape {
             num_blocks,
             block_size,
             kv_dim,
-        };
+            ..
+        } = shape;
         let per_layer = (shape.per_layer())
             .ok_or_else(|| CudaError::Invalid("KV cache size overflows".into()))?;
         let (k, v) = shape.alloc_layers(|| WeightData::zeros(gpu, dtype, per_layer))?;
         // `HSX_CUDA_ATTENTION=simt`: the CUDA-core kernel for every layer (to compare the two).
         let simt = std::env::var("HSX_CUDA_ATTENTION").is_ok_and(|v| v == "simt");
+        let dsa = (shape.index)
+            .map(|ix| DevDsa::new(gpu, ix, num_blocks * block_size))
+            .transpose()?;
         Ok(Self {
             k,
             v,
@@ -217,6 +224,7 @@ impl DevKvCache {
             kv_dim,
             dtype,
             tensor_cores: !simt && gpu.info.compute_capability >= (8, 0),
+            dsa,
         })
     }
 
@@ -236,6 +244,24 @@ impl DevKvCache {
                 self.k.len()
             ))),
         }
+    }
+
+    /// The tokens with a DeepSeek Sparse Attention selection: attention of their q heads
+    /// (`q`) over only their selected keys of `layer`, into their rows of `out`.
+    pub fn attend_selected(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        q: (u64, usize),
+        shape: AttnShape,
+        out: (u64, WeightDtype),
+        plan: &DevPlan,
+    ) -> CudaResult<()> {
+        let (k, v) = self.layer(layer)?;
+        check_shape(shape, self.kv_dim)?;
+        let dsa = (self.dsa.as_ref())
+            .ok_or_else(|| CudaError::Invalid("sparse attention without an indexer".into()))?;
+        dsa.attend(gpu, plan, q, (k.ptr(), v.ptr(), self.dtype), shape, out)
     }
 
     /// Writes the K and V rows of every batch token (f32 columns `k_col..+kv_dim` and

@@ -60,6 +60,8 @@ mod driver_cudarc;
 #[cfg(feature = "cuda-emu")]
 mod driver_emu;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod dsa;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gated_norm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gemm;

@@ -31,6 +31,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("moe_grouped", include_str!("moe_grouped.cu")),
     ("gated_attn", include_str!("gated_attn.cu")),
     ("mla", include_str!("mla.cu")),
+    ("dsa", include_str!("dsa.cu")),
 ];
 
 /// The one tiny kernel the probe compiles and loads before anything else: an NVRTC that

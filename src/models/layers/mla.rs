@@ -10,7 +10,7 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, AttnSoftmax, DevResult, MlaDims, QkvLayout, QueryTemperature,
+    AttnCall, AttnSoftmax, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature,
 };
 
 /// How q is made from the normed rows.
@@ -26,6 +26,33 @@ pub enum MlaQuery<D: Device> {
         rank: usize,
     },
 }
+
+/// DeepSeek Sparse Attention on an MLA layer ([`crate::kernels::dsa`]): its own indexer, or
+/// none on GLM-5's shared layers (they attend over the last indexer's selection).
+pub struct SparseAttention<D: Device> {
+    pub indexer: Option<Indexer<D>>,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    pub interleave: bool,
+}
+
+/// One layer's indexer (`self_attn.indexer.*`).
+pub struct Indexer<D: Device> {
+    /// `wq_b` `[heads · head_dim, q_lora]`: over q's normed latent.
+    pub wq_b: D::Linear,
+    /// `wk` `[head_dim, hidden]`.
+    pub wk: D::Linear,
+    /// `k_norm` (LayerNorm) weight and bias `[head_dim]`.
+    pub k_norm: (D::Vector, D::Vector),
+    /// `weights_proj` `[heads, hidden]`, f32 (transformers keeps it in f32).
+    pub weights_proj: D::Linear,
+    /// Its index-key cache layer.
+    pub index_layer: usize,
+}
+
+/// `k_norm`'s eps (`nn.LayerNorm(head_dim, eps=1e-6)`).
+const INDEX_NORM_EPS: f64 = 1e-6;
 
 pub struct MlaAttention<D: Device> {
     pub q: MlaQuery<D>,
@@ -51,6 +78,7 @@ pub struct MlaAttention<D: Device> {
     pub temperature: Option<QueryTemperature>,
     /// This layer's index among the attention layers (its KV cache layer).
     pub kv_layer: usize,
+    pub sparse: Option<SparseAttention<D>>,
 }
 
 impl<D: Device> MlaAttention<D> {
@@ -61,12 +89,13 @@ impl<D: Device> MlaAttention<D> {
             MlaQuery::Lora { rank, .. } => *rank,
             MlaQuery::Direct(_) => 0,
         };
+        let (ih, id) = (self.sparse.as_ref()).map_or((0, 0), |x| (x.heads, x.head_dim));
         Widths {
-            wide: d.out_width(),
-            conv: q_rank.max(self.kv_lora).max(d.rope),
+            wide: d.out_width().max(ih * id),
+            conv: q_rank.max(self.kv_lora).max(d.rope).max(id),
             mid: hd,
             act: q_rank.max(self.kv_lora).max(hd),
-            aux: d.heads * (d.nope + d.v),
+            aux: (d.heads * (d.nope + d.v)).max(ih),
             ..Widths::default()
         }
     }
@@ -88,6 +117,9 @@ impl<D: Device> MlaAttention<D> {
                 dev.matmul(&s.act, b, &mut s.mid)?;
             }
         }
+        if let Some(sparse) = &self.sparse {
+            self.select(dev, ctx, s, sparse)?;
+        }
         dev.matmul(&s.normed, &self.kv_latent, &mut s.conv)?;
         dev.rms_norm(&s.conv, &self.kv_norm, self.latent_eps, &mut s.act)?;
         dev.matmul(&s.act, &self.kv_b, &mut s.aux)?;
@@ -108,10 +140,44 @@ impl<D: Device> MlaAttention<D> {
             softmax: AttnSoftmax {
                 score_factor: self.score_factor,
                 temperature: self.temperature,
+                sparse: self.sparse.is_some(),
                 ..AttnSoftmax::causal()
             },
         };
         dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
         dev.matmul(&s.act, &self.o, &mut s.proj)
+    }
+
+    /// The indexer's selection (q from q's normed latent in `s.act`) into the KV cache's
+    /// state; a shared layer keeps the last one. Its q, k and head weights pass through
+    /// `s.wide`, `s.conv` and `s.aux`, free until the latents fill them.
+    fn select(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+        sparse: &SparseAttention<D>,
+    ) -> DevResult<()> {
+        let (Some(ix), MlaQuery::Lora { .. }) = (&sparse.indexer, &self.q) else {
+            return match sparse.indexer {
+                None => Ok(()),
+                Some(_) => Err(DeviceError::Invalid(
+                    "a sparse-attention indexer without q's latent".into(),
+                )),
+            };
+        };
+        dev.matmul(&s.act, &ix.wq_b, &mut s.wide)?;
+        dev.matmul(&s.normed, &ix.wk, &mut s.conv)?;
+        dev.matmul(&s.normed, &ix.weights_proj, &mut s.aux)?;
+        let call = DsaCall {
+            index_layer: ix.index_layer,
+            heads: sparse.heads,
+            head_dim: sparse.head_dim,
+            topk: sparse.topk,
+            rope: (&self.rope, self.dims.rope),
+            interleave: sparse.interleave,
+            k_norm: (&ix.k_norm.0, &ix.k_norm.1, INDEX_NORM_EPS),
+        };
+        dev.dsa_select(ctx.step, ctx.kv, &call, &mut s.wide, &mut s.conv, &s.aux)
     }
 }

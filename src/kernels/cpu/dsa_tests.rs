@@ -1,0 +1,200 @@
+//! The CPU indexer and sparse attention against f64 references over a shuffled paged cache.
+
+use super::*;
+use crate::kernels::attention_reference::rnd;
+use crate::kernels::dsa::deinterleaved_source;
+use crate::kernels::dtype::RopeScaling;
+use crate::kernels::plan::PlanLimits;
+use crate::kernels::rope::Rope;
+use crate::kernels::{Batch, SeqChunk};
+
+const BLOCK: usize = 4;
+const TOKENS: usize = 40;
+
+/// One request of `TOKENS` tokens over a shuffled block table.
+fn with_plan<R>(f: impl FnOnce(&BatchPlan<'_>) -> R) -> R {
+    let ids = vec![1u32; TOKENS];
+    let table: Vec<u32> = (0..TOKENS.div_ceil(BLOCK) as u32)
+        .rev()
+        .map(|b| 3 * b + 1)
+        .collect();
+    let seqs = [SeqChunk {
+        start: 0,
+        len: TOKENS,
+        block_table: table,
+        sample: false,
+        state_slot: None,
+    }];
+    let batch = Batch {
+        token_ids: &ids,
+        seqs: &seqs,
+    };
+    let plan = BatchPlan::new(&batch, &PlanLimits::new(8, 1024, 64, BLOCK)).unwrap();
+    f(&plan)
+}
+
+/// `x` rotated as transformers does (de-interleaved first when `interleave`), in f64.
+fn rotated(x: &[f32], rope: &Rope, rot: usize, pos: usize, interleave: bool) -> Vec<f64> {
+    let half = rot / 2;
+    let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+    rope.cos_sin(pos, &mut cos, &mut sin);
+    let src = |c: usize| {
+        if interleave {
+            deinterleaved_source(c, rot)
+        } else {
+            c
+        }
+    };
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for i in 0..half {
+        let (a, b) = (x[src(i)] as f64, x[src(i + half)] as f64);
+        out[i] = a * cos[i] as f64 - b * sin[i] as f64;
+        out[i + half] = b * cos[i] as f64 + a * sin[i] as f64;
+    }
+    out
+}
+
+/// Each token's selection equals the f64 indexer's (LayerNorm, RoPE, relu-weighted head sum,
+/// top-k), on both pairings; tokens before `topk` keep every key.
+#[test]
+fn selection_matches_an_f64_indexer() {
+    let (heads, d, rot, topk) = (3, 8, 4, 10);
+    let rope = Rope::new(rot, 10000.0, RopeScaling::None);
+    let mut seed = 7u64;
+    let (q0, k0, w) = (
+        rnd(TOKENS * heads * d, &mut seed),
+        rnd(TOKENS * d, &mut seed),
+        rnd(TOKENS * heads, &mut seed),
+    );
+    let (nw, nb) = (rnd(d, &mut seed), rnd(d, &mut seed));
+    for interleave in [false, true] {
+        let ix = Indexer {
+            heads,
+            head_dim: d,
+            topk,
+            rope: (&rope, rot),
+            interleave,
+            norm: (&nw, &nb, 1e-6),
+            score_scale: (d as f32).powf(-0.5),
+            weight_scale: (heads as f32).powf(-0.5),
+        };
+        let sel = with_plan(|plan| {
+            let (mut q, mut k) = (q0.clone(), k0.clone());
+            prepare(&mut q, &mut k, &plan.positions, &ix);
+            let mut cache = IndexCache::new(IndexShape { layers: 2, dim: d }, 64 * BLOCK).unwrap();
+            cache.write(1, &plan.slots, &k);
+            let mut sel = Selection::default();
+            select(&q, &w, cache.layer(1), plan, &ix, &mut sel);
+            sel
+        });
+        // The reference: keys normed in f64, then rotated.
+        let keys: Vec<Vec<f64>> = (0..TOKENS)
+            .map(|j| {
+                let x = &k0[j * d..][..d];
+                let mean = x.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+                let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+                let r = 1.0 / (var + 1e-6).sqrt();
+                let n: Vec<f32> = (0..d)
+                    .map(|i| ((x[i] as f64 - mean) * r * nw[i] as f64 + nb[i] as f64) as f32)
+                    .collect();
+                rotated(&n, &rope, rot, j, interleave)
+            })
+            .collect();
+        assert_eq!(sel.tokens(), TOKENS);
+        for t in 0..TOKENS {
+            let Some(got) = sel.keys(t) else {
+                assert!(t < topk, "token {t} kept every key");
+                continue;
+            };
+            let scores: Vec<f64> = (0..=t)
+                .map(|j| {
+                    (0..heads)
+                        .map(|h| {
+                            let qh =
+                                rotated(&q0[(t * heads + h) * d..][..d], &rope, rot, t, interleave);
+                            let dot: f64 = qh.iter().zip(&keys[j]).map(|(a, b)| a * b).sum();
+                            w[t * heads + h] as f64 * (dot / (d as f64).sqrt()).max(0.0)
+                        })
+                        .sum::<f64>()
+                })
+                .collect();
+            let mut want: Vec<u32> = (0..=t as u32).collect();
+            want.sort_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
+            want.truncate(topk);
+            want.sort_unstable();
+            assert_eq!(got, &want[..], "token {t}, interleave {interleave}");
+        }
+    }
+}
+
+/// A token with a selection gets the softmax over its chosen keys only (f64 reference; GQA,
+/// the cache's shuffled slots); the other rows are left as they were.
+#[test]
+fn sparse_attention_is_softmax_over_the_chosen_keys() {
+    let shape = AttnShape::new(4, 2, 8);
+    let (hd, kv_dim) = (shape.head_dim, shape.kv_heads * shape.head_dim);
+    let mut seed = 11u64;
+    let q = rnd(TOKENS * shape.heads * hd, &mut seed);
+    let (k, v) = (
+        rnd(TOKENS * kv_dim, &mut seed),
+        rnd(TOKENS * kv_dim, &mut seed),
+    );
+    // Tokens from 30 on keep keys 0, 3, 6, ... and themselves; the others keep all.
+    let rows: Vec<Vec<u32>> = (0..TOKENS as u32)
+        .map(|t| match t >= 30 {
+            true => (0..t).step_by(3).chain([t]).collect(),
+            false => Vec::new(),
+        })
+        .collect();
+    let mut sel = Selection::default();
+    sel.set(rows.clone());
+    let mut out = vec![7.0f32; q.len()];
+    with_plan(|plan| {
+        let slots = 64 * BLOCK;
+        let (mut kc, mut vc) = (vec![0.0f32; slots * kv_dim], vec![0.0f32; slots * kv_dim]);
+        for (t, &s) in plan.slots.iter().enumerate() {
+            kc[s * kv_dim..][..kv_dim].copy_from_slice(&k[t * kv_dim..][..kv_dim]);
+            vc[s * kv_dim..][..kv_dim].copy_from_slice(&v[t * kv_dim..][..kv_dim]);
+        }
+        attend_selected(&q, (&kc, &vc), plan, shape, &sel, &mut out);
+    });
+    let width = shape.heads * hd;
+    for (t, keys) in rows.iter().enumerate() {
+        let row = &out[t * width..][..width];
+        if keys.is_empty() {
+            assert!(row.iter().all(|&x| x == 7.0), "row {t} was written");
+            continue;
+        }
+        for h in 0..shape.heads {
+            let kh = h / (shape.heads / shape.kv_heads);
+            let qh = &q[(t * shape.heads + h) * hd..][..hd];
+            let at = |x: &[f32], j: u32| x[j as usize * kv_dim + kh * hd..][..hd].to_vec();
+            let s: Vec<f64> = (keys.iter())
+                .map(|&j| {
+                    let kj = at(&k, j);
+                    qh.iter()
+                        .zip(&kj)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * shape.scale as f64
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for c in 0..hd {
+                let want: f64 = keys
+                    .iter()
+                    .zip(&e)
+                    .map(|(&j, p)| p * at(&v, j)[c] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let got = row[h * hd + c] as f64;
+                assert!(
+                    (got - want).abs() < 2e-6,
+                    "token {t} head {h} dim {c}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5; transformers' `DeepseekV32Indexer`), the
+//! device-neutral part: what a device's [`Device::dsa_select`] is given, and the rule every
+//! device follows, in code: one token's arithmetic ([`Indexer`], [`top_keys`]), which the CPU
+//! runs and the CUDA kernels repeat operation for operation (their tests hold them to it).
+//!
+//! # The rule (transformers' indexer, without the Hadamard rotation and FP8 of DeepSeek's
+//! reference: the rotation keeps dot products, FP8 is a precision choice)
+//! - `k = LayerNorm(wk · x)` (`[head_dim]`, one per token, cached per indexer layer in the KV
+//!   cache's slots), `q = wq_b · q_resid` (`[heads, head_dim]`), both rotated on their first
+//!   `rope` dims by the model's RoPE table (pairs `(i, i + rope/2)` for DeepSeek-V3.2, `(2i,
+//!   2i + 1)` for GLM-5: those are de-interleaved first, which keeps every `q · k`).
+//! - A query at position `p` scores each key `j <= p` of its sequence:
+//!   `Σ_h w_h · relu(q_h · k_j · head_dim^-0.5)` with `w = weights_proj · x · heads^-0.5`.
+//! - It keeps every key while `p < topk` (the dense attention), and past that its `topk`
+//!   highest-scoring keys, ties to the lower position; attention then runs over those keys
+//!   only, in position order. GLM-5's "shared" layers reuse the last selection.
+//!
+//! A token's selection depends only on its own q, w and its sequence's cached keys, so it is
+//! the same whatever shares the batch and however the prompt was cut into chunks.
+//!
+//! Fixed arithmetic: the LayerNorm's sums in order, dot products as 8 partial sums of plain
+//! products ([`dot8`]), a key's score summed in head order, the top keys by
+//! `f32::total_cmp` (ties to the lower position).
+
+use super::Device;
+use super::rope::{Rope, rotate_half};
+
+/// The indexer keys' cache beside the KV cache: `layers` indexer layers of `dim` values per
+/// KV slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexShape {
+    pub layers: usize,
+    pub dim: usize,
+}
+
+/// One indexer layer's call.
+pub struct DsaCall<'a, D: Device> {
+    /// This layer's index among the indexer layers (its index-key cache layer).
+    pub index_layer: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Keys a query keeps: every one up to this many, its best this many past it.
+    pub topk: usize,
+    /// The RoPE table and the rotated dims (the first of each q head and of k).
+    pub rope: (&'a D::Rope, usize),
+    /// Rotated pairs `(2i, 2i + 1)` (GLM-5) instead of `(i, i + rope / 2)` (DeepSeek-V3.2).
+    pub interleave: bool,
+    /// `k_norm`: LayerNorm weight, bias (`[head_dim]`) and eps.
+    pub k_norm: (&'a D::Vector, &'a D::Vector, f64),
+}
+
+impl<D: Device> DsaCall<'_, D> {
+    /// `head_dim^-0.5` (f64, rounded to f32) on every dot product.
+    pub fn score_scale(&self) -> f32 {
+        (self.head_dim as f64).powf(-0.5) as f32
+    }
+
+    /// `heads^-0.5` on every head weight.
+    pub fn weight_scale(&self) -> f32 {
+        (self.heads as f64).powf(-0.5) as f32
+    }
+
+    /// The geometry makes sense: some heads and dims, an even number of rotated dims no wider
+    /// than a head, a positive `topk`.
+    pub fn check(&self) -> Result<(), String> {
+        let rot = self.rope.1;
+        match () {
+            _ if self.heads == 0 || self.head_dim == 0 => Err("an indexer without heads".into()),
+            _ if rot > self.head_dim || !rot.is_multiple_of(2) => {
+                Err(format!("indexer RoPE over {rot} of {} dims", self.head_dim))
+            }
+            _ if self.topk == 0 => Err("index_topk of 0".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where a de-interleaved rotated dim `c` (of `rot`) comes from: `x0, x2, …, x1, x3, …`.
+pub fn deinterleaved_source(c: usize, rot: usize) -> usize {
+    match c < rot / 2 {
+        true => 2 * c,
+        false => 2 * (c - rot / 2) + 1,
+    }
+}
+
+/// One token's indexer arithmetic.
+pub struct Indexer<'a> {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    pub rope: (&'a Rope, usize),
+    pub interleave: bool,
+    /// `k_norm`'s weight, bias and eps.
+    pub norm: (&'a [f32], &'a [f32], f64),
+    pub score_scale: f32,
+    pub weight_scale: f32,
+}
+
+impl Indexer<'_> {
+    /// One token's `k` (`[head_dim]`) LayerNormed, then `k` and its q heads (`[heads ·
+    /// head_dim]`) rotated at `pos`, in place; `tmp` is scratch.
+    pub fn prepare(&self, q: &mut [f32], k: &mut [f32], pos: usize, tmp: &mut Vec<f32>) {
+        let (d, rot) = (self.head_dim, self.rope.1);
+        layer_norm(k, self.norm);
+        let half = rot / 2;
+        tmp.resize(2 * half + rot, 0.0);
+        let (cs, t) = tmp.split_at_mut(2 * half);
+        let (cos, sin) = cs.split_at_mut(half);
+        self.rope.0.cos_sin(pos, cos, sin);
+        for head in q.chunks_exact_mut(d).chain([k]) {
+            if self.interleave {
+                t.copy_from_slice(&head[..rot]);
+                for (c, h) in head[..rot].iter_mut().enumerate() {
+                    *h = t[deinterleaved_source(c, rot)];
+                }
+            }
+            rotate_half(&mut head[..rot], cos, sin);
+        }
+    }
+
+    /// A prepared key's score for a token's prepared q heads and head weights `w`.
+    pub fn score(&self, q: &[f32], w: &[f32], key: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for (qh, &wh) in q.chunks_exact(self.head_dim).zip(w) {
+            s += wh * self.weight_scale * (dot8(qh, key) * self.score_scale).max(0.0);
+        }
+        s
+    }
+}
+
+/// torch's LayerNorm of one row in f32: `(x - mean) · (var + eps)^-0.5 · w + b`, the biased
+/// variance, both sums in order.
+fn layer_norm(x: &mut [f32], (w, b, eps): (&[f32], &[f32], f64)) {
+    let n = x.len() as f32;
+    let mean = x.iter().fold(0.0f32, |a, &v| a + v) / n;
+    let var = x.iter().fold(0.0f32, |a, &v| a + (v - mean) * (v - mean)) / n;
+    let r = 1.0 / (var + eps as f32).sqrt();
+    for ((v, &wi), &bi) in x.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * r * wi + bi;
+    }
+}
+
+/// The positions of the `k` highest scores (ties to the lower position; NaN above all, as
+/// `total_cmp` orders it), ascending.
+pub fn top_keys(scores: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
+    let order =
+        |a: &u32, b: &u32| (scores[*b as usize].total_cmp(&scores[*a as usize])).then(a.cmp(b));
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable();
+    idx
+}
+
+/// `Σ a[i] · b[i]` as 8 partial sums of plain products over whole chunks of 8, the tail in
+/// order, then `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) + tail`.
+#[inline]
+pub fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut s = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail = (ac.remainder().iter().zip(bc.remainder())).fold(0.0f32, |t, (x, y)| t + x * y);
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            s[i] += x[i] * y[i];
+        }
+    }
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_keys_take_the_best_scores_ties_to_the_lower_position() {
+        let s = [1.0, 3.0, -0.0, 3.0, 0.0, 2.0];
+        assert_eq!(top_keys(&s, 1), [1]);
+        assert_eq!(top_keys(&s, 2), [1, 3]);
+        assert_eq!(top_keys(&s, 3), [1, 3, 5]);
+        // +0 above -0 (total order).
+        assert_eq!(top_keys(&s, 5), [0, 1, 3, 4, 5]);
+        assert_eq!(top_keys(&s, 9), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(top_keys(&[f32::NAN, 5.0, 1.0], 1), [0]);
+    }
+}
