@@ -211,6 +211,11 @@ const FIELDS: &[&str] = &[
     "original_max_position_embeddings",
     "index_topk",
     "index_n_heads",
+    "index_head_dim",
+    "indexer_types",
+    "index_topk_pattern",
+    "index_topk_freq",
+    "index_skip_topk_offset",
 ];
 
 const WORDS: &[&str] = &[
@@ -231,6 +236,9 @@ const WORDS: &[&str] = &[
     "linear_attention",
     "full_attention",
     "sliding_attention",
+    "full",
+    "shared",
+    "FSSF",
     "mamba",
     "attention",
     "mlp",
