@@ -14,6 +14,8 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod dsa;
+#[cfg(test)]
+pub(crate) mod dsa_reference;
 pub mod dtype;
 pub mod fp8;
 pub mod host_copy;

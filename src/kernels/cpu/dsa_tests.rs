@@ -3,7 +3,7 @@
 use super::*;
 use crate::kernels::attention_reference::rnd;
 use crate::kernels::dsa::deinterleaved_source;
-use crate::kernels::dtype::RopeScaling;
+use crate::kernels::dsa_reference::{IndexerInputs, sparse_softmax};
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::rope::Rope;
 use crate::kernels::{Batch, SeqChunk};
@@ -59,32 +59,18 @@ fn rotated(x: &[f32], rope: &Rope, rot: usize, pos: usize, interleave: bool) -> 
 #[test]
 fn selection_matches_an_f64_indexer() {
     let (heads, d, rot, topk) = (3, 8, 4, 10);
-    let rope = Rope::new(rot, 10000.0, RopeScaling::None);
-    let mut seed = 7u64;
-    let (q0, k0, w) = (
-        rnd(TOKENS * heads * d, &mut seed),
-        rnd(TOKENS * d, &mut seed),
-        rnd(TOKENS * heads, &mut seed),
-    );
-    let (nw, nb) = (rnd(d, &mut seed), rnd(d, &mut seed));
+    let inputs = IndexerInputs::new(TOKENS, (heads, d, rot), 7);
+    let (q0, k0, w) = (&inputs.q, &inputs.k, &inputs.w);
     for interleave in [false, true] {
-        let ix = Indexer {
-            heads,
-            head_dim: d,
-            topk,
-            rope: (&rope, rot),
-            interleave,
-            norm: (&nw, &nb, 1e-6),
-            score_scale: (d as f32).powf(-0.5),
-            weight_scale: (heads as f32).powf(-0.5),
-        };
+        let ix = inputs.indexer(topk, interleave);
+        let (rope, (nw, nb, _)) = (ix.rope.0, ix.norm);
         let sel = with_plan(|plan| {
             let (mut q, mut k) = (q0.clone(), k0.clone());
             prepare(&mut q, &mut k, &plan.positions, &ix);
             let mut cache = IndexCache::new(IndexShape { layers: 2, dim: d }, 64 * BLOCK).unwrap();
             cache.write(1, &plan.slots, &k);
             let mut sel = Selection::default();
-            select(&q, &w, cache.layer(1), plan, &ix, &mut sel);
+            select(&q, w, cache.layer(1), plan, &ix, &mut sel);
             sel
         });
         // The reference: keys normed in f64, then rotated.
@@ -97,7 +83,7 @@ fn selection_matches_an_f64_indexer() {
                 let n: Vec<f32> = (0..d)
                     .map(|i| ((x[i] as f64 - mean) * r * nw[i] as f64 + nb[i] as f64) as f32)
                     .collect();
-                rotated(&n, &rope, rot, j, interleave)
+                rotated(&n, rope, rot, j, interleave)
             })
             .collect();
         assert_eq!(sel.tokens(), TOKENS);
@@ -111,7 +97,7 @@ fn selection_matches_an_f64_indexer() {
                     (0..heads)
                         .map(|h| {
                             let qh =
-                                rotated(&q0[(t * heads + h) * d..][..d], &rope, rot, t, interleave);
+                                rotated(&q0[(t * heads + h) * d..][..d], rope, rot, t, interleave);
                             let dot: f64 = qh.iter().zip(&keys[j]).map(|(a, b)| a * b).sum();
                             w[t * heads + h] as f64 * (dot / (d as f64).sqrt()).max(0.0)
                         })
@@ -165,36 +151,14 @@ fn sparse_attention_is_softmax_over_the_chosen_keys() {
             assert!(row.iter().all(|&x| x == 7.0), "row {t} was written");
             continue;
         }
-        for h in 0..shape.heads {
-            let kh = h / (shape.heads / shape.kv_heads);
-            let qh = &q[(t * shape.heads + h) * hd..][..hd];
-            let at = |x: &[f32], j: u32| x[j as usize * kv_dim + kh * hd..][..hd].to_vec();
-            let s: Vec<f64> = (keys.iter())
-                .map(|&j| {
-                    let kj = at(&k, j);
-                    qh.iter()
-                        .zip(&kj)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * shape.scale as f64
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for c in 0..hd {
-                let want: f64 = keys
-                    .iter()
-                    .zip(&e)
-                    .map(|(&j, p)| p * at(&v, j)[c] as f64)
-                    .sum::<f64>()
-                    / sum;
-                let got = row[h * hd + c] as f64;
-                assert!(
-                    (got - want).abs() < 2e-6,
-                    "token {t} head {h} dim {c}: {got} vs {want}"
-                );
-            }
+        let at = |x: &[f32], j: u32, kh: usize| x[j as usize * kv_dim + kh * hd..][..hd].to_vec();
+        let q_t = &q[t * width..][..width];
+        let want = sparse_softmax(q_t, keys, shape, |j, kh| (at(&k, j, kh), at(&v, j, kh)));
+        for (i, (&g, w)) in row.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() < 2e-6,
+                "token {t} value {i}: {g} vs {w}"
+            );
         }
     }
 }

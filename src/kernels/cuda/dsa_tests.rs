@@ -5,10 +5,9 @@
 use super::super::context::test_gpu;
 use super::*;
 use crate::kernels::attention_reference::rnd;
-use crate::kernels::dsa::{Indexer, top_keys};
-use crate::kernels::dtype::RopeScaling;
+use crate::kernels::dsa::top_keys;
+use crate::kernels::dsa_reference::{IndexerInputs, sparse_softmax};
 use crate::kernels::plan::{BatchPlan, PlanLimits};
-use crate::kernels::rope::Rope;
 use crate::kernels::{Batch, SeqChunk};
 
 const BLOCK: usize = 8;
@@ -43,26 +42,12 @@ fn indexer_and_sparse_attention_follow_the_rule() {
     let Some(gpu) = test_gpu() else { return };
     let (heads, d, rot, topk) = (5, 16, 8, 24);
     let t: usize = LENS.iter().sum();
-    let rope = Rope::new(rot, 10000.0, RopeScaling::None);
-    let mut seed = 5u64;
-    let (q0, k0, w) = (
-        rnd(t * heads * d, &mut seed),
-        rnd(t * d, &mut seed),
-        rnd(t * heads, &mut seed),
-    );
-    let (nw, nb) = (rnd(d, &mut seed), rnd(d, &mut seed));
+    let inputs = IndexerInputs::new(t, (heads, d, rot), 5);
+    let (q0, k0, w) = (&inputs.q, &inputs.k, &inputs.w);
     let shape = IndexShape { layers: 1, dim: d };
     for interleave in [false, true] {
-        let ix = Indexer {
-            heads,
-            head_dim: d,
-            topk,
-            rope: (&rope, rot),
-            interleave,
-            norm: (&nw, &nb, 1e-6),
-            score_scale: (d as f32).powf(-0.5),
-            weight_scale: (heads as f32).powf(-0.5),
-        };
+        let ix = inputs.indexer(topk, interleave);
+        let (rope, (nw, nb, _)) = (ix.rope.0, ix.norm);
         with_plan(|ids, plan| {
             // The rule, token by token: prepared rows, then each token's keys (None: all).
             let (mut q, mut k, mut tmp) = (q0.clone(), k0.clone(), Vec::new());
@@ -84,14 +69,14 @@ fn indexer_and_sparse_attention_follow_the_rule() {
 
             let dev_plan = DevPlan::new(&gpu, ids, plan).unwrap();
             let (dq, dk, dw) = (
-                gpu.upload(&q0).unwrap(),
-                gpu.upload(&k0).unwrap(),
-                gpu.upload(&w).unwrap(),
+                gpu.upload(q0).unwrap(),
+                gpu.upload(k0).unwrap(),
+                gpu.upload(w).unwrap(),
             );
             let (freqs, dnw, dnb) = (
                 gpu.upload(rope.inv_freq()).unwrap(),
-                gpu.upload(&nw).unwrap(),
-                gpu.upload(&nb).unwrap(),
+                gpu.upload(nw).unwrap(),
+                gpu.upload(nb).unwrap(),
             );
             let mut dsa = DevDsa::new(&gpu, shape, BLOCKS * BLOCK).unwrap();
             let args = IndexerArgs {
@@ -158,38 +143,17 @@ fn sparse_attention_matches(
             continue;
         };
         let table = plan.tables[plan.seq_of[r]];
-        let at = |x: &[f32], j: i32, h: usize| {
+        let at = |x: &[f32], j: i32, kh: usize| {
             let slot = table[j as usize / BLOCK] as usize * BLOCK + j as usize % BLOCK;
-            x[slot * kv_dim + h / 2 * hd..][..hd].to_vec()
+            x[slot * kv_dim + kh * hd..][..hd].to_vec()
         };
-        for h in 0..shape.heads {
-            let qh = &q[r * width + h * hd..][..hd];
-            let s: Vec<f64> = (keys.iter())
-                .map(|&j| {
-                    let dot: f64 = qh
-                        .iter()
-                        .zip(at(&kc, j, h))
-                        .map(|(a, b)| *a as f64 * b as f64)
-                        .sum();
-                    dot * shape.scale as f64
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for c in 0..hd {
-                let want: f64 = keys
-                    .iter()
-                    .zip(&e)
-                    .map(|(&j, p)| p * at(&vc, j, h)[c] as f64)
-                    .sum::<f64>()
-                    / sum;
-                let g = row[h * hd + c] as f64;
-                assert!(
-                    (g - want).abs() < 2e-6,
-                    "token {r} head {h} dim {c}: {g} vs {want}"
-                );
-            }
+        let q_r = &q[r * width..][..width];
+        let want = sparse_softmax(q_r, keys, shape, |j, kh| (at(&kc, j, kh), at(&vc, j, kh)));
+        for (i, (&g, w)) in row.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() < 2e-6,
+                "token {r} value {i}: {g} vs {w}"
+            );
         }
     }
 }
