@@ -91,6 +91,16 @@ __device__ __forceinline__ float state_part_sum(float v) {
 }
 #define HSX_INF __int_as_float(0x7f800000)
 
+// RoPE's cos and sin of pair i at position `pos` into cs[i], sn[i], as the CPU's
+// Rope::cos_sin: the angle f32(inv_freq * f32(pos)), cos / sin in f64 rounded to f32, times
+// `scale`.
+__device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int i, float pos, float scale,
+                                             float* cs, float* sn) {
+    const float angle = __fmul_rn(inv_freq[i], pos);
+    cs[i] = __fmul_rn((float)cos((double)angle), scale);
+    sn[i] = __fmul_rn((float)sin((double)angle), scale);
+}
+
 // Grid-stride loop: `idx` (long long) visits 0..total once across the whole grid, whatever
 // its size.
 #define HSX_GRID_STRIDE(idx, total)                                                    \

@@ -66,9 +66,7 @@ extern "C" __global__ void dsa_prepare(float* q, float* k, const int* positions,
     const int half = rot / 2;
     const float pos = (float)positions[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float angle = __fmul_rn(inv_freq[i], pos);
-        cs[i] = __fmul_rn((float)cos((double)angle), rope_scale);
-        sn[i] = __fmul_rn((float)sin((double)angle), rope_scale);
+        rope_cos_sin(inv_freq, i, pos, rope_scale, cs, sn);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < d; i += blockDim.x) {

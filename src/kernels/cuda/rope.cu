@@ -15,9 +15,7 @@ extern "C" __global__ void rope(float* x, long long stride, int col, int heads, 
     const int half = rot / 2;
     const float pos = (float)positions[row];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float angle = __fmul_rn(inv_freq[i], pos);
-        cs[i] = __fmul_rn((float)cos((double)angle), scale);
-        sn[i] = __fmul_rn((float)sin((double)angle), scale);
+        rope_cos_sin(inv_freq, i, pos, scale, cs, sn);
     }
     __syncthreads();
     float* base = x + row * stride + col;
