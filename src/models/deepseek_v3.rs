@@ -1,5 +1,7 @@
-//! `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM` and `Mistral4ForCausalLM` (`model.*`
-//! names; Mistral 4 adds the query scale and the softmax router): per layer
+//! `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM`, `Mistral4ForCausalLM`,
+//! `DeepseekV32ForCausalLM` and `GlmMoeDsaForCausalLM` (`model.*` names; Mistral 4 adds the
+//! query scale and the softmax router, DeepSeek-V3.2 and GLM-5 the sparse-attention indexer
+//! `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`): per layer
 //! `input_layernorm` -> multi-head latent attention (`self_attn.{q_proj | q_a_proj,
 //! q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`) ->
 //! `post_attention_layernorm` -> a dense SwiGLU MLP or DeepSeek-V3's MoE (`mlp.gate` with its

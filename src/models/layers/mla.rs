@@ -5,7 +5,9 @@
 //! the one rotated key every head shares. [`Device::mla_heads`] lays q, k and v out as a fused
 //! projection of `D = nope + rope` dims per head (rotated dims first, v zero-padded), so the
 //! attention kernels rotate each head's first `rope` dims and cache expanded keys and values;
-//! `o_proj` is stored with zero columns for v's padding.
+//! `o_proj` is stored with zero columns for v's padding. With DeepSeek Sparse Attention
+//! (DeepSeek-V3.2, GLM-5) the layer's indexer first picks each query's keys
+//! ([`Device::dsa_select`]) and the attention runs over those only.
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
