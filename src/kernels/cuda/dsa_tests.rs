@@ -125,35 +125,95 @@ fn sparse_attention_matches(
         rnd(BLOCKS * BLOCK * kv_dim, &mut seed),
         rnd(BLOCKS * BLOCK * kv_dim, &mut seed),
     );
-    let (dq, dkc, dvc) = (
-        gpu.upload(&q).unwrap(),
-        gpu.upload(&kc).unwrap(),
-        gpu.upload(&vc).unwrap(),
-    );
-    let out = gpu.upload(&vec![3.0f32; t * width]).unwrap();
-    let cache = (dkc.ptr(), dvc.ptr(), WeightDtype::F32);
-    let o = (out.ptr(), WeightDtype::F32);
-    dsa.attend(gpu, dev_plan, (dq.ptr(), width), cache, shape, o)
+    let dq = gpu.upload(&q).unwrap();
+    // Every cache / output dtype pair a model runs (f32; a bf16 or f16 model's cache, out in
+    // f32 or the cache dtype): within f32 rounding of the reference over the rounded cache,
+    // or of the output dtype's rounding.
+    use WeightDtype::{Bf16, F16, F32};
+    for (dtype, out_dtype) in [
+        (F32, F32),
+        (Bf16, F32),
+        (Bf16, Bf16),
+        (F16, F32),
+        (F16, F16),
+    ] {
+        let (kc, vc) = (rounded(&kc, dtype), rounded(&vc, dtype));
+        let (dkc, dvc) = (upload_as(gpu, &kc, dtype), upload_as(gpu, &vc, dtype));
+        let out = upload_as(gpu, &vec![3.0f32; t * width], out_dtype);
+        let cache = (dkc.ptr(), dvc.ptr(), dtype);
+        dsa.attend(
+            gpu,
+            dev_plan,
+            (dq.ptr(), width),
+            cache,
+            shape,
+            (out.ptr(), out_dtype),
+        )
         .unwrap();
-    let got = gpu.download(&out, t * width).unwrap();
-    for (r, keys) in chosen.iter().enumerate() {
-        let row = &got[r * width..][..width];
-        let Some(keys) = keys else {
-            assert!(row.iter().all(|&x| x == 3.0), "row {r} was written");
-            continue;
-        };
-        let table = plan.tables[plan.seq_of[r]];
-        let at = |x: &[f32], j: i32, kh: usize| {
-            let slot = table[j as usize / BLOCK] as usize * BLOCK + j as usize % BLOCK;
-            x[slot * kv_dim + kh * hd..][..hd].to_vec()
-        };
-        let q_r = &q[r * width..][..width];
-        let want = sparse_softmax(q_r, keys, shape, |j, kh| (at(&kc, j, kh), at(&vc, j, kh)));
-        for (i, (&g, w)) in row.iter().zip(&want).enumerate() {
-            assert!(
-                (g as f64 - w).abs() < 2e-6,
-                "token {r} value {i}: {g} vs {w}"
-            );
+        let got = download_as(gpu, &out, t * width, out_dtype);
+        let tol = if out_dtype == F32 { 2e-6 } else { 1e-2 };
+        for (r, keys) in chosen.iter().enumerate() {
+            let row = &got[r * width..][..width];
+            let Some(keys) = keys else {
+                assert!(row.iter().all(|&x| x == 3.0), "row {r} was written");
+                continue;
+            };
+            let table = plan.tables[plan.seq_of[r]];
+            let at = |x: &[f32], j: i32, kh: usize| {
+                let slot = table[j as usize / BLOCK] as usize * BLOCK + j as usize % BLOCK;
+                x[slot * kv_dim + kh * hd..][..hd].to_vec()
+            };
+            let q_r = &q[r * width..][..width];
+            let want = sparse_softmax(q_r, keys, shape, |j, kh| (at(&kc, j, kh), at(&vc, j, kh)));
+            for (i, (&g, w)) in row.iter().zip(&want).enumerate() {
+                let bad = (g as f64 - w).abs() > tol * w.abs().max(1.0);
+                assert!(
+                    !bad,
+                    "{dtype:?} -> {out_dtype:?}: token {r} value {i}: {g} vs {w}"
+                );
+            }
         }
     }
+}
+
+/// `x` rounded to `dtype` (f32 values).
+fn rounded(x: &[f32], dtype: WeightDtype) -> Vec<f32> {
+    match dtype {
+        WeightDtype::Bf16 => x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect(),
+        WeightDtype::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+        _ => x.to_vec(),
+    }
+}
+
+/// `x` on the device in `dtype` (exact for values already rounded to it).
+fn upload_as(gpu: &Gpu, x: &[f32], dtype: WeightDtype) -> DevBuf<u8> {
+    let bytes: Vec<u8> = match dtype {
+        WeightDtype::Bf16 => x
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        WeightDtype::F16 => x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    gpu.upload(&bytes).unwrap()
+}
+
+/// `n` values of `dtype` from the device, as f32.
+fn download_as(gpu: &Gpu, x: &DevBuf<u8>, n: usize, dtype: WeightDtype) -> Vec<f32> {
+    let size = if dtype == WeightDtype::F32 { 4 } else { 2 };
+    let bytes = gpu.download(x, n * size).unwrap();
+    bytes
+        .chunks_exact(size)
+        .map(|b| match dtype {
+            WeightDtype::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            WeightDtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        })
+        .collect()
 }
