@@ -9,13 +9,11 @@ use std::ops::Range;
 
 use super::bf16::{Bf16Kernel, Half, PackedHalf};
 use super::capture::CpuCapture;
-use super::dsa::{IndexCache, Selection};
-use super::kv_cache::KvCache;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
 use super::ops;
-use super::recurrent::{StateCache, sigmoid};
+use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     DsaCall, GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
@@ -169,30 +167,11 @@ impl Device for CpuDevice {
     }
 
     fn kv_cache(&self, s: KvShape) -> DevResult<CpuKv> {
-        let cache = KvCache::new(s.layers, s.num_blocks, s.block_size, s.kv_dim)
-            .map_err(DeviceError::Invalid)?;
-        let slots = s.num_blocks.saturating_mul(s.block_size);
-        let index = (s.index)
-            .map(|shape| IndexCache::new(shape, slots))
-            .transpose()
-            .map_err(DeviceError::Invalid)?;
-        Ok(CpuKv {
-            cache,
-            index,
-            selection: Selection::default(),
-            q: Vec::new(),
-            k: Vec::new(),
-            v: Vec::new(),
-        })
+        CpuKv::new(s)
     }
 
     fn state_cache(&self, shapes: &[(usize, usize)], slots: usize) -> DevResult<CpuStates> {
-        let cache = StateCache::new(shapes, slots).map_err(DeviceError::Invalid)?;
-        Ok(CpuStates {
-            cache,
-            first: Vec::new(),
-            second: Vec::new(),
-        })
+        CpuStates::new(shapes, slots)
     }
 
     fn copy_state_slots(&self, states: &mut CpuStates, copies: &[(usize, usize)]) -> DevResult<()> {
@@ -580,23 +559,7 @@ impl Device for CpuDevice {
     }
 
     fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) -> DevResult<()> {
-        let w = x.width;
-        if let Some(&bad) = rows.iter().find(|&&r| w > 0 && r >= x.rows()) {
-            return Err(DeviceError::Invalid(format!(
-                "gather_rows: row {bad} of a {}-row buffer",
-                x.rows()
-            )));
-        }
-        // Every row is written below: resizing zeroes only growth. In parallel: the MoE
-        // blocks gather `top_k` rows per token (a Qwen3-30B-A3B-shaped run spent ~5% of its
-        // time in this copy on one thread).
-        out.data.resize(rows.len() * w, 0.0);
-        out.data
-            .par_chunks_mut(w.max(1))
-            .zip(rows.par_iter())
-            .for_each(|(o, &r)| o.copy_from_slice(&x.data[r * w..(r + 1) * w]));
-        set(out, w);
-        Ok(())
+        types::gather_rows(x, rows, out)
     }
 
     fn argmax(&self, logits: &CpuBuf) -> DevResult<Vec<u32>> {
