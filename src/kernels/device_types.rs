@@ -397,22 +397,21 @@ impl<D: Device> AttnSoftmax<'_, D> {
     }
 
     /// The variant's sizes make sense: a window or a chunk of at least one key (not both), a
-    /// positive floor scale.
+    /// positive floor scale; sparse attention with none of the others (its kernels take none).
     pub fn check(&self) -> Result<(), DeviceError> {
+        let cold =
+            (self.temperature).is_some_and(|t| t.floor_scale.is_nan() || t.floor_scale < 1.0);
+        let other = self.sinks.is_some() || self.temperature.is_some();
         let bad = match (self.window, self.chunk) {
             (Some(0), _) | (_, Some(0)) => Some("attention window or chunk of 0 keys"),
             (Some(_), Some(_)) => Some("attention with both a sliding window and chunks"),
+            _ if cold => Some("temperature floor_scale below 1"),
+            (w, c) if self.sparse && (w.is_some() || c.is_some() || other) => {
+                Some("sparse attention with a window, chunks, sinks or a temperature")
+            }
             _ => None,
         };
-        let cold =
-            (self.temperature).is_some_and(|t| t.floor_scale.is_nan() || t.floor_scale < 1.0);
-        match (bad, cold) {
-            (Some(m), _) => Err(DeviceError::Invalid(m.into())),
-            (None, true) => Err(DeviceError::Invalid(
-                "temperature floor_scale below 1".into(),
-            )),
-            (None, false) => Ok(()),
-        }
+        bad.map_or(Ok(()), |m| Err(DeviceError::Invalid(m.into())))
     }
 
     /// The head geometry with the scale `head_dim^-0.5 · score_factor` (f64, rounded once).

@@ -60,6 +60,16 @@ impl<D: Device> DsaCall<'_, D> {
         (self.heads as f64).powf(-0.5) as f32
     }
 
+    /// The widths of q, k and the head weights (`[heads · head_dim]`, `[head_dim]`, `[heads]`).
+    pub fn widths(&self) -> [usize; 3] {
+        [self.heads * self.head_dim, self.head_dim, self.heads]
+    }
+
+    /// Whether an index-key cache of `shape` holds this call's layer at its head dim.
+    pub fn fits(&self, shape: IndexShape) -> bool {
+        self.index_layer < shape.layers && shape.dim == self.head_dim
+    }
+
     /// The geometry makes sense: some heads and dims, an even number of rotated dims no wider
     /// than a head, a positive `topk`.
     pub fn check(&self) -> Result<(), String> {
@@ -183,5 +193,33 @@ mod tests {
         assert_eq!(top_keys(&s, 5), [0, 1, 3, 4, 5]);
         assert_eq!(top_keys(&s, 9), [0, 1, 2, 3, 4, 5]);
         assert_eq!(top_keys(&[f32::NAN, 5.0, 1.0], 1), [0]);
+    }
+
+    /// Sparse attention refuses what its kernels do not apply, before any device runs it; the
+    /// same variants are fine without it.
+    #[test]
+    fn sparse_attention_takes_no_window_chunks_sinks_or_temperature() {
+        use crate::kernels::CpuDevice;
+        use crate::kernels::device::{AttnSoftmax, QueryTemperature};
+        let sinks = vec![0.0f32; 4];
+        let temperature = QueryTemperature {
+            floor_scale: 8.0,
+            attn_scale: 0.1,
+            offset: 0.0,
+        };
+        let variant = |sparse: bool, v: usize| AttnSoftmax::<CpuDevice> {
+            window: (v == 1).then_some(4),
+            chunk: (v == 2).then_some(4),
+            sinks: (v == 3).then_some(&sinks),
+            temperature: (v == 4).then_some(temperature),
+            sparse,
+            ..AttnSoftmax::causal()
+        };
+        assert!(variant(true, 0).check().is_ok());
+        for v in 1..=4 {
+            assert!(variant(false, v).check().is_ok(), "variant {v}");
+            let err = variant(true, v).check().unwrap_err().to_string();
+            assert!(err.contains("sparse attention"), "variant {v}: {err}");
+        }
     }
 }

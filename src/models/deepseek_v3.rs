@@ -104,6 +104,12 @@ fn load_sparse<D: Device>(
     let n = |x: &str| format!("model.layers.{i}.self_attn.indexer.{x}");
     let (h, d) = (dsa.heads, dsa.head_dim);
     let indexer = match (dsa.index_layer(i), mla.q_lora) {
+        (None, _) => None,
+        // The config parser refuses this; named here rather than run as a shared layer.
+        (Some(_), None) => {
+            let msg = "a sparse-attention indexer without q_lora_rank";
+            return Err(ModelError::InvalidOptions(msg.into()));
+        }
         (Some(index_layer), Some(rank)) => Some(Indexer {
             wq_b: ld.linear1(&n("wq_b"), h * d, rank, false)?,
             wk: ld.linear1(&n("wk"), d, hidden, false)?,
@@ -117,7 +123,6 @@ fn load_sparse<D: Device>(
             },
             index_layer,
         }),
-        _ => None,
     };
     Ok(Some(SparseAttention {
         indexer,

@@ -63,15 +63,6 @@ pub(super) fn attention(
     };
     attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, bf16);
     if sm.sparse {
-        if sm.window.is_some()
-            || sm.chunk.is_some()
-            || sm.sinks.is_some()
-            || sm.temperature.is_some()
-        {
-            return Err(DeviceError::Invalid(
-                "sparse attention with a window, chunks, sinks or a temperature".into(),
-            ));
-        }
         let sel = &kv.selection;
         if sel.tokens() != plan.num_tokens() {
             return Err(DeviceError::Invalid(
@@ -95,15 +86,13 @@ pub(super) fn dsa_select(
     call.check().map_err(DeviceError::Invalid)?;
     let (heads, d, t) = (call.heads, call.head_dim, step.plan.num_tokens());
     let (norm_w, norm_b, eps) = call.k_norm;
-    let fits = [(&*q, heads * d), (&*k, d), (w, heads)]
+    let fits = [&*q, &*k, w]
         .iter()
-        .all(|(b, width)| b.width == *width && b.rows() == t)
+        .zip(call.widths())
+        .all(|(b, width)| b.width == width && b.rows() == t)
         && norm_w.len() == d
         && norm_b.len() == d;
-    let cache = kv.index.as_mut().filter(|c| {
-        let s = c.shape();
-        call.index_layer < s.layers && s.dim == d
-    });
+    let cache = kv.index.as_mut().filter(|c| call.fits(c.shape()));
     let (true, Some(cache)) = (fits, cache) else {
         return Err(DeviceError::Invalid(format!(
             "dsa_select: inputs or index cache do not fit {heads} heads of {d} at indexer layer {}",

@@ -130,12 +130,6 @@ impl CudaDevice {
             plan,
         )?;
         if sm.sparse {
-            if softmax.window + softmax.chunk > 0 || softmax.sinks != 0 || sm.temperature.is_some()
-            {
-                return invalid(
-                    "sparse attention with a window, chunks, sinks or a temperature".into(),
-                );
-            }
             let q = (qkv.ptr(), qkv.width());
             kv.attend_selected(&self.gpu, call.kv_layer, q, softmax.shape, o, plan)?;
         }

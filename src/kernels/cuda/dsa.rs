@@ -238,11 +238,8 @@ impl CudaDevice {
         call.check().map_err(DeviceError::Invalid)?;
         let plan = &step.plan;
         let (t, heads, d) = (plan.num_tokens, call.heads, call.head_dim);
-        for (b, width, what) in [
-            (&*q, heads * d, "indexer q"),
-            (&*k, d, "indexer k"),
-            (w, heads, "indexer weights"),
-        ] {
+        let names = ["indexer q", "indexer k", "indexer weights"];
+        for ((b, width), what) in [&*q, &*k, w].into_iter().zip(call.widths()).zip(names) {
             b.f32(what)?;
             check_rows(b.rows(), t, what)?;
             if b.width() != width {
@@ -259,10 +256,7 @@ impl CudaDevice {
                 rope.inv_freq.len()
             ));
         }
-        let dsa = kv.dsa.as_mut().filter(|x| {
-            let s = x.shape();
-            call.index_layer < s.layers && s.dim == d
-        });
+        let dsa = kv.dsa.as_mut().filter(|x| call.fits(x.shape()));
         let Some(dsa) = dsa else {
             return invalid(format!(
                 "dsa_select: no index cache for indexer layer {} of {d} dims",

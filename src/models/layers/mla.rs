@@ -160,13 +160,12 @@ impl<D: Device> MlaAttention<D> {
         s: &mut Scratch<D>,
         sparse: &SparseAttention<D>,
     ) -> DevResult<()> {
-        let (Some(ix), MlaQuery::Lora { .. }) = (&sparse.indexer, &self.q) else {
-            return match sparse.indexer {
-                None => Ok(()),
-                Some(_) => Err(DeviceError::Invalid(
-                    "a sparse-attention indexer without q's latent".into(),
-                )),
-            };
+        let Some(ix) = &sparse.indexer else {
+            return Ok(());
+        };
+        let MlaQuery::Lora { .. } = &self.q else {
+            let msg = "a sparse-attention indexer without q's latent";
+            return Err(DeviceError::Invalid(msg.into()));
         };
         dev.matmul(&s.act, &ix.wq_b, &mut s.wide)?;
         dev.matmul(&s.normed, &ix.wk, &mut s.conv)?;
