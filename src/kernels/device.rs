@@ -276,13 +276,13 @@ pub trait Device: Send + Sync + Sized + 'static {
         p: &MambaParams<'_, Self>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// `y · silu(z)`, then RMSNorm over groups of `group_size`, times `w`.
+    /// The Mamba-2 output `y` (f32) met by its gate `z` as `gate` says, into `out` (the
+    /// out_proj GEMM's input).
     fn mamba2_gated_norm(
         &self,
         y: &Self::Buf,
         z: Cols<'_, Self::Buf>,
-        w: &Self::Vector,
-        group_eps: (usize, f64),
+        gate: MambaGate<'_, Self::Vector>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// Softmax over the router's logits `[T, E]`, top-k (lower index first on ties),
@@ -348,3 +348,36 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// requests, so a later step can write into the same allocation (default: dropped).
     fn capture_recycle(&self, _cap: &mut Self::Capture, _bytes: Vec<u8>) {}
 }
+
+/// How a Mamba-2 mixer's scan output `y` meets its gate `z` before `out_proj`.
+pub enum MambaGate<'a, V> {
+    /// `h = y · silu(z)`, then `w · rms_norm(h)` over groups (Nemotron-H, Bamba, Granite 4.0;
+    /// Falcon-H1 with `mamba_rms_norm` and not `mamba_norm_before_gate`).
+    GateThenNorm(GroupNorm<'a, V>),
+    /// `w · rms_norm(y)` over groups, then `· silu(z)` (Falcon-H1 with `mamba_rms_norm` and
+    /// `mamba_norm_before_gate`).
+    NormThenGate(GroupNorm<'a, V>),
+    /// `y · silu(z)`, no norm (Falcon-H1 without `mamba_rms_norm`, as released).
+    GateOnly,
+}
+
+/// An RMSNorm over groups of `group_size` channels with weight `w` (one value per channel).
+pub struct GroupNorm<'a, V> {
+    pub w: &'a V,
+    pub group_size: usize,
+    pub eps: f64,
+}
+
+// By hand: a derive would ask `V: Copy` of the borrowed weight.
+impl<V> Clone for GroupNorm<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<V> Copy for GroupNorm<'_, V> {}
+impl<V> Clone for MambaGate<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<V> Copy for MambaGate<'_, V> {}

@@ -100,11 +100,15 @@ pub enum Architecture {
     /// `BambaForCausalLM` (Bamba-9B): Mamba-2 mixers and attention layers at
     /// `attn_layer_indices` (RoPE on half of each head), each followed by a SwiGLU MLP.
     Bamba,
+    /// `FalconH1ForCausalLM` (Falcon-H1, Falcon-H1R): in every layer a Mamba-2 mixer and
+    /// attention side by side on the same normed rows, their outputs summed, then a SwiGLU
+    /// MLP; µP multipliers on the embedding, the projections and the mixers' outputs.
+    FalconH1,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 34] = [
+    pub const ALL: [Self; 35] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -138,6 +142,7 @@ impl Architecture {
         Self::Granite,
         Self::GraniteMoeHybrid,
         Self::Bamba,
+        Self::FalconH1,
         Self::Phi3,
     ];
 
@@ -181,6 +186,7 @@ impl Architecture {
             Self::Granite => "GraniteForCausalLM",
             Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
             Self::Bamba => "BambaForCausalLM",
+            Self::FalconH1 => "FalconH1ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
         }
     }
@@ -231,6 +237,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
+        Architecture::FalconH1 => 8192,
     }
 }
 
@@ -239,6 +246,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
+        Architecture::FalconH1 => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         // Glm4Config's 1.5625e-7.
         Architecture::Glm4 => 0.00000015625,

@@ -87,6 +87,8 @@ pub struct ModelSpec {
     /// Ministral 3 / Devstral 2 and Mistral 4: every attention layer's query scaled by its
     /// position (`llama_4_scaling_beta`); `None` for other architectures.
     pub query_temperature: Option<QueryTemperature>,
+    /// Falcon-H1's multipliers; `None` for other architectures.
+    pub falcon_h1: Option<super::falcon_h1_config::FalconH1Spec>,
 }
 
 /// Phi-3's LongRoPE (`rope_type` `longrope`, which older configs call `su`: Phi-3-mini /
@@ -157,6 +159,7 @@ impl ModelSpec {
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
+            Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;

@@ -44,7 +44,7 @@ impl<D: Device> Decoder<D> {
         self.layers
             .iter()
             .flat_map(|l| &l.parts)
-            .map(|p| &p.sublayer)
+            .flat_map(|p| p.sublayer.leaves())
     }
 
     pub fn cache_shape(&self) -> CacheShape {
@@ -113,7 +113,7 @@ impl<D: Device> Decoder<D> {
                 pending = true;
                 part.sublayer.forward(dev, ctx, s)?;
                 if let Some(post_norm) = &part.post_norm {
-                    let post = s.post.as_mut().ok_or_else(|| {
+                    let post = s.side.as_mut().ok_or_else(|| {
                         DeviceError::Invalid("post-norm without its buffer".into())
                     })?;
                     dev.rms_norm(&s.proj, post_norm, eps, post)?;

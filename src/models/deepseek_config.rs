@@ -247,6 +247,7 @@ pub(super) fn parse(
         granite: None,
         longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
+        falcon_h1: None,
     })
 }
 

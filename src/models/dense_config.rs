@@ -109,6 +109,7 @@ pub(super) fn dense_spec(
         },
         longrope: longrope.map(|(_, l)| l),
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
+        falcon_h1: None,
     })
 }
 

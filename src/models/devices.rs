@@ -78,7 +78,7 @@ pub fn cuda_unsupported(spec: &ModelSpec) -> Option<String> {
     let attn = spec
         .hybrid
         .as_ref()
-        .is_none_or(|h| h.layers.contains(&super::LayerKind::Attention));
+        .is_none_or(|h| h.layers.iter().any(|k| k.has_attention()));
     if attn && spec.head_dim > limits::ATTN_MAX_HEAD_DIM {
         return Some(format!(
             "head_dim {} > {}",

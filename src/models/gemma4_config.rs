@@ -140,6 +140,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         granite: None,
         longrope: None,
         query_temperature: None,
+        falcon_h1: None,
     })
 }
 

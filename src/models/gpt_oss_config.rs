@@ -95,6 +95,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
         granite: None,
         longrope: None,
         query_temperature: None,
+        falcon_h1: None,
     })
 }
 

@@ -14,7 +14,7 @@
 use serde_json::Value;
 
 use super::config::{Cfg, default_eps, default_max_pos, shown};
-use super::hybrid_config::{HybridSpec, LayerKind, MambaSpec, MoeRouter, MoeSpec};
+use super::hybrid_config::{HybridSpec, LayerKind, MambaNorm, MambaSpec, MoeRouter, MoeSpec};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, WeightDtype};
 
 /// Granite's multipliers (each 1 in the config classes).
@@ -109,6 +109,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         granite: Some(multipliers(cfg)?),
         longrope: None,
         query_temperature: None,
+        falcon_h1: None,
     })
 }
 
@@ -160,6 +161,7 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
         granite: None,
         longrope: None,
         query_temperature: None,
+        falcon_h1: None,
     })
 }
 
@@ -242,13 +244,20 @@ fn position_embedding(cfg: &Cfg<'_>) -> Result<bool, ModelError> {
     }
 }
 
-/// The Mamba-2 mixers' geometry (`mamba_*`, `time_step_limit`), checked as the class checks
-/// it: `mamba_d_head · mamba_n_heads == mamba_expand · hidden_size`.
+/// The Mamba-2 mixers' geometry (`mamba_*`, `time_step_limit`) with the inner width
+/// `mamba_expand · hidden_size`, checked as the class checks it.
 fn mamba(cfg: &Cfg<'_>, hidden: usize) -> Result<MambaSpec, ModelError> {
-    let heads = cfg.usize_or("mamba_n_heads", 128)?;
     let inner = cfg.usize_or("mamba_expand", 2)?.saturating_mul(hidden);
+    mamba_of(cfg, inner, "mamba_expand · hidden_size")
+}
+
+/// The Mamba-2 mixers' geometry with the inner width `inner` (named `what` in errors):
+/// `mamba_d_head · mamba_n_heads == inner`, as Bamba's, Granite 4.0's and Falcon-H1's classes
+/// check it.
+pub(super) fn mamba_of(cfg: &Cfg<'_>, inner: usize, what: &str) -> Result<MambaSpec, ModelError> {
+    let heads = cfg.usize_or("mamba_n_heads", 128)?;
     if heads == 0 || !inner.is_multiple_of(heads) {
-        let m = format!("{heads} (must divide mamba_expand · hidden_size = {inner})");
+        let m = format!("{heads} (must divide {what} = {inner})");
         return Err(cfg.err("mamba_n_heads", m));
     }
     let head_dim = match cfg.get("mamba_d_head") {
@@ -257,7 +266,7 @@ fn mamba(cfg: &Cfg<'_>, hidden: usize) -> Result<MambaSpec, ModelError> {
         Some(_) => cfg.usize_req("mamba_d_head")?,
     };
     if head_dim.checked_mul(heads) != Some(inner) {
-        let m = format!("{head_dim} × {heads} heads is not mamba_expand · hidden_size = {inner}");
+        let m = format!("{head_dim} × {heads} heads is not {what} = {inner}");
         return Err(cfg.err("mamba_d_head", m));
     }
     Ok(MambaSpec {
@@ -269,6 +278,7 @@ fn mamba(cfg: &Cfg<'_>, hidden: usize) -> Result<MambaSpec, ModelError> {
         time_step_min: time_step_floor(cfg)?,
         conv_bias: cfg.bool_or("mamba_conv_bias", true)?,
         proj_bias: cfg.bool_or("mamba_proj_bias", false)?,
+        norm: MambaNorm::AfterGate,
     })
 }
 

@@ -26,6 +26,8 @@ pub mod devices;
 pub mod dsa_config;
 mod error;
 mod export_config;
+pub mod falcon_h1;
+mod falcon_h1_config;
 pub mod fp8_weights;
 pub mod gemma3;
 mod gemma3_config;

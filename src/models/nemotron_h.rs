@@ -5,10 +5,11 @@
 //! `backbone.embeddings`, `backbone.layers.{i}.{norm,mixer}`, `backbone.norm_f`, `lm_head`.
 
 use super::decoder::Decoder;
-use super::hybrid_config::{LayerKind, MambaSpec};
+use super::hybrid_config::{LayerKind, MambaNorm, MambaSpec};
 use super::layers::mlp::Activation;
 use super::layers::{
-    Attention, AttnVariant, CausalConv, Layer, Loader, Mamba2, Mlp, Part, Sublayer, neg_exp,
+    Attention, AttnVariant, CausalConv, Layer, Loader, Mamba2, Mlp, OutNorm, Part, Sublayer,
+    neg_exp,
 };
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -58,7 +59,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                 let m = hybrid.nemotron_moe.as_ref().ok_or_else(missing)?;
                 Sublayer::NemotronMoe(super::nemotron_moe::load(ld, &px, &spec, m)?)
             }
-            LayerKind::GatedDeltaNet | LayerKind::KimiDelta => {
+            LayerKind::GatedDeltaNet | LayerKind::KimiDelta | LayerKind::MambaAttention => {
                 return Err(ModelError::Unsupported {
                     path: ld.w.dir().join("config.json"),
                     what: format!("block {i}: {kind:?} in a Nemotron-H model"),
@@ -96,6 +97,20 @@ pub(super) fn load_attention<D: Device>(
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let n = |s: &str| format!("{px}.{s}");
     let parts = [(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)];
+    let qkv = ld.linear(&parts, h, spec.qkv_bias)?;
+    let o = ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?;
+    attention_with(ld, spec, kv_layer, variant, (qkv, o))
+}
+
+/// A hybrid's `kv_layer`-th attention around the given fused `qkv` and `o` projections, as
+/// [`load_attention`] describes it.
+pub(super) fn attention_with<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    kv_layer: usize,
+    variant: AttnVariant<D>,
+    (qkv, o): (D::Linear, D::Linear),
+) -> Result<Attention<D>, ModelError> {
     let rope = match spec.hybrid.as_ref().map_or(0, |h| h.rotary_dim) {
         0 => None,
         rot => {
@@ -104,21 +119,23 @@ pub(super) fn load_attention<D: Device>(
         }
     };
     Ok(Attention {
-        qkv: ld.linear(&parts, h, spec.qkv_bias)?,
-        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
+        qkv,
+        o,
         qk_norm: None,
         v_norm: None,
         rope,
         gated: false,
         heads: spec.num_heads,
         kv_heads: spec.num_kv_heads,
-        head_dim: hd,
+        head_dim: spec.head_dim,
         eps: spec.rms_norm_eps,
         kv_layer,
         variant,
     })
 }
 
+/// The Mamba-2 mixer under `px` (`{px}.{in_proj, conv1d, A_log, D, dt_bias, norm, out_proj}`),
+/// its projections with `m.proj_bias`.
 pub(super) fn load_mamba<D: Device>(
     ld: &Loader<'_, D>,
     px: &str,
@@ -126,16 +143,35 @@ pub(super) fn load_mamba<D: Device>(
     m: &MambaSpec,
     state_layer: usize,
 ) -> Result<Mamba2<D>, ModelError> {
-    let h = spec.hidden_size;
+    let (h, n) = (spec.hidden_size, |s: &str| format!("{px}.{s}"));
+    let in_rows = m.intermediate() + m.conv_dim() + m.num_heads;
+    let in_proj = ld.linear1(&n("in_proj"), in_rows, h, m.proj_bias)?;
+    let out_proj = ld.linear1(&n("out_proj"), h, m.intermediate(), m.proj_bias)?;
+    mamba_with(ld, px, spec, m, state_layer, (in_proj, out_proj))
+}
+
+/// The Mamba-2 mixer under `px` around the given `in_proj` and `out_proj`.
+pub(super) fn mamba_with<D: Device>(
+    ld: &Loader<'_, D>,
+    px: &str,
+    spec: &ModelSpec,
+    m: &MambaSpec,
+    state_layer: usize,
+    (in_proj, out_proj): (D::Linear, D::Linear),
+) -> Result<Mamba2<D>, ModelError> {
     let (inner, conv_dim, nh, k) = (m.intermediate(), m.conv_dim(), m.num_heads, m.conv_kernel);
     let n = |s: &str| format!("{px}.{s}");
     let bias = match m.conv_bias {
         true => Some(ld.vector(&n("conv1d.bias"), conv_dim)?),
         false => None,
     };
+    let norm = |before_gate| -> Result<_, ModelError> {
+        let w = ld.vector(&n("norm.weight"), inner)?;
+        Ok(Some(OutNorm { w, before_gate }))
+    };
     let a_log = ld.f32s(&n("A_log"), &[nh])?;
     Ok(Mamba2 {
-        in_proj: ld.linear1(&n("in_proj"), inner + conv_dim + nh, h, m.proj_bias)?,
+        in_proj,
         conv: CausalConv {
             weight: ld
                 .dev
@@ -147,8 +183,12 @@ pub(super) fn load_mamba<D: Device>(
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         d: ld.vector(&n("D"), nh)?,
         dt_bias: ld.vector(&n("dt_bias"), nh)?,
-        norm: ld.vector(&n("norm.weight"), inner)?,
-        out_proj: ld.linear1(&n("out_proj"), h, inner, m.proj_bias)?,
+        norm: match m.norm {
+            MambaNorm::AfterGate => norm(false)?,
+            MambaNorm::BeforeGate => norm(true)?,
+            MambaNorm::None => None,
+        },
+        out_proj,
         dims: MambaDims {
             heads: nh,
             head_dim: m.head_dim,

@@ -30,6 +30,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::KimiLinear => super::kimi_linear::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),
         Architecture::Bamba => super::bamba::load(ld, spec),
+        Architecture::FalconH1 => super::falcon_h1::load(ld, spec),
         Architecture::Phi3 => super::phi3::load(ld, spec),
         Architecture::Qwen3_5 | Architecture::Qwen3Next => qwen3_5::load(ld, spec),
         Architecture::Qwen3_5Moe => qwen3_5::load(ld, spec),

@@ -9,7 +9,9 @@
 //! avx2 path (f32 compute: the f32 tolerance and the greedy token). A device or path that is
 //! not usable here prints a skip line.
 
-use crate::common::backends::{Dev, Paging, bf16_tol, cuda_tol, layer_of, load_on, same_bits};
+use crate::common::backends::{
+    Dev, Paging, bf16_tol, cuda_tol, f32_compute_tol, layer_of, load_on, same_bits,
+};
 use crate::common::{Reference, max_rel, model_dir, random_prompt};
 use hsx::kernels::plan::RECURRENT_BLOCK;
 use hsx::models::{ModelSpec, WeightDtype};
@@ -38,7 +40,7 @@ fn check(name: &str, dev: Dev) {
         Dev::Cuda => false,
     };
     let tol = match dev {
-        _ if f32_compute => 1e-4,
+        _ if f32_compute => f32_compute_tol(name),
         Dev::Cpu | Dev::CpuBf16(_) => bf16_tol(name),
         Dev::Cuda => cuda_tol(name),
     };
@@ -181,6 +183,9 @@ matrix! {
     granite_h_bf16 => "granite_h_bf16",
     granite_h_dense => "granite_h_dense",
     bamba => "bamba",
+    falcon_h1 => "falcon_h1",
+    falcon_h1_norm => "falcon_h1_norm",
+    falcon_h1_bf16 => "falcon_h1_bf16",
     phi3 => "phi3",
     phi3_longrope => "phi3_longrope",
     phi4_mini => "phi4_mini",

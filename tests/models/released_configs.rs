@@ -181,6 +181,7 @@ fn pattern(spec: &ModelSpec) -> Option<String> {
         LayerKind::Mamba2 => 'M',
         LayerKind::Mlp => '-',
         LayerKind::Moe => 'E',
+        LayerKind::MambaAttention => 'H',
     };
     Some(h.layers.iter().map(kind).collect())
 }

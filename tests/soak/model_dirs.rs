@@ -146,6 +146,8 @@ const FIXTURES: &[&str] = &[
     "granite_h_bf16",
     "granite_h_dense",
     "bamba",
+    "falcon_h1",
+    "falcon_h1_norm",
     "phi3",
     "phi3_longrope",
     "phi4_mini",

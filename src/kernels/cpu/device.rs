@@ -16,7 +16,8 @@ use super::ops;
 use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    DsaCall, GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
+    DsaCall, GdnParams, HostMatrix, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
+    check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -488,11 +489,10 @@ impl Device for CpuDevice {
         &self,
         y: &CpuBuf,
         z: Cols<'_, CpuBuf>,
-        w: &Vec<f32>,
-        (group_size, eps): (usize, f64),
+        gate: MambaGate<'_, Vec<f32>>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        device_hybrid::mamba2_gated_norm(y, z, w, (group_size, eps), out)
+        device_hybrid::mamba2_gated_norm(y, z, gate, out)
     }
 
     fn moe_route(&self, logits: &CpuBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {

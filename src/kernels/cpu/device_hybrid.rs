@@ -5,7 +5,7 @@ use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, check_gate, col_rows, gather_
 use crate::kernels::cpu::recurrent;
 use crate::kernels::cpu::{gdn, mamba};
 use crate::kernels::device::{
-    Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams, NormGate,
+    Cols, ConvCall, DevResult, DeviceError, GdnParams, GroupNorm, MambaGate, MambaParams, NormGate,
 };
 
 pub(super) fn conv1d_silu(
@@ -124,14 +124,47 @@ pub(super) fn mamba2_scan(
 pub(super) fn mamba2_gated_norm(
     y: &CpuBuf,
     z: Cols<'_, CpuBuf>,
-    w: &[f32],
-    (group_size, eps): (usize, f64),
+    gate: MambaGate<'_, Vec<f32>>,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
     check_gate("mamba2_gated_norm", y, &z)?;
+    let check = |n: &GroupNorm<'_, Vec<f32>>| match n.w.len() == y.width
+        && n.group_size > 0
+        && y.width.is_multiple_of(n.group_size)
+    {
+        true => Ok(()),
+        false => Err(DeviceError::Invalid(format!(
+            "mamba2_gated_norm: a {}-value weight in groups of {} over {}-wide rows",
+            n.w.len(),
+            n.group_size,
+            y.width
+        ))),
+    };
     out.data.clear();
     out.data.extend_from_slice(&y.data);
-    recurrent::gate_then_grouped_rms_norm(&mut out.data, col_rows(z), w, group_size, eps);
+    match gate {
+        MambaGate::GateThenNorm(n) => {
+            check(&n)?;
+            recurrent::gate_then_grouped_rms_norm(
+                &mut out.data,
+                col_rows(z),
+                n.w,
+                n.group_size,
+                n.eps,
+            )
+        }
+        MambaGate::NormThenGate(n) => {
+            check(&n)?;
+            recurrent::grouped_rms_norm_then_gate(
+                &mut out.data,
+                col_rows(z),
+                n.w,
+                n.group_size,
+                n.eps,
+            )
+        }
+        MambaGate::GateOnly => recurrent::silu_gate(&mut out.data, col_rows(z), y.width),
+    }
     set(out, y.width);
     Ok(())
 }

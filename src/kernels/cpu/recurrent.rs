@@ -402,6 +402,44 @@ pub fn gate_then_grouped_rms_norm<'a>(
     });
 }
 
+/// Falcon-H1's gated norm with `mamba_norm_before_gate`: `w · rms_norm(y)` over groups of
+/// `group_size` channels, then `· silu(z)`; in place on `y` (`[T, inner]`), with `z`'s T rows.
+pub fn grouped_rms_norm_then_gate<'a>(
+    y: &mut [f32],
+    z: impl IndexedParallelIterator<Item = &'a [f32]>,
+    w: &[f32],
+    group_size: usize,
+    eps: f64,
+) {
+    let inner = w.len();
+    y.par_chunks_mut(inner).zip(z).for_each(|(yr, zr)| {
+        let groups = yr.chunks_exact_mut(group_size);
+        for ((yg, wg), zg) in groups
+            .zip(w.chunks_exact(group_size))
+            .zip(zr.chunks_exact(group_size))
+        {
+            let r = inv_rms(yg, eps);
+            for ((v, &wi), &zi) in yg.iter_mut().zip(wg).zip(zg) {
+                *v = (wi * (*v * r)) * silu(zi);
+            }
+        }
+    });
+}
+
+/// `y · silu(z)` in place on `y` (`[T, width]`), with `z`'s T rows (Falcon-H1's Mamba-2
+/// output without its norm).
+pub fn silu_gate<'a>(
+    y: &mut [f32],
+    z: impl IndexedParallelIterator<Item = &'a [f32]>,
+    width: usize,
+) {
+    y.par_chunks_mut(width).zip(z).for_each(|(yr, zr)| {
+        for (v, &zi) in yr.iter_mut().zip(zr) {
+            *v *= silu(zi);
+        }
+    });
+}
+
 #[cfg(test)]
 #[path = "recurrent_tests.rs"]
 mod tests;

@@ -25,7 +25,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
-    GdnParams, HostMatrix, KvShape, MambaParams, MlaDims, NormGate, check_slot_copies,
+    GdnParams, HostMatrix, KvShape, MambaGate, MambaParams, MlaDims, NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -454,7 +454,7 @@ impl Device for CudaDevice {
         (eps, gate): (f64, NormGate),
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.gated_norm_op(x, z, w, (GatedNormKind::PerHead(gate), eps), out)
+        self.gated_norm_op(x, z, GatedNormKind::PerHead(w, gate, eps), out)
     }
 
     fn mamba2_scan(
@@ -474,11 +474,10 @@ impl Device for CudaDevice {
         &self,
         y: &CudaBuf,
         z: Cols<'_, CudaBuf>,
-        w: &DevBuf<f32>,
-        (group_size, eps): (usize, f64),
+        gate: MambaGate<'_, DevBuf<f32>>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.gated_norm_op(y, z, w, (GatedNormKind::Groups(group_size), eps), out)
+        self.gated_norm_op(y, z, GatedNormKind::Mamba(gate), out)
     }
 
     fn moe_route(&self, logits: &CudaBuf, top_k: usize, renorm: bool) -> DevResult<Routing> {

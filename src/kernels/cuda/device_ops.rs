@@ -18,7 +18,7 @@ use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use super::recurrent_chunked::Recurrence;
 use crate::kernels::device::{
-    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaParams, NormGate,
+    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaGate, MambaParams, NormGate,
 };
 use crate::kernels::routing::Routing;
 
@@ -39,12 +39,12 @@ fn indices(v: &[i32], limit: usize, what: &str) -> DevResult<()> {
 }
 
 /// Which gated RMSNorm [`CudaDevice::gated_norm_op`] runs.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum GatedNormKind {
-    /// Per head of the weight's length, with this gate (Gated DeltaNet, Kimi Delta Attention).
-    PerHead(NormGate),
-    /// Mamba-2's: over groups of this many values.
-    Groups(usize),
+pub(super) enum GatedNormKind<'a> {
+    /// Per head of the weight's length, with this gate and epsilon (Gated DeltaNet, Kimi
+    /// Delta Attention).
+    PerHead(&'a DevBuf<f32>, NormGate, f64),
+    /// Mamba-2's.
+    Mamba(MambaGate<'a, DevBuf<f32>>),
 }
 
 impl CudaDevice {
@@ -245,14 +245,13 @@ impl CudaDevice {
     }
 
     /// The gated norms: per head of `w.len()` values (Gated DeltaNet
-    /// `w · norm(x) · silu(z)`, Kimi Delta Attention's `· sigmoid(z)`) or over groups of
-    /// `group` values (Mamba-2 `norm(x · silu(z)) · w`).
+    /// `w · norm(x) · silu(z)`, Kimi Delta Attention's `· sigmoid(z)`) or Mamba-2's (the
+    /// [`MambaGate`] forms).
     pub(super) fn gated_norm_op(
         &self,
         x: &CudaBuf,
         z: Cols<'_, CudaBuf>,
-        w: &DevBuf<f32>,
-        (kind, eps): (GatedNormKind, f64),
+        kind: GatedNormKind<'_>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         x.f32("gated norm input")?;
@@ -266,30 +265,47 @@ impl CudaDevice {
             ));
         }
         out.set(t, width, "gated norm")?;
-        let n = GatedNormIo {
+        let io = |w: u64, eps| GatedNormIo {
             x: x.ptr(),
             z: za,
             z_stride,
-            w: w.ptr(),
+            w,
             out: out.ptr(),
             dtype: out.dtype(),
             t,
             eps,
         };
         let g = &self.gpu;
-        match kind {
-            GatedNormKind::PerHead(gate) => {
+        let (norm, mode) = match kind {
+            GatedNormKind::PerHead(w, gate, eps) => {
                 let dv = w.len();
                 if dv == 0 || !width.is_multiple_of(dv) {
                     return invalid(format!("gated norm of {dv} over {width}-wide rows"));
                 }
-                Ok(gated_norm::gdn_gated_norm(g, n, (width / dv, dv), gate)?)
+                let dims = (width / dv, dv);
+                return Ok(gated_norm::gdn_gated_norm(g, io(w.ptr(), eps), dims, gate)?);
             }
-            GatedNormKind::Groups(group_size) => {
-                check_len(w, width, "gated norm weight")?;
-                Ok(gated_norm::mamba2_gated_norm(g, n, width, group_size)?)
+            GatedNormKind::Mamba(MambaGate::GateOnly) => {
+                return Ok(gated_norm::mamba2_gated_norm(
+                    g,
+                    io(0, 0.0),
+                    width,
+                    width,
+                    2,
+                )?);
             }
-        }
+            GatedNormKind::Mamba(MambaGate::GateThenNorm(n)) => (n, 0),
+            GatedNormKind::Mamba(MambaGate::NormThenGate(n)) => (n, 1),
+        };
+        check_len(norm.w, width, "gated norm weight")?;
+        let n = io(norm.w.ptr(), norm.eps);
+        Ok(gated_norm::mamba2_gated_norm(
+            g,
+            n,
+            width,
+            norm.group_size,
+            mode,
+        )?)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -21,8 +21,8 @@ pub struct GatedNormIo {
     pub eps: f64,
 }
 
-/// Launches `{kernel}_{dtype}`, one warp per (row, group), with the kernel's two geometry
-/// arguments `dims`.
+/// Launches `{kernel}_{dtype}` (Gated DeltaNet's), one warp per (row, head), with the
+/// kernel's two geometry arguments `dims`.
 fn gated_norm(
     gpu: &Gpu,
     kernel: &str,
@@ -66,13 +66,15 @@ pub fn gdn_gated_norm(
     gated_norm(gpu, kernel, n, nv, dims)
 }
 
-/// `y·silu(z)` then grouped RMSNorm times `w` (`n.x` = y, `inner` wide, groups of
-/// `group_size`).
+/// Mamba-2's output `n.x` = y (`inner` wide) met by its gate: `mode` 0 `y·silu(z)` then the
+/// grouped RMSNorm times `w`, 1 the norm then `·silu(z)`, 2 `y·silu(z)` alone (`w` unread;
+/// `group_size` any divisor of `inner`).
 pub fn mamba2_gated_norm(
     gpu: &Gpu,
     n: GatedNormIo,
     inner: usize,
     group_size: usize,
+    mode: i32,
 ) -> CudaResult<()> {
     if n.t == 0 {
         return Ok(());
@@ -82,8 +84,22 @@ pub fn mamba2_gated_norm(
             "gated norm group size {group_size} does not divide {inner}"
         )));
     }
-    let dims = (i32_of(inner, "inner")?, i32_of(group_size, "group size")?);
-    gated_norm(gpu, "mamba2_gated_norm", n, inner / group_size, dims)
+    let name = format!("mamba2_gated_norm_{}", suffix(n.dtype));
+    launch!(
+        gpu,
+        &name => "mamba2_gated_norm_f32",
+        warps_cfg(n.t * (inner / group_size))?,
+        n.x,
+        n.z,
+        i32_of(n.z_stride, "z stride")?,
+        n.w,
+        n.out,
+        i32_of(n.t, "tokens")?,
+        i32_of(inner, "inner")?,
+        i32_of(group_size, "group size")?,
+        n.eps,
+        mode
+    )
 }
 
 /// `out = relu(x)²` (Nemotron-H MLP), written in `dtype`.

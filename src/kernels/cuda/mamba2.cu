@@ -87,15 +87,18 @@ extern "C" __global__ void mamba2_scan_f32(
     state_store(S, st, 1, part, d_state, row_ok);
 }
 
-// Nemotron-H / Mamba-2 gated norm (kernels::cpu::recurrent::gate_then_grouped_rms_norm):
-//   h = y * silu(z);  out = w * (h * r) over groups of group_size channels, r = f32(1 /
-//   sqrt(f32(mean(h^2)) + eps)), the mean of squares accumulated in f64 (as the CPU).
-// y [T, inner] f32 (not modified), z [T, z_stride], out [T, inner] in the out_proj GEMM's
-// input dtype. Launch: grid (ceil(T * groups / 4)), block (128): one warp per (token, group).
+// Mamba-2's output meeting its gate (kernels::cpu::recurrent's three forms), by `mode`:
+//   0 (Nemotron-H, Bamba, Granite 4.0, Falcon-H1R): h = y * silu(z); out = w * (h * r) over
+//     groups of group_size channels, r = f32(1 / sqrt(f32(mean(h^2)) + eps));
+//   1 (Falcon-H1 with mamba_norm_before_gate): out = (w * (y * r)) * silu(z), r of y;
+//   2 (Falcon-H1 without mamba_rms_norm): out = y * silu(z) (w not read).
+// The mean of squares is accumulated in f64 (as the CPU). y [T, inner] f32 (not modified),
+// z [T, z_stride], out [T, inner] in the out_proj GEMM's input dtype. Launch: grid
+// (ceil(T * groups / 4)), block (128): one warp per (token, group).
 template <typename OUT>
 __device__ void mamba2_gated_norm_t(const float* y, const float* z, int z_stride, const float* w,
                                     OUT* out, int num_tokens, int inner, int group_size,
-                                    double eps) {
+                                    double eps, int mode) {
     const int lane = threadIdx.x & 31;
     const int ngroups = inner / group_size;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -107,11 +110,19 @@ __device__ void mamba2_gated_norm_t(const float* y, const float* z, int z_stride
     const size_t off = (size_t)t * inner + (size_t)grp * group_size;
     const float* yr = y + off;
     const float* zr = z + (size_t)t * z_stride + (size_t)grp * group_size;
+    if (mode == 2) {
+        for (int i = lane; i < group_size; i += 32) {
+            const float zi = zr[i];
+            out[off + i] = from_f32<OUT>(__fmul_rn(yr[i], zi / (1.0f + expf(-zi))));
+        }
+        return;
+    }
     const float* wr = w + (size_t)grp * group_size;
     double ss = 0.0;
     for (int i = lane; i < group_size; i += 32) {
         const float zi = zr[i];
-        const double hv = (double)__fmul_rn(yr[i], zi / (1.0f + expf(-zi)));
+        const double hv = mode == 0 ? (double)__fmul_rn(yr[i], zi / (1.0f + expf(-zi)))
+                                    : (double)yr[i];
         ss += hv * hv;
     }
     ss = warp_sum_f64(ss);
@@ -119,25 +130,22 @@ __device__ void mamba2_gated_norm_t(const float* y, const float* z, int z_stride
     const float r = (float)(1.0 / sqrt((double)var + eps));
     for (int i = lane; i < group_size; i += 32) {
         const float zi = zr[i];
-        const float hv = __fmul_rn(yr[i], zi / (1.0f + expf(-zi)));
-        out[off + i] = from_f32<OUT>(__fmul_rn(wr[i], __fmul_rn(hv, r)));
+        const float gate = zi / (1.0f + expf(-zi));
+        const float v = mode == 0 ? __fmul_rn(wr[i], __fmul_rn(__fmul_rn(yr[i], gate), r))
+                                  : __fmul_rn(__fmul_rn(wr[i], __fmul_rn(yr[i], r)), gate);
+        out[off + i] = from_f32<OUT>(v);
     }
 }
-extern "C" __global__ void mamba2_gated_norm_f32(const float* y, const float* z, int z_stride,
-                                                 const float* w, float* out, int num_tokens,
-                                                 int inner, int group_size, double eps) {
-    mamba2_gated_norm_t<float>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
-}
-extern "C" __global__ void mamba2_gated_norm_bf16(const float* y, const float* z, int z_stride,
-                                                  const float* w, bf16_t* out, int num_tokens,
-                                                  int inner, int group_size, double eps) {
-    mamba2_gated_norm_t<bf16_t>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
-}
-extern "C" __global__ void mamba2_gated_norm_f16(const float* y, const float* z, int z_stride,
-                                                 const float* w, f16_t* out, int num_tokens,
-                                                 int inner, int group_size, double eps) {
-    mamba2_gated_norm_t<f16_t>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps);
-}
+#define HSX_MAMBA2_GATE(NAME, OUT)                                                             \
+    extern "C" __global__ void NAME(const float* y, const float* z, int z_stride, const float* w, \
+                                    OUT* out, int num_tokens, int inner, int group_size,          \
+                                    double eps, int mode) {                                       \
+        mamba2_gated_norm_t<OUT>(y, z, z_stride, w, out, num_tokens, inner, group_size, eps,     \
+                                 mode);                                                           \
+    }
+HSX_MAMBA2_GATE(mamba2_gated_norm_f32, float)
+HSX_MAMBA2_GATE(mamba2_gated_norm_bf16, bf16_t)
+HSX_MAMBA2_GATE(mamba2_gated_norm_f16, f16_t)
 
 // Nemotron-H MLP activation: out = relu(x)^2 (x f32 from the up GEMM, out in the down GEMM's
 // input dtype). Launch: grid (ceil(n / 256)), block (256).

@@ -50,7 +50,7 @@ impl<D: Device> GatedDeltaNet<D> {
             act: vd,
             aux: 0,
             moe: None,
-            post_norm: false,
+            side: false,
         }
     }
 

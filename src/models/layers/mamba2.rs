@@ -1,10 +1,11 @@
 //! Mamba-2 (Nemotron-H): `in_proj` -> `[z (inner) | xBC (conv_dim) | dt (heads)]`; causal
 //! conv + SiLU over xBC with the request slot's conv state; the selective scan token by token
-//! with `dt` clamped to `time_step_min`; `y · silu(z)`, then RMSNorm per group; `out_proj`.
+//! with `dt` clamped to `time_step_min`; `y · silu(z)`, then RMSNorm per group (or, in
+//! Falcon-H1, the norm before the gate or no norm); `out_proj`.
 
 use super::{CausalConv, Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{Cols, DevResult, MambaDims, MambaParams};
+use crate::kernels::device::{Cols, DevResult, GroupNorm, MambaDims, MambaGate, MambaParams};
 
 pub struct Mamba2<D: Device> {
     pub in_proj: D::Linear,
@@ -14,11 +15,17 @@ pub struct Mamba2<D: Device> {
     pub neg_a: D::Vector,
     pub d: D::Vector,
     pub dt_bias: D::Vector,
-    /// `[inner]`, the grouped gated norm.
-    pub norm: D::Vector,
+    /// The grouped norm of the output (`None`: `y · silu(z)` alone).
+    pub norm: Option<OutNorm<D>>,
     pub out_proj: D::Linear,
     pub dims: MambaDims,
     pub eps: f64,
+}
+
+/// A Mamba-2 output norm: its weight `[inner]`, and whether it norms before the gate.
+pub struct OutNorm<D: Device> {
+    pub w: D::Vector,
+    pub before_gate: bool,
 }
 
 impl<D: Device> Mamba2<D> {
@@ -48,7 +55,7 @@ impl<D: Device> Mamba2<D> {
             act: inner,
             aux: 0,
             moe: None,
-            post_norm: false,
+            side: false,
         }
     }
 
@@ -70,8 +77,22 @@ impl<D: Device> Mamba2<D> {
         let dt = cols(inner + cd, nh);
         let (step, l) = (ctx.step, self.conv.state_layer);
         dev.mamba2_scan(step, ctx.states()?, l, &s.conv, dt, &params, &mut s.mid)?;
-        let group = (inner / self.dims.groups, self.eps);
-        dev.mamba2_gated_norm(&s.mid, cols(0, inner), &self.norm, group, &mut s.act)?;
+        let gate = match &self.norm {
+            None => MambaGate::GateOnly,
+            Some(n) => {
+                let (group_size, eps) = (inner / self.dims.groups, self.eps);
+                let g = GroupNorm {
+                    w: &n.w,
+                    group_size,
+                    eps,
+                };
+                match n.before_gate {
+                    true => MambaGate::NormThenGate(g),
+                    false => MambaGate::GateThenNorm(g),
+                }
+            }
+        };
+        dev.mamba2_gated_norm(&s.mid, cols(0, inner), gate, &mut s.act)?;
         dev.matmul(&s.act, &self.out_proj, &mut s.proj)
     }
 }

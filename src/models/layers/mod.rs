@@ -1,7 +1,7 @@
 //! The building blocks every architecture is made of, generic over the [`Device`] ops: a
 //! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
-//! a MoE block, Gated DeltaNet (or Kimi Delta Attention) or Mamba-2. Each reads the normed rows `s.normed` and leaves
-//! its output in `s.proj`. The residual stream and the capture are in [`super::decoder`].
+//! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-2, or two of these side by
+//! side (Falcon-H1). Each reads the normed rows `s.normed` and leaves its output in `s.proj`. The residual stream and the capture are in [`super::decoder`].
 //!
 //! [`Loader`] reads checkpoint tensors for the architecture files, which alone know the names.
 
@@ -25,7 +25,7 @@ pub use gdn::GatedDeltaNet;
 pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
 pub use kda::KimiDeltaAttention;
-pub use mamba2::Mamba2;
+pub use mamba2::{Mamba2, OutNorm};
 pub use mla::MlaAttention;
 pub use mlp::Mlp;
 pub use moe::Moe;
@@ -103,12 +103,26 @@ pub enum Sublayer<D: Device> {
     /// Kimi Linear's Kimi Delta Attention.
     Kda(KimiDeltaAttention<D>),
     Mamba2(Mamba2<D>),
+    /// Two sublayers reading the same normed rows, their outputs summed (first + second):
+    /// Falcon-H1's Mamba-2 beside its attention.
+    Parallel(Box<[Sublayer<D>; 2]>),
 }
 
 impl<D: Device> Sublayer<D> {
     /// `s.proj` = the sublayer of `s.normed`.
     pub fn forward(&self, dev: &D, ctx: &mut Ctx<'_, '_, D>, s: &mut Scratch<D>) -> DevResult<()> {
         match self {
+            Self::Parallel(pair) => {
+                pair[0].forward(dev, ctx, s)?;
+                let side = s.side.as_mut().ok_or_else(|| {
+                    DeviceError::Invalid("parallel sublayers without a side buffer".into())
+                })?;
+                std::mem::swap(&mut s.proj, side);
+                pair[1].forward(dev, ctx, s)?;
+                let side = s.side.as_ref().expect("the side buffer just used");
+                // transformers: `mamba_out + attention_out` (f32 addition commutes bit for bit).
+                dev.add(&mut s.proj, side)
+            }
             Self::Attention(a) => a.forward(dev, ctx, s),
             Self::Mla(a) => a.forward(dev, ctx, s),
             Self::Mlp(m) => m.forward(dev, s),
@@ -134,6 +148,18 @@ impl<D: Device> Sublayer<D> {
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Kda(k) => k.widths(),
             Self::Mamba2(m) => m.widths(),
+            Self::Parallel(pair) => Widths {
+                side: true,
+                ..pair[0].widths().max(pair[1].widths())
+            },
+        }
+    }
+
+    /// This sublayer, or the two of a [`Sublayer::Parallel`].
+    pub fn leaves(&self) -> Vec<&Sublayer<D>> {
+        match self {
+            Self::Parallel(pair) => pair.iter().flat_map(|p| p.leaves()).collect(),
+            other => vec![other],
         }
     }
 }
@@ -192,8 +218,9 @@ pub struct Widths {
     pub aux: usize,
     /// MoE: (experts, top_k, expert intermediate size).
     pub moe: Option<(usize, usize, usize)>,
-    /// Some part norms its sublayer's output (Gemma): a second `[T, hidden]` f32 buffer.
-    pub post_norm: bool,
+    /// A second `[T, hidden]` f32 buffer: some part norms its sublayer's output (Gemma), or a
+    /// sublayer runs two side by side (Falcon-H1).
+    pub side: bool,
 }
 
 impl Widths {
@@ -209,15 +236,18 @@ impl Widths {
             act: self.act.max(o.act),
             aux: self.aux.max(o.aux),
             moe,
-            post_norm: self.post_norm || o.post_norm,
+            side: self.side || o.side,
         }
     }
 
     /// The widths every layer of `layers` fits in.
     pub fn of<D: Device>(layers: &[Layer<D>]) -> Widths {
-        let part = |p: &Part<D>| Widths {
-            post_norm: p.post_norm.is_some(),
-            ..p.sublayer.widths()
+        let part = |p: &Part<D>| {
+            let w = p.sublayer.widths();
+            Widths {
+                side: w.side || p.post_norm.is_some(),
+                ..w
+            }
         };
         (layers.iter().flat_map(|l| &l.parts)).fold(Widths::default(), |w, p| w.max(part(p)))
     }
@@ -230,8 +260,9 @@ pub struct Scratch<D: Device> {
     pub normed: D::Buf,
     /// A sublayer's output `[T, hidden]`, f32.
     pub proj: D::Buf,
-    /// `proj` post-normed (swapped into `proj`; only for models with post-norms), f32.
-    pub post: Option<D::Buf>,
+    /// `proj`'s twin, f32: `proj` post-normed (swapped into `proj`) or a parallel sublayer's
+    /// first output (only for models with post-norms or parallel sublayers).
+    pub side: Option<D::Buf>,
     pub wide: D::Buf,
     pub conv: D::Buf,
     pub mid: D::Buf,
@@ -282,7 +313,7 @@ impl<D: Device> Scratch<D> {
             x: dev.buffer(t, hidden, F32)?,
             normed: dev.buffer(t, hidden, GemmIn)?,
             proj: dev.buffer(t, hidden, F32)?,
-            post: match w.post_norm {
+            side: match w.side {
                 true => Some(dev.buffer(t, hidden, F32)?),
                 false => None,
             },
