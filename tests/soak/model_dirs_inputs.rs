@@ -216,6 +216,18 @@ const FIELDS: &[&str] = &[
     "index_topk_pattern",
     "index_topk_freq",
     "index_skip_topk_offset",
+    "mamba_d_ssm",
+    "mamba_rms_norm",
+    "mamba_norm_before_gate",
+    "ssm_multipliers",
+    "mlp_multipliers",
+    "ssm_in_multiplier",
+    "ssm_out_multiplier",
+    "attention_in_multiplier",
+    "attention_out_multiplier",
+    "key_multiplier",
+    "lm_head_multiplier",
+    "projectors_bias",
 ];
 
 const WORDS: &[&str] = &[
@@ -280,6 +292,7 @@ const WORDS: &[&str] = &[
     "GraniteForCausalLM",
     "GraniteMoeHybridForCausalLM",
     "BambaForCausalLM",
+    "FalconH1ForCausalLM",
     "Phi3ForCausalLM",
     "longrope",
     "su",
