@@ -184,6 +184,12 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
     hybrid_conversation("nemotron_h").await;
 }
 
+/// Falcon-H1: every layer keeps its KV cache and its Mamba-2 state side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_hybrid_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("falcon_h1").await;
+}
+
 /// Kimi Linear: Kimi Delta Attention's state (a decay per key channel) beside latent attention.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kimi_delta_model_restores_state_snapshots_exactly() {

@@ -12,10 +12,12 @@ use hsx::actors::messages::{EventKind, RequestId};
 use hsx::engine::{Engine, RequestSpec};
 
 /// (fixture, capture ids: 0, a recurrent layer, an attention layer, L)
-const MODELS: [(&str, [usize; 4]); 3] = [
+const MODELS: [(&str, [usize; 4]); 4] = [
     ("qwen3_5", [0, 1, 3, 4]),
     ("qwen3_next", [0, 2, 3, 4]),
     ("nemotron_h", [0, 1, 3, 6]),
+    // Every layer both: Mamba-2 beside attention.
+    ("falcon_h1", [0, 1, 2, 4]),
 ];
 
 /// Every captured layer of every reference prompt within 1e-4 of transformers (ids cover
