@@ -345,9 +345,9 @@ pub struct AttnSoftmax<'a, D: Device> {
     pub sinks: Option<&'a D::Vector>,
     pub score_factor: f64,
     pub temperature: Option<QueryTemperature>,
-    /// DeepSeek Sparse Attention: a token the last [`Device::dsa_select`] chose keys for
-    /// attends over those keys only.
-    pub sparse: bool,
+    /// DeepSeek Sparse Attention's `index_topk`: a token at a position ≥ it (more keys than
+    /// it) attends over the keys the last [`Device::dsa_select`] chose, the rest densely.
+    pub sparse: Option<usize>,
 }
 
 /// A per-position factor on the query after RoPE and norm,
@@ -392,7 +392,7 @@ impl<D: Device> AttnSoftmax<'_, D> {
             sinks: None,
             score_factor: 1.0,
             temperature: None,
-            sparse: false,
+            sparse: None,
         }
     }
 
@@ -406,7 +406,7 @@ impl<D: Device> AttnSoftmax<'_, D> {
             (Some(0), _) | (_, Some(0)) => Some("attention window or chunk of 0 keys"),
             (Some(_), Some(_)) => Some("attention with both a sliding window and chunks"),
             _ if cold => Some("temperature floor_scale below 1"),
-            (w, c) if self.sparse && (w.is_some() || c.is_some() || other) => {
+            (w, c) if self.sparse.is_some() && (w.is_some() || c.is_some() || other) => {
                 Some("sparse attention with a window, chunks, sinks or a temperature")
             }
             _ => None,

@@ -207,7 +207,7 @@ mod tests {
             attn_scale: 0.1,
             offset: 0.0,
         };
-        let variant = |sparse: bool, v: usize| AttnSoftmax::<CpuDevice> {
+        let variant = |sparse: Option<usize>, v: usize| AttnSoftmax::<CpuDevice> {
             window: (v == 1).then_some(4),
             chunk: (v == 2).then_some(4),
             sinks: (v == 3).then_some(&sinks),
@@ -215,10 +215,10 @@ mod tests {
             sparse,
             ..AttnSoftmax::causal()
         };
-        assert!(variant(true, 0).check().is_ok());
+        assert!(variant(Some(8), 0).check().is_ok());
         for v in 1..=4 {
-            assert!(variant(false, v).check().is_ok(), "variant {v}");
-            let err = variant(true, v).check().unwrap_err().to_string();
+            assert!(variant(None, v).check().is_ok(), "variant {v}");
+            let err = variant(Some(8), v).check().unwrap_err().to_string();
             assert!(err.contains("sparse attention"), "variant {v}: {err}");
         }
     }

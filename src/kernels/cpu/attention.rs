@@ -166,6 +166,9 @@ pub struct Softmax<'a> {
     pub chunk: Option<usize>,
     pub sinks: Option<&'a [f32]>,
     pub temperature: Option<QueryTemperature>,
+    /// Only the queries at positions below it (DeepSeek Sparse Attention's `index_topk`: the
+    /// sparse pass writes the others' rows); `None`: every query.
+    pub dense_below: Option<usize>,
 }
 
 /// `out[t, h*hd..]` = attention of `q[t, h*hd..]` over the cached keys/values of its sequence.
@@ -195,7 +198,8 @@ pub fn attention(
         softmax.sinks.is_none_or(|s| s.len() == shape.heads),
         "attention: sinks are not [heads]"
     );
-    // Every element is written by a task: resizing zeroes only growth, not the reused part.
+    // Every element is written by a task (or, past `dense_below`, by the sparse pass after
+    // it): resizing zeroes only growth, not the reused part.
     out.resize(q.len(), 0.0);
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     let engine = bf16.and_then(|k| amx::engine(k, hd));
@@ -215,7 +219,7 @@ pub fn attention(
     if let Some(engine) = engine {
         let tile = (AMX_ROWS / group).max(1);
         let windowed = softmax.window.is_some() || softmax.chunk.is_some();
-        let chains = amx_chains(plan, shape.kv_heads, tile, windowed);
+        let chains = amx_chains(plan, shape.kv_heads, tile, windowed, softmax.dense_below);
         chains
             .par_iter()
             .for_each_init(<(Scratch, AmxScratch)>::default, |(s, a), chain| {
@@ -224,7 +228,8 @@ pub fn attention(
             });
         return;
     }
-    let tasks = plan_tasks(plan, shape.kv_heads, (TILE_ROWS / group).max(1));
+    let tile = (TILE_ROWS / group).max(1);
+    let tasks = plan_tasks(plan, shape.kv_heads, tile, softmax.dense_below);
     let unit = f32_unit(hd);
     tasks.par_iter().for_each_init(Scratch::default, |s, task| {
         f32_task(&ctx, task, s, unit);
@@ -281,9 +286,10 @@ fn amx_chains(
     kv_heads: usize,
     tile: usize,
     windowed: bool,
+    dense_below: Option<usize>,
 ) -> Vec<Vec<Task>> {
     let mut runs: Vec<Vec<(usize, usize)>> = Vec::new();
-    for (start, end) in plan.tiles(tile) {
+    for (start, end) in dense_tiles(plan, tile, dense_below) {
         let joins = runs.last().is_some_and(|run| {
             let (first, prev_end) = (run[0].0, run[run.len() - 1].1);
             !windowed
@@ -311,9 +317,33 @@ fn amx_chains(
         .collect()
 }
 
-/// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens, × kv heads.
-fn plan_tasks(plan: &BatchPlan<'_>, kv_heads: usize, tile: usize) -> Vec<Task> {
+/// [`BatchPlan::tiles`], each cut short before its first token at a position `dense_below` or
+/// past (a tile's positions are consecutive), tiles left empty dropped.
+fn dense_tiles(
+    plan: &BatchPlan<'_>,
+    tile: usize,
+    dense_below: Option<usize>,
+) -> Vec<(usize, usize)> {
     let tiles = plan.tiles(tile);
+    let Some(below) = dense_below else {
+        return tiles;
+    };
+    let cut = |(start, end): (usize, usize)| {
+        let end = end.min(start + below.saturating_sub(plan.positions[start]));
+        (end > start).then_some((start, end))
+    };
+    tiles.into_iter().filter_map(cut).collect()
+}
+
+/// Runs of consecutive positions of one chunk, cut into tiles of `tile` tokens (the dense
+/// queries of them: [`dense_tiles`]), × kv heads.
+fn plan_tasks(
+    plan: &BatchPlan<'_>,
+    kv_heads: usize,
+    tile: usize,
+    dense_below: Option<usize>,
+) -> Vec<Task> {
+    let tiles = dense_tiles(plan, tile, dense_below);
     let mut tasks = Vec::with_capacity(tiles.len() * kv_heads);
     for (start, end) in tiles {
         for kv_head in 0..kv_heads {

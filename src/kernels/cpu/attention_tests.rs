@@ -137,7 +137,8 @@ fn run(
                 out: OutPtr(out.as_mut_ptr()),
             };
             let mut s = Scratch::default();
-            for task in plan_tasks(&plan, shape.kv_heads, (TILE_ROWS / group).max(1)) {
+            let tile = (TILE_ROWS / group).max(1);
+            for task in plan_tasks(&plan, shape.kv_heads, tile, softmax.dense_below) {
                 f32_task(&ctx, &task, &mut s, unit);
             }
         } else {
@@ -153,6 +154,39 @@ fn run(
 #[test]
 fn matches_naive_and_is_invariant_to_chunking_and_cpu() {
     check_variant(3, |_| Softmax::default());
+}
+
+/// DeepSeek Sparse Attention's dense pass (`dense_below`): the rows of the queries at
+/// positions below it as without it, bit for bit, on every path here and in every chunking;
+/// the others not written (the sparse pass writes them).
+#[test]
+fn dense_below_computes_only_the_rows_below_it() {
+    let (heads, kv_heads, hd, len) = (8, 2, 32, 70);
+    let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut 41);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let units = [Unit::Baseline, Unit::Avx2, Unit::Avx512].map(Path::F32);
+    for path in [Path::Fast, Path::Amx, Path::Dpbf16]
+        .into_iter()
+        .chain(units)
+    {
+        if !path.runs(hd) {
+            continue;
+        }
+        let all = run(shape, Softmax::default(), len, &[len], &q, &k, &v, path);
+        for below in [1, 23, 64, 70, 500] {
+            let sm = Softmax {
+                dense_below: Some(below),
+                ..Softmax::default()
+            };
+            for chunks in [vec![len], vec![5, len - 5], vec![17, 30, 23]] {
+                let got = run(shape, sm, len, &chunks, &q, &k, &v, path);
+                let cut = below.min(len) * heads * hd;
+                let what = format!("{path:?} below {below} chunks {chunks:?}");
+                assert_eq!(bits(&got[..cut]), bits(&all[..cut]), "{what}");
+                assert!(got[cut..].iter().all(|&x| x == 0.0), "{what}: rows past it");
+            }
+        }
+    }
 }
 
 /// gpt-oss's softmax: a sliding window (shorter and longer than the chunks, 1, and wider than
@@ -362,7 +396,7 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
             .collect()
     };
     // Tiles of 4 tokens: sequence 0 has 10 tiles (chains of 8 and 2), sequence 1 has 2.
-    let chains = amx_chains(&plan, 2, 4, false);
+    let chains = amx_chains(&plan, 2, 4, false, None);
     let want_runs: Vec<Vec<(usize, usize)>> = vec![
         (0..8).map(|i| (4 * i, 4)).collect(),
         vec![(32, 4), (36, 4)],
@@ -374,7 +408,7 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
         .collect();
     assert_eq!(spans(&chains), want);
     // With a window every task is its own chain.
-    let windowed = amx_chains(&plan, 2, 4, true);
+    let windowed = amx_chains(&plan, 2, 4, true, None);
     assert_eq!(windowed.len(), 12 * 2);
     assert!(windowed.iter().all(|c| c.len() == 1));
 }

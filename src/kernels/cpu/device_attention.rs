@@ -60,9 +60,10 @@ pub(super) fn attention(
         chunk: sm.chunk,
         sinks: sm.sinks.map(|s| &s[..]),
         temperature: sm.temperature,
+        dense_below: sm.sparse,
     };
     attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, bf16);
-    if sm.sparse {
+    if sm.sparse.is_some() {
         let sel = &kv.selection;
         if sel.tokens() != plan.num_tokens() {
             return Err(DeviceError::Invalid(

@@ -76,7 +76,15 @@ struct AttnArgs {
     float temp_floor;        // the query temperature: floor_scale, or 0 for none
     float temp_scale;        //   attn_scale
     float temp_offset;       //   and offset (QueryTemperature)
+    int dense_below;         // only queries at positions below it (DeepSeek Sparse Attention's
+                             // index_topk: its sparse pass writes the rest), or 0 for all
 };
+
+// The tile's rows this pass computes: its first n, or (dense_below) those at positions below
+// dense_below (a tile's positions are consecutive). <= 0: none.
+__device__ __forceinline__ int attn_tile_rows(const AttnArgs& a, int t0, int n) {
+    return a.dense_below > 0 ? min(n, a.dense_below - a.positions[t0]) : n;
+}
 
 // First key a query at position p sees: its window's or its chunk's start (0 for neither).
 __device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
@@ -112,7 +120,9 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
     float* ks = qs + ATTN_TILE * hd;          // [kb][hd + 1] (padded: no bank conflicts)
     float* vs = ks + kb_n * (hd + 1);         // [kb][hd]
     const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
-    const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
+    const int t0 = a.tiles[blockIdx.x * 3];
+    const int n = attn_tile_rows(a, t0, a.tiles[blockIdx.x * 3 + 1]);
+    if (n <= 0) return;  // the whole block: no thread has synchronised yet
     const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = a.kv_heads * hd;
@@ -287,7 +297,9 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
     alignas(16) __shared__ unsigned short vs[KB][HD + 8];
     __shared__ long long rows[KB];  // cache rows of the next keys to copy (attn_rows)
     const int h = blockIdx.y, g = h / (a.heads / a.kv_heads);
-    const int t0 = a.tiles[blockIdx.x * 3], n = a.tiles[blockIdx.x * 3 + 1];
+    const int t0 = a.tiles[blockIdx.x * 3];
+    const int n = attn_tile_rows(a, t0, a.tiles[blockIdx.x * 3 + 1]);
+    if (n <= 0) return;  // the whole block: no thread has synchronised yet
     const int* table = a.tables + a.table_start[a.tiles[blockIdx.x * 3 + 2]];
     const int lane = threadIdx.x & 31, gr = lane >> 2, qd = lane & 3;
     // The warp's 16 rows, and its O columns from d0.

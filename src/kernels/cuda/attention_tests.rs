@@ -72,6 +72,17 @@ impl Setup {
 
     /// Output rows (f32, `[tokens, HEADS * hd]`) of a batch of chunks `(seq, start, len)`.
     fn run(&self, gpu: &Gpu, kv: &DevKvCache, chunks: &[(usize, usize, usize)]) -> Vec<f32> {
+        self.run_below(gpu, kv, chunks, 0)
+    }
+
+    /// [`Setup::run`] with the softmax's `dense_below` (rows left unwritten are 0).
+    fn run_below(
+        &self,
+        gpu: &Gpu,
+        kv: &DevKvCache,
+        chunks: &[(usize, usize, usize)],
+        dense_below: usize,
+    ) -> Vec<f32> {
         let tables: Vec<Vec<u32>> = (0..2)
             .map(|s| (0..16).map(|b| (s * 16 + b) as u32).collect())
             .collect();
@@ -118,6 +129,7 @@ impl Setup {
             window: self.variant.window.unwrap_or(0),
             chunk: self.variant.chunk.unwrap_or(0),
             temperature: self.variant.temperature,
+            dense_below,
         };
         kv.attend(
             gpu,
@@ -167,6 +179,42 @@ fn both_kernels_match_the_reference_and_rows_do_not_depend_on_the_batch() {
     }
     for hd in [16, 32, 64, 128, 256] {
         both_kernels_match(&gpu, &Setup::new(hd, [230, 90], hd as u64));
+    }
+}
+
+/// DeepSeek Sparse Attention's dense pass (`dense_below`) on both kernels: the rows of the
+/// queries at positions below it the same bits as without it, the others not written (the
+/// sparse pass writes them); two sequences in one batch, the cut inside and between tiles.
+#[test]
+fn dense_below_computes_only_the_rows_below_it() {
+    let Some(gpu) = test_gpu() else { return };
+    if gpu.info.compute_capability < (8, 0) {
+        eprintln!("skipping: no bf16 mma on this GPU");
+        return;
+    }
+    let (hd, chunks) = (64, [(0, 100, 130), (1, 0, 90)]);
+    let setup = Setup::new(hd, [230, 90], 77);
+    let positions: Vec<usize> = (100..230).chain(0..90).collect();
+    for tensor_cores in [true, false] {
+        let mut kv = DevKvCache::new(&gpu, kv_shape(KV_HEADS * hd), WeightDtype::Bf16).unwrap();
+        kv.tensor_cores = tensor_cores;
+        let all = setup.run(&gpu, &kv, &chunks);
+        for below in [1, 64, 100, 150, 164, 1000] {
+            let got = setup.run_below(&gpu, &kv, &chunks, below);
+            let rows = got
+                .chunks_exact(HEADS * hd)
+                .zip(all.chunks_exact(HEADS * hd));
+            for ((g, a), &p) in rows.zip(&positions) {
+                let what = format!("tensor cores {tensor_cores}, below {below}, position {p}");
+                match p < below {
+                    true => assert!(
+                        g.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}"
+                    ),
+                    false => assert!(g.iter().all(|&x| x == 0.0), "{what}: written"),
+                }
+            }
+        }
     }
 }
 

@@ -117,6 +117,7 @@ impl CudaDevice {
             window: sm.window.unwrap_or(0),
             chunk: sm.chunk.unwrap_or(0),
             temperature: sm.temperature,
+            dense_below: sm.sparse.unwrap_or(0),
         };
         let o = (out.ptr(), out.dtype());
         kv.attend(
@@ -129,7 +130,7 @@ impl CudaDevice {
             o,
             plan,
         )?;
-        if sm.sparse {
+        if sm.sparse.is_some() {
             let q = (qkv.ptr(), qkv.width());
             kv.attend_selected(&self.gpu, call.kv_layer, q, softmax.shape, o, plan)?;
         }

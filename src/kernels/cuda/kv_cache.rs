@@ -145,6 +145,9 @@ pub struct DevSoftmax {
     pub window: usize,
     pub chunk: usize,
     pub temperature: Option<QueryTemperature>,
+    /// Only the queries at positions below it (DeepSeek Sparse Attention's `index_topk`), or
+    /// 0 for all.
+    pub dense_below: usize,
 }
 
 impl DevSoftmax {
@@ -156,6 +159,7 @@ impl DevSoftmax {
             window: 0,
             chunk: 0,
             temperature: None,
+            dense_below: 0,
         }
     }
 }
@@ -183,6 +187,7 @@ pub struct AttnArgs {
     temp_floor: f32,
     temp_scale: f32,
     temp_offset: f32,
+    dense_below: i32,
 }
 
 /// K and V of every attention layer.
@@ -397,6 +402,7 @@ impl DevKvCache {
             temp_floor,
             temp_scale,
             temp_offset,
+            dense_below: keys(softmax.dense_below)?,
         };
         let mma = self
             .tensor_cores

@@ -97,7 +97,7 @@ impl<D: Device> Attention<D> {
                 sinks: self.variant.sinks.as_ref(),
                 score_factor: self.variant.score_factor,
                 temperature: self.variant.temperature,
-                sparse: false,
+                sparse: None,
             },
         };
         if self.gated {

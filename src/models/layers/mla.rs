@@ -142,7 +142,7 @@ impl<D: Device> MlaAttention<D> {
             softmax: AttnSoftmax {
                 score_factor: self.score_factor,
                 temperature: self.temperature,
-                sparse: self.sparse.is_some(),
+                sparse: self.sparse.as_ref().map(|x| x.topk),
                 ..AttnSoftmax::causal()
             },
         };
