@@ -143,25 +143,11 @@ pub(super) fn mamba2_gated_norm(
     out.data.clear();
     out.data.extend_from_slice(&y.data);
     match gate {
-        MambaGate::GateThenNorm(n) => {
+        MambaGate::GateThenNorm(n) | MambaGate::NormThenGate(n) => {
             check(&n)?;
-            recurrent::gate_then_grouped_rms_norm(
-                &mut out.data,
-                col_rows(z),
-                n.w,
-                n.group_size,
-                n.eps,
-            )
-        }
-        MambaGate::NormThenGate(n) => {
-            check(&n)?;
-            recurrent::grouped_rms_norm_then_gate(
-                &mut out.data,
-                col_rows(z),
-                n.w,
-                n.group_size,
-                n.eps,
-            )
+            let norm_first = matches!(gate, MambaGate::NormThenGate(_));
+            let norm = (&n.w[..], n.group_size, n.eps);
+            recurrent::gated_grouped_rms_norm(&mut out.data, col_rows(z), norm, norm_first)
         }
         MambaGate::GateOnly => recurrent::silu_gate(&mut out.data, col_rows(z), y.width),
     }

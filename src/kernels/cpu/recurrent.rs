@@ -375,20 +375,20 @@ pub fn gated_rms_norm_then_gate<'a>(
         });
 }
 
-/// Mamba-2 / Nemotron-H gated norm: `h = y · silu(z)`, then RMSNorm over groups of
-/// `group_size` channels, times `w` (`[inner]`); in place on `y` (`[T, inner]`), with `z`'s T
-/// rows.
-pub fn gate_then_grouped_rms_norm<'a>(
+/// Mamba-2's gated norm over groups of `group_size` channels, weight `w` (`[inner]`), in place
+/// on `y` (`[T, inner]`) with `z`'s T rows: `h = y · silu(z)`, then `w · rms_norm(h)`
+/// (Nemotron-H, Bamba, Granite 4.0); or, `norm_first` (Falcon-H1's `mamba_norm_before_gate`),
+/// `w · rms_norm(y)`, then `· silu(z)`.
+pub fn gated_grouped_rms_norm<'a>(
     y: &mut [f32],
     z: impl IndexedParallelIterator<Item = &'a [f32]>,
-    w: &[f32],
-    group_size: usize,
-    eps: f64,
+    (w, group_size, eps): (&[f32], usize, f64),
+    norm_first: bool,
 ) {
     let inner = w.len();
     y.par_chunks_mut(inner).zip(z).for_each(|(yr, zr)| {
-        for (v, &zi) in yr.iter_mut().zip(zr) {
-            *v *= silu(zi);
+        if !norm_first {
+            gate(yr, zr);
         }
         for (yg, wg) in yr
             .chunks_exact_mut(group_size)
@@ -399,29 +399,8 @@ pub fn gate_then_grouped_rms_norm<'a>(
                 *v = wi * (*v * r);
             }
         }
-    });
-}
-
-/// Falcon-H1's gated norm with `mamba_norm_before_gate`: `w · rms_norm(y)` over groups of
-/// `group_size` channels, then `· silu(z)`; in place on `y` (`[T, inner]`), with `z`'s T rows.
-pub fn grouped_rms_norm_then_gate<'a>(
-    y: &mut [f32],
-    z: impl IndexedParallelIterator<Item = &'a [f32]>,
-    w: &[f32],
-    group_size: usize,
-    eps: f64,
-) {
-    let inner = w.len();
-    y.par_chunks_mut(inner).zip(z).for_each(|(yr, zr)| {
-        let groups = yr.chunks_exact_mut(group_size);
-        for ((yg, wg), zg) in groups
-            .zip(w.chunks_exact(group_size))
-            .zip(zr.chunks_exact(group_size))
-        {
-            let r = inv_rms(yg, eps);
-            for ((v, &wi), &zi) in yg.iter_mut().zip(wg).zip(zg) {
-                *v = (wi * (*v * r)) * silu(zi);
-            }
+        if norm_first {
+            gate(yr, zr);
         }
     });
 }
@@ -433,11 +412,16 @@ pub fn silu_gate<'a>(
     z: impl IndexedParallelIterator<Item = &'a [f32]>,
     width: usize,
 ) {
-    y.par_chunks_mut(width).zip(z).for_each(|(yr, zr)| {
-        for (v, &zi) in yr.iter_mut().zip(zr) {
-            *v *= silu(zi);
-        }
-    });
+    y.par_chunks_mut(width)
+        .zip(z)
+        .for_each(|(yr, zr)| gate(yr, zr));
+}
+
+/// `y · silu(z)` of one row.
+fn gate(y: &mut [f32], z: &[f32]) {
+    for (v, &zi) in y.iter_mut().zip(z) {
+        *v *= silu(zi);
+    }
 }
 
 #[cfg(test)]
