@@ -1,7 +1,8 @@
 //! The building blocks every architecture is made of, generic over the [`Device`] ops: a
 //! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
 //! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-2, or two of these side by
-//! side (Falcon-H1). Each reads the normed rows `s.normed` and leaves its output in `s.proj`. The residual stream and the capture are in [`super::decoder`].
+//! side (Falcon-H1). Each reads the normed rows `s.normed` and leaves its output in `s.proj`.
+//! The residual stream and the capture are in [`super::decoder`].
 //!
 //! [`Loader`] reads checkpoint tensors for the architecture files, which alone know the names.
 
@@ -114,14 +115,15 @@ impl<D: Device> Sublayer<D> {
         match self {
             Self::Parallel(pair) => {
                 pair[0].forward(dev, ctx, s)?;
-                let side = s.side.as_mut().ok_or_else(|| {
+                let mut side = s.side.take().ok_or_else(|| {
                     DeviceError::Invalid("parallel sublayers without a side buffer".into())
                 })?;
-                std::mem::swap(&mut s.proj, side);
-                pair[1].forward(dev, ctx, s)?;
-                let side = s.side.as_ref().expect("the side buffer just used");
+                std::mem::swap(&mut s.proj, &mut side);
+                let second = pair[1].forward(dev, ctx, s);
                 // transformers: `mamba_out + attention_out` (f32 addition commutes bit for bit).
-                dev.add(&mut s.proj, side)
+                let sum = second.and_then(|()| dev.add(&mut s.proj, &side));
+                s.side = Some(side);
+                sum
             }
             Self::Attention(a) => a.forward(dev, ctx, s),
             Self::Mla(a) => a.forward(dev, ctx, s),
