@@ -368,6 +368,21 @@ pub struct GroupNorm<'a, V> {
     pub eps: f64,
 }
 
+impl<V> GroupNorm<'_, V> {
+    /// Fails unless a weight of `len` values in groups of `group_size` covers rows of `width`
+    /// (both devices' check).
+    pub fn check(&self, len: usize, width: usize) -> DevResult<()> {
+        let fits = len == width && self.group_size > 0 && width.is_multiple_of(self.group_size);
+        match fits {
+            true => Ok(()),
+            false => Err(DeviceError::Invalid(format!(
+                "Mamba-2 gated norm: a {len}-value weight in groups of {} over {width}-wide rows",
+                self.group_size
+            ))),
+        }
+    }
+}
+
 // By hand: a derive would ask `V: Copy` of the borrowed weight.
 impl<V> Clone for GroupNorm<'_, V> {
     fn clone(&self) -> Self {

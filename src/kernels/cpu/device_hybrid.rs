@@ -5,7 +5,7 @@ use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, check_gate, col_rows, gather_
 use crate::kernels::cpu::recurrent;
 use crate::kernels::cpu::{gdn, mamba};
 use crate::kernels::device::{
-    Cols, ConvCall, DevResult, DeviceError, GdnParams, GroupNorm, MambaGate, MambaParams, NormGate,
+    Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaGate, MambaParams, NormGate,
 };
 
 pub(super) fn conv1d_silu(
@@ -128,23 +128,11 @@ pub(super) fn mamba2_gated_norm(
     out: &mut CpuBuf,
 ) -> DevResult<()> {
     check_gate("mamba2_gated_norm", y, &z)?;
-    let check = |n: &GroupNorm<'_, Vec<f32>>| match n.w.len() == y.width
-        && n.group_size > 0
-        && y.width.is_multiple_of(n.group_size)
-    {
-        true => Ok(()),
-        false => Err(DeviceError::Invalid(format!(
-            "mamba2_gated_norm: a {}-value weight in groups of {} over {}-wide rows",
-            n.w.len(),
-            n.group_size,
-            y.width
-        ))),
-    };
     out.data.clear();
     out.data.extend_from_slice(&y.data);
     match gate {
         MambaGate::GateThenNorm(n) | MambaGate::NormThenGate(n) => {
-            check(&n)?;
+            n.check(n.w.len(), y.width)?;
             let norm_first = matches!(gate, MambaGate::NormThenGate(_));
             let norm = (&n.w[..], n.group_size, n.eps);
             recurrent::gated_grouped_rms_norm(&mut out.data, col_rows(z), norm, norm_first)

@@ -298,7 +298,7 @@ impl CudaDevice {
             GatedNormKind::Mamba(MambaGate::GateThenNorm(n)) => (n, 0),
             GatedNormKind::Mamba(MambaGate::NormThenGate(n)) => (n, 1),
         };
-        check_len(norm.w, width, "gated norm weight")?;
+        norm.check(norm.w.len(), width)?;
         let n = io(norm.w.ptr(), norm.eps);
         Ok(gated_norm::mamba2_gated_norm(
             g,
