@@ -124,7 +124,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// keeps its old values (every row must be written before it is read; the MoE blocks'
     /// experts' row spans cover all `n`).
     fn resize(&self, out: &mut Self::Buf, n: usize, width: usize) -> DevResult<()>;
-    /// `out = rms_norm(x) · w` per row.
+    /// `out = rms_norm(x) · w` per row, or per `w.len()`-wide piece of each row where `w` is
+    /// shorter (Gemma 4's per-layer embeddings: one norm per layer's piece); `w.len()` must
+    /// divide the row width.
     fn rms_norm(
         &self,
         x: &Self::Buf,
@@ -189,6 +191,14 @@ pub trait Device: Send + Sync + Sized + 'static {
         &self,
         x: &Self::Buf,
         gate: Cols<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
+    /// `out = gelu_tanh(x) · up` (Gemma 4's per-layer input gate: torch's tanh-approximated
+    /// GELU, f32; `up` as wide as `x`).
+    fn gelu_tanh_gate(
+        &self,
+        x: &Self::Buf,
+        up: Cols<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// `out[t, i] = silu(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`.

@@ -277,6 +277,15 @@ impl QkvLayout {
         self.k_col + self.kv_heads * self.head_dim
     }
 
+    /// The row width this layout reads: up to v's last column, or to `k_col` where the layer
+    /// shares an earlier layer's keys and values (its rows hold q only).
+    pub fn width(&self, shared_kv: bool) -> usize {
+        match shared_kv {
+            true => self.k_col,
+            false => self.v_col() + self.kv_heads * self.head_dim,
+        }
+    }
+
     /// The pieces (count, width) of each row's q and of its k that q / k RMSNorm weights of
     /// `lens` values norm one by one: every head (Qwen3: `head_dim` values) or the whole
     /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length.
@@ -329,6 +338,10 @@ pub struct AttnCall<'a, D: Device> {
     pub v_norm: Option<(&'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
     pub softmax: AttnSoftmax<'a, D>,
+    /// The layer attends over the keys and values an earlier layer wrote to `kv_layer` (Gemma
+    /// 4's KV sharing): its rows hold q (and its gate) only, it writes no K / V, and k's norm
+    /// weights and `v_norm` are not read.
+    pub shared_kv: bool,
 }
 
 /// What the attention's softmax sees beyond the causal keys: a sliding window (gpt-oss,

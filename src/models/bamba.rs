@@ -40,6 +40,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         spec,
         embed,
         layers,
+        ple: None,
         lm_head,
     })
 }

@@ -13,7 +13,7 @@ pub use super::architecture::Architecture;
 pub(super) use super::architecture::{default_eps, default_max_pos, default_theta};
 use super::fp8_weights::Fp8Blocks;
 pub use super::gemma3_config::Gemma3Spec;
-pub use super::gemma4_config::{Gemma4Experts, Gemma4Rope, Gemma4Spec};
+pub use super::gemma4_config::{Gemma4Experts, Gemma4Ple, Gemma4Rope, Gemma4Spec};
 use super::gpt_oss_config::GptOssSpec;
 pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;

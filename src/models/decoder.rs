@@ -10,7 +10,7 @@
 //! (DESIGN.md §1.1).
 
 use super::ModelSpec;
-use super::layers::{Ctx, Layer, Sublayer, Widths};
+use super::layers::{Ctx, Layer, PerLayerEmbedding, Sublayer, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{BufKind, DevResult, DeviceError, IndexShape};
 
@@ -23,6 +23,8 @@ pub struct Decoder<D: Device> {
     /// Multiplies the embedded rows (Gemma's `√hidden` in the weights' dtype; 1 elsewhere).
     pub embed_scale: f32,
     pub layers: Vec<Layer<D>>,
+    /// Gemma 4 E2B / E4B's per-layer embeddings, made from the embedded rows.
+    pub ple: Option<PerLayerEmbedding<D>>,
     pub final_norm: D::Vector,
     /// `None` when tied to the embedding.
     pub lm_head: Option<D::Linear>,
@@ -51,7 +53,12 @@ impl<D: Device> Decoder<D> {
         let s = &self.spec;
         let kv_layers = self
             .sublayers()
-            .filter(|l| matches!(l, Sublayer::Attention(_) | Sublayer::Mla(_)))
+            .filter(|l| match l {
+                // A layer sharing an earlier layer's keys and values has no cache of its own.
+                Sublayer::Attention(a) => !a.shared_kv,
+                Sublayer::Mla(_) => true,
+                _ => false,
+            })
             .count();
         let state_shapes = self
             .sublayers()
@@ -76,7 +83,11 @@ impl<D: Device> Decoder<D> {
 
     /// Activation buffers for `tokens` rows.
     pub fn scratch(&self, dev: &D, tokens: usize) -> DevResult<Scratch<D>> {
-        Scratch::new(dev, self.spec.hidden_size, Widths::of(&self.layers), tokens)
+        let widths = Widths {
+            ple: self.ple.as_ref().map_or(0, |p| p.width),
+            ..Widths::of(&self.layers)
+        };
+        Scratch::new(dev, self.spec.hidden_size, widths, tokens)
     }
 
     /// Runs every layer over the step; `cap(id, x)` sees the residual stream for ids 0..=L in
@@ -91,6 +102,9 @@ impl<D: Device> Decoder<D> {
         let eps = self.spec.rms_norm_eps;
         dev.embed(ctx.step, &self.embed, self.embed_scale, &mut s.x)?;
         cap(0, &s.x)?;
+        if let Some(ple) = &self.ple {
+            ple.forward(dev, ctx.step, s)?;
+        }
         let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
             for (j, part) in layer.parts.iter().enumerate() {

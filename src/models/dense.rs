@@ -42,6 +42,7 @@ pub fn load_with<D: Device>(
         spec,
         embed,
         layers,
+        ple: None,
         final_norm,
         lm_head,
     })
@@ -130,6 +131,7 @@ pub(super) fn attention_of<D: Device>(
         head_dim: spec.head_dim,
         eps: spec.rms_norm_eps,
         kv_layer: i,
+        shared_kv: false,
         variant,
     })
 }
@@ -198,7 +200,17 @@ pub(super) fn load_mlp<D: Device>(
     px: &str,
     act: Activation,
 ) -> Result<Mlp<D>, ModelError> {
-    let (h, inter) = (spec.hidden_size, spec.intermediate_size);
+    load_mlp_of(ld, spec, px, (act, spec.intermediate_size))
+}
+
+/// [`load_mlp`] `inter` wide (Gemma 4's double-wide MLPs).
+pub(super) fn load_mlp_of<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    px: &str,
+    (act, inter): (Activation, usize),
+) -> Result<Mlp<D>, ModelError> {
+    let h = spec.hidden_size;
     let mlp = |n: &str| format!("{px}.{n}");
     Ok(Mlp {
         up: ld.linear(

@@ -55,6 +55,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         lm_head: ld.lm_head(&spec)?,
         spec,
         layers,
+        ple: None,
     })
 }
 

@@ -32,6 +32,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         spec,
         embed,
         layers,
+        ple: None,
         final_norm,
         lm_head,
     })

@@ -8,18 +8,27 @@
 //! the keys' projection (no `v_proj`). The ffn: a GeGLU MLP, or the 26B-A4B's MLP beside
 //! routed experts ([`Gemma4Moe`]). Embeddings scaled by `√hidden` in the weights' dtype.
 //!
+//! E2B / E4B: per-layer embeddings ([`PerLayerEmbedding`]: each layer then adds
+//! `post_per_layer_input_norm(per_layer_projection(gelu_tanh(per_layer_input_gate(x)) ·
+//! its piece))` before `layer_scalar`), and the last `num_kv_shared_layers` layers attend over
+//! the keys and values of the last unshared layer of their kind (no k / v projections, no
+//! cache of their own; their MLPs twice as wide with `use_double_wide_mlp`).
+//!
 //! One KV cache serves every layer, as wide as the widest layer's K (or V): a narrower layer's
 //! KV heads are repeated to fill it (their projection rows read twice: the same keys and
 //! values, each query head still reading its own group's), so the 31B's full layers (4 KV
 //! heads of 512) sit beside its sliding ones (16 of 256).
 
 use super::decoder::Decoder;
-use super::dense::{load_mlp, load_with};
+use super::dense::{load_mlp_of, load_with};
 use super::gemma3::embed_scale;
 use super::layers::mlp::Activation;
-use super::layers::{Attention, AttnVariant, Gemma4Moe, Layer, Loader, Part, Sublayer};
+use super::layers::{
+    Attention, AttnVariant, Gemma4Moe, Layer, Loader, Part, PerLayerEmbedding, PerLayerInput,
+    Sublayer,
+};
 use super::moe_weights::fused_experts;
-use super::{Gemma4Rope, Gemma4Spec, ModelError, ModelSpec};
+use super::{Gemma4Ple, Gemma4Rope, Gemma4Spec, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
 use crate::kernels::rope::Rope;
@@ -29,9 +38,55 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         ModelError::InvalidOptions("Gemma4ForCausalLM spec without its layer geometry".into())
     })?;
     let scale = embed_scale(spec.hidden_size, spec.dtype);
+    let ple = (g.ple.as_ref())
+        .map(|p| load_ple(ld, &spec, p))
+        .transpose()?;
     let mut decoder = load_with(ld, spec, |ld, spec, i| load_layer(ld, spec, &g, i))?;
     decoder.embed_scale = scale;
+    decoder.ple = ple;
     Ok(decoder)
+}
+
+/// The per-layer embeddings' table, projection and norm.
+fn load_ple<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &Gemma4Ple,
+) -> Result<PerLayerEmbedding<D>, ModelError> {
+    let (h, width) = (spec.hidden_size, spec.num_layers * p.dim);
+    let table = "model.embed_tokens_per_layer";
+    Ok(PerLayerEmbedding {
+        table: ld.linear1(table, p.vocab, width, false)?,
+        table_scale: embed_scale(p.dim, spec.dtype),
+        proj: ld.linear1("model.per_layer_model_projection", width, h, false)?,
+        proj_scale: (h as f64).powf(-0.5) as f32,
+        norm: ld.vector("model.per_layer_projection_norm.weight", p.dim)?,
+        eps: spec.rms_norm_eps,
+        width,
+    })
+}
+
+/// Layer `i`'s per-layer input part (no pre-norm: the gate reads the stream).
+fn ple_part<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &Gemma4Ple,
+    i: usize,
+) -> Result<Part<D>, ModelError> {
+    let (h, px) = (spec.hidden_size, format!("model.layers.{i}"));
+    let sublayer = Sublayer::PerLayerInput(PerLayerInput {
+        gate: ld.linear1(&format!("{px}.per_layer_input_gate"), p.dim, h, false)?,
+        proj: ld.linear1(&format!("{px}.per_layer_projection"), h, p.dim, false)?,
+        layer: i,
+        dim: p.dim,
+    });
+    let post = format!("{px}.post_per_layer_input_norm.weight");
+    Ok(Part {
+        norm: None,
+        sublayer,
+        post_norm: Some(ld.vector(&post, h)?),
+        residual_scale: 1.0,
+    })
 }
 
 fn load_layer<D: Device>(
@@ -47,7 +102,13 @@ fn load_layer<D: Device>(
         Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
-    let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;
+    let inter = g.mlp_width(i, spec.intermediate_size);
+    let mlp = load_mlp_of(
+        ld,
+        spec,
+        &format!("{p}.mlp"),
+        (Activation::GeluTanhGlu, inter),
+    )?;
     let ffn = match g.moe {
         None => Sublayer::Mlp(mlp),
         Some(m) => Sublayer::Gemma4Moe(Gemma4Moe {
@@ -66,21 +127,26 @@ fn load_layer<D: Device>(
             hidden: h,
         }),
     };
+    let mut parts = vec![
+        part("input_layernorm", attention, "post_attention_layernorm")?,
+        part(
+            "pre_feedforward_layernorm",
+            ffn,
+            "post_feedforward_layernorm",
+        )?,
+    ];
+    if let Some(ple) = &g.ple {
+        parts.push(ple_part(ld, spec, ple, i)?);
+    }
     Ok(Layer {
-        parts: vec![
-            part("input_layernorm", attention, "post_attention_layernorm")?,
-            part(
-                "pre_feedforward_layernorm",
-                ffn,
-                "post_feedforward_layernorm",
-            )?,
-        ],
+        parts,
         scale: ld.f32s(&format!("{p}.layer_scalar"), &[1])?[0],
     })
 }
 
 /// Layer `i`'s attention: its head size and KV heads (repeated to the cache's width), its
-/// kind's window and RoPE over the whole head.
+/// kind's window and RoPE over the whole head; a KV-sharing layer's q alone, over the cache of
+/// the layer it shares.
 fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -117,10 +183,21 @@ fn load_attention<D: Device>(
         true => ld.f32s(&attn("q_proj.bias"), &[heads * hd])?,
         false => Vec::new(),
     };
-    let (k, kb) = kv_part(&attn("k_proj"))?;
-    let (v, vb) = kv_part(&v_name)?;
-    bias.extend(kb.into_iter().chain(vb));
-    let qkv = HostMatrix::stack(vec![q, k, v]).map_err(ModelError::Device)?;
+    let shared_kv = g.kv_from[i].is_some();
+    let mut mats = vec![q];
+    let q_norm = || ld.vector(&attn("q_norm.weight"), hd);
+    // transformers builds no k / v projections or norms for a sharing layer.
+    let k_norm = match shared_kv {
+        true => q_norm()?,
+        false => {
+            let (k, kb) = kv_part(&attn("k_proj"))?;
+            let (v, vb) = kv_part(&v_name)?;
+            bias.extend(kb.into_iter().chain(vb));
+            mats.extend([k, v]);
+            ld.vector(&attn("k_norm.weight"), hd)?
+        }
+    };
+    let qkv = HostMatrix::stack(mats).map_err(ModelError::Device)?;
     let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
     let rope = match if sliding { g.local_rope } else { g.global_rope } {
         Gemma4Rope::Default { theta } => Rope::new(hd, theta, super::RopeScaling::None),
@@ -133,10 +210,7 @@ fn load_attention<D: Device>(
     Ok(Attention {
         qkv,
         o: ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,
-        qk_norm: Some((
-            ld.vector(&attn("q_norm.weight"), hd)?,
-            ld.vector(&attn("k_norm.weight"), hd)?,
-        )),
+        qk_norm: Some((q_norm()?, k_norm)),
         v_norm: Some(ld.dev.vector(&vec![1.0; hd])?),
         rope: Some((ld.dev.rope_table(&rope)?, hd)),
         gated: false,
@@ -144,7 +218,8 @@ fn load_attention<D: Device>(
         kv_heads: kv * repeat,
         head_dim: hd,
         eps: spec.rms_norm_eps,
-        kv_layer: i,
+        kv_layer: g.kv_layer(i),
+        shared_kv,
         variant: AttnVariant {
             window: sliding.then_some(g.window),
             // transformers' `scaling` 1: the scores unscaled, head_dim^-½ undone.

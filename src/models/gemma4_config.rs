@@ -30,6 +30,21 @@ pub struct Gemma4Spec {
     pub k_eq_v: bool,
     /// The MoE block beside each layer's dense MLP (`enable_moe_block`).
     pub moe: Option<Gemma4Experts>,
+    /// E2B / E4B's per-layer embeddings (`hidden_size_per_layer_input` > 0).
+    pub ple: Option<Gemma4Ple>,
+    /// Per layer: the earlier layer whose keys and values it attends over instead of its own
+    /// (the last `num_kv_shared_layers` layers: the last unshared layer of their kind).
+    pub kv_from: Vec<Option<usize>>,
+    /// The KV-sharing layers' MLPs are `2 · intermediate_size` wide (`use_double_wide_mlp`).
+    pub double_wide: bool,
+}
+
+/// Per-layer embeddings: `dim` values per layer and token, from a `[vocab, layers · dim]`
+/// table (`embed_tokens_per_layer`) and a projection of the embedded token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma4Ple {
+    pub dim: usize,
+    pub vocab: usize,
 }
 
 /// One layer kind's RoPE over its whole head.
@@ -69,6 +84,20 @@ impl Gemma4Spec {
         self.kv_dim() / (d * k)
     }
 
+    /// Layer `i`'s KV cache layer: its own index, or the layer it shares keys and values with
+    /// (the sharing layers are the last ones, so the unshared ones are layers 0..n).
+    pub fn kv_layer(&self, i: usize) -> usize {
+        self.kv_from[i].unwrap_or(i)
+    }
+
+    /// Layer `i`'s MLP width for a model of `inter`.
+    pub fn mlp_width(&self, i: usize, inter: usize) -> usize {
+        match self.double_wide && self.kv_from[i].is_some() {
+            true => 2 * inter,
+            false => inter,
+        }
+    }
+
     /// The largest head size of any layer.
     pub fn max_head_dim(&self) -> usize {
         self.geometry.iter().map(|g| g.0).max().unwrap_or(0)
@@ -94,6 +123,8 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         return Err(cfg.err("sliding_window", "must be at least 1"));
     }
     let (local_rope, global_rope) = ropes(cfg)?;
+    let vocab = cfg.usize_or("vocab_size", 262_144)?;
+    let kv_from = kv_sharing(cfg, &sliding)?;
     let g = Gemma4Spec {
         sliding,
         geometry,
@@ -102,13 +133,16 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         global_rope,
         k_eq_v,
         moe: moe(cfg)?,
+        ple: ple(cfg, vocab)?,
+        kv_from,
+        double_wide: cfg.bool_or("use_double_wide_mlp", false)?,
     };
     check_geometry(cfg, &g, heads)?;
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
         name,
         architecture: arch,
-        vocab_size: cfg.usize_or("vocab_size", 262_144)?,
+        vocab_size: vocab,
         hidden_size: cfg.usize_or("hidden_size", 2304)?,
         num_layers: layers,
         num_heads: heads,
@@ -150,18 +184,6 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
         path: cfg.path_buf(),
         what,
     };
-    let ple = cfg.usize_or("hidden_size_per_layer_input", 256)?;
-    if ple != 0 {
-        return Err(unsupported(format!(
-            "per-layer embeddings (hidden_size_per_layer_input {ple}: Gemma 4 E2B / E4B)"
-        )));
-    }
-    let shared = cfg.usize_or("num_kv_shared_layers", 0)?;
-    if shared != 0 {
-        return Err(unsupported(format!(
-            "layers sharing another layer's KV (num_kv_shared_layers {shared})"
-        )));
-    }
     match cfg.get("use_bidirectional_attention") {
         None => {}
         Some(v) if v.as_str() == Some("vision") => {} // text tokens stay causal
@@ -180,6 +202,48 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
             shown(v)
         ))),
     }
+}
+
+/// `hidden_size_per_layer_input` (`Gemma4TextConfig`'s default 256; 0: none) and the table's
+/// rows, which must cover the vocabulary (transformers indexes it by every token id).
+fn ple(cfg: &Cfg<'_>, vocab: usize) -> Result<Option<Gemma4Ple>, ModelError> {
+    let dim = cfg.usize_or("hidden_size_per_layer_input", 256)?;
+    if dim == 0 || cfg.is_null("hidden_size_per_layer_input") {
+        return Ok(None);
+    }
+    let rows = cfg.usize_or("vocab_size_per_layer_input", 262_144)?;
+    if rows < vocab {
+        let field = "vocab_size_per_layer_input";
+        return Err(cfg.err(field, format!("{rows} rows for a vocabulary of {vocab}")));
+    }
+    Ok(Some(Gemma4Ple { dim, vocab: rows }))
+}
+
+/// `Gemma4TextConfig.kv_sharing_modes`: the last `num_kv_shared_layers` layers attend over the
+/// keys and values of the last earlier layer of their kind, which must exist (the class raises
+/// otherwise; sharing every layer leaves none to produce them).
+fn kv_sharing(cfg: &Cfg<'_>, sliding: &[bool]) -> Result<Vec<Option<usize>>, ModelError> {
+    let field = "num_kv_shared_layers";
+    let shared = cfg.usize_or(field, 0)?;
+    let layers = sliding.len();
+    let first = layers.checked_sub(shared).filter(|&f| f > 0 || shared == 0);
+    let first = first.ok_or_else(|| cfg.err(field, format!("{shared} of {layers} layers")))?;
+    (0..layers)
+        .map(|i| match i < first {
+            true => Ok(None),
+            false => (0..first)
+                .rev()
+                .find(|&j| sliding[j] == sliding[i])
+                .map(Some)
+                .ok_or_else(|| {
+                    let kind = if sliding[i] { SLIDING } else { FULL };
+                    cfg.err(
+                        field,
+                        format!("layer {i}: no unshared {kind} layer before it"),
+                    )
+                }),
+        })
+        .collect()
 }
 
 /// `layer_types`, else every 6th layer full; the last layer full whatever they say
@@ -261,6 +325,13 @@ fn check_geometry(cfg: &Cfg<'_>, g: &Gemma4Spec, heads: usize) -> Result<(), Mod
                     "layer {i}: {k} KV heads of {d} for {heads} query heads (other layers' KV \
                      width {kv_dim})"
                 ),
+            ));
+        }
+        if let Some(j) = g.kv_from[i].filter(|&j| g.geometry[j] != (d, k)) {
+            let (dj, kj) = g.geometry[j];
+            return Err(cfg.err(
+                "per_layer_config",
+                format!("layer {i}: {k} KV heads of {d} sharing layer {j}'s {kj} of {dj}"),
             ));
         }
         let first_of_kind = g.sliding.iter().position(|&s| s == g.sliding[i]);

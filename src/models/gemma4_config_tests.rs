@@ -96,17 +96,30 @@ fn moe_block() {
     assert!(spec(&v).unwrap_err().to_string().contains("top_k_experts"));
 }
 
+/// Full layers 2 and 5.
+const LAYER_TYPES: [&str; 6] = [
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+];
+
 /// What hsx does not run is refused by name, never run otherwise.
 #[test]
 fn refusals_name_the_option() {
     let cases = [
         (
-            json!({"hidden_size_per_layer_input": 256}),
-            "per-layer embeddings",
+            json!({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 99}),
+            "99 rows for a vocabulary of 100",
         ),
+        (json!({"num_kv_shared_layers": 6}), "6 of 6 layers"),
+        (json!({"num_kv_shared_layers": 7}), "7 of 6 layers"),
+        // Every 6th layer full: the only full layer (5) shared, none of its kind produces.
         (
-            json!({"num_kv_shared_layers": 20}),
-            "num_kv_shared_layers 20",
+            json!({"num_kv_shared_layers": 1}),
+            "layer 5: no unshared full_attention layer before it",
         ),
         (
             json!({"use_bidirectional_attention": "all"}),
@@ -135,12 +148,61 @@ fn refusals_name_the_option() {
         let e = spec(&small(extra.clone())).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
-    // The class's default has per-layer embeddings (E2B's 256): a config naming none.
-    let mut v = small(json!({}));
+    // A sharing layer's geometry must be its producer's (per_layer_config could differ).
+    let v = small(
+        json!({"num_kv_shared_layers": 1, "layer_types": LAYER_TYPES, "per_layer_config": {
+        "2": {"head_dim": 32, "num_key_value_heads": 1},
+        "5": {"head_dim": 32, "num_key_value_heads": 2}}}),
+    );
+    let e = spec(&v).unwrap_err().to_string();
+    assert!(
+        e.contains("layer 5: 2 KV heads of 32 sharing layer 2's 1 of 32"),
+        "{e}"
+    );
+    // Bidirectional attention over image tokens only leaves text causal.
+    assert!(spec(&small(json!({"use_bidirectional_attention": "vision"}))).is_ok());
+}
+
+/// E2B's shape (35 layers, every 5th full, the last 20 sharing KV, per-layer embeddings of
+/// 256, double-wide MLPs; values from the class's documentation, not a released file): the
+/// sharing layers read the last unshared layer of their kind (13 sliding, 14 full), 15 cache
+/// layers; the class's default per-layer width (256) where the config names none.
+#[test]
+fn e2b_per_layer_embeddings_and_kv_sharing() {
+    let types: Vec<&str> = (0..35)
+        .map(|i| match (i + 1) % 5 {
+            0 => "full_attention",
+            _ => "sliding_attention",
+        })
+        .collect();
+    let mut v = small(json!({
+        "num_hidden_layers": 35, "layer_types": types, "num_kv_shared_layers": 20,
+        "use_double_wide_mlp": true, "vocab_size_per_layer_input": 100}));
     v.as_object_mut()
         .unwrap()
         .remove("hidden_size_per_layer_input");
-    assert!(spec(&v).unwrap_err().to_string().contains("per-layer"));
-    // Bidirectional attention over image tokens only leaves text causal.
-    assert!(spec(&small(json!({"use_bidirectional_attention": "vision"}))).is_ok());
+    let g = spec(&v).unwrap().gemma4.unwrap();
+    assert_eq!(
+        g.ple,
+        Some(Gemma4Ple {
+            dim: 256,
+            vocab: 100
+        })
+    );
+    assert!((0..15).all(|i| g.kv_from[i].is_none() && g.kv_layer(i) == i));
+    for i in 15..35 {
+        let want = if g.sliding[i] { 13 } else { 14 };
+        assert_eq!(
+            (g.kv_from[i], g.kv_layer(i)),
+            (Some(want), want),
+            "layer {i}"
+        );
+        assert_eq!(g.mlp_width(i, 128), 256);
+    }
+    assert_eq!(g.mlp_width(14, 128), 128);
+    // Width 0 or null: none (the 31B's, the 26B-A4B's).
+    for none in [json!(0), Value::Null] {
+        let g = spec(&small(json!({"hidden_size_per_layer_input": none})));
+        assert_eq!(g.unwrap().gemma4.unwrap().ple, None);
+    }
 }

@@ -65,8 +65,8 @@ pub mod weights;
 
 pub use backend::{Layout, ModelBackend};
 pub use config::{
-    Architecture, Gemma3Spec, Gemma4Experts, Gemma4Rope, Gemma4Spec, GraniteSpec, ModelSpec,
-    QkNorm, RopeScaling, WeightDtype,
+    Architecture, Gemma3Spec, Gemma4Experts, Gemma4Ple, Gemma4Rope, Gemma4Spec, GraniteSpec,
+    ModelSpec, QkNorm, RopeScaling, WeightDtype,
 };
 pub use devices::{CpuBackend, CpuOptions, CudaOptions, cuda_supports, load_cuda};
 pub use error::ModelError;

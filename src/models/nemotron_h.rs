@@ -79,6 +79,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         spec,
         embed,
         layers,
+        ple: None,
         lm_head,
     })
 }
@@ -130,6 +131,7 @@ pub(super) fn attention_with<D: Device>(
         head_dim: spec.head_dim,
         eps: spec.rms_norm_eps,
         kv_layer,
+        shared_kv: false,
         variant,
     })
 }

@@ -43,6 +43,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         spec,
         embed,
         layers,
+        ple: None,
         lm_head,
     })
 }
@@ -156,6 +157,7 @@ fn load_attention<D: Device>(
         head_dim: hd,
         eps: spec.rms_norm_eps,
         kv_layer,
+        shared_kv: false,
         variant: AttnVariant::causal(),
     })
 }

@@ -12,6 +12,7 @@ mod cuda_moe;
 mod cuda_moe_ops;
 mod dense;
 mod fp8;
+mod gemma4_ple;
 mod golden;
 mod hybrid;
 mod matrix;

@@ -204,6 +204,7 @@ matrix! {
     deepseek_v3_yarn => "deepseek_v3_yarn",
     gemma4 => "gemma4",
     gemma4_moe => "gemma4_moe",
+    gemma4_e2b => "gemma4_e2b",
     gemma4_bf16 => "gemma4_bf16",
     gemma4_vl => "gemma4_vl",
     smollm3 => "smollm3",

@@ -158,6 +158,7 @@ const FIXTURES: &[&str] = &[
     "deepseek_v3_yarn",
     "gemma4",
     "gemma4_moe",
+    "gemma4_e2b",
     "gemma4_bf16",
     "gemma4_vl",
     "smollm3",

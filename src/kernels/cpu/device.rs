@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use super::bf16::{Bf16Kernel, Half, PackedHalf};
 use super::capture::CpuCapture;
+use super::exp::gelu_tanh_times;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
@@ -271,6 +272,13 @@ impl Device for CpuDevice {
     }
 
     fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f64, out: &mut CpuBuf) -> DevResult<()> {
+        if w.is_empty() || !x.width.is_multiple_of(w.len()) {
+            return Err(DeviceError::Invalid(format!(
+                "rms_norm: weight of {} for rows of {}",
+                w.len(),
+                x.width
+            )));
+        }
         ops::rms_norm(&x.data, w, eps, &mut out.data);
         set(out, x.width);
         Ok(())
@@ -358,6 +366,23 @@ impl Device for CpuDevice {
             .for_each(|((o, x), g)| {
                 for ((o, &a), &g) in o.iter_mut().zip(x).zip(g) {
                     *o = a * sigmoid(g);
+                }
+            });
+        set(out, x.width);
+        Ok(())
+    }
+
+    fn gelu_tanh_gate(&self, x: &CpuBuf, up: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
+        check_gate("gelu_tanh_gate", x, &up)?;
+        // Every element is written below: resizing zeroes only growth.
+        out.data.resize(x.data.len(), 0.0);
+        out.data
+            .par_chunks_mut(x.width.max(1))
+            .zip(x.data.par_chunks(x.width.max(1)))
+            .zip(col_rows(up))
+            .for_each(|((o, x), u)| {
+                for ((o, &a), &u) in o.iter_mut().zip(x).zip(u) {
+                    *o = gelu_tanh_times(a, u);
                 }
             });
         set(out, x.width);

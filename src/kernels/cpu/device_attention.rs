@@ -21,6 +21,12 @@ pub(super) fn attention(
     let hd = l.head_dim;
     let (qd, kvd) = (l.heads * hd, l.kv_heads * hd);
     let plan = step.plan;
+    if qkv.width < l.width(call.shared_kv) {
+        return Err(DeviceError::Invalid(format!(
+            "attention layout {l:?} in {}-wide qkv rows",
+            qkv.width
+        )));
+    }
     if let Some((qn, kn, _)) = call.qk_norm {
         l.norm_pieces((qn.len(), kn.len()))
             .map_err(DeviceError::Invalid)?;
@@ -43,8 +49,14 @@ pub(super) fn attention(
         rope: call.rope,
         positions: &plan.positions,
     };
-    ops::split_qkv(&qkv.data, &split, (&mut kv.q, &mut kv.k, &mut kv.v));
-    kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
+    match call.shared_kv {
+        // Gemma 4's KV sharing: an earlier layer of this step wrote these keys and values.
+        true => ops::split_q(&qkv.data, &split, &mut kv.q),
+        false => {
+            ops::split_qkv(&qkv.data, &split, (&mut kv.q, &mut kv.k, &mut kv.v));
+            kv.cache.write(call.kv_layer, &plan.slots, &kv.k, &kv.v);
+        }
+    }
     let (kc, vc) = kv.cache.layer(call.kv_layer);
     let sm = &call.softmax;
     sm.check()?;

@@ -196,6 +196,50 @@ pub fn split_qkv(
         return;
     }
     let half = s.rope.map_or(0, |(_, rot)| rot / 2);
+    q.par_chunks_mut(s.q_dim)
+        .zip(k.par_chunks_mut(s.kv_dim))
+        .zip(v.par_chunks_mut(s.kv_dim))
+        .zip(qkv.par_chunks(s.width))
+        .zip(s.positions.par_iter())
+        .for_each_init(
+            || (vec![0.0f32; half], vec![0.0f32; half]),
+            |cs, ((((qr, kr), vr), row), &pos)| {
+                prepare_row(s, row, pos, (qr, Some((kr, vr))), cs);
+            },
+        );
+}
+
+/// [`split_qkv`]'s q alone, for a layer attending over an earlier layer's keys and values
+/// (rows as wide as `s.width`, only their first `q_dim` columns read).
+pub fn split_q(qkv: &[f32], s: &QkvSplit<'_>, q: &mut Vec<f32>) {
+    let rows = qkv.len().checked_div(s.width).unwrap_or(0);
+    // Every element is written below: resizing zeroes only growth.
+    q.resize(rows * s.q_dim, 0.0);
+    if rows == 0 || s.q_dim == 0 {
+        return;
+    }
+    let half = s.rope.map_or(0, |(_, rot)| rot / 2);
+    q.par_chunks_mut(s.q_dim)
+        .zip(qkv.par_chunks(s.width))
+        .zip(s.positions.par_iter())
+        .for_each_init(
+            || (vec![0.0f32; half], vec![0.0f32; half]),
+            |cs, ((qr, row), &pos)| prepare_row(s, row, pos, (qr, None), cs),
+        );
+}
+
+/// A row's k and v destinations.
+type KvRow<'a> = Option<(&'a mut [f32], &'a mut [f32])>;
+
+/// One row's q (and k, v): gathered from `row`, normed, rotated at `pos` (`cos_sin`: scratch
+/// of `rot / 2`).
+fn prepare_row(
+    s: &QkvSplit<'_>,
+    row: &[f32],
+    pos: usize,
+    (qr, kv): (&mut [f32], KvRow<'_>),
+    (cos, sin): &mut (Vec<f32>, Vec<f32>),
+) {
     let piece = |dst: &mut [f32], src: &[f32], w: Option<&[f32]>, eps: f64| match w {
         Some(w) => {
             for (d, x) in dst.chunks_exact_mut(w.len()).zip(src.chunks_exact(w.len())) {
@@ -204,33 +248,27 @@ pub fn split_qkv(
         }
         None => dst.copy_from_slice(src),
     };
-    q.par_chunks_mut(s.q_dim)
-        .zip(k.par_chunks_mut(s.kv_dim))
-        .zip(v.par_chunks_mut(s.kv_dim))
-        .zip(qkv.par_chunks(s.width))
-        .zip(s.positions.par_iter())
-        .for_each_init(
-            || (vec![0.0f32; half], vec![0.0f32; half]),
-            |(cos, sin), ((((qr, kr), vr), row), &pos)| {
-                let (vn, v_eps) = s.v_norm.map_or((None, 0.0), |(w, eps)| (Some(w), eps));
-                piece(vr, &row[s.v_col..s.v_col + s.kv_dim], vn, v_eps);
-                let eps = s.norm.map_or(0.0, |n| n.2);
-                piece(qr, &row[..s.q_dim], s.norm.map(|n| n.0), eps);
-                piece(
-                    kr,
-                    &row[s.k_col..s.k_col + s.kv_dim],
-                    s.norm.map(|n| n.1),
-                    eps,
-                );
-                if let Some((rope, rot)) = s.rope {
-                    rope.cos_sin(pos, cos, sin);
-                    let heads = qr.chunks_exact_mut(s.head_dim);
-                    for head in heads.chain(kr.chunks_exact_mut(s.head_dim)) {
-                        rotate_half(&mut head[..rot], cos, sin);
-                    }
-                }
-            },
+    let eps = s.norm.map_or(0.0, |n| n.2);
+    let mut kr = None;
+    if let Some((k, v)) = kv {
+        let (vn, v_eps) = s.v_norm.map_or((None, 0.0), |(w, eps)| (Some(w), eps));
+        piece(v, &row[s.v_col..s.v_col + s.kv_dim], vn, v_eps);
+        piece(
+            k,
+            &row[s.k_col..s.k_col + s.kv_dim],
+            s.norm.map(|n| n.1),
+            eps,
         );
+        kr = Some(k);
+    }
+    piece(qr, &row[..s.q_dim], s.norm.map(|n| n.0), eps);
+    if let Some((rope, rot)) = s.rope {
+        rope.cos_sin(pos, cos, sin);
+        let k_heads = kr.into_iter().flat_map(|k| k.chunks_exact_mut(s.head_dim));
+        for head in qr.chunks_exact_mut(s.head_dim).chain(k_heads) {
+            rotate_half(&mut head[..rot], cos, sin);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -117,6 +117,7 @@ impl Setup {
             heads: HEADS,
             kv_heads: KV_HEADS,
             head_dim: self.hd,
+            shared_kv: false,
         };
         let softmax = DevSoftmax {
             shape: AttnShape {

@@ -107,6 +107,23 @@ __device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int i, float
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < (total); \
          idx += (long long)gridDim.x * blockDim.x)
 
+// x * sigmoid(s) * u: the SwiGLU's (s = x) and the GeGLU's gate (src/kernels/cpu/exp.rs's
+// sigmoid_gate, with expf).
+__device__ __forceinline__ float sigmoid_gate(float x, float s, float u) {
+    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-s))), u);
+}
+
+// torch's gelu(x, approximate="tanh") * u: 0.5 * x * (1 + tanh(z)), z = sqrt(2/pi) * (x +
+// 0.044715 * x^3), computed as the same function x * sigmoid(2z) (no cancellation in 1 + tanh
+// below zero), in the CPU's order (src/kernels/cpu/exp.rs::gelu_tanh_times); expf(-2z) may
+// overflow to inf, giving -0 as it should.
+__device__ __forceinline__ float gelu_tanh_times(float g, float u) {
+    const float two_beta = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
+    const float cube = __fmul_rn(__fmul_rn(g, g), g);
+    const float s = __fmul_rn(two_beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
+    return sigmoid_gate(g, s, u);
+}
+
 // Butterfly reductions: every lane ends with the same value (a + b == b + a bit for bit), and
 // the order of additions is fixed by the lane layout, never by the data or the batch.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -16,7 +16,7 @@ use super::capture::Capture;
 use super::context::{CudaError, DevBuf, Gpu, panic_message, probe};
 use super::device_ops::GatedNormKind;
 use super::device_types::{
-    CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, cols, glu_shape, invalid, same_f32,
+    CudaBuf, CudaLinear, CudaRope, CudaStep, check_len, glu_shape, invalid, same_f32,
 };
 use super::gated_norm;
 use super::gemm::DevWeight;
@@ -247,16 +247,21 @@ impl Device for CudaDevice {
 
     fn rms_norm(&self, x: &CudaBuf, w: &DevBuf<f32>, eps: f64, out: &mut CudaBuf) -> DevResult<()> {
         x.f32("rms_norm input")?;
-        check_len(w, x.width(), "rms_norm weight")?;
+        let n = w.len();
+        if n == 0 || !x.width().is_multiple_of(n) {
+            return invalid(format!("rms_norm: weight of {n} for rows of {}", x.width()));
+        }
         out.set(x.rows(), x.width(), "rms_norm")?;
-        let (g, n) = (&self.gpu, x.width());
+        // Dense rows: each row's `width / n` pieces are rows of `n` one after another.
+        let rows = x.rows() * (x.width() / n);
+        let (g, dt) = (&self.gpu, out.dtype());
         Ok(ops::rms_norm(
             g,
             x.ptr(),
             w.ptr(),
             out.ptr(),
-            out.dtype(),
-            x.rows(),
+            dt,
+            rows,
             n,
             eps,
         )?)
@@ -355,30 +360,16 @@ impl Device for CudaDevice {
         gate: Cols<'_, CudaBuf>,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        x.f32("sigmoid_gate input")?;
-        cols(gate, "sigmoid_gate gate")?;
-        if gate.width != x.width() || gate.buf.rows() != x.rows() {
-            return invalid(format!(
-                "sigmoid_gate: gate [{}, {}] for input [{}, {}]",
-                gate.buf.rows(),
-                gate.width,
-                x.rows(),
-                x.width()
-            ));
-        }
-        out.set(x.rows(), x.width(), "sigmoid_gate")?;
-        // The kernel takes the gate as (rows' base, row stride, first column).
-        let g = (gate.buf.ptr(), gate.buf.width(), gate.col);
-        let gpu = &self.gpu;
-        Ok(ops::attn_gate(
-            gpu,
-            x.ptr(),
-            g,
-            out.ptr(),
-            out.dtype(),
-            x.rows(),
-            x.width(),
-        )?)
+        self.gate_op(x, gate, out, false)
+    }
+
+    fn gelu_tanh_gate(
+        &self,
+        x: &CudaBuf,
+        up: Cols<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.gate_op(x, up, out, true)
     }
 
     fn silu_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {

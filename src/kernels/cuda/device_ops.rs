@@ -67,7 +67,7 @@ impl CudaDevice {
         let hd = l.head_dim;
         qkv.f32("attention qkv")?;
         check_rows(qkv.rows(), t, "attention qkv")?;
-        if l.k_col < l.heads * hd || l.v_col() + l.kv_heads * hd > qkv.width() {
+        if l.k_col < l.heads * hd || l.width(call.shared_kv) > qkv.width() {
             return invalid(format!(
                 "attention layout {l:?} in {}-wide qkv rows",
                 qkv.width()
@@ -104,6 +104,7 @@ impl CudaDevice {
             heads: l.heads,
             kv_heads: l.kv_heads,
             head_dim: hd,
+            shared_kv: call.shared_kv,
         };
         let rope = call.rope.map(|(r, rot)| (rot, (r.inv_freq.ptr(), r.scale)));
         let sm = &call.softmax;
@@ -135,6 +136,45 @@ impl CudaDevice {
             kv.attend_selected(&self.gpu, call.kv_layer, q, softmax.shape, o, plan)?;
         }
         Ok(())
+    }
+
+    /// [`Device::sigmoid_gate`], or with `gelu` [`Device::gelu_tanh_gate`].
+    pub(super) fn gate_op(
+        &self,
+        x: &CudaBuf,
+        gate: Cols<'_, CudaBuf>,
+        out: &mut CudaBuf,
+        gelu: bool,
+    ) -> DevResult<()> {
+        let what = if gelu {
+            "gelu_tanh_gate"
+        } else {
+            "sigmoid_gate"
+        };
+        x.f32(what)?;
+        cols(gate, what)?;
+        if gate.width != x.width() || gate.buf.rows() != x.rows() {
+            return invalid(format!(
+                "{what}: gate [{}, {}] for input [{}, {}]",
+                gate.buf.rows(),
+                gate.width,
+                x.rows(),
+                x.width()
+            ));
+        }
+        out.set(x.rows(), x.width(), what)?;
+        // The kernel takes the gate as (rows' base, row stride, first column).
+        let g = (gate.buf.ptr(), gate.buf.width(), gate.col);
+        let (io, dtype) = ((x.rows(), x.width()), out.dtype());
+        Ok(ops::attn_gate(
+            &self.gpu,
+            x.ptr(),
+            g,
+            out.ptr(),
+            dtype,
+            io,
+            gelu,
+        )?)
     }
 
     pub(super) fn conv1d_op(

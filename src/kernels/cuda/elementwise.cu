@@ -20,12 +20,6 @@ __device__ __forceinline__ void glu_rows(const float* gu, OUT* out, int inter, F
     }
 }
 
-// x * sigmoid(s) * u: the SwiGLU's (s = x) and the GeGLU's gate (src/kernels/cpu/exp.rs's
-// sigmoid_gate, with expf).
-__device__ __forceinline__ float sigmoid_gate(float x, float s, float u) {
-    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-s))), u);
-}
-
 // silu(g) * u.
 template <typename OUT>
 __device__ void silu_mul_t(const float* gu, OUT* out, int inter) {
@@ -41,18 +35,10 @@ extern "C" __global__ void silu_mul_f16(const float* gu, f16_t* out, int inter) 
     silu_mul_t<f16_t>(gu, out, inter);
 }
 
-// Gemma's GeGLU: gelu_tanh(g) * u. torch's 0.5 * x * (1 + tanh(z)), z = sqrt(2/pi) * (x +
-// 0.044715 * x^3), computed as the same function x * sigmoid(2z) (no cancellation in 1 + tanh
-// below zero), in the CPU's order (src/kernels/cpu/exp.rs::gelu_tanh_times); expf(-2z) may
-// overflow to inf, giving -0 as it should.
+// Gemma's GeGLU: gelu_tanh(g) * u (common.cuh's gelu_tanh_times).
 template <typename OUT>
 __device__ void gelu_tanh_mul_t(const float* gu, OUT* out, int inter) {
-    glu_rows<OUT>(gu, out, inter, [](float g, float u) {
-        const float two_beta = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
-        const float cube = __fmul_rn(__fmul_rn(g, g), g);
-        const float s = __fmul_rn(two_beta, __fadd_rn(g, __fmul_rn(0.044715f, cube)));
-        return sigmoid_gate(g, s, u);
-    });
+    glu_rows<OUT>(gu, out, inter, [](float g, float u) { return gelu_tanh_times(g, u); });
 }
 extern "C" __global__ void gelu_tanh_mul_f32(const float* gu, float* out, int inter) {
     gelu_tanh_mul_t<float>(gu, out, inter);

@@ -133,6 +133,8 @@ pub struct QkvRows {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The rows hold q only: the layer attends over keys and values an earlier layer wrote.
+    pub shared_kv: bool,
 }
 
 /// The softmax's variant as the kernel takes it: scale and head geometry, the sinks' device
@@ -333,9 +335,11 @@ impl DevKvCache {
             heads,
             head_dim: hd,
         };
-        let (q, k) = (heads(0, rows.heads), heads(rows.k_col, rows.kv_heads));
+        let q = heads(0, rows.heads);
+        // A layer sharing an earlier layer's keys and values has no k / v columns.
+        let k = (!rows.shared_kv).then(|| heads(rows.k_col, rows.kv_heads));
         let v_col = rows.k_col + rows.kv_heads * hd;
-        if let Some((vn, eps)) = norms.1 {
+        if let Some((vn, eps)) = norms.1.filter(|_| k.is_some()) {
             ops::head_rms_norm(gpu, heads(v_col, rows.kv_heads), vn, eps)?;
         }
         if let Some((qn, kn, eps, [(qc, qw), (kc, kw)])) = norms.0 {
@@ -345,13 +349,20 @@ impl DevKvCache {
                 ..x
             };
             ops::head_rms_norm(gpu, pieces(q, qc, qw), qn, eps)?;
-            ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
+            if let Some(k) = k {
+                ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
+            }
         }
         if let Some((rot, freqs)) = rope {
             let pos = plan.positions.ptr();
-            ops::rope_qk(gpu, q, k, rot, pos, freqs)?;
+            match k {
+                Some(k) => ops::rope_qk(gpu, q, k, rot, pos, freqs)?,
+                None => ops::rope(gpu, q, rot, pos, freqs)?,
+            }
         }
-        self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
+        if k.is_some() {
+            self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
+        }
         self.attention(gpu, layer, q, softmax, out, out_dtype, plan)
     }
 

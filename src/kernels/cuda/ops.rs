@@ -321,8 +321,9 @@ pub fn embed(
 }
 
 /// `out[t, i] = attn[t, i] · sigmoid(gate[t, gate_col + i])` (Qwen3.5 / Qwen3-Next gated
-/// attention) for `rows` rows of `qd`, the gate read from rows `gate_stride` apart starting at
-/// `gate` (row 0, column 0), out in `dtype`.
+/// attention), or with `gelu` `gelu_tanh(attn[t, i]) · gate[t, gate_col + i]` (Gemma 4's
+/// per-layer input), for `rows` rows of `qd`, the gate read from rows `gate_stride` apart
+/// starting at `gate` (row 0, column 0), out in `dtype`.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_gate(
     gpu: &Gpu,
@@ -330,8 +331,8 @@ pub fn attn_gate(
     (gate, gate_stride, gate_col): (u64, usize, usize),
     out: u64,
     dtype: WeightDtype,
-    rows: usize,
-    qd: usize,
+    (rows, qd): (usize, usize),
+    gelu: bool,
 ) -> CudaResult<()> {
     if rows * qd == 0 {
         return Ok(());
@@ -348,7 +349,8 @@ pub fn attn_gate(
         i64_of(gate_stride),
         col,
         out,
-        qd
+        qd,
+        gelu as i32
     )
 }
 

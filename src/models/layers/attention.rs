@@ -24,8 +24,12 @@ pub struct Attention<D: Device> {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub eps: f64,
-    /// This layer's index among the attention layers (its KV cache layer).
+    /// This layer's index among the attention layers (its KV cache layer), or with
+    /// `shared_kv` the cache layer of the earlier layer whose keys and values it reads.
     pub kv_layer: usize,
+    /// Gemma 4's KV sharing: `qkv` projects q only (q's norm weights serve as k's, unread);
+    /// the layer writes no cache.
+    pub shared_kv: bool,
     pub variant: AttnVariant<D>,
 }
 
@@ -71,7 +75,7 @@ impl<D: Device> Attention<D> {
         let l = self.layout();
         let qd = self.q_dim();
         Widths {
-            wide: l.v_col() + self.kv_heads * self.head_dim,
+            wide: l.width(self.shared_kv),
             mid: qd,
             act: qd,
             ..Widths::default()
@@ -99,6 +103,7 @@ impl<D: Device> Attention<D> {
                 temperature: self.variant.temperature,
                 sparse: None,
             },
+            shared_kv: self.shared_kv,
         };
         if self.gated {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.mid)?;

@@ -48,9 +48,7 @@ impl<D: Device> GatedDeltaNet<D> {
             conv: cd,
             mid: vd,
             act: vd,
-            aux: 0,
-            moe: None,
-            side: false,
+            ..Widths::default()
         }
     }
 

@@ -53,9 +53,7 @@ impl<D: Device> Mamba2<D> {
             conv: self.conv_dim(),
             mid: inner,
             act: inner,
-            aux: 0,
-            moe: None,
-            side: false,
+            ..Widths::default()
         }
     }
 

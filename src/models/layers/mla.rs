@@ -145,6 +145,7 @@ impl<D: Device> MlaAttention<D> {
                 sparse: self.sparse.as_ref().map(|x| x.topk),
                 ..AttnSoftmax::causal()
             },
+            shared_kv: false,
         };
         dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
         dev.matmul(&s.act, &self.o, &mut s.proj)

@@ -1,7 +1,7 @@
 //! The building blocks every architecture is made of, generic over the [`Device`] ops: a
 //! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
-//! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-2, or two of these side by
-//! side (Falcon-H1). Each reads the normed rows `s.normed` and leaves its output in `s.proj`.
+//! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-2, two of these side by
+//! side (Falcon-H1), or Gemma 4's per-layer input. Each reads the normed rows `s.normed` and leaves its output in `s.proj`.
 //! The residual stream and the capture are in [`super::decoder`].
 //!
 //! [`Loader`] reads checkpoint tensors for the architecture files, which alone know the names.
@@ -16,6 +16,7 @@ pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod nemotron_moe;
+pub mod per_layer_input;
 
 use super::{ModelError, Weights};
 use crate::kernels::Device;
@@ -31,6 +32,7 @@ pub use mla::MlaAttention;
 pub use mlp::Mlp;
 pub use moe::Moe;
 pub use nemotron_moe::NemotronMoe;
+pub use per_layer_input::{PerLayerEmbedding, PerLayerInput, PleScratch};
 
 /// What a sublayer needs of one forward beyond its scratch: the device's plan, the KV cache
 /// and the recurrent-state slots.
@@ -107,6 +109,8 @@ pub enum Sublayer<D: Device> {
     /// Two sublayers reading the same normed rows, their outputs summed (first + second):
     /// Falcon-H1's Mamba-2 beside its attention.
     Parallel(Box<[Sublayer<D>; 2]>),
+    /// Gemma 4 E2B / E4B's per-layer input.
+    PerLayerInput(PerLayerInput<D>),
 }
 
 impl<D: Device> Sublayer<D> {
@@ -135,6 +139,7 @@ impl<D: Device> Sublayer<D> {
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Kda(k) => k.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
+            Self::PerLayerInput(p) => p.forward(dev, s),
         }
     }
 
@@ -150,6 +155,7 @@ impl<D: Device> Sublayer<D> {
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Kda(k) => k.widths(),
             Self::Mamba2(m) => m.widths(),
+            Self::PerLayerInput(p) => p.widths(),
             Self::Parallel(pair) => Widths {
                 side: true,
                 ..pair[0].widths().max(pair[1].widths())
@@ -223,6 +229,8 @@ pub struct Widths {
     /// A second `[T, hidden]` f32 buffer: some part norms its sublayer's output (Gemma), or a
     /// sublayer runs two side by side (Falcon-H1).
     pub side: bool,
+    /// Per-layer embedding values per token (Gemma 4 E2B / E4B; 0: none).
+    pub ple: usize,
 }
 
 impl Widths {
@@ -239,6 +247,7 @@ impl Widths {
             aux: self.aux.max(o.aux),
             moe,
             side: self.side || o.side,
+            ple: self.ple.max(o.ple),
         }
     }
 
@@ -271,6 +280,7 @@ pub struct Scratch<D: Device> {
     pub act: D::Buf,
     pub aux: D::Buf,
     pub moe: Option<MoeScratch<D>>,
+    pub ple: Option<PleScratch<D>>,
 }
 
 /// The MoE blocks' buffers (`top_k` rows per token for the experts).
@@ -325,6 +335,13 @@ impl<D: Device> Scratch<D> {
             act: dev.buffer(t, w.act, GemmIn)?,
             aux: dev.buffer(t, w.aux, F32)?,
             moe,
+            ple: match w.ple {
+                0 => None,
+                n => Some(PleScratch {
+                    inputs: dev.buffer(t, n, F32)?,
+                    tmp: dev.buffer(t, n, F32)?,
+                }),
+            },
         })
     }
 }
