@@ -369,7 +369,11 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// transformers' own bf16 run is off by up to 2.12e-1 (p3 layer 4), hsx's portable, avx512bf16
 /// and (emulated) amx paths 1.95e-1, CUDA (emulated) 1.60e-1 (2026-11-28). ministral3 (dense,
 /// under the default bound): transformers' own bf16 run 1.05e-2 (p1 layer 4), hsx's bf16
-/// paths 6.4e-3 at worst, CUDA (emulated) 6.5e-3 (2026-11-28).
+/// paths 6.4e-3 at worst, CUDA (emulated) 6.5e-3 (2026-11-28). gemma4_e2b_bf16 (each layer's
+/// per-layer input normed by `post_per_layer_input_norm` after a projection of 16 values, so
+/// its rounding is scaled up to the stream's size): transformers' own bf16 run is off by up to
+/// 5.92e-2 (p2 layer 7), hsx's portable path 3.19e-2 (p3 layer 8), CUDA (emulated) 3.76e-2
+/// (p2 layer 8), its f32-compute paths 2.9e-6 (2026-11-29).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -389,6 +393,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         2.2e-1
     } else if name == "granite_h_bf16" {
         1.4e-1
+    } else if name == "gemma4_e2b_bf16" {
+        6e-2
     } else {
         2e-2
     }

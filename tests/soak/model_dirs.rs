@@ -159,6 +159,7 @@ const FIXTURES: &[&str] = &[
     "gemma4",
     "gemma4_moe",
     "gemma4_e2b",
+    "gemma4_e2b_bf16",
     "gemma4_bf16",
     "gemma4_vl",
     "smollm3",
