@@ -228,6 +228,12 @@ const FIELDS: &[&str] = &[
     "key_multiplier",
     "lm_head_multiplier",
     "projectors_bias",
+    "hidden_size_per_layer_input",
+    "vocab_size_per_layer_input",
+    "num_kv_shared_layers",
+    "use_double_wide_mlp",
+    "global_head_dim",
+    "attention_k_eq_v",
 ];
 
 const WORDS: &[&str] = &[
