@@ -26,6 +26,9 @@ use super::routing::{GroupedTopK, Routing};
 #[path = "device_types.rs"]
 mod types;
 pub use types::*;
+#[path = "attn_types.rs"]
+mod attn_types;
+pub use attn_types::*;
 
 /// A compute device: memory for weights, caches and activations, and the fused ops.
 pub trait Device: Send + Sync + Sized + 'static {

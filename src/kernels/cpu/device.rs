@@ -92,7 +92,7 @@ impl CpuDevice {
 #[path = "device_types.rs"]
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
-use types::{check_gate, col_rows, expert_rows, gather_cols, set};
+use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, set};
 
 #[path = "device_hybrid.rs"]
 mod device_hybrid;
@@ -356,37 +356,11 @@ impl Device for CpuDevice {
     }
 
     fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        check_gate("sigmoid_gate", x, &gate)?;
-        // Every element is written below: resizing zeroes only growth.
-        out.data.resize(x.data.len(), 0.0);
-        out.data
-            .par_chunks_mut(x.width.max(1))
-            .zip(x.data.par_chunks(x.width.max(1)))
-            .zip(col_rows(gate))
-            .for_each(|((o, x), g)| {
-                for ((o, &a), &g) in o.iter_mut().zip(x).zip(g) {
-                    *o = a * sigmoid(g);
-                }
-            });
-        set(out, x.width);
-        Ok(())
+        gate_rows("sigmoid_gate", x, gate, out, |a, g| a * sigmoid(g))
     }
 
     fn gelu_tanh_gate(&self, x: &CpuBuf, up: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        check_gate("gelu_tanh_gate", x, &up)?;
-        // Every element is written below: resizing zeroes only growth.
-        out.data.resize(x.data.len(), 0.0);
-        out.data
-            .par_chunks_mut(x.width.max(1))
-            .zip(x.data.par_chunks(x.width.max(1)))
-            .zip(col_rows(up))
-            .for_each(|((o, x), u)| {
-                for ((o, &a), &u) in o.iter_mut().zip(x).zip(u) {
-                    *o = gelu_tanh_times(a, u);
-                }
-            });
-        set(out, x.width);
-        Ok(())
+        gate_rows("gelu_tanh_gate", x, up, out, gelu_tanh_times)
     }
 
     fn silu_mul(&self, gate_up: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {

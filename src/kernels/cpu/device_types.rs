@@ -98,6 +98,31 @@ pub(super) fn check_gate(what: &str, x: &CpuBuf, c: &Cols<'_, CpuBuf>) -> DevRes
     Ok(())
 }
 
+/// `out[t, i] = f(x[t, i], c[t, i])` for columns `c` as wide as `x` (checked: `what` names the
+/// op in the error).
+pub(super) fn gate_rows(
+    what: &str,
+    x: &CpuBuf,
+    c: Cols<'_, CpuBuf>,
+    out: &mut CpuBuf,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> DevResult<()> {
+    check_gate(what, x, &c)?;
+    // Every element is written below: resizing zeroes only growth.
+    out.data.resize(x.data.len(), 0.0);
+    out.data
+        .par_chunks_mut(x.width.max(1))
+        .zip(x.data.par_chunks(x.width.max(1)))
+        .zip(col_rows(c))
+        .for_each(|((o, x), g)| {
+            for ((o, &a), &g) in o.iter_mut().zip(x).zip(g) {
+                *o = f(a, g);
+            }
+        });
+    set(out, x.width);
+    Ok(())
+}
+
 /// The columns of `c`, row by row, read in place (nothing copied or allocated: a gather into a
 /// fresh vector was mapped and faulted in anew on every call once it passed the allocator's
 /// mmap threshold, ~3% of a Nemotron-H-8B-shaped run).

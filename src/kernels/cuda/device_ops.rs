@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::context::DevBuf;
 use super::device::CudaDevice;
-use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_len, cols, invalid};
+use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_gate, check_len, cols, invalid};
 use super::gated_norm::{self, GatedNormIo};
 use super::gemm;
 use super::kv_cache::{DevKvCache, DevSoftmax, QkvRows};
@@ -146,22 +146,8 @@ impl CudaDevice {
         out: &mut CudaBuf,
         gelu: bool,
     ) -> DevResult<()> {
-        let what = if gelu {
-            "gelu_tanh_gate"
-        } else {
-            "sigmoid_gate"
-        };
-        x.f32(what)?;
-        cols(gate, what)?;
-        if gate.width != x.width() || gate.buf.rows() != x.rows() {
-            return invalid(format!(
-                "{what}: gate [{}, {}] for input [{}, {}]",
-                gate.buf.rows(),
-                gate.width,
-                x.rows(),
-                x.width()
-            ));
-        }
+        let what = ["sigmoid_gate", "gelu_tanh_gate"][gelu as usize];
+        check_gate(what, x, gate)?;
         out.set(x.rows(), x.width(), what)?;
         // The kernel takes the gate as (rows' base, row stride, first column).
         let g = (gate.buf.ptr(), gate.buf.width(), gate.col);

@@ -1,0 +1,178 @@
+//! The attention ops' types (re-exported by `device.rs`): where q, k and v sit in a fused
+//! projection, the head geometry, an attention layer's call and its softmax's variant.
+
+use super::{Device, DeviceError};
+
+/// Where q, k and v sit in a fused projection's rows: q heads from column 0, k heads from
+/// `k_col`, v heads right after k.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvLayout {
+    pub k_col: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    pub fn v_col(&self) -> usize {
+        self.k_col + self.kv_heads * self.head_dim
+    }
+
+    /// The row width this layout reads: up to v's last column, or to `k_col` where the layer
+    /// shares an earlier layer's keys and values (its rows hold q only).
+    pub fn width(&self, shared_kv: bool) -> usize {
+        match shared_kv {
+            true => self.k_col,
+            false => self.v_col() + self.kv_heads * self.head_dim,
+        }
+    }
+
+    /// The pieces (count, width) of each row's q and of its k that q / k RMSNorm weights of
+    /// `lens` values norm one by one: every head (Qwen3: `head_dim` values) or the whole
+    /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length.
+    pub fn norm_pieces(&self, lens: (usize, usize)) -> Result<[(usize, usize); 2], String> {
+        let hd = self.head_dim;
+        let piece = |len: usize, heads: usize, what: &str| match len {
+            _ if len == hd => Ok((heads, hd)),
+            _ if len == heads * hd => Ok((1, len)),
+            _ => Err(format!(
+                "{what} of {len} values for {heads} heads of {hd}: neither a head nor all"
+            )),
+        };
+        Ok([
+            piece(lens.0, self.heads, "q_norm")?,
+            piece(lens.1, self.kv_heads, "k_norm")?,
+        ])
+    }
+}
+
+/// Head geometry of one attention layer, as every device's attention kernel takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Softmax scale, `head_dim^-0.5` (computed in f64, rounded to f32).
+    pub scale: f32,
+}
+
+impl AttnShape {
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: (head_dim as f64).powf(-0.5) as f32,
+        }
+    }
+}
+
+/// One attention layer's call: its KV cache layer, the qkv layout, optional q/k RMSNorm
+/// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]), an optional
+/// per-head RMSNorm of v (Gemma 4's, unweighted: its weights are ones) and RoPE (table, rotary
+/// dims of each head), and the softmax's variant.
+pub struct AttnCall<'a, D: Device> {
+    pub kv_layer: usize,
+    pub layout: QkvLayout,
+    pub qk_norm: Option<(&'a D::Vector, &'a D::Vector, f64)>,
+    /// `[head_dim]` weights and eps.
+    pub v_norm: Option<(&'a D::Vector, f64)>,
+    pub rope: Option<(&'a D::Rope, usize)>,
+    pub softmax: AttnSoftmax<'a, D>,
+    /// The layer attends over the keys and values an earlier layer wrote to `kv_layer` (Gemma
+    /// 4's KV sharing): its rows hold q (and its gate) only, it writes no K / V, and k's norm
+    /// weights and `v_norm` are not read.
+    pub shared_kv: bool,
+}
+
+/// What the attention's softmax sees beyond the causal keys: a sliding window (gpt-oss,
+/// Mistral: query at position p sees keys `p - window + 1 ..= p`) or Llama-4's chunks (keys
+/// `p - p % chunk ..= p`), a learned per-head sink logit that joins the denominator only, a
+/// factor on the scores on top of `head_dim^-0.5` (Gemma-3's `query_pre_attn_scalar`, Granite's
+/// attention multiplier, MLA's YaRN mscale²; YaRN's attention factor is on the RoPE table), and
+/// a per-position query temperature (Llama-4's NoPE layers; every layer of Ministral 3 and
+/// Mistral 4).
+pub struct AttnSoftmax<'a, D: Device> {
+    pub window: Option<usize>,
+    pub chunk: Option<usize>,
+    /// `[heads]` logits.
+    pub sinks: Option<&'a D::Vector>,
+    pub score_factor: f64,
+    pub temperature: Option<QueryTemperature>,
+    /// DeepSeek Sparse Attention's `index_topk`: a token at a position ≥ it (more keys than
+    /// it) attends over the keys the last [`Device::dsa_select`] chose, the rest densely.
+    pub sparse: Option<usize>,
+}
+
+/// A per-position factor on the query after RoPE and norm,
+/// `log1p(floor((p + offset) / floor_scale)) · attn_scale + 1` in f32 as transformers computes
+/// it (1 exactly while `p + offset < floor_scale`): Llama-4's attention temperature tuning (its
+/// NoPE layers; `offset` 1) and the "Llama-4 attention scale" of Ministral 3 / Devstral 2 and
+/// Mistral 4 (every layer; `offset` 0, `floor_scale` the original context, `attn_scale`
+/// `llama_4_scaling_beta`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryTemperature {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+    pub offset: f32,
+}
+
+impl QueryTemperature {
+    /// The factor on the query at position `p`.
+    pub fn factor(&self, p: usize) -> f32 {
+        ((p as f32 + self.offset) / self.floor_scale)
+            .floor()
+            .ln_1p()
+            * self.attn_scale
+            + 1.0
+    }
+}
+
+/// First key a query at position `p` sees: the window's or the chunk's start (0 for neither).
+pub fn first_key(p: usize, window: Option<usize>, chunk: Option<usize>) -> usize {
+    match (window, chunk) {
+        (Some(w), _) => (p + 1).saturating_sub(w),
+        (None, Some(c)) if c > 0 => p - p % c,
+        _ => 0,
+    }
+}
+
+impl<D: Device> AttnSoftmax<'_, D> {
+    /// Plain causal softmax.
+    pub fn causal() -> Self {
+        Self {
+            window: None,
+            chunk: None,
+            sinks: None,
+            score_factor: 1.0,
+            temperature: None,
+            sparse: None,
+        }
+    }
+
+    /// The variant's sizes make sense: a window or a chunk of at least one key (not both), a
+    /// positive floor scale; sparse attention with none of the others (its kernels take none).
+    pub fn check(&self) -> Result<(), DeviceError> {
+        let cold =
+            (self.temperature).is_some_and(|t| t.floor_scale.is_nan() || t.floor_scale < 1.0);
+        let other = self.sinks.is_some() || self.temperature.is_some();
+        let bad = match (self.window, self.chunk) {
+            (Some(0), _) | (_, Some(0)) => Some("attention window or chunk of 0 keys"),
+            (Some(_), Some(_)) => Some("attention with both a sliding window and chunks"),
+            _ if cold => Some("temperature floor_scale below 1"),
+            (w, c) if self.sparse.is_some() && (w.is_some() || c.is_some() || other) => {
+                Some("sparse attention with a window, chunks, sinks or a temperature")
+            }
+            _ => None,
+        };
+        bad.map_or(Ok(()), |m| Err(DeviceError::Invalid(m.into())))
+    }
+
+    /// The head geometry with the scale `head_dim^-0.5 · score_factor` (f64, rounded once).
+    pub fn shape(&self, heads: usize, kv_heads: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            scale: ((head_dim as f64).powf(-0.5) * self.score_factor) as f32,
+            ..AttnShape::new(heads, kv_heads, head_dim)
+        }
+    }
+}
