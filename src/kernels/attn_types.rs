@@ -176,3 +176,36 @@ impl<D: Device> AttnSoftmax<'_, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::QkvLayout;
+
+    #[test]
+    fn qk_norm_pieces_are_heads_or_the_whole_projection() {
+        let l = QkvLayout {
+            k_col: 48,
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        assert_eq!(l.norm_pieces((8, 8)), Ok([(6, 8), (2, 8)]));
+        assert_eq!(l.norm_pieces((48, 16)), Ok([(1, 48), (1, 16)]));
+        assert!(l.norm_pieces((48, 8)).is_ok(), "each weight on its own");
+        let err = l.norm_pieces((8, 24)).unwrap_err();
+        assert!(err.contains("k_norm of 24 values"), "{err}");
+        assert!(l.norm_pieces((16, 8)).is_err());
+    }
+
+    /// A KV-sharing layer's rows end where k would start.
+    #[test]
+    fn rows_read_up_to_v_or_k() {
+        let l = QkvLayout {
+            k_col: 48,
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        assert_eq!((l.v_col(), l.width(false), l.width(true)), (64, 80, 48));
+    }
+}

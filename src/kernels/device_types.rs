@@ -412,24 +412,3 @@ pub fn check_slot_copies(copies: &[(usize, usize)], slots: usize) -> DevResult<(
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::QkvLayout;
-
-    #[test]
-    fn qk_norm_pieces_are_heads_or_the_whole_projection() {
-        let l = QkvLayout {
-            k_col: 48,
-            heads: 6,
-            kv_heads: 2,
-            head_dim: 8,
-        };
-        assert_eq!(l.norm_pieces((8, 8)), Ok([(6, 8), (2, 8)]));
-        assert_eq!(l.norm_pieces((48, 16)), Ok([(1, 48), (1, 16)]));
-        assert!(l.norm_pieces((48, 8)).is_ok(), "each weight on its own");
-        let err = l.norm_pieces((8, 24)).unwrap_err();
-        assert!(err.contains("k_norm of 24 values"), "{err}");
-        assert!(l.norm_pieces((16, 8)).is_err());
-    }
-}
