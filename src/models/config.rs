@@ -113,6 +113,47 @@ pub struct LongRope {
 }
 
 impl ModelSpec {
+    /// `name`'s spec of `architecture` before its config is read: no layers or sizes yet, the
+    /// class defaults of eps and context, no biases or q/k norm, and none of the families'
+    /// extensions (each config reader fills in what its family has: `..ModelSpec::base(..)`).
+    pub(super) fn base(name: String, architecture: Architecture) -> Self {
+        Self {
+            name,
+            architecture,
+            vocab_size: 0,
+            hidden_size: 0,
+            num_layers: 0,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            intermediate_size: 0,
+            rms_norm_eps: default_eps(architecture),
+            rope_theta: default_theta(architecture),
+            rope_scaling: RopeScaling::None,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: QkNorm::None,
+            tie_word_embeddings: false,
+            max_position_embeddings: default_max_pos(architecture),
+            dtype: WeightDtype::F32,
+            hybrid: None,
+            sliding_window: None,
+            gpt_oss: None,
+            fp8: None,
+            llama4: None,
+            gemma3: None,
+            gemma4: None,
+            nope_layers: None,
+            olmo: None,
+            rotary_dim: None,
+            granite: None,
+            longrope: None,
+            query_temperature: None,
+            falcon_h1: None,
+        }
+    }
+
     /// Reads `dir/config.json`. Errors (never panics) on a missing dir/config, an unsupported
     /// architecture or feature, or a missing/invalid field.
     pub fn from_dir(dir: &Path) -> Result<ModelSpec, ModelError> {

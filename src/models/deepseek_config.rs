@@ -207,8 +207,6 @@ pub(super) fn parse(
     let max_position_embeddings =
         cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
     Ok(ModelSpec {
-        name,
-        architecture,
         vocab_size: cfg.usize_or("vocab_size", f.vocab)?,
         hidden_size: cfg.usize_or("hidden_size", f.hidden)?,
         num_layers,
@@ -236,18 +234,8 @@ pub(super) fn parse(
             mla: Some(mla),
         }),
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
-        falcon_h1: None,
+        ..ModelSpec::base(name, architecture)
     })
 }
 

@@ -47,8 +47,6 @@ pub(super) fn dense_spec(
         architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", biased)?;
     let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
     Ok(ModelSpec {
-        name,
-        architecture,
         vocab_size: cfg.usize_req("vocab_size")?,
         hidden_size,
         num_layers: cfg.num_layers()?,
@@ -86,19 +84,14 @@ pub(super) fn dense_spec(
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         hybrid: super::moe_config::attention_moe(cfg, architecture, head_dim)?,
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,
-        gpt_oss: None,
-        fp8: None,
         llama4: match architecture {
             Architecture::Llama4 => Some(super::llama4_config::attention(cfg, cfg.num_layers()?)?),
             _ => None,
         },
-        gemma3: None,
-        gemma4: None,
         nope_layers: match architecture {
             Architecture::SmolLM3 => Some(smollm3_nope_layers(cfg, cfg.num_layers()?)?),
             _ => None,
         },
-        olmo: None,
         rotary_dim: match architecture {
             Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
             _ => None,
@@ -109,7 +102,7 @@ pub(super) fn dense_spec(
         },
         longrope: longrope.map(|(_, l)| l),
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
-        falcon_h1: None,
+        ..ModelSpec::base(name, architecture)
     })
 }
 

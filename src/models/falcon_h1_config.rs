@@ -67,8 +67,6 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     };
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
-        name,
-        architecture: arch,
         vocab_size: cfg.usize_or("vocab_size", 128_000)?,
         hidden_size: hidden,
         num_layers: layers,
@@ -95,19 +93,8 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             nemotron_moe: None,
             mla: None,
         }),
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
         falcon_h1: Some(multipliers(cfg)?),
+        ..ModelSpec::base(name, arch)
     })
 }
 

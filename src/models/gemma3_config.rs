@@ -45,8 +45,6 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     }
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
-        name,
-        architecture: arch,
         vocab_size: cfg.usize_or("vocab_size", 262_208)?,
         hidden_size: cfg.usize_or("hidden_size", 2304)?,
         num_layers: layers,
@@ -64,25 +62,13 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
         max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-        hybrid: None,
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
         gemma3: Some(Gemma3Spec {
             sliding: sliding_layers(cfg, layers)?,
             window,
             local_rope,
             score_factor: (head_dim as f64 / scalar).sqrt(),
         }),
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, arch)
     })
 }
 

@@ -60,8 +60,6 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
     };
     check(cfg, &gpt_oss)?;
     Ok(ModelSpec {
-        name,
-        architecture: Architecture::GptOss,
         vocab_size: cfg.usize_req("vocab_size")?,
         hidden_size,
         num_layers,
@@ -82,20 +80,8 @@ pub(super) fn parse(cfg: &Cfg<'_>, value: &Value, name: String) -> Result<ModelS
             default_max_pos(Architecture::GptOss),
         )?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-        hybrid: None,
-        sliding_window: None,
         gpt_oss: Some(gpt_oss),
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, Architecture::GptOss)
     })
 }
 

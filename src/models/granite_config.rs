@@ -71,8 +71,6 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
     let head_dim = hidden / heads;
     let moe = experts(cfg, layers.len())?;
     Ok(ModelSpec {
-        name,
-        architecture: arch,
         vocab_size: cfg.usize_or("vocab_size", 32000)?,
         hidden_size: hidden,
         num_layers: layers.len(),
@@ -97,19 +95,8 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
             moe,
             mamba,
         )),
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
         granite: Some(multipliers(cfg)?),
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, arch)
     })
 }
 
@@ -128,8 +115,6 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
     let mamba = mamba(cfg, hidden)?;
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
-        name,
-        architecture: arch,
         vocab_size: cfg.usize_or("vocab_size", 128_000)?,
         hidden_size: hidden,
         num_layers: layers.len(),
@@ -149,19 +134,7 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         // `int(head_dim * 0.5)`, whatever the config's own factor says.
         hybrid: Some(mamba_hybrid(layers, head_dim / 2, None, mamba)),
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, arch)
     })
 }
 

@@ -302,8 +302,6 @@ fn parse_qwen(
         _ => cfg.usize_req("intermediate_size")?,
     };
     Ok(ModelSpec {
-        name,
-        architecture,
         vocab_size: cfg.usize_req("vocab_size")?,
         hidden_size,
         num_layers,
@@ -331,19 +329,7 @@ fn parse_qwen(
             nemotron_moe: None,
             mla: None,
         }),
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, architecture)
     })
 }
 
@@ -440,8 +426,6 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
     };
     let nemotron_moe = super::nemotron_moe::parse(cfg, &layers)?;
     Ok(ModelSpec {
-        name,
-        architecture: Architecture::NemotronH,
         vocab_size: cfg.usize_req("vocab_size")?,
         hidden_size,
         num_layers: layers.len(),
@@ -473,19 +457,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             nemotron_moe,
             mla: None,
         }),
-        sliding_window: None,
-        gpt_oss: None,
-        fp8: None,
-        llama4: None,
-        gemma3: None,
-        gemma4: None,
-        nope_layers: None,
-        olmo: None,
-        rotary_dim: None,
-        granite: None,
-        longrope: None,
-        query_temperature: None,
-        falcon_h1: None,
+        ..ModelSpec::base(name, Architecture::NemotronH)
     })
 }
 
