@@ -1,6 +1,7 @@
 //! [`Decoder`]: what every architecture loads into — the embedding, the decoder layers, the
 //! final norm and the LM head — and the residual stream every architecture runs:
-//! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's); per part
+//! `x = embed(tokens) · scale` (layer id 0; the scale is Gemma's or Granite's; Gemma 4 E2B /
+//! E4B make their per-layer inputs from these rows before the first layer); per part
 //! `x += sublayer(norm(x))` — Gemma's sandwich norms the sublayer's output first,
 //! `x += post_norm(sublayer(norm(x)))`, OLMo 2 / 3 and EXAONE 4 only its output,
 //! `x += post_norm(sublayer(x))`; Granite scales it, `x += r · sublayer(norm(x))` — the
