@@ -60,12 +60,16 @@ pub enum Architecture {
     /// layers with their own RoPE, `(1 + w)` RMSNorms around each sublayer (sandwich), per-head
     /// q/k norms, GeGLU MLPs, embeddings scaled by `√hidden`.
     Gemma3,
-    /// `Gemma4ForCausalLM` (Gemma 4 31B / 26B-A4B's language model): Gemma-3's sliding /
+    /// `Gemma4ForCausalLM` (Gemma 4 31B / 26B-A4B / E2B / E4B's language model): Gemma-3's sliding /
     /// full layers with plain-weight sandwich norms, full layers with their own head size and
     /// KV heads (values from the keys' projection where `attention_k_eq_v`) and proportional
     /// RoPE, a v norm, unscaled scores, a per-layer output scalar, and optionally a MoE block
-    /// beside each dense MLP.
+    /// beside each dense MLP, per-layer embeddings, KV sharing.
     Gemma4,
+    /// `Gemma4UnifiedForCausalLM` (Gemma 4 12B's language model): Gemma 4's layers without
+    /// per-layer embeddings or a MoE block (its config class has neither), KV sharing as
+    /// Gemma 4's; windows of 1024 and a context of 262,144 by default.
+    Gemma4Unified,
     /// `Olmo2ForCausalLM` (OLMo 2): Llama's attention and MLP, each sublayer's output RMS-normed
     /// before the residual add and its input not normed, q / k RMSNorm over the whole
     /// projection.
@@ -108,7 +112,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 35] = [
+    pub const ALL: [Self; 36] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -139,6 +143,7 @@ impl Architecture {
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
+        Self::Gemma4Unified,
         Self::Granite,
         Self::GraniteMoeHybrid,
         Self::Bamba,
@@ -183,6 +188,7 @@ impl Architecture {
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Gemma4 => "Gemma4ForCausalLM",
+            Self::Gemma4Unified => "Gemma4UnifiedForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GraniteMoeHybrid => "GraniteMoeHybridForCausalLM",
             Self::Bamba => "BambaForCausalLM",
@@ -234,6 +240,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama4 | Architecture::Gemma3 => 131072,
         Architecture::Bamba | Architecture::Ministral3 => 262144,
         Architecture::Gemma4 => 131072,
+        Architecture::Gemma4Unified => 262144,
         Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
@@ -266,7 +273,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::Gemma3 => 1e6,
         // Gemma4TextConfig's default rope_parameters: full 1e6, sliding 1e4 (read per kind).
-        Architecture::Gemma4 => 1e6,
+        Architecture::Gemma4 | Architecture::Gemma4Unified => 1e6,
         _ => 10000.0,
     }
 }

@@ -190,7 +190,9 @@ impl ModelSpec {
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
-            Architecture::Gemma4 => super::gemma4_config::parse(&cfg, name)?,
+            a @ (Architecture::Gemma4 | Architecture::Gemma4Unified) => {
+                super::gemma4_config::parse(&cfg, a, name)?
+            }
             a @ (Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4) => {
                 super::olmo_config::parse(&cfg, a, name)?
             }

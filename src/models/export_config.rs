@@ -3,6 +3,7 @@
 //!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
 //!   `Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`,
+//!   `Gemma4UnifiedForConditionalGeneration`,
 //!   `Mistral3ForConditionalGeneration`,
 //!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
 //!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
@@ -40,6 +41,11 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
     // Its text config is Gemma4ForCausalLM's own class (`Gemma4TextConfig`).
     ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
+    // Gemma 4 12B: its text config is Gemma4UnifiedForCausalLM's class.
+    (
+        "Gemma4UnifiedForConditionalGeneration",
+        "Gemma4UnifiedForCausalLM",
+    ),
     // Mistral-Small-3.1 / 3.2: a `mistral` text config (`MistralConfig`'s defaults); Ministral 3
     // and Devstral (Small) 2 a `ministral3` one, Mistral Small 4 a `mistral4` one
     // ([`MISTRAL3_TEXT`]).
@@ -86,13 +92,14 @@ fn text_class(
 }
 
 /// Exports whose class ties the LM head to the embedding unless the config says otherwise
-/// (`Gemma3Config`'s and `Gemma4Config`'s default; the other export classes hsx runs default
+/// (`Gemma3Config`'s, `Gemma4Config`'s and `Gemma4UnifiedConfig`'s default; the other export classes hsx runs default
 /// to untied — but `Mistral3Config`, whose default is tied too: its releases name no tie and
 /// carry their own `language_model.lm_head`, which transformers 5.24 keeps, finding two
 /// tensors to tie).
-const TIED_BY_DEFAULT: [&str; 2] = [
+const TIED_BY_DEFAULT: [&str; 3] = [
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
+    "Gemma4UnifiedForConditionalGeneration",
 ];
 
 /// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top

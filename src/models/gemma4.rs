@@ -1,5 +1,6 @@
-//! Gemma 4 (`Gemma4ForCausalLM`; the language model of `Gemma4ForConditionalGeneration`
-//! exports, `model.language_model.*` answering to `model.*`): Gemma-3's sandwich, its norms
+//! Gemma 4 (`Gemma4ForCausalLM`, the 12B's `Gemma4UnifiedForCausalLM`; the language model of
+//! their `…ForConditionalGeneration` exports, `model.language_model.*` answering to
+//! `model.*`): Gemma-3's sandwich, its norms
 //! with plain weights. Per layer `x += post_attention_layernorm(attention(input_layernorm(x)))`,
 //! `x += post_feedforward_layernorm(ffn(pre_feedforward_layernorm(x)))`, then
 //! `x *= layer_scalar`. The attention: per-head q / k norms and an unweighted v norm, scores

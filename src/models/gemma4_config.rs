@@ -1,13 +1,15 @@
 //! Gemma 4's text config (`Gemma4TextConfig`, `gemma4_text`: `Gemma4ForCausalLM` and the
-//! language model of `Gemma4ForConditionalGeneration` exports), with the class's defaults.
+//! language model of `Gemma4ForConditionalGeneration` exports; `Gemma4UnifiedTextConfig`,
+//! `gemma4_unified_text`: Gemma 4 12B's), with the class's defaults.
 //! Per layer: sliding-window or full attention (`layer_types`, else every 6th layer full; the
 //! last layer is always full, as the class forces it), each kind with its RoPE
 //! (`rope_parameters.{sliding,full}_attention`: `default`, or `proportional` — a share of the
 //! pairs of the whole head rotating). The full layers have their own head size and KV heads:
 //! released configs name `global_head_dim` and (with `attention_k_eq_v`)
 //! `num_global_key_value_heads`; configs saved by transformers name them per layer
-//! (`per_layer_config`). Refused by name: the E2B / E4B's per-layer embeddings and KV sharing,
-//! bidirectional attention over text.
+//! (`per_layer_config`). The E2B / E4B's per-layer embeddings (`hidden_size_per_layer_input`)
+//! and the last `num_kv_shared_layers` layers sharing keys and values; the unified class has no
+//! per-layer embeddings or MoE block. Refused by name: bidirectional attention over text.
 
 use serde_json::Value;
 
@@ -108,8 +110,14 @@ const FULL: &str = "full_attention";
 const SLIDING: &str = "sliding_attention";
 
 /// The spec of a Gemma 4 text config.
-pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let arch = Architecture::Gemma4;
+pub(super) fn parse(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    // Gemma4UnifiedTextConfig has no per-layer embeddings or MoE block (its model builds
+    // neither whatever the config says), windows of 1024 by default.
+    let unified = arch == Architecture::Gemma4Unified;
     refuse_unsupported(cfg)?;
     let layers = cfg.num_layers_or(30)?;
     let heads = cfg.usize_or("num_attention_heads", 8)?;
@@ -117,7 +125,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     let sliding = sliding_layers(cfg, layers)?;
     let k_eq_v = cfg.bool_or("attention_k_eq_v", false)?;
     let geometry = geometry(cfg, &sliding, (head_dim, k_eq_v))?;
-    let window = cfg.usize_or("sliding_window", 512)?;
+    let window = cfg.usize_or("sliding_window", if unified { 1024 } else { 512 })?;
     // A null window is not the class's default: transformers' sliding mask refuses it.
     if window == 0 || cfg.is_null("sliding_window") {
         return Err(cfg.err("sliding_window", "must be at least 1"));
@@ -132,8 +140,8 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         local_rope,
         global_rope,
         k_eq_v,
-        moe: moe(cfg)?,
-        ple: ple(cfg, vocab)?,
+        moe: if unified { None } else { moe(cfg)? },
+        ple: if unified { None } else { ple(cfg, vocab)? },
         kv_from,
         double_wide: cfg.bool_or("use_double_wide_mlp", false)?,
     };

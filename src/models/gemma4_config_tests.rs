@@ -206,3 +206,29 @@ fn e2b_per_layer_embeddings_and_kv_sharing() {
         assert_eq!(g.unwrap().gemma4.unwrap().ple, None);
     }
 }
+
+/// Gemma 4 12B's class (`Gemma4UnifiedForCausalLM`): Gemma 4's layers, no per-layer
+/// embeddings or MoE block whatever the config says (its model builds neither), windows of
+/// 1024 and a context of 262,144 where the config names none; its multimodal export read
+/// text-only and tied, as Gemma 4's.
+#[test]
+fn unified_is_gemma4_without_ple_or_experts() {
+    let mut v = small(json!({
+        "architectures": ["Gemma4UnifiedForCausalLM"], "model_type": "gemma4_unified_text",
+        "hidden_size_per_layer_input": 256, "enable_moe_block": true, "num_kv_shared_layers": 1,
+        "layer_types": LAYER_TYPES}));
+    v.as_object_mut().unwrap().remove("sliding_window");
+    let s = spec(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma4Unified);
+    assert_eq!(s.max_position_embeddings, 262_144);
+    let g = s.gemma4.unwrap();
+    assert_eq!((g.window, g.ple, g.moe), (1024, None, None));
+    assert_eq!(g.kv_from[5], Some(2));
+    let export = json!({
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"], "model_type": "gemma4_unified",
+        "text_config": small(json!({"model_type": "gemma4_unified_text"})),
+        "vision_config": {"model_type": "gemma4_unified_vision"}});
+    let s = spec(&export).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma4Unified);
+    assert!(s.tie_word_embeddings);
+}

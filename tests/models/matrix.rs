@@ -206,6 +206,7 @@ matrix! {
     gemma4_moe => "gemma4_moe",
     gemma4_e2b => "gemma4_e2b",
     gemma4_e2b_bf16 => "gemma4_e2b_bf16",
+    gemma4_unified => "gemma4_unified",
     gemma4_bf16 => "gemma4_bf16",
     gemma4_vl => "gemma4_vl",
     smollm3 => "smollm3",

@@ -160,6 +160,7 @@ const FIXTURES: &[&str] = &[
     "gemma4_moe",
     "gemma4_e2b",
     "gemma4_e2b_bf16",
+    "gemma4_unified",
     "gemma4_bf16",
     "gemma4_vl",
     "smollm3",
