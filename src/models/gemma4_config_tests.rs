@@ -114,6 +114,10 @@ fn refusals_name_the_option() {
             json!({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 99}),
             "99 rows for a vocabulary of 100",
         ),
+        (
+            json!({"hidden_size_per_layer_input": 1u64 << 60, "vocab_size_per_layer_input": 100}),
+            "overflow",
+        ),
         (json!({"num_kv_shared_layers": 6}), "6 of 6 layers"),
         (json!({"num_kv_shared_layers": 7}), "7 of 6 layers"),
         // Every 6th layer full: the only full layer (5) shared, none of its kind produces.

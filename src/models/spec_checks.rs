@@ -75,6 +75,12 @@ impl ModelSpec {
             "intermediate_size",
             &[self.intermediate_size, self.hidden_size, 2],
         )?;
+        // Gemma 4 E2B / E4B's per-layer table and projection.
+        if let Some(p) = self.gemma4.as_ref().and_then(|g| g.ple) {
+            let field = "hidden_size_per_layer_input";
+            too_big(field, &[p.vocab, self.num_layers, p.dim])?;
+            too_big(field, &[self.hidden_size, self.num_layers, p.dim])?;
+        }
         match &self.hybrid {
             Some(h) => check_hybrid(self, h).map_err(|(f, m)| bad(f, m)),
             None => Ok(()),
