@@ -16,6 +16,7 @@
 mod architecture;
 pub mod backend;
 pub mod bamba;
+mod cfg;
 pub mod config;
 pub mod decoder;
 mod deepseek_config;
