@@ -29,8 +29,9 @@ impl QkvLayout {
 
     /// The pieces (count, width) of each row's q and of its k that q / k RMSNorm weights of
     /// `lens` values norm one by one: every head (Qwen3: `head_dim` values) or the whole
-    /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length.
-    pub fn norm_pieces(&self, lens: (usize, usize)) -> Result<[(usize, usize); 2], String> {
+    /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length. A
+    /// layer with no k weights (it shares an earlier layer's keys) has no k pieces: `(0, 0)`.
+    pub fn norm_pieces(&self, lens: (usize, Option<usize>)) -> Result<[(usize, usize); 2], String> {
         let hd = self.head_dim;
         let piece = |len: usize, heads: usize, what: &str| match len {
             _ if len == hd => Ok((heads, hd)),
@@ -41,7 +42,10 @@ impl QkvLayout {
         };
         Ok([
             piece(lens.0, self.heads, "q_norm")?,
-            piece(lens.1, self.kv_heads, "k_norm")?,
+            match lens.1 {
+                Some(k) => piece(k, self.kv_heads, "k_norm")?,
+                None => (0, 0),
+            },
         ])
     }
 }
@@ -67,6 +71,9 @@ impl AttnShape {
     }
 }
 
+/// q's RMSNorm weights, k's where the layer has keys of its own, and eps.
+pub type QkNormWeights<'a, V> = (&'a V, Option<&'a V>, f64);
+
 /// One attention layer's call: its KV cache layer, the qkv layout, optional q/k RMSNorm
 /// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]), an optional
 /// per-head RMSNorm of v (Gemma 4's, unweighted: its weights are ones) and RoPE (table, rotary
@@ -74,7 +81,8 @@ impl AttnShape {
 pub struct AttnCall<'a, D: Device> {
     pub kv_layer: usize,
     pub layout: QkvLayout,
-    pub qk_norm: Option<(&'a D::Vector, &'a D::Vector, f64)>,
+    /// q's weights, k's (none exactly where the layer shares keys: `shared_kv`), and eps.
+    pub qk_norm: Option<QkNormWeights<'a, D::Vector>>,
     /// `[head_dim]` weights and eps.
     pub v_norm: Option<(&'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
@@ -85,24 +93,50 @@ pub struct AttnCall<'a, D: Device> {
     pub shared_kv: bool,
 }
 
+impl<D: Device> AttnCall<'_, D> {
+    /// The (count, width) of the pieces of q and of k its q / k norm weights norm
+    /// ([`QkvLayout::norm_pieces`]), where it has them: k's weights are given exactly where the
+    /// layer has keys of its own (not `shared_kv`). `len`: a weight vector's length.
+    pub fn norm_pieces(
+        &self,
+        len: impl Fn(&D::Vector) -> usize,
+    ) -> Result<Option<[(usize, usize); 2]>, DeviceError> {
+        let Some((q, k, _)) = self.qk_norm else {
+            return Ok(None);
+        };
+        if k.is_some() == self.shared_kv {
+            return Err(DeviceError::Invalid(match self.shared_kv {
+                true => "k_norm weights on a layer that shares an earlier layer's keys".into(),
+                false => "q_norm without k_norm weights on a layer with keys".into(),
+            }));
+        }
+        let pieces = self.layout.norm_pieces((len(q), k.map(len)));
+        pieces.map(Some).map_err(DeviceError::Invalid)
+    }
+}
+
 /// What the attention's softmax sees beyond the causal keys: a sliding window (gpt-oss,
 /// Mistral: query at position p sees keys `p - window + 1 ..= p`) or Llama-4's chunks (keys
 /// `p - p % chunk ..= p`), a learned per-head sink logit that joins the denominator only, a
 /// factor on the scores on top of `head_dim^-0.5` (Gemma-3's `query_pre_attn_scalar`, Granite's
 /// attention multiplier, MLA's YaRN mscale²; YaRN's attention factor is on the RoPE table), and
 /// a per-position query temperature (Llama-4's NoPE layers; every layer of Ministral 3 and
-/// Mistral 4).
-pub struct AttnSoftmax<'a, D: Device> {
+/// Mistral 4). `S`: how the sinks are held, owned by a model's layer
+/// (`SoftmaxVariant<D::Vector>`) or borrowed into a call ([`AttnSoftmax`]).
+pub struct SoftmaxVariant<S> {
     pub window: Option<usize>,
     pub chunk: Option<usize>,
     /// `[heads]` logits.
-    pub sinks: Option<&'a D::Vector>,
+    pub sinks: Option<S>,
     pub score_factor: f64,
     pub temperature: Option<QueryTemperature>,
     /// DeepSeek Sparse Attention's `index_topk`: a token at a position ≥ it (more keys than
     /// it) attends over the keys the last [`Device::dsa_select`] chose, the rest densely.
     pub sparse: Option<usize>,
 }
+
+/// The softmax variant of one attention call, its sinks borrowed.
+pub type AttnSoftmax<'a, D> = SoftmaxVariant<&'a <D as Device>::Vector>;
 
 /// A per-position factor on the query after RoPE and norm,
 /// `log1p(floor((p + offset) / floor_scale)) · attn_scale + 1` in f32 as transformers computes
@@ -137,7 +171,7 @@ pub fn first_key(p: usize, window: Option<usize>, chunk: Option<usize>) -> usize
     }
 }
 
-impl<D: Device> AttnSoftmax<'_, D> {
+impl<S> SoftmaxVariant<S> {
     /// Plain causal softmax.
     pub fn causal() -> Self {
         Self {
@@ -168,6 +202,18 @@ impl<D: Device> AttnSoftmax<'_, D> {
         bad.map_or(Ok(()), |m| Err(DeviceError::Invalid(m.into())))
     }
 
+    /// The same variant, its sinks borrowed (a layer's variant into its call).
+    pub fn as_ref(&self) -> SoftmaxVariant<&S> {
+        SoftmaxVariant {
+            window: self.window,
+            chunk: self.chunk,
+            sinks: self.sinks.as_ref(),
+            score_factor: self.score_factor,
+            temperature: self.temperature,
+            sparse: self.sparse,
+        }
+    }
+
     /// The head geometry with the scale `head_dim^-0.5 · score_factor` (f64, rounded once).
     pub fn shape(&self, heads: usize, kv_heads: usize, head_dim: usize) -> AttnShape {
         AttnShape {
@@ -179,7 +225,15 @@ impl<D: Device> AttnSoftmax<'_, D> {
 
 #[cfg(test)]
 mod tests {
-    use super::QkvLayout;
+    use super::{AttnCall, QkvLayout, SoftmaxVariant};
+    use crate::kernels::CpuDevice;
+
+    const LAYOUT: QkvLayout = QkvLayout {
+        k_col: 48,
+        heads: 6,
+        kv_heads: 2,
+        head_dim: 8,
+    };
 
     #[test]
     fn qk_norm_pieces_are_heads_or_the_whole_projection() {
@@ -189,12 +243,61 @@ mod tests {
             kv_heads: 2,
             head_dim: 8,
         };
-        assert_eq!(l.norm_pieces((8, 8)), Ok([(6, 8), (2, 8)]));
-        assert_eq!(l.norm_pieces((48, 16)), Ok([(1, 48), (1, 16)]));
-        assert!(l.norm_pieces((48, 8)).is_ok(), "each weight on its own");
-        let err = l.norm_pieces((8, 24)).unwrap_err();
+        assert_eq!(l.norm_pieces((8, Some(8))), Ok([(6, 8), (2, 8)]));
+        assert_eq!(l.norm_pieces((48, Some(16))), Ok([(1, 48), (1, 16)]));
+        assert!(
+            l.norm_pieces((48, Some(8))).is_ok(),
+            "each weight on its own"
+        );
+        assert_eq!(l.norm_pieces((8, None)), Ok([(6, 8), (0, 0)]), "no keys");
+        let err = l.norm_pieces((8, Some(24))).unwrap_err();
         assert!(err.contains("k_norm of 24 values"), "{err}");
-        assert!(l.norm_pieces((16, 8)).is_err());
+        assert!(l.norm_pieces((16, Some(8))).is_err());
+    }
+
+    /// A call on `LAYOUT` with q norm weights `q`, k's `k`, sharing keys or not.
+    fn call_with<'a>(
+        q: &'a Vec<f32>,
+        k: Option<&'a Vec<f32>>,
+        shared_kv: bool,
+    ) -> AttnCall<'a, CpuDevice> {
+        AttnCall {
+            kv_layer: 0,
+            layout: LAYOUT,
+            qk_norm: Some((q, k, 1e-6)),
+            v_norm: None,
+            rope: None,
+            softmax: SoftmaxVariant::causal(),
+            shared_kv,
+        }
+    }
+
+    /// k's norm weights are given exactly where the layer has keys of its own.
+    #[test]
+    fn k_norm_weights_exactly_where_the_layer_has_keys() {
+        let (q, k) = (vec![1.0; 8], vec![1.0; 16]);
+        let pieces =
+            |c: AttnCall<'_, CpuDevice>| c.norm_pieces(|w| w.len()).map_err(|e| e.to_string());
+        assert_eq!(
+            pieces(call_with(&q, Some(&k), false)),
+            Ok(Some([(6, 8), (1, 16)]))
+        );
+        assert_eq!(
+            pieces(call_with(&q, None, true)),
+            Ok(Some([(6, 8), (0, 0)]))
+        );
+        let err = pieces(call_with(&q, Some(&k), true)).unwrap_err();
+        assert!(
+            err.contains("k_norm weights on a layer that shares"),
+            "{err}"
+        );
+        let err = pieces(call_with(&q, None, false)).unwrap_err();
+        assert!(err.contains("q_norm without k_norm"), "{err}");
+        let none = AttnCall {
+            qk_norm: None,
+            ..call_with(&q, None, true)
+        };
+        assert_eq!(pieces(none), Ok(None));
     }
 
     /// A KV-sharing layer's rows end where k would start.

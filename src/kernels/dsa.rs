@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn sparse_attention_takes_no_window_chunks_sinks_or_temperature() {
         use crate::kernels::CpuDevice;
-        use crate::kernels::device::{AttnSoftmax, QueryTemperature};
+        use crate::kernels::device::{AttnSoftmax, QueryTemperature, SoftmaxVariant};
         let sinks = vec![0.0f32; 4];
         let temperature = QueryTemperature {
             floor_scale: 8.0,
@@ -213,7 +213,7 @@ mod tests {
             sinks: (v == 3).then_some(&sinks),
             temperature: (v == 4).then_some(temperature),
             sparse,
-            ..AttnSoftmax::causal()
+            ..SoftmaxVariant::causal()
         };
         assert!(variant(Some(8), 0).check().is_ok());
         for v in 1..=4 {

@@ -7,7 +7,7 @@ use super::decoder::Decoder;
 use super::dense::load_mlp;
 use super::granite::mixer;
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
+use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 
@@ -21,7 +21,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let layers = (0..kinds.len())
         .map(|i| {
             let p = format!("model.layers.{i}");
-            let mixer = mixer(ld, &spec, &kinds, i, AttnVariant::causal())?;
+            let mixer = mixer(ld, &spec, &kinds, i, SoftmaxVariant::causal())?;
             let ffn = load_mlp(ld, &spec, &format!("{p}.feed_forward"), Activation::SwiGlu)?;
             let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
             Ok(Layer {

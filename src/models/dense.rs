@@ -13,7 +13,7 @@
 use super::decoder::Decoder;
 use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
-use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
 use super::moe_weights::{self, GATE_BIAS, MIXTRAL_EXPERTS, QWEN_EXPERTS};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling};
 use crate::kernels::Device;
@@ -54,7 +54,7 @@ pub(super) fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     i: usize,
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
 ) -> Result<Attention<D>, ModelError> {
     let rope = (spec.rope_theta, spec.rope_scaling);
     load_attention_roped(ld, spec, i, variant, rope)
@@ -65,7 +65,7 @@ pub(super) fn load_attention_roped<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     i: usize,
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
     (theta, scaling): (f64, RopeScaling),
 ) -> Result<Attention<D>, ModelError> {
     let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
@@ -74,7 +74,7 @@ pub(super) fn load_attention_roped<D: Device>(
     let norms = |q: usize, k: usize| {
         Ok::<_, ModelError>(Some((
             ld.vector(&attn("q_norm.weight"), q)?,
-            ld.vector(&attn("k_norm.weight"), k)?,
+            Some(ld.vector(&attn("k_norm.weight"), k)?),
         )))
     };
     let qk_norm = match spec.qk_norm {
@@ -105,7 +105,7 @@ pub(super) fn load_attention_roped<D: Device>(
 }
 
 /// An attention's q and k norm weights.
-pub(super) type QkNormOf<D> = Option<(<D as Device>::Vector, <D as Device>::Vector)>;
+pub(super) type QkNormOf<D> = Option<(<D as Device>::Vector, Option<<D as Device>::Vector>)>;
 /// An attention's RoPE table and rotated dims.
 pub(super) type RopeOf<D> = Option<(<D as Device>::Rope, usize)>;
 
@@ -115,7 +115,7 @@ pub(super) fn attention_of<D: Device>(
     spec: &ModelSpec,
     i: usize,
     (qkv, qk_norm, rope): (D::Linear, QkNormOf<D>, RopeOf<D>),
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
 ) -> Result<Attention<D>, ModelError> {
     let (h, qd) = (spec.hidden_size, spec.num_heads * spec.head_dim);
     let o = format!("model.layers.{i}.self_attn.o_proj");
@@ -142,10 +142,10 @@ fn load_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         window: spec.sliding_window,
         temperature: spec.query_temperature,
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     let attention = load_attention(ld, spec, i, variant)?;
     let ffn = load_ffn(ld, spec, &p, i)?;

@@ -18,7 +18,7 @@ use super::decoder::Decoder;
 use super::falcon_h1_config::FalconH1Spec;
 use super::hybrid_config::MambaSpec;
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Mlp, Part, Sublayer};
+use super::layers::{Layer, Loader, Mlp, Part, SoftmaxVariant, Sublayer};
 use super::nemotron_h::{attention_with, mamba_with};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -83,7 +83,7 @@ fn load_attention<D: Device>(
     let qkv = qkv.linear(ld, &parts, h, spec.qkv_bias)?;
     let o =
         Folded::new(1.0, |_| f.attention_out).linear(ld, &[(n("o_proj"), h)], qd, spec.o_bias)?;
-    attention_with(ld, spec, i, AttnVariant::causal(), (qkv, o))
+    attention_with(ld, spec, i, SoftmaxVariant::causal(), (qkv, o))
 }
 
 /// Layer `i`'s Mamba-2 mixer: `in_proj` reads `ssm_in · x` and its output columns are scaled

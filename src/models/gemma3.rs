@@ -11,7 +11,7 @@
 use super::decoder::Decoder;
 use super::dense::{attention_of, load_mlp};
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
+use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
 use super::{Gemma3Spec, ModelError, ModelSpec, WeightDtype};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
@@ -95,7 +95,7 @@ fn load_attention<D: Device>(
     let qkv = ld.linear(&parts, h, spec.qkv_bias)?;
     let qk_norm = Some((
         ld.norm_one_plus(&attn("q_norm"), hd)?,
-        ld.norm_one_plus(&attn("k_norm"), hd)?,
+        Some(ld.norm_one_plus(&attn("k_norm"), hd)?),
     ));
     let sliding = g.sliding[i];
     let (theta, scaling) = match sliding {
@@ -103,10 +103,10 @@ fn load_attention<D: Device>(
         false => (spec.rope_theta, spec.rope_scaling),
     };
     let rope = Some((ld.dev.rope_table(&Rope::new(hd, theta, scaling))?, hd));
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         window: sliding.then_some(g.window),
         score_factor: g.score_factor,
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
 }

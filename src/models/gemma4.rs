@@ -25,7 +25,7 @@ use super::dense::{load_mlp_of, load_with};
 use super::gemma3::embed_scale;
 use super::layers::mlp::Activation;
 use super::layers::{
-    Attention, AttnVariant, Gemma4Moe, Layer, Loader, Part, PerLayerEmbedding, PerLayerInput,
+    Attention, Gemma4Moe, Layer, Loader, Part, PerLayerEmbedding, PerLayerInput, SoftmaxVariant,
     Sublayer,
 };
 use super::moe_weights::fused_experts;
@@ -186,16 +186,15 @@ fn load_attention<D: Device>(
     };
     let shared_kv = g.kv_from[i].is_some();
     let mut mats = vec![q];
-    let q_norm = || ld.vector(&attn("q_norm.weight"), hd);
     // transformers builds no k / v projections or norms for a sharing layer.
     let k_norm = match shared_kv {
-        true => q_norm()?,
+        true => None,
         false => {
             let (k, kb) = kv_part(&attn("k_proj"))?;
             let (v, vb) = kv_part(&v_name)?;
             bias.extend(kb.into_iter().chain(vb));
             mats.extend([k, v]);
-            ld.vector(&attn("k_norm.weight"), hd)?
+            Some(ld.vector(&attn("k_norm.weight"), hd)?)
         }
     };
     let qkv = HostMatrix::stack(mats).map_err(ModelError::Device)?;
@@ -211,7 +210,7 @@ fn load_attention<D: Device>(
     Ok(Attention {
         qkv,
         o: ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,
-        qk_norm: Some((q_norm()?, k_norm)),
+        qk_norm: Some((ld.vector(&attn("q_norm.weight"), hd)?, k_norm)),
         v_norm: Some(ld.dev.vector(&vec![1.0; hd])?),
         rope: Some((ld.dev.rope_table(&rope)?, hd)),
         gated: false,
@@ -221,11 +220,11 @@ fn load_attention<D: Device>(
         eps: spec.rms_norm_eps,
         kv_layer: g.kv_layer(i),
         shared_kv,
-        variant: AttnVariant {
+        variant: SoftmaxVariant {
             window: sliding.then_some(g.window),
             // transformers' `scaling` 1: the scores unscaled, head_dim^-½ undone.
             score_factor: (hd as f64).sqrt(),
-            ..AttnVariant::causal()
+            ..SoftmaxVariant::causal()
         },
     })
 }

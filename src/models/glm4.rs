@@ -13,7 +13,7 @@
 use super::decoder::Decoder;
 use super::dense::{attention_of, load_with};
 use super::layers::mlp::Activation;
-use super::layers::{Attention, AttnVariant, Layer, Loader, Mlp, Part, Sublayer};
+use super::layers::{Attention, Layer, Loader, Mlp, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
@@ -101,7 +101,7 @@ fn load_attention<D: Device>(
     let qkv = ld.dev.linear(qkv, bias)?;
     let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
     let rope = Some((ld.dev.rope_table(&rope)?, rot));
-    attention_of(ld, spec, i, (qkv, None, rope), AttnVariant::causal())
+    attention_of(ld, spec, i, (qkv, None, rope), SoftmaxVariant::causal())
 }
 
 #[cfg(test)]

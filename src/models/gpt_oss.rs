@@ -17,7 +17,7 @@
 use super::decoder::Decoder;
 use super::gpt_oss_config::GptOssSpec;
 use super::layers::moe::Expert;
-use super::layers::{Attention, AttnVariant, GptOssMoe, Layer, Loader, Part, Sublayer};
+use super::layers::{Attention, GptOssMoe, Layer, Loader, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec, mxfp4};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
@@ -60,10 +60,10 @@ fn load_attention<D: Device>(
     i: usize,
 ) -> Result<Attention<D>, ModelError> {
     let sinks = format!("model.layers.{i}.self_attn.sinks");
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         window: g.windows[i],
         sinks: Some(ld.vector(&sinks, spec.num_heads)?),
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     super::dense::load_attention(ld, spec, i, variant)
 }

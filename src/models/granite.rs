@@ -16,7 +16,7 @@ use super::dense::{self, attention_layer, load_ffn};
 use super::hybrid_config::{LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Expert, Router, SharedExpert};
-use super::layers::{AttnVariant, Layer, Loader, Mlp, Moe, Part, Sublayer};
+use super::layers::{Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
 use super::nemotron_h::{load_attention, load_mamba};
 use super::{Architecture, GraniteSpec, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -43,10 +43,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
 }
 
 /// Causal attention, its scores times the attention multiplier.
-fn scaled_scores<D: Device>(g: &GraniteSpec, spec: &ModelSpec) -> AttnVariant<D> {
-    AttnVariant {
+fn scaled_scores<S>(g: &GraniteSpec, spec: &ModelSpec) -> SoftmaxVariant<S> {
+    SoftmaxVariant {
         score_factor: g.score_factor(spec.head_dim),
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     }
 }
 
@@ -103,7 +103,7 @@ pub(super) fn mixer<D: Device>(
     spec: &ModelSpec,
     kinds: &[LayerKind],
     i: usize,
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
 ) -> Result<Sublayer<D>, ModelError> {
     let p = format!("model.layers.{i}");
     // The mixer's index among the layers of its kind: its KV-cache or state layer.

@@ -18,7 +18,7 @@
 
 use super::decoder::Decoder;
 use super::dense::{attention_layer, attention_of, load_with};
-use super::layers::{Attention, AttnVariant, Layer, Loader, Sublayer};
+use super::layers::{Attention, Layer, Loader, SoftmaxVariant, Sublayer};
 use super::llama4_config::Llama4Spec;
 use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS};
 use super::{ModelError, ModelSpec};
@@ -94,7 +94,7 @@ fn load_attention<D: Device>(
     // Weightless: a weight of ones (`x · 1` is `x`).
     let ones = || ld.dev.vector(&vec![1.0; hd]);
     let norm = match rope && l4.qk_norm {
-        true => Some((ones()?, ones()?)),
+        true => Some((ones()?, Some(ones()?))),
         false => None,
     };
     let table = match rope {
@@ -104,10 +104,10 @@ fn load_attention<D: Device>(
         }
         false => None,
     };
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         chunk: l4.chunks[i],
         temperature: l4.temperature.filter(|_| !rope),
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
     attention_of(ld, spec, i, (qkv, norm, table), variant)

@@ -8,7 +8,7 @@ use super::decoder::Decoder;
 use super::hybrid_config::{LayerKind, MambaNorm, MambaSpec};
 use super::layers::mlp::Activation;
 use super::layers::{
-    Attention, AttnVariant, CausalConv, Layer, Loader, Mamba2, Mlp, OutNorm, Part, Sublayer,
+    Attention, CausalConv, Layer, Loader, Mamba2, Mlp, OutNorm, Part, SoftmaxVariant, Sublayer,
     neg_exp,
 };
 use super::{ModelError, ModelSpec};
@@ -43,7 +43,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                     &px,
                     &spec,
                     attn - 1,
-                    AttnVariant::causal(),
+                    SoftmaxVariant::causal(),
                 )?)
             }
             LayerKind::Mlp => {
@@ -92,7 +92,7 @@ pub(super) fn load_attention<D: Device>(
     px: &str,
     spec: &ModelSpec,
     kv_layer: usize,
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
 ) -> Result<Attention<D>, ModelError> {
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
@@ -109,7 +109,7 @@ pub(super) fn attention_with<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     kv_layer: usize,
-    variant: AttnVariant<D>,
+    variant: SoftmaxVariant<D::Vector>,
     (qkv, o): (D::Linear, D::Linear),
 ) -> Result<Attention<D>, ModelError> {
     let rope = match spec.hybrid.as_ref().map_or(0, |h| h.rotary_dim) {

@@ -12,7 +12,7 @@ use super::decoder::Decoder;
 use super::dense::{load_attention, load_attention_roped, load_mlp, load_with};
 use super::hybrid_config::LayerKind;
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Part, Sublayer};
+use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 
@@ -52,7 +52,7 @@ fn load_hybrid_layer<D: Device>(
         }
     };
     if hybrid.layers[i] == LayerKind::Attention {
-        let mut attention = load_attention(ld, spec, i, AttnVariant::causal())?;
+        let mut attention = load_attention(ld, spec, i, SoftmaxVariant::causal())?;
         attention.kv_layer = hybrid.index_in_kind(i);
         return Ok(Layer {
             parts: vec![
@@ -107,9 +107,9 @@ fn load_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let post = |n: &str| ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size);
     let sliding = o.sliding[i];
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         window: sliding.then_some(o.window),
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     let rope = match sliding {
         true => o.local_rope,

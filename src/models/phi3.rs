@@ -8,7 +8,7 @@
 use super::decoder::Decoder;
 use super::dense::{self, attention_layer, attention_of};
 use super::layers::mlp::Activation;
-use super::layers::{AttnVariant, Layer, Loader, Mlp, Sublayer};
+use super::layers::{Layer, Loader, Mlp, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
@@ -35,9 +35,9 @@ fn load_layer<D: Device>(
         None => (Rope::new(hd, spec.rope_theta, spec.rope_scaling), hd),
     };
     let rope = Some((ld.dev.rope_table(&rope)?, rot));
-    let variant = AttnVariant {
+    let variant = SoftmaxVariant {
         window: spec.sliding_window,
-        ..AttnVariant::causal()
+        ..SoftmaxVariant::causal()
     };
     let attention = attention_of(ld, spec, i, (qkv, None, rope), variant)?;
     let inter = spec.intermediate_size;

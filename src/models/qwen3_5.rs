@@ -12,7 +12,7 @@
 use super::decoder::Decoder;
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::layers::{
-    Attention, AttnVariant, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp,
+    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, SoftmaxVariant, Sublayer, neg_exp,
 };
 use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
@@ -148,7 +148,7 @@ fn load_attention<D: Device>(
     Ok(Attention {
         qkv: ld.dev.linear(qkv, bias)?,
         o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
-        qk_norm: Some((norm("q_norm")?, norm("k_norm")?)),
+        qk_norm: Some((norm("q_norm")?, Some(norm("k_norm")?))),
         v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, rotary_dim)),
         gated: true,
@@ -158,7 +158,7 @@ fn load_attention<D: Device>(
         eps: spec.rms_norm_eps,
         kv_layer,
         shared_kv: false,
-        variant: AttnVariant::causal(),
+        variant: SoftmaxVariant::causal(),
     })
 }
 

@@ -27,10 +27,7 @@ pub(super) fn attention(
             qkv.width
         )));
     }
-    if let Some((qn, kn, _)) = call.qk_norm {
-        l.norm_pieces((qn.len(), kn.len()))
-            .map_err(DeviceError::Invalid)?;
-    }
+    call.norm_pieces(|w| w.len())?;
     if let Some((vn, _)) = call.v_norm.filter(|(vn, _)| vn.len() != hd) {
         return Err(DeviceError::Invalid(format!(
             "v_norm of {} values for heads of {hd}",
@@ -44,7 +41,9 @@ pub(super) fn attention(
         v_col: l.v_col(),
         kv_dim: kvd,
         head_dim: hd,
-        norm: call.qk_norm.map(|(qn, kn, eps)| (&qn[..], &kn[..], eps)),
+        norm: call
+            .qk_norm
+            .map(|(qn, kn, eps)| (&qn[..], kn.map(|k| &k[..]), eps)),
         v_norm: call.v_norm.map(|(vn, eps)| (&vn[..], eps)),
         rope: call.rope,
         positions: &plan.positions,

@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::device::QkNormWeights;
 use crate::kernels::rope::{Rope, rotate_half};
 
 /// Rows per rayon task for the cheap per-row kernels.
@@ -167,7 +168,7 @@ pub struct QkvSplit<'a> {
     pub kv_dim: usize,
     pub head_dim: usize,
     /// RMSNorm weights of q and k (each row cut into pieces as wide as its weight), and eps.
-    pub norm: Option<(&'a [f32], &'a [f32], f64)>,
+    pub norm: Option<QkNormWeights<'a, [f32]>>,
     /// Per-head RMSNorm weights of v (Gemma 4's, all ones) and eps.
     pub v_norm: Option<(&'a [f32], f64)>,
     /// RoPE on the first `rotary_dim` dims of every head, at each row's position.
@@ -256,7 +257,7 @@ fn prepare_row(
         piece(
             k,
             &row[s.k_col..s.k_col + s.kv_dim],
-            s.norm.map(|n| n.1),
+            s.norm.and_then(|n| n.1),
             eps,
         );
         kr = Some(k);
@@ -461,7 +462,7 @@ mod tests {
                     v_col: qd + kvd,
                     kv_dim: kvd,
                     head_dim: hd,
-                    norm,
+                    norm: norm.map(|(qn, kn, eps)| (qn, Some(kn), eps)),
                     v_norm,
                     rope,
                     positions: &positions,

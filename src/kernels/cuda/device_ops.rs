@@ -18,7 +18,7 @@ use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use super::recurrent_chunked::Recurrence;
 use crate::kernels::device::{
-    AttnCall, Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaGate, MambaParams, NormGate,
+    AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaGate, MambaParams, NormGate,
 };
 use crate::kernels::routing::Routing;
 
@@ -73,12 +73,11 @@ impl CudaDevice {
                 qkv.width()
             ));
         }
-        let norms = match call.qk_norm {
-            Some((q, k, eps)) => {
-                let pieces = l.norm_pieces((q.len(), k.len()));
-                Some((q.ptr(), k.ptr(), eps, pieces.map_err(DeviceError::Invalid)?))
+        let norms = match (call.qk_norm, call.norm_pieces(|w| w.len())?) {
+            (Some((q, k, eps)), Some(pieces)) => {
+                Some((q.ptr(), k.map_or(0, |k| k.ptr()), eps, pieces))
             }
-            None => None,
+            _ => None,
         };
         let v_norm = match call.v_norm {
             Some((w, _)) if w.len() != hd => {

@@ -6,15 +6,16 @@
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{AttnCall, AttnSoftmax, Cols, DevResult, QkvLayout, QueryTemperature};
+use crate::kernels::device::{AttnCall, Cols, DevResult, QkvLayout, SoftmaxVariant};
 
 /// One attention sublayer's weights on the device.
 pub struct Attention<D: Device> {
     /// `[q | k | v]` rows, or `[q | gate | k | v]` for the gated form.
     pub qkv: D::Linear,
     pub o: D::Linear,
-    /// Per-head q and k RMSNorm weights.
-    pub qk_norm: Option<(D::Vector, D::Vector)>,
+    /// q and k RMSNorm weights (per head or whole); no k weights on a layer that shares an
+    /// earlier layer's keys (`shared_kv`).
+    pub qk_norm: Option<(D::Vector, Option<D::Vector>)>,
     /// Per-head v RMSNorm weights (Gemma 4's unweighted norm: ones).
     pub v_norm: Option<D::Vector>,
     /// RoPE table and rotary dims of each head.
@@ -27,33 +28,11 @@ pub struct Attention<D: Device> {
     /// This layer's index among the attention layers (its KV cache layer), or with
     /// `shared_kv` the cache layer of the earlier layer whose keys and values it reads.
     pub kv_layer: usize,
-    /// Gemma 4's KV sharing: `qkv` projects q only (q's norm weights serve as k's, unread);
-    /// the layer writes no cache.
+    /// Gemma 4's KV sharing: `qkv` projects q only, `qk_norm` has no k weights; the layer
+    /// writes no cache.
     pub shared_kv: bool,
-    pub variant: AttnVariant<D>,
-}
-
-/// The softmax's variant ([`AttnSoftmax`]) with the sinks on the device.
-pub struct AttnVariant<D: Device> {
-    pub window: Option<usize>,
-    pub chunk: Option<usize>,
-    /// `[heads]` sink logits.
-    pub sinks: Option<D::Vector>,
-    pub score_factor: f64,
-    pub temperature: Option<QueryTemperature>,
-}
-
-impl<D: Device> AttnVariant<D> {
-    /// Plain causal attention.
-    pub fn causal() -> Self {
-        Self {
-            window: None,
-            chunk: None,
-            sinks: None,
-            score_factor: 1.0,
-            temperature: None,
-        }
-    }
+    /// The softmax's variant, its sinks on the device (borrowed into each call).
+    pub variant: SoftmaxVariant<D::Vector>,
 }
 
 impl<D: Device> Attention<D> {
@@ -92,17 +71,10 @@ impl<D: Device> Attention<D> {
         let call = AttnCall {
             kv_layer: self.kv_layer,
             layout: self.layout(),
-            qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k, self.eps)),
+            qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k.as_ref(), self.eps)),
             v_norm: (self.v_norm.as_ref()).map(|v| (v, self.eps)),
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
-            softmax: AttnSoftmax {
-                window: self.variant.window,
-                chunk: self.variant.chunk,
-                sinks: self.variant.sinks.as_ref(),
-                score_factor: self.variant.score_factor,
-                temperature: self.variant.temperature,
-                sparse: None,
-            },
+            softmax: self.variant.as_ref(),
             shared_kv: self.shared_kv,
         };
         if self.gated {

@@ -12,7 +12,7 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, AttnSoftmax, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature,
+    AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature, SoftmaxVariant,
 };
 
 /// How q is made from the normed rows.
@@ -139,11 +139,11 @@ impl<D: Device> MlaAttention<D> {
             qk_norm: None,
             v_norm: None,
             rope: Some((&self.rope, d.rope)),
-            softmax: AttnSoftmax {
+            softmax: SoftmaxVariant {
                 score_factor: self.score_factor,
                 temperature: self.temperature,
                 sparse: self.sparse.as_ref().map(|x| x.topk),
-                ..AttnSoftmax::causal()
+                ..SoftmaxVariant::causal()
             },
             shared_kv: false,
         };

@@ -22,7 +22,8 @@ use super::{ModelError, Weights};
 use crate::kernels::Device;
 use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix};
 
-pub use attention::{Attention, AttnVariant};
+pub use crate::kernels::device::SoftmaxVariant;
+pub use attention::Attention;
 pub use gdn::GatedDeltaNet;
 pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
