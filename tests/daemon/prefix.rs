@@ -83,37 +83,51 @@ fn assert_same(got: &HashMap<usize, HsFile>, cold: &HashMap<usize, HsFile>, what
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conversation_turns_computed_once_in_either_order() {
-    let cold = cold_files("llama", &[0, 2, 4]).await;
+/// An attention-only model: the conversation in both orders computes at most 1.25× its longest
+/// row, every file equal to a cold run, 18 blocks of rows cached.
+async fn attention_conversation(model: &str) {
+    let cold = cold_files(model, &[0, 2, 4]).await;
     let mut shrinking = TURNS;
     shrinking.reverse();
     for (what, order) in [("growing", TURNS), ("shrinking", shrinking)] {
         let dir = tempfile::tempdir().unwrap();
-        let d = start_daemon(dir.path(), "llama", 4 << 20).await;
+        let d = start_daemon(dir.path(), model, 4 << 20).await;
         let (computed, files) = run_turns(&d, &order).await;
         // Growing: 60 + 72 + 68 + 64 + 61; shrinking: 301 + 16 + 4 + 8 + 12 (full blocks of
         // 16 reused, the last token of a prompt always computed).
         assert!(
             computed * 4 <= 301 * 5,
-            "{what}: {computed} tokens computed"
+            "{model} {what}: {computed} tokens computed"
         );
-        assert_same(&files, &cold, what);
+        assert_same(&files, &cold, &format!("{model} {what}"));
         let s = status(&d).await;
         assert!(s["prefix_cache_hit_tokens"].as_u64().unwrap() > 0, "{s}");
         assert_eq!(s["prefix_cache_blocks"], 18, "{s}");
-        assert_eq!(s["prefix_cache_bytes"], 18 * 16 * 3 * 64 * 4, "{s}");
-        eprintln!("{what}: {computed} tokens computed for 5 turns (longest 301)");
+        assert_eq!(s["prefix_cache_bytes"], 18 * block_rows(model), "{s}");
+        eprintln!("{model} {what}: {computed} tokens computed for 5 turns (longest 301)");
         d.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_turns_computed_once_in_either_order() {
+    attention_conversation("llama").await;
+}
+
+/// Gemma 4 E2B's layout: its last 3 layers read the keys and values of earlier layers (KV
+/// sharing), which prefix reuse restores only through those layers' cache; sliding windows of
+/// 8 keys, shorter than a block; per-layer embeddings made per token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_sharing_model_reuses_prefixes_exactly() {
+    attention_conversation("gemma4_e2b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
     let cold = cold_files("llama", &[0, 2, 4]).await;
     let dir = tempfile::tempdir().unwrap();
-    // Rows of 5 blocks of 16 tokens (K 3 × H 64 × f32 per row).
-    let bound = 5 * 16 * 3 * 64 * 4;
+    // Rows of 5 blocks.
+    let bound = 5 * block_rows("llama") as usize;
     let d = start_daemon(dir.path(), "llama", bound).await;
     let (computed, files) = run_turns(&d, &TURNS).await;
     assert_same(&files, &cold, "bounded");
@@ -129,8 +143,14 @@ async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
     d.stop().await;
 }
 
-/// Bytes of one block's captured rows here (16 tokens × K 3 × H 64 × f32).
-const BLOCK_ROWS: u64 = 16 * 3 * 64 * 4;
+/// Bytes of one block's captured rows of `model` here (16 tokens × K 3 × its hidden size ×
+/// f32).
+fn block_rows(model: &str) -> u64 {
+    let path = common::model_dir(model).join("config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let text = cfg.get("text_config").unwrap_or(&cfg);
+    16 * 3 * text["hidden_size"].as_u64().unwrap() * 4
+}
 
 /// A hybrid model (recurrent state restored from snapshots at block boundaries): the
 /// conversation in both orders computes at most 1.25× its longest row with files equal to cold
@@ -155,14 +175,18 @@ async fn hybrid_conversation(model: &str) {
         let snapshots = s["prefix_cache_snapshots"].as_u64().unwrap();
         let bytes = s["prefix_cache_bytes"].as_u64().unwrap();
         assert!(snapshots >= 15, "{s}");
-        snapshot_bytes = (bytes - 18 * BLOCK_ROWS) / snapshots;
-        assert_eq!(snapshot_bytes * snapshots + 18 * BLOCK_ROWS, bytes, "{s}");
+        snapshot_bytes = (bytes - 18 * block_rows(model)) / snapshots;
+        assert_eq!(
+            snapshot_bytes * snapshots + 18 * block_rows(model),
+            bytes,
+            "{s}"
+        );
         eprintln!(
             "{model} {what}: {computed} tokens computed for 5 turns (longest 301), {snapshots} snapshots of {snapshot_bytes} bytes"
         );
         d.stop().await;
     }
-    let bound = 5 * BLOCK_ROWS + 3 * snapshot_bytes;
+    let bound = 5 * block_rows(model) + 3 * snapshot_bytes;
     let dir = tempfile::tempdir().unwrap();
     let d = start_daemon(dir.path(), model, bound as usize).await;
     let (computed, files) = run_turns(&d, &TURNS).await;
@@ -255,7 +279,7 @@ async fn concurrent_turns(model: &str) {
         assert_eq!(s["prefix_cache_blocks"], 18, "{s}");
         let snapshots = s["prefix_cache_snapshots"].as_u64().unwrap();
         let bytes = s["prefix_cache_bytes"].as_u64().unwrap();
-        snapshot_bytes = (bytes - 18 * BLOCK_ROWS)
+        snapshot_bytes = (bytes - 18 * block_rows(model))
             .checked_div(snapshots)
             .unwrap_or(0);
         let waited = &s["prefix_cache_waited_tokens"];
@@ -264,7 +288,7 @@ async fn concurrent_turns(model: &str) {
         );
     }
     d.stop().await;
-    let bound = (5 * BLOCK_ROWS + 3 * snapshot_bytes) as usize;
+    let bound = (5 * block_rows(model) + 3 * snapshot_bytes) as usize;
     bounded_concurrent_turns(model, bound, &cold).await;
 }
 
@@ -309,6 +333,12 @@ async fn bounded_concurrent_turns(model: &str, bound: usize, cold: &HashMap<usiz
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_turns_share_blocks_while_they_run_dense() {
     concurrent_turns("llama").await;
+}
+
+/// Gemma 4 E2B's KV sharing (as [`kv_sharing_model_reuses_prefixes_exactly`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_share_blocks_while_they_run_kv_sharing() {
+    concurrent_turns("gemma4_e2b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
