@@ -29,6 +29,9 @@ pub use types::*;
 #[path = "attn_types.rs"]
 mod attn_types;
 pub use attn_types::*;
+#[path = "host_table.rs"]
+mod host_table;
+pub use host_table::*;
 
 /// A compute device: memory for weights, caches and activations, and the fused ops.
 pub trait Device: Send + Sync + Sized + 'static {
@@ -37,6 +40,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// A linear layer's weight (`[out, in]`, stored dtype) and optional f32 bias; also an
     /// embedding table.
     type Linear: Send + Sync;
+    /// An embedding table only ever gathered from ([`HostTable`]).
+    type Table: Send + Sync;
     /// A small f32 vector (norm weights, per-head parameters, conv weights).
     type Vector: Send + Sync;
     /// A RoPE frequency table.
@@ -57,6 +62,8 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     // ----- memory -----
     fn linear(&self, weight: HostMatrix<'_>, bias: Option<Vec<f32>>) -> DevResult<Self::Linear>;
+    /// A gather-only table: the CPU reads its rows where the checkpoint maps them.
+    fn table(&self, table: HostTable) -> DevResult<Self::Table>;
     fn vector(&self, values: &[f32]) -> DevResult<Self::Vector>;
     fn rope_table(&self, rope: &Rope) -> DevResult<Self::Rope>;
     /// A buffer for up to `rows` rows of `width`.
@@ -95,6 +102,14 @@ pub trait Device: Send + Sync + Sized + 'static {
         &self,
         step: &Self::Step<'_>,
         table: &Self::Linear,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
+    /// [`Device::embed`] from a gather-only table.
+    fn embed_table(
+        &self,
+        step: &Self::Step<'_>,
+        table: &Self::Table,
         scale: f32,
         out: &mut Self::Buf,
     ) -> DevResult<()>;

@@ -135,7 +135,7 @@ pub fn dtype_size(d: WeightDtype) -> usize {
     }
 }
 
-fn widen_into(bytes: &[u8], dtype: WeightDtype, out: &mut [f32]) {
+pub(crate) fn widen_into(bytes: &[u8], dtype: WeightDtype, out: &mut [f32]) {
     match dtype {
         WeightDtype::F32 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {

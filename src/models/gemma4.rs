@@ -57,7 +57,7 @@ fn load_ple<D: Device>(
     let (h, width) = (spec.hidden_size, spec.num_layers * p.dim);
     let table = "model.embed_tokens_per_layer";
     Ok(PerLayerEmbedding {
-        table: ld.linear1(table, p.vocab, width, false)?,
+        table: ld.table(table, p.vocab, width)?,
         table_scale: embed_scale(p.dim, spec.dtype),
         proj: ld.linear1("model.per_layer_model_projection", width, h, false)?,
         proj_scale: (h as f64).powf(-0.5) as f32,

@@ -4,20 +4,23 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use super::fp8_weights::{self, Fp8Blocks};
 use super::{ModelError, WeightDtype};
-use crate::kernels::device::{HostMatrix, widen};
+use crate::kernels::device::{HostMatrix, HostTable, SharedBytes, widen};
 use crate::kernels::dtype::dtype_size;
 
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    /// Shared with the gather-only tables read where they lie ([`Weights::table`]).
+    mmap: Arc<Mmap>,
     /// Byte offset of the data section (8 + header length).
     data_start: usize,
     metadata: Metadata,
@@ -32,7 +35,7 @@ impl Shard {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is opened read-only and the map is never written to; like every
         // safetensors reader we rely on the checkpoint not being modified while it is loaded.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let mmap = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
         let (header_len, metadata) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
                 path: path.to_path_buf(),
@@ -154,6 +157,21 @@ impl Weights {
             rows,
             cols,
             data: std::borrow::Cow::Borrowed(bytes),
+        })
+    }
+
+    /// The embedding table `name` (`[rows, cols]`) where it lies in its mapped shard (an FP8
+    /// one dequantized into owned bytes).
+    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<HostTable, ModelError> {
+        if let (Dtype::F8_E4M3, _) = self.located(name, &[rows, cols])? {
+            return Ok(HostTable::from_matrix(&self.matrix(name, rows, cols)?));
+        }
+        let (shard, dtype, span) = self.span(name, &[rows, cols])?;
+        let dtype = weight_dtype(name, dtype)?;
+        let map: SharedBytes = shard.mmap.clone();
+        HostTable::new(map, span, dtype, (rows, cols)).map_err(|message| ModelError::Safetensors {
+            path: shard.path.clone(),
+            message,
         })
     }
 
@@ -280,6 +298,17 @@ impl Weights {
 
     /// The bytes of `name` in its shard, of any stored dtype.
     fn located(&self, name: &str, expected_shape: &[usize]) -> Result<(Dtype, &[u8]), ModelError> {
+        let (shard, dtype, span) = self.span(name, expected_shape)?;
+        Ok((dtype, &shard.mmap[span]))
+    }
+
+    /// The shard holding `name`, its stored dtype and where its bytes lie in the shard's map
+    /// (checked to be in the file and as many as its shape and dtype need).
+    fn span(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<(&Shard, Dtype, Range<usize>), ModelError> {
         let (shard, info) = self.info(name)?;
         if info.shape != expected_shape {
             return Err(ModelError::TensorShape {
@@ -289,11 +318,12 @@ impl Weights {
             });
         }
         let (start, end) = info.data_offsets;
-        let bytes = shard
+        let span = shard
             .data_start
             .checked_add(start)
             .zip(shard.data_start.checked_add(end))
-            .and_then(|(a, b)| shard.mmap.get(a..b))
+            .map(|(a, b)| a..b)
+            .filter(|s| shard.mmap.get(s.clone()).is_some())
             .ok_or_else(|| ModelError::Safetensors {
                 path: shard.path.clone(),
                 message: format!("data of `{name}` lies outside the file"),
@@ -301,17 +331,17 @@ impl Weights {
         let numel = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let bits = info.dtype.bitsize();
         let want = numel.and_then(|n| n.checked_mul(bits));
-        if want != bytes.len().checked_mul(8) {
+        if want != span.len().checked_mul(8) {
             return Err(ModelError::Safetensors {
                 path: shard.path.clone(),
                 message: format!(
                     "`{name}` holds {} bytes, its shape {:?} needs {numel:?} values of {bits} bits",
-                    bytes.len(),
+                    span.len(),
                     info.shape,
                 ),
             });
         }
-        Ok((info.dtype, bytes))
+        Ok((shard, info.dtype, span))
     }
 
     fn info(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), ModelError> {

@@ -106,3 +106,22 @@ fn kv_sharing_layers_have_no_cache() {
         [None, None, None, None, None, Some(2), Some(4), Some(2)]
     );
 }
+
+/// The per-layer table is read where the checkpoint maps it: its rows are the stored matrix's
+/// (the fixture's 512 × 8 layers × 8 values), and a wrong shape or a missing tensor is an error.
+#[test]
+fn per_layer_table_rows_are_read_from_the_checkpoint() {
+    let w = hsx::models::Weights::open(&common::model_dir("gemma4_e2b")).unwrap();
+    let name = "model.embed_tokens_per_layer.weight";
+    let (rows, cols) = (512, 64);
+    let table = w.table(name, rows, cols).unwrap();
+    let all = w.matrix(name, rows, cols).unwrap().to_f32();
+    let mut row = vec![0.0; cols];
+    for r in [0, 1, 300, rows - 1] {
+        table.row_into(r, &mut row).unwrap();
+        assert_eq!(row, all[r * cols..(r + 1) * cols], "row {r}");
+    }
+    assert!(table.row_into(rows, &mut row).is_err());
+    assert!(w.table(name, rows, cols + 1).is_err());
+    assert!(w.table("model.no_such_table.weight", rows, cols).is_err());
+}

@@ -17,7 +17,7 @@ use super::ops;
 use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    DsaCall, GdnParams, HostMatrix, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
+    DsaCall, GdnParams, HostMatrix, HostTable, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
     check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
@@ -106,6 +106,7 @@ mod device_attention;
 impl Device for CpuDevice {
     type Buf = CpuBuf;
     type Linear = Linear;
+    type Table = HostTable;
     type Vector = Vec<f32>;
     type Rope = Rope;
     type Kv = CpuKv;
@@ -151,6 +152,12 @@ impl Device for CpuDevice {
             out,
             inp,
         })
+    }
+
+    fn table(&self, table: HostTable) -> DevResult<HostTable> {
+        // Rows are read where the checkpoint maps them: nothing copied, nothing resident
+        // until a token needs its row.
+        Ok(table)
     }
 
     fn vector(&self, values: &[f32]) -> DevResult<Vec<f32>> {
@@ -229,6 +236,31 @@ impl Device for CpuDevice {
                     row.iter_mut().for_each(|v| *v *= scale);
                 }
             });
+        set(out, h);
+        Ok(())
+    }
+
+    fn embed_table(
+        &self,
+        step: &CpuStep<'_>,
+        table: &HostTable,
+        scale: f32,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        let h = table.cols;
+        // Every element is written below: resizing zeroes only growth. Rows in parallel.
+        out.data.resize(step.tokens.len() * h, 0.0);
+        out.data
+            .par_chunks_mut(h.max(1))
+            .zip(step.tokens.par_iter())
+            .try_for_each(|(row, &t)| {
+                table.row_into(t as usize, row)?;
+                if scale != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+                Ok(())
+            })
+            .map_err(DeviceError::Invalid)?;
         set(out, h);
         Ok(())
     }

@@ -243,6 +243,57 @@ mod tests {
         );
     }
 
+    /// A gather-only table gives the rows `embed` gathers from the same bf16 matrix, bit for
+    /// bit, scaled alike; a token past the table is an error, not a panic.
+    #[test]
+    fn table_rows_are_the_embedding_rows() {
+        use crate::kernels::device::{HostMatrix, HostTable};
+        use crate::kernels::plan::{BatchPlan, PlanLimits, SeqState};
+        use crate::kernels::{Batch, SeqChunk};
+        let dev = CpuDevice::new(2, Bf16Kernel::F32).unwrap();
+        let values: Vec<f32> = (0..8 * 5).map(|i| (i as f32 * 0.37).sin()).collect();
+        let f32s = HostMatrix::from_f32(&values, 8, 5);
+        let m = f32s.to_dtype(crate::kernels::WeightDtype::Bf16);
+        let (linear, table) = (
+            dev.linear(m.clone(), None).unwrap(),
+            dev.table(HostTable::from_matrix(&m)).unwrap(),
+        );
+        let run = |ids: &[u32], f: &dyn Fn(&CpuStep<'_>, &mut CpuBuf) -> DevResult<()>| {
+            let seqs = [SeqChunk {
+                start: 0,
+                len: ids.len(),
+                block_table: vec![0],
+                sample: false,
+                state_slot: None,
+            }];
+            let batch = Batch {
+                token_ids: ids,
+                seqs: &seqs,
+            };
+            let plan = BatchPlan::new(&batch, &PlanLimits::new(16, 64, 4, 16)).unwrap();
+            let states = [SeqState {
+                rows: 0..ids.len(),
+                slot: 0,
+                start: 0,
+            }];
+            let step = dev.begin(ids, &plan, &states, None).unwrap();
+            let mut out = CpuBuf::default();
+            f(&step, &mut out).map(|()| out)
+        };
+        let ids = [3u32, 0, 7, 3];
+        let a = run(&ids, &|st, o| dev.embed(st, &linear, 1.5, o)).unwrap();
+        let b = run(&ids, &|st, o| dev.embed_table(st, &table, 1.5, o)).unwrap();
+        assert_eq!((a.width, &a.data), (b.width, &b.data));
+        assert_eq!(
+            b.data[..5],
+            m.to_f32()[15..20]
+                .iter()
+                .map(|v| v * 1.5)
+                .collect::<Vec<_>>()[..]
+        );
+        assert!(run(&[1, 9], &|st, o| dev.embed_table(st, &table, 1.0, o)).is_err());
+    }
+
     /// The experts' row gather copies the rows asked for, in order; a row past the buffer is an
     /// error.
     #[test]

@@ -25,7 +25,8 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
-    GdnParams, HostMatrix, KvShape, MambaGate, MambaParams, MlaDims, NormGate, check_slot_copies,
+    GdnParams, HostMatrix, HostTable, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
+    check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -76,6 +77,7 @@ impl CudaDevice {
 impl Device for CudaDevice {
     type Buf = CudaBuf;
     type Linear = CudaLinear;
+    type Table = CudaLinear;
     type Vector = DevBuf<f32>;
     type Rope = CudaRope;
     type Kv = DevKvCache;
@@ -107,6 +109,11 @@ impl Device for CudaDevice {
             w: DevWeight::upload(&self.gpu, &weight)?,
             bias: bias.map(|b| self.gpu.upload(&b)).transpose()?,
         })
+    }
+
+    fn table(&self, table: HostTable) -> DevResult<CudaLinear> {
+        // Uploaded whole: the embedding kernel gathers on the GPU.
+        self.linear(table.matrix(), None)
     }
 
     fn vector(&self, values: &[f32]) -> DevResult<DevBuf<f32>> {
@@ -224,6 +231,16 @@ impl Device for CudaDevice {
             out.ptr(),
             t,
         )?)
+    }
+
+    fn embed_table(
+        &self,
+        step: &CudaStep<'_>,
+        table: &CudaLinear,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.embed(step, table, scale, out)
     }
 
     fn matmul(&self, x: &CudaBuf, w: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {

@@ -364,6 +364,12 @@ impl<'a, D: Device> Loader<'a, D> {
         self.w.matrix(name, rows, cols)
     }
 
+    /// The gather-only embedding table `{name}.weight` (`[rows, cols]`), read where it lies.
+    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<D::Table, ModelError> {
+        let table = self.w.table(&format!("{name}.weight"), rows, cols)?;
+        Ok(self.dev.table(table)?)
+    }
+
     /// An f32 tensor of `shape`.
     pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         self.w.tensor(name, shape)

@@ -11,8 +11,9 @@ use crate::kernels::device::{Cols, DevResult, DeviceError};
 /// The model-level half: the per-layer inputs of a step's tokens.
 pub struct PerLayerEmbedding<D: Device> {
     /// `embed_tokens_per_layer` `[vocab, layers · dim]`, its rows times `table_scale` (`√dim`
-    /// in the weights' dtype).
-    pub table: D::Linear,
+    /// in the weights' dtype); gathered from, never multiplied: a [`Device::table`] (on the
+    /// CPU, read where the checkpoint maps it).
+    pub table: D::Table,
     pub table_scale: f32,
     /// `per_layer_model_projection` `[layers · dim, hidden]`, its output times `proj_scale`
     /// (`hidden^-½`).
@@ -45,7 +46,7 @@ impl<D: Device> PerLayerEmbedding<D> {
         dev.matmul(&s.normed, &self.proj, &mut ple.tmp)?;
         dev.scale(&mut ple.tmp, self.proj_scale)?;
         dev.rms_norm(&ple.tmp, &self.norm, self.eps, &mut ple.inputs)?;
-        dev.embed(step, &self.table, self.table_scale, &mut ple.tmp)?;
+        dev.embed_table(step, &self.table, self.table_scale, &mut ple.tmp)?;
         dev.add(&mut ple.inputs, &ple.tmp)?;
         // transformers' `per_layer_input_scale`, 2^-½ (f32).
         dev.scale(&mut ple.inputs, std::f32::consts::FRAC_1_SQRT_2)
