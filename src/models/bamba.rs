@@ -16,8 +16,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let kinds = kinds.ok_or_else(|| {
         ModelError::InvalidOptions("BambaForCausalLM spec without its layers".into())
     })?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let h = spec.hidden_size;
+    let vocab = ld.vocab(&spec, "model.embed_tokens")?;
     let layers = (0..kinds.len())
         .map(|i| {
             let p = format!("model.layers.{i}");
@@ -33,14 +33,12 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: 1.0,
         final_norm: ld.vector("model.final_layernorm.weight", h)?,
         spec,
-        embed,
+        vocab,
         layers,
         ple: None,
-        lm_head,
     })
 }

@@ -20,15 +20,21 @@ pub use super::layers::Scratch;
 /// A loaded model on device `D`.
 pub struct Decoder<D: Device> {
     pub spec: ModelSpec,
-    pub embed: D::Linear,
+    pub vocab: Vocab<D>,
     /// Multiplies the embedded rows (Gemma's `√hidden` in the weights' dtype; 1 elsewhere).
     pub embed_scale: f32,
     pub layers: Vec<Layer<D>>,
     /// Gemma 4 E2B / E4B's per-layer embeddings, made from the embedded rows.
     pub ple: Option<PerLayerEmbedding<D>>,
     pub final_norm: D::Vector,
-    /// `None` when tied to the embedding.
-    pub lm_head: Option<D::Linear>,
+}
+
+/// The token embedding and the LM head.
+pub enum Vocab<D: Device> {
+    /// One matrix, gathered from and multiplied by.
+    Tied(D::Linear),
+    /// The embedding only ever gathered from ([`Device::table`]), and the head.
+    Untied { table: D::Table, head: D::Linear },
 }
 
 /// How much cache a model needs: KV cache layers and their width, per-slot state shapes of
@@ -101,7 +107,12 @@ impl<D: Device> Decoder<D> {
         cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
     ) -> DevResult<()> {
         let eps = self.spec.rms_norm_eps;
-        dev.embed(ctx.step, &self.embed, self.embed_scale, &mut s.x)?;
+        match &self.vocab {
+            Vocab::Tied(m) => dev.embed(ctx.step, m, self.embed_scale, &mut s.x)?,
+            Vocab::Untied { table, .. } => {
+                dev.embed_table(ctx.step, table, self.embed_scale, &mut s.x)?
+            }
+        }
         cap(0, &s.x)?;
         if let Some(ple) = &self.ple {
             ple.forward(dev, ctx.step, s)?;
@@ -155,7 +166,9 @@ impl<D: Device> Decoder<D> {
     }
 
     fn head(&self) -> &D::Linear {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+        match &self.vocab {
+            Vocab::Tied(m) | Vocab::Untied { head: m, .. } => m,
+        }
     }
 
     /// Greedy tokens of rows `rows` of the pre-norm last-layer output `x`: the final norm, the

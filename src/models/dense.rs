@@ -30,21 +30,19 @@ pub fn load_with<D: Device>(
     spec: ModelSpec,
     layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
 ) -> Result<Decoder<D>, ModelError> {
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let h = spec.hidden_size;
+    let vocab = ld.vocab(&spec, "model.embed_tokens")?;
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
     let final_norm = ld.vector("model.norm.weight", h)?;
-    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: 1.0,
         spec,
-        embed,
+        vocab,
         layers,
         ple: None,
         final_norm,
-        lm_head,
     })
 }
 

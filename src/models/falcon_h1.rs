@@ -49,10 +49,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Decoder {
-        embed: ld.linear1("model.embed_tokens", spec.vocab_size, h, false)?,
+        vocab: ld.vocab(&spec, "model.embed_tokens")?,
         embed_scale: f.embedding,
         final_norm: ld.vector("model.final_layernorm.weight", h)?,
-        lm_head: ld.lm_head(&spec)?,
         spec,
         layers,
         ple: None,

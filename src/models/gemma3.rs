@@ -20,21 +20,19 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let g = spec.gemma3.clone().ok_or_else(|| {
         ModelError::InvalidOptions("Gemma3ForCausalLM spec without its layer kinds".into())
     })?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let h = spec.hidden_size;
+    let vocab = ld.vocab(&spec, "model.embed_tokens")?;
     let layers = (0..spec.num_layers)
         .map(|i| load_layer(ld, &spec, &g, i))
         .collect::<Result<Vec<_>, _>>()?;
     let final_norm = ld.norm_one_plus("model.norm", h)?;
-    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: embed_scale(h, spec.dtype),
         spec,
-        embed,
+        vocab,
         layers,
         ple: None,
         final_norm,
-        lm_head,
     })
 }
 

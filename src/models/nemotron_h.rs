@@ -25,8 +25,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     };
     let hybrid = spec.hybrid.clone().ok_or_else(missing)?;
     let mamba = hybrid.mamba.clone().ok_or_else(missing)?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("backbone.embeddings", v, h, false)?;
+    let h = spec.hidden_size;
+    let vocab = ld.vocab(&spec, "backbone.embeddings")?;
     let (mut attn, mut rec) = (0, 0);
     let mut layers = Vec::with_capacity(hybrid.layers.len());
     for (i, &kind) in hybrid.layers.iter().enumerate() {
@@ -72,15 +72,13 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             scale: 1.0,
         });
     }
-    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: 1.0,
         final_norm: ld.vector("backbone.norm_f.weight", h)?,
         spec,
-        embed,
+        vocab,
         layers,
         ple: None,
-        lm_head,
     })
 }
 

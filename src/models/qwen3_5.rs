@@ -23,8 +23,8 @@ use crate::kernels::rope::Rope;
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let hybrid = spec.hybrid.clone().ok_or_else(|| missing(&spec))?;
     let gdn = hybrid.gdn.clone().ok_or_else(|| missing(&spec))?;
-    let (v, h) = (spec.vocab_size, spec.hidden_size);
-    let embed = ld.linear1("model.embed_tokens", v, h, false)?;
+    let h = spec.hidden_size;
+    let vocab = ld.vocab(&spec, "model.embed_tokens")?;
     let (mut attn, mut rec) = (0, 0);
     let mut layers = Vec::new();
     for i in 0..spec.num_layers {
@@ -36,15 +36,13 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         *index += 1;
         layers.push(load_layer(ld, &spec, &hybrid, &gdn, at)?);
     }
-    let lm_head = ld.lm_head(&spec)?;
     Ok(Decoder {
         embed_scale: 1.0,
         final_norm: ld.norm_one_plus("model.norm", h)?,
         spec,
-        embed,
+        vocab,
         layers,
         ple: None,
-        lm_head,
     })
 }
 

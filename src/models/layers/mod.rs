@@ -18,6 +18,7 @@ pub mod moe;
 pub mod nemotron_moe;
 pub mod per_layer_input;
 
+use super::decoder::Vocab;
 use super::{ModelError, Weights};
 use crate::kernels::Device;
 use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix};
@@ -406,15 +407,17 @@ impl<'a, D: Device> Loader<'a, D> {
         Ok(self.dev.linear(m, bias.then_some(b))?)
     }
 
-    /// `lm_head.weight`, or `None` when the head is tied to the embedding.
-    pub fn lm_head(&self, spec: &super::ModelSpec) -> Result<Option<D::Linear>, ModelError> {
-        match spec.tie_word_embeddings {
-            true => Ok(None),
-            false => {
-                let (v, h) = (spec.vocab_size, spec.hidden_size);
-                Ok(Some(self.linear1("lm_head", v, h, false)?))
-            }
-        }
+    /// The embedding `{embed}.weight` and the head: one matrix when tied, else a gather-only
+    /// table (read where the checkpoint maps it, on the CPU) and `lm_head.weight`.
+    pub fn vocab(&self, spec: &super::ModelSpec, embed: &str) -> Result<Vocab<D>, ModelError> {
+        let (v, h) = (spec.vocab_size, spec.hidden_size);
+        Ok(match spec.tie_word_embeddings {
+            true => Vocab::Tied(self.linear1(embed, v, h, false)?),
+            false => Vocab::Untied {
+                table: self.table(embed, v, h)?,
+                head: self.linear1("lm_head", v, h, false)?,
+            },
+        })
     }
 
     /// One `{name}.weight` `[rows, cols]` (+ bias).
