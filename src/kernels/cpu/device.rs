@@ -92,7 +92,7 @@ impl CpuDevice {
 #[path = "device_types.rs"]
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
-use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, set};
+use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, gather_scaled, set};
 
 #[path = "device_hybrid.rs"]
 mod device_hybrid;
@@ -224,20 +224,12 @@ impl Device for CpuDevice {
         scale: f32,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let h = table.inp;
-        // Every element is written below: resizing zeroes only growth. Rows in parallel.
-        out.data.resize(step.tokens.len() * h, 0.0);
-        out.data
-            .par_chunks_mut(h.max(1))
-            .zip(step.tokens.par_iter())
-            .for_each(|(row, &t)| {
-                table.row_into(t as usize, row);
-                if scale != 1.0 {
-                    row.iter_mut().for_each(|v| *v *= scale);
-                }
-            });
-        set(out, h);
-        Ok(())
+        gather_scaled(step.tokens, (table.inp, scale), out, |t, row| {
+            match t < table.out {
+                true => Ok(table.row_into(t, row)),
+                false => Err(format!("token {t} past an embedding of {}", table.out)),
+            }
+        })
     }
 
     fn embed_table(
@@ -247,22 +239,9 @@ impl Device for CpuDevice {
         scale: f32,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        let h = table.cols;
-        // Every element is written below: resizing zeroes only growth. Rows in parallel.
-        out.data.resize(step.tokens.len() * h, 0.0);
-        out.data
-            .par_chunks_mut(h.max(1))
-            .zip(step.tokens.par_iter())
-            .try_for_each(|(row, &t)| {
-                table.row_into(t as usize, row)?;
-                if scale != 1.0 {
-                    row.iter_mut().for_each(|v| *v *= scale);
-                }
-                Ok(())
-            })
-            .map_err(DeviceError::Invalid)?;
-        set(out, h);
-        Ok(())
+        gather_scaled(step.tokens, (table.cols, scale), out, |t, row| {
+            table.row_into(t, row)
+        })
     }
 
     fn matmul(&self, x: &CpuBuf, w: &Linear, out: &mut CpuBuf) -> DevResult<()> {

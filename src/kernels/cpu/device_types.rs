@@ -153,6 +153,30 @@ pub(super) fn gather_cols(c: Cols<'_, CpuBuf>, out: &mut Vec<f32>) {
 pub(super) fn set(out: &mut CpuBuf, width: usize) {
     out.width = width;
 }
+/// `out[t] = row(tokens[t]) · scale` (`width` values a row), rows in parallel; `row` fills one
+/// row or says why it cannot.
+pub(super) fn gather_scaled(
+    tokens: &[u32],
+    (width, scale): (usize, f32),
+    out: &mut CpuBuf,
+    row: impl Fn(usize, &mut [f32]) -> Result<(), String> + Sync,
+) -> DevResult<()> {
+    // Every element is written below: resizing zeroes only growth.
+    out.data.resize(tokens.len() * width, 0.0);
+    out.data
+        .par_chunks_mut(width.max(1))
+        .zip(tokens.par_iter())
+        .try_for_each(|(r, &t)| {
+            row(t as usize, r)?;
+            if scale != 1.0 {
+                r.iter_mut().for_each(|v| *v *= scale);
+            }
+            Ok(())
+        })
+        .map_err(DeviceError::Invalid)?;
+    set(out, width);
+    Ok(())
+}
 
 /// Rows `rows` of `x` (width `k`) and of `out` (width `n`), for an op `what` that writes the
 /// one from the other (a MoE expert's GEMM); an error unless the widths match and `out` holds
@@ -244,7 +268,7 @@ mod tests {
     }
 
     /// A gather-only table gives the rows `embed` gathers from the same bf16 matrix, bit for
-    /// bit, scaled alike; a token past the table is an error, not a panic.
+    /// bit, scaled alike; a token past either is an error, not a panic.
     #[test]
     fn table_rows_are_the_embedding_rows() {
         use crate::kernels::device::{HostMatrix, HostTable};
@@ -292,6 +316,7 @@ mod tests {
                 .collect::<Vec<_>>()[..]
         );
         assert!(run(&[1, 9], &|st, o| dev.embed_table(st, &table, 1.0, o)).is_err());
+        assert!(run(&[1, 9], &|st, o| dev.embed(st, &linear, 1.0, o)).is_err());
     }
 
     /// The experts' row gather copies the rows asked for, in order; a row past the buffer is an
