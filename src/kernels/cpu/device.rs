@@ -155,8 +155,7 @@ impl Device for CpuDevice {
     }
 
     fn table(&self, table: HostTable) -> DevResult<HostTable> {
-        // Rows are read where the checkpoint maps them: nothing copied, nothing resident
-        // until a token needs its row.
+        // Rows are read where the checkpoint maps them: nothing copied.
         Ok(table)
     }
 
@@ -225,10 +224,11 @@ impl Device for CpuDevice {
         out: &mut CpuBuf,
     ) -> DevResult<()> {
         gather_scaled(step.tokens, (table.inp, scale), out, |t, row| {
-            match t < table.out {
-                true => Ok(table.row_into(t, row)),
-                false => Err(format!("token {t} past an embedding of {}", table.out)),
+            if t >= table.out {
+                return Err(format!("token {t} past an embedding of {}", table.out));
             }
+            table.row_into(t, row);
+            Ok(())
         })
     }
 
