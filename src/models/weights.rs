@@ -16,11 +16,14 @@ use super::{ModelError, WeightDtype};
 use crate::kernels::device::{HostMatrix, HostTable, SharedBytes, widen};
 use crate::kernels::dtype::dtype_size;
 
+/// A gather-only table's own map starts at a multiple of this (a multiple of every page size
+/// Linux uses: 4, 16 and 64 KiB).
+const TABLE_MAP_ALIGN: usize = 64 << 10;
+
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
     path: PathBuf,
-    /// Shared with the gather-only tables read where they lie ([`Weights::table`]).
-    mmap: Arc<Mmap>,
+    mmap: Mmap,
     /// Byte offset of the data section (8 + header length).
     data_start: usize,
     metadata: Metadata,
@@ -35,7 +38,7 @@ impl Shard {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is opened read-only and the map is never written to; like every
         // safetensors reader we rely on the checkpoint not being modified while it is loaded.
-        let mmap = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
         let (header_len, metadata) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
                 path: path.to_path_buf(),
@@ -168,10 +171,30 @@ impl Weights {
         }
         let (shard, dtype, span) = self.span(name, &[rows, cols])?;
         let dtype = weight_dtype(name, dtype)?;
-        let map: SharedBytes = shard.mmap.clone();
-        HostTable::new(map, span, dtype, (rows, cols)).map_err(|message| ModelError::Safetensors {
+        // A map of the table's own pages: the shard's map (every other weight's pages, read
+        // at load) is not kept alive with the model.
+        let start = span.start / TABLE_MAP_ALIGN * TABLE_MAP_ALIGN;
+        let io = |source| ModelError::Io {
             path: shard.path.clone(),
-            message,
+            source,
+        };
+        let file = File::open(&shard.path).map_err(io)?;
+        // SAFETY: as `Shard::open`'s map: read-only, never written, the checkpoint unchanged
+        // while hsx runs (the risk every safetensors reader takes).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(start as u64)
+                .len(span.end - start)
+                .map(&file)
+        }
+        .map_err(io)?;
+        let lead = span.start - start;
+        let bytes: SharedBytes = Arc::new(map);
+        HostTable::new(bytes, lead..lead + span.len(), dtype, (rows, cols)).map_err(|message| {
+            ModelError::Safetensors {
+                path: shard.path.clone(),
+                message,
+            }
         })
     }
 
