@@ -1,8 +1,9 @@
 //! [`HostTable`]: an embedding table that is only ever gathered from, kept where the checkpoint
 //! maps it (Gemma 4 E2B / E4B's per-layer table: 262,144 × 35 × 256 values, 4.7 GB in bf16).
-//! A device that reads rows on the host gathers straight from the mapped file, so only the
-//! pages of the tokens seen become resident, and the kernel may drop them again under
-//! memory pressure (clean, file-backed); one that cannot uploads it whole.
+//! A device that reads rows on the host gathers straight from the mapped file: only the pages
+//! around the rows of the tokens seen are read, nothing is copied into the process's own
+//! memory, and the kernel may drop them again under memory pressure (clean, file-backed); one
+//! that cannot uploads it whole.
 
 use std::ops::Range;
 use std::sync::Arc;

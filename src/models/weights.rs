@@ -31,14 +31,7 @@ struct Shard {
 
 impl Shard {
     fn open(path: &Path) -> Result<Self, ModelError> {
-        let io = |source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: the file is opened read-only and the map is never written to; like every
-        // safetensors reader we rely on the checkpoint not being modified while it is loaded.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let mmap = map_file(path, None)?;
         let (header_len, metadata) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
                 path: path.to_path_buf(),
@@ -51,6 +44,23 @@ impl Shard {
             metadata,
         })
     }
+}
+
+/// A read-only map of the file at `path`, whole or the bytes `region` (its start a multiple of
+/// the page size).
+fn map_file(path: &Path, region: Option<Range<usize>>) -> Result<Mmap, ModelError> {
+    let io = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let mut options = memmap2::MmapOptions::new();
+    if let Some(r) = region {
+        options.offset(r.start as u64).len(r.len());
+    }
+    // SAFETY: the file is opened read-only and the map is never written to; like every
+    // safetensors reader we rely on the checkpoint not being modified while hsx runs.
+    unsafe { options.map(&file) }.map_err(io)
 }
 
 /// The weights of one model directory.
@@ -163,31 +173,18 @@ impl Weights {
         })
     }
 
-    /// The embedding table `name` (`[rows, cols]`) where it lies in its mapped shard (an FP8
-    /// one dequantized into owned bytes).
+    /// The embedding table `name` (`[rows, cols]`) in a map of its own pages of its shard (an
+    /// FP8 one dequantized into owned bytes).
     pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<HostTable, ModelError> {
-        if let (Dtype::F8_E4M3, _) = self.located(name, &[rows, cols])? {
+        let (shard, dtype, span) = self.span(name, &[rows, cols])?;
+        if dtype == Dtype::F8_E4M3 {
             return Ok(HostTable::from_matrix(&self.matrix(name, rows, cols)?));
         }
-        let (shard, dtype, span) = self.span(name, &[rows, cols])?;
         let dtype = weight_dtype(name, dtype)?;
         // A map of the table's own pages: the shard's map (every other weight's pages, read
         // at load) is not kept alive with the model.
         let start = span.start / TABLE_MAP_ALIGN * TABLE_MAP_ALIGN;
-        let io = |source| ModelError::Io {
-            path: shard.path.clone(),
-            source,
-        };
-        let file = File::open(&shard.path).map_err(io)?;
-        // SAFETY: as `Shard::open`'s map: read-only, never written, the checkpoint unchanged
-        // while hsx runs (the risk every safetensors reader takes).
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(start as u64)
-                .len(span.end - start)
-                .map(&file)
-        }
-        .map_err(io)?;
+        let map = map_file(&shard.path, Some(start..span.end))?;
         let lead = span.start - start;
         let bytes: SharedBytes = Arc::new(map);
         HostTable::new(bytes, lead..lead + span.len(), dtype, (rows, cols)).map_err(|message| {
