@@ -69,6 +69,8 @@ pub enum EngineError {
 pub struct EngineInfo {
     pub model_name: String,
     pub num_layers: usize,
+    /// Values per token of each captured layer: the model's residual-stream width (its hidden
+    /// size, or `streams · hidden` with hyper-connections).
     pub hidden_size: usize,
     pub vocab_size: usize,
     pub layer_ids: Vec<usize>,
@@ -311,6 +313,10 @@ impl Engine {
 const LONGROPE_LIMIT: &str = "; LongRoPE: hsx runs its short factors, which transformers uses up \
                               to there (past it, the long ones)";
 
+/// Why a Qwen4-Exp model's requests stop where its QSA indexer still selects every key.
+const QSA_LIMIT: &str = "; Qwen4-Exp: up to there its QSA indexer selects every key (exact \
+                         full attention); hsx does not build the sparse selection past it";
+
 fn engine_info(
     cfg: &Config,
     spec: &ModelSpec,
@@ -322,16 +328,17 @@ fn engine_info(
         WeightDtype::F16 => OutputDtype::F16,
     };
     let model_max = spec.max_position_embeddings;
-    if spec.longrope.is_some() {
-        tracing::warn!("requests up to {model_max} tokens{LONGROPE_LIMIT}");
+    let (limit, note) = match (spec.longrope.is_some(), spec.qsa.is_some()) {
+        (true, _) => ("original_max_position_embeddings", LONGROPE_LIMIT),
+        (false, true) => ("indexer_budget + indexer_compress_ratio - 1", QSA_LIMIT),
+        (false, false) => ("max_position_embeddings", ""),
+    };
+    if !note.is_empty() {
+        tracing::warn!("requests up to {model_max} tokens{note}");
     }
     let max_model_len = match cfg.engine.max_model_len {
         0 => model_max,
         n if n > model_max => {
-            let (limit, note) = match spec.longrope.is_some() {
-                true => ("original_max_position_embeddings", LONGROPE_LIMIT),
-                false => ("max_position_embeddings", ""),
-            };
             return Err(EngineError::MaxModelLen {
                 asked: n,
                 model_max,
@@ -344,7 +351,7 @@ fn engine_info(
     Ok(EngineInfo {
         model_name: spec.name.clone(),
         num_layers: spec.num_layers,
-        hidden_size: spec.hidden_size,
+        hidden_size: spec.stream_width(),
         vocab_size: spec.vocab_size,
         layer_ids,
         dtype: cfg.engine.dtype.resolve(weights),

@@ -32,6 +32,9 @@ pub use attn_types::*;
 #[path = "host_table.rs"]
 mod host_table;
 pub use host_table::*;
+#[path = "hyper_types.rs"]
+mod hyper_types;
+pub use hyper_types::*;
 
 /// A compute device: memory for weights, caches and activations, and the fused ops.
 pub trait Device: Send + Sync + Sized + 'static {
@@ -358,6 +361,8 @@ pub trait Device: Send + Sync + Sized + 'static {
         tokens: usize,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// One step of a hyper-connection (Qwen4-Exp's residual streams).
+    fn hyper(&self, op: HyperOp<'_, Self>) -> DevResult<()>;
     /// `out = x` (f32) in `out`'s kind: a linear layer's output as another one's input.
     fn cast(&self, x: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// `out[i] = x[rows[i]]` (f32).

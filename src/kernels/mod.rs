@@ -161,6 +161,7 @@ pub enum BackendError {
 /// A compute backend. Implementations must give each token's result independently of which
 /// other tokens share its batch and of how its request was split into chunks.
 pub trait Backend: Send {
+    /// Values per token of each captured layer (the residual stream's width).
     fn hidden_size(&self) -> usize;
     /// Layer ids captured by `forward`, ascending.
     fn capture_layers(&self) -> &[usize];

@@ -23,6 +23,9 @@ pub enum Architecture {
     Mixtral,
     /// `Qwen3_5MoeForCausalLM`: Qwen3.5 layers with routed experts + a gated shared expert.
     Qwen3_5Moe,
+    /// `Qwen4ExpForCausalLM`: Qwen3.5-MoE's layers between hyper-connections (a residual
+    /// stream of `hc_count` copies), QSA indexers on the attention layers.
+    Qwen4Exp,
     /// `GptOssForCausalLM`: sinks, sliding / full attention, YaRN, biased MoE (MXFP4 or not).
     GptOss,
     /// `Glm4MoeForCausalLM` (GLM-4.5 / 4.6 / 4.7): biased q/k/v, partial rotary, optional
@@ -112,7 +115,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 36] = [
+    pub const ALL: [Self; 37] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -131,6 +134,7 @@ impl Architecture {
         Self::Qwen3Moe,
         Self::Mixtral,
         Self::Qwen3_5Moe,
+        Self::Qwen4Exp,
         Self::GptOss,
         Self::Glm4Moe,
         Self::DeepseekV3,
@@ -176,6 +180,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
+            Self::Qwen4Exp => "Qwen4ExpForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
@@ -201,7 +206,7 @@ impl Architecture {
     pub fn is_hybrid(self) -> bool {
         matches!(
             self,
-            Self::Qwen3_5 | Self::Qwen3Next | Self::Qwen3_5Moe | Self::NemotronH
+            Self::Qwen3_5 | Self::Qwen3Next | Self::Qwen3_5Moe | Self::Qwen4Exp | Self::NemotronH
         )
     }
 
@@ -230,6 +235,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
+        Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,

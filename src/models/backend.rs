@@ -72,7 +72,7 @@ impl<D: Device> ModelBackend<D> {
         };
         let t = layout.max_tokens.unwrap_or(0);
         let scratch = model.scratch(&dev, t)?;
-        let (k, h) = (layout.capture_layers.len(), model.spec.hidden_size);
+        let (k, h) = (layout.capture_layers.len(), model.spec.stream_width());
         let guard = (layout.reject_bad_states)
             .then(|| layout.capture_layers.iter().map(|&id| id >= 1).collect());
         let capture = dev.capture_buffer(CaptureSpec {
@@ -167,7 +167,7 @@ impl<D: Device> ModelBackend<D> {
 
 impl<D: Device> Backend for ModelBackend<D> {
     fn hidden_size(&self) -> usize {
-        self.model.spec.hidden_size
+        self.model.spec.stream_width()
     }
 
     fn capture_layers(&self) -> &[usize] {

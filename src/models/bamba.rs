@@ -3,7 +3,7 @@
 //! Granite 4.0's ([`super::granite::mixer`]) — then after `pre_ff_layernorm` the SwiGLU
 //! `feed_forward.{gate,up,down}_proj`; the final norm is `model.final_layernorm`.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::dense::load_mlp;
 use super::granite::mixer;
 use super::layers::mlp::Activation;
@@ -35,7 +35,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: ld.vector("model.final_layernorm.weight", h)?,
+        final_norm: FinalNorm::Rms(ld.vector("model.final_layernorm.weight", h)?),
         spec,
         vocab,
         layers,

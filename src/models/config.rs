@@ -91,6 +91,37 @@ pub struct ModelSpec {
     pub query_temperature: Option<QueryTemperature>,
     /// Falcon-H1's multipliers; `None` for other architectures.
     pub falcon_h1: Option<super::falcon_h1_config::FalconH1Spec>,
+    /// Qwen4-Exp's hyper-connections; `None`: one residual stream.
+    pub hyper: Option<HyperSpec>,
+    /// Qwen4-Exp's QSA indexer (requests capped where it still selects every key); `None` for
+    /// other architectures.
+    pub qsa: Option<QsaSpec>,
+}
+
+/// Qwen4-Exp's QSA indexer: per query, the `budget / ratio` best blocks of `ratio` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QsaSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub budget: usize,
+    pub ratio: usize,
+}
+
+impl QsaSpec {
+    /// The longest sequence whose every query the indexer gives all of its keys
+    /// (`budget + ratio - 1`): attention is full attention up to there.
+    pub fn dense_len(&self) -> usize {
+        self.budget + self.ratio - 1
+    }
+}
+
+/// Hyper-connections: the residual stream is `streams` copies of the hidden width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HyperSpec {
+    /// `hc_count`.
+    pub streams: usize,
+    /// `hc_lowrank`: the rank of each connection's input mix.
+    pub rank: usize,
 }
 
 /// Phi-3's LongRoPE (`rope_type` `longrope`, which older configs call `su`: Phi-3-mini /
@@ -115,6 +146,12 @@ pub struct LongRope {
 }
 
 impl ModelSpec {
+    /// Values per token of the residual stream, the width of every captured row: the hidden
+    /// size, times the streams of hyper-connections.
+    pub fn stream_width(&self) -> usize {
+        self.hidden_size * self.hyper.map_or(1, |h| h.streams)
+    }
+
     /// `name`'s spec of `architecture` before its config is read: no layers or sizes yet, the
     /// class defaults of eps and context, no biases or q/k norm, and none of the families'
     /// extensions (each config reader fills in what its family has: `..ModelSpec::base(..)`).
@@ -153,6 +190,8 @@ impl ModelSpec {
             longrope: None,
             query_temperature: None,
             falcon_h1: None,
+            hyper: None,
+            qsa: None,
         }
     }
 

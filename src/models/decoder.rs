@@ -8,12 +8,17 @@
 //! add fused into the next part's norm (exact in f32); Gemma 4 multiplies the stream by a
 //! per-layer scalar after its layer's last add. The row captured as id `i` is the
 //! residual stream after `i` layers; id L is the last layer's output before the final norm
-//! (DESIGN.md §1.1).
+//! (DESIGN.md §1.1). With hyper-connections (Qwen4-Exp) the stream is `S` copies of the
+//! embedded rows, each sublayer between them through its connection, and the rows captured are
+//! all `S · hidden` values (transformers' `hidden_states[i]` for `i < L`); the final mixer
+//! takes the final norm's place.
 
 use super::ModelSpec;
-use super::layers::{Ctx, Layer, PerLayerEmbedding, Sublayer, Widths};
+use super::layers::{
+    Ctx, HyperConnection, HyperScratch, Layer, PerLayerEmbedding, Sublayer, Widths,
+};
 use crate::kernels::Device;
-use crate::kernels::device::{BufKind, DevResult, DeviceError, IndexShape};
+use crate::kernels::device::{BufKind, DevResult, DeviceError, HyperOp, IndexShape};
 
 pub use super::layers::Scratch;
 
@@ -26,7 +31,14 @@ pub struct Decoder<D: Device> {
     pub layers: Vec<Layer<D>>,
     /// Gemma 4 E2B / E4B's per-layer embeddings, made from the embedded rows.
     pub ple: Option<PerLayerEmbedding<D>>,
-    pub final_norm: D::Vector,
+    pub final_norm: FinalNorm<D>,
+}
+
+/// What turns the last layer's output into the LM head's input.
+pub enum FinalNorm<D: Device> {
+    Rms(D::Vector),
+    /// Qwen4-Exp's `hyper_connection_mixer`: the streams mixed into hidden-wide rows.
+    Mixer(HyperConnection<D>),
 }
 
 /// The token embedding and the LM head.
@@ -107,12 +119,10 @@ impl<D: Device> Decoder<D> {
         cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
     ) -> DevResult<()> {
         let eps = self.spec.rms_norm_eps;
-        match &self.vocab {
-            Vocab::Tied(m) => dev.embed(ctx.step, m, self.embed_scale, &mut s.x)?,
-            Vocab::Untied { table, .. } => {
-                dev.embed_table(ctx.step, table, self.embed_scale, &mut s.x)?
-            }
+        if let FinalNorm::Mixer(m) = &self.final_norm {
+            return self.forward_hyper(dev, ctx, s, cap, m.streams);
         }
+        self.embed(dev, ctx, &mut s.x)?;
         cap(0, &s.x)?;
         if let Some(ple) = &self.ple {
             ple.forward(dev, ctx.step, s)?;
@@ -165,6 +175,52 @@ impl<D: Device> Decoder<D> {
         Ok(())
     }
 
+    fn embed(&self, dev: &D, ctx: &Ctx<'_, '_, D>, out: &mut D::Buf) -> DevResult<()> {
+        match &self.vocab {
+            Vocab::Tied(m) => dev.embed(ctx.step, m, self.embed_scale, out),
+            Vocab::Untied { table, .. } => dev.embed_table(ctx.step, table, self.embed_scale, out),
+        }
+    }
+
+    /// [`Self::forward`] of a model with hyper-connections: the embedded rows copied into
+    /// `streams` streams, every part between them through its connection.
+    fn forward_hyper(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+        cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
+        streams: usize,
+    ) -> DevResult<()> {
+        self.embed(dev, ctx, &mut s.proj)?;
+        dev.hyper(HyperOp::Repeat {
+            x: &s.proj,
+            streams,
+            out: &mut s.x,
+        })?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            cap(i, &s.x)?;
+            for part in &layer.parts {
+                let hyper = part.hyper.as_ref().ok_or_else(|| {
+                    DeviceError::Invalid(format!("layer {i}: a part without its hyper-connection"))
+                })?;
+                hyper.around(dev, s, |s| part.sublayer.forward(dev, ctx, s))?;
+            }
+        }
+        cap(self.layers.len(), &s.x)
+    }
+
+    /// The LM head's input `[n, hidden]` from `n` last-layer rows `x` (`[n, stream width]`).
+    fn finish(&self, dev: &D, x: &D::Buf, n: usize, out: &mut D::Buf) -> DevResult<()> {
+        match &self.final_norm {
+            FinalNorm::Rms(w) => dev.rms_norm(x, w, self.spec.rms_norm_eps, out),
+            FinalNorm::Mixer(m) => {
+                let mut hs = HyperScratch::new(dev, m.dims(), n)?;
+                m.mix(dev, x, &mut hs, out)
+            }
+        }
+    }
+
     fn head(&self) -> &D::Linear {
         match &self.vocab {
             Vocab::Tied(m) | Vocab::Untied { head: m, .. } => m,
@@ -178,25 +234,24 @@ impl<D: Device> Decoder<D> {
             return Ok(Vec::new());
         }
         let (n, h, v) = (rows.len(), self.spec.hidden_size, self.spec.vocab_size);
-        let mut last = dev.buffer(n, h, BufKind::F32)?;
+        let mut last = dev.buffer(n, self.spec.stream_width(), BufKind::F32)?;
         let mut normed = dev.buffer(n, h, BufKind::GemmIn)?;
         let mut logits = dev.buffer(n, v, BufKind::F32)?;
         dev.gather_rows(x, rows, &mut last)?;
-        let eps = self.spec.rms_norm_eps;
-        dev.rms_norm(&last, &self.final_norm, eps, &mut normed)?;
+        self.finish(dev, &last, n, &mut normed)?;
         dev.matmul(&normed, self.head(), &mut logits)?;
         dev.argmax(&logits)
     }
 
-    /// The final norm of host rows `[n, hidden]` (id-L rows -> transformers' post-norm
-    /// `hidden_states[L]`).
+    /// The final norm (or mixer) of host rows `[n, stream width]` (id-L rows -> transformers'
+    /// `hidden_states[L]`, `[n, hidden]`).
     pub fn final_norm(&self, dev: &D, rows: &[f32]) -> DevResult<Vec<f32>> {
-        let h = self.spec.hidden_size;
-        let n = rows.len() / h;
-        let mut x = dev.buffer(n, h, BufKind::F32)?;
+        let (h, width) = (self.spec.hidden_size, self.spec.stream_width());
+        let n = rows.len() / width;
+        let mut x = dev.buffer(n, width, BufKind::F32)?;
         let mut out = dev.buffer(n, h, BufKind::F32)?;
-        dev.upload(rows, h, &mut x)?;
-        dev.rms_norm(&x, &self.final_norm, self.spec.rms_norm_eps, &mut out)?;
+        dev.upload(rows, width, &mut x)?;
+        self.finish(dev, &x, n, &mut out)?;
         dev.download(&out)
     }
 }

@@ -10,7 +10,7 @@
 //! hold the multi-token-prediction layer(s) after the last decoder layer (`model.layers.{L}.*`),
 //! which transformers does not build either: not read.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
 use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
@@ -35,7 +35,7 @@ pub fn load_with<D: Device>(
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = ld.vector("model.norm.weight", h)?;
+    let final_norm = FinalNorm::Rms(ld.vector("model.norm.weight", h)?);
     Ok(Decoder {
         embed_scale: 1.0,
         spec,

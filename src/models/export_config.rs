@@ -1,6 +1,7 @@
 //! Configs of checkpoints as they are released, before the per-family parsing:
 //! - multimodal exports whose language model hsx runs text-only: `Qwen3_5ForConditionalGeneration`,
-//!   `Qwen3_5MoeForConditionalGeneration`, `Qwen3VLForConditionalGeneration`,
+//!   `Qwen3_5MoeForConditionalGeneration`, `Qwen4ExpForConditionalGeneration`,
+//!   `Qwen3VLForConditionalGeneration`,
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
 //!   `Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`,
 //!   `Gemma4UnifiedForConditionalGeneration`,
@@ -29,6 +30,7 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
         "Qwen3_5MoeForConditionalGeneration",
         "Qwen3_5MoeForCausalLM",
     ),
+    ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
     // Qwen3's layers; MRoPE over text-only positions (t = h = w) is Qwen3's RoPE.
     ("Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
     ("Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM"),

@@ -14,7 +14,7 @@
 //! The embedding multiplier scales the embedded rows (layer id 0, as `hidden_states[0]`); the
 //! LM-head multiplier changes no greedy token and is not applied.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::falcon_h1_config::FalconH1Spec;
 use super::hybrid_config::MambaSpec;
 use super::layers::mlp::Activation;
@@ -51,7 +51,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     Ok(Decoder {
         vocab: ld.vocab(&spec, "model.embed_tokens")?,
         embed_scale: f.embedding,
-        final_norm: ld.vector("model.final_layernorm.weight", h)?,
+        final_norm: FinalNorm::Rms(ld.vector("model.final_layernorm.weight", h)?),
         spec,
         layers,
         ple: None,

@@ -8,7 +8,7 @@
 //! GeGLU. The embedding rows are scaled by `√hidden` rounded to the weights' dtype (the LM head
 //! is the unscaled, tied embedding).
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::dense::{attention_of, load_mlp};
 use super::layers::mlp::Activation;
 use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
@@ -25,7 +25,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let layers = (0..spec.num_layers)
         .map(|i| load_layer(ld, &spec, &g, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = ld.norm_one_plus("model.norm", h)?;
+    let final_norm = FinalNorm::Rms(ld.norm_one_plus("model.norm", h)?);
     Ok(Decoder {
         embed_scale: embed_scale(h, spec.dtype),
         spec,

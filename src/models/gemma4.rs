@@ -87,6 +87,7 @@ fn ple_part<D: Device>(
         sublayer,
         post_norm: Some(ld.vector(&post, h)?),
         residual_scale: 1.0,
+        hyper: None,
     })
 }
 

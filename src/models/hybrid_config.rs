@@ -184,6 +184,9 @@ pub(super) fn parse(
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => {
             parse_qwen(cfg, architecture, name)
         }
+        Architecture::Qwen4Exp => {
+            super::qwen4_exp_config::parse(cfg, parse_qwen(cfg, architecture, name)?)
+        }
         Architecture::NemotronH => parse_nemotron(cfg, name),
         _ => unreachable!("not a hybrid architecture"),
     }
@@ -248,7 +251,11 @@ fn parse_qwen(
     check_act(cfg, "hidden_act", "silu", &["silu", "swish"])?;
     no_sliding_window(cfg)?;
     let num_layers = cfg.num_layers()?;
-    let layers = match cfg.linear_layer_types(num_layers, LayerKind::GatedDeltaNet)? {
+    let types = match architecture {
+        Architecture::Qwen4Exp => cfg.qwen4_layer_types(num_layers)?,
+        _ => cfg.linear_layer_types(num_layers, LayerKind::GatedDeltaNet)?,
+    };
+    let layers = match types {
         Some(kinds) => kinds,
         None => {
             let interval = cfg.usize_or("full_attention_interval", 4)?.max(1);
@@ -296,7 +303,7 @@ fn parse_qwen(
     };
     // Qwen3.5-MoE configs have no dense MLP size (every layer is sparse).
     let intermediate_size = match (&moe, architecture) {
-        (Some(m), Architecture::Qwen3_5Moe) => {
+        (Some(m), Architecture::Qwen3_5Moe | Architecture::Qwen4Exp) => {
             cfg.usize_or("intermediate_size", m.expert_intermediate)?
         }
         _ => cfg.usize_req("intermediate_size")?,

@@ -40,6 +40,21 @@ impl Cfg<'_> {
         })
     }
 
+    /// Qwen4-Exp's `layer_types`: `linear_attention` (Gated DeltaNet) or attention, which its
+    /// configs call `indexed_attention` (its releases `full_attention`): attention with the
+    /// QSA indexer.
+    pub(super) fn qwen4_layer_types(
+        &self,
+        layers: usize,
+    ) -> Result<Option<Vec<LayerKind>>, ModelError> {
+        let accepted = "linear_attention / indexed_attention / full_attention";
+        self.layer_types(layers, accepted, |k| match k {
+            "linear_attention" => Some(LayerKind::GatedDeltaNet),
+            "indexed_attention" | "full_attention" => Some(LayerKind::Attention),
+            _ => None,
+        })
+    }
+
     fn layer_types<T>(
         &self,
         layers: usize,

@@ -60,6 +60,8 @@ mod olmo_config;
 pub mod phi3;
 pub mod pyjson;
 pub mod qwen3_5;
+pub mod qwen4_exp;
+mod qwen4_exp_config;
 pub mod registry;
 mod spec_checks;
 pub mod weights;

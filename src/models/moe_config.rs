@@ -22,6 +22,7 @@ pub(super) fn qwen_moe(
     let (experts, top_k, inter, renorm) = match arch {
         Architecture::Qwen3Next => (512, 10, 512, true),
         Architecture::Qwen3_5Moe => (256, 8, 512, true),
+        Architecture::Qwen4Exp => (512, 10, 512, true),
         _ => (128, 8, 768, false),
     };
     // Qwen3MoeConfig maps `num_experts` to `num_local_experts`, the name transformers 5 saves.
@@ -33,10 +34,10 @@ pub(super) fn qwen_moe(
         Architecture::Qwen3Moe => None,
         _ => Some(cfg.usize_or("shared_expert_intermediate_size", 512)?),
     };
-    // Qwen3.5-MoE makes every layer sparse and always renormalises (its config has neither
+    // Qwen3.5-MoE and Qwen4-Exp make every layer sparse and always renormalise (its config has neither
     // field; transformers would ignore them).
     let (norm_topk_prob, sparse_layers) = match arch {
-        Architecture::Qwen3_5Moe => (true, vec![true; num_layers]),
+        Architecture::Qwen3_5Moe | Architecture::Qwen4Exp => (true, vec![true; num_layers]),
         _ => (
             cfg.bool_or("norm_topk_prob", renorm)?,
             sparse_layers(cfg, num_layers)?,

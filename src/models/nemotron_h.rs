@@ -4,7 +4,7 @@
 //! counts as a layer (transformers' `hidden_states` has one entry per block). On-disk names:
 //! `backbone.embeddings`, `backbone.layers.{i}.{norm,mixer}`, `backbone.norm_f`, `lm_head`.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::{LayerKind, MambaNorm, MambaSpec};
 use super::layers::mlp::Activation;
 use super::layers::{
@@ -74,7 +74,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     }
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: ld.vector("backbone.norm_f.weight", h)?,
+        final_norm: FinalNorm::Rms(ld.vector("backbone.norm_f.weight", h)?),
         spec,
         vocab,
         layers,

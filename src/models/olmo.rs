@@ -93,6 +93,7 @@ fn post_normed<D: Device>(sublayer: Sublayer<D>, post_norm: D::Vector) -> Part<D
         sublayer,
         post_norm: Some(post_norm),
         residual_scale: 1.0,
+        hyper: None,
     }
 }
 

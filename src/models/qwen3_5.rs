@@ -9,7 +9,7 @@
 //! projection is `[q | gate | k | v]`; Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, grouped per
 //! key head, become Qwen3.5's `[q | k | v | z | b | a]`.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
 use super::layers::{
     Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, SoftmaxVariant, Sublayer, neg_exp,
@@ -38,7 +38,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     }
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: ld.norm_one_plus("model.norm", h)?,
+        final_norm: FinalNorm::Rms(ld.norm_one_plus("model.norm", h)?),
         spec,
         vocab,
         layers,
@@ -112,7 +112,7 @@ fn load_layer<D: Device>(
 }
 
 /// Gated attention (`prefix` = `...layers.{i}.self_attn`).
-fn load_attention<D: Device>(
+pub(super) fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     prefix: &str,
     spec: &ModelSpec,

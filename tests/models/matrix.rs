@@ -51,7 +51,7 @@ fn check(name: &str, dev: Dev) {
             .run_pieces(be.as_mut(), std::slice::from_ref(&ids), 4096, false)
             .remove(0);
         for i in 0..=l {
-            let got = layer_of(&rows, i, l + 1, spec.hidden_size);
+            let got = layer_of(&rows, i, l + 1, spec.stream_width());
             let err = max_rel(&got, &reference.f32(&format!("p{j}.layer.{i}")));
             // What a new fixture's bound is measured with.
             if std::env::var_os("HSX_PRINT_ERR").is_some() {
@@ -161,6 +161,7 @@ matrix! {
     mixtral => "mixtral",
     qwen3_5_moe => "qwen3_5_moe",
     qwen3_5_moe_vl => "qwen3_5_moe_vl",
+    qwen4_exp => "qwen4_exp",
     nemotron_h_moe => "nemotron_h_moe",
     nemotron_h_latent => "nemotron_h_latent",
     gpt_oss => "gpt_oss",

@@ -122,6 +122,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5_vl",
     "qwen3_moe",
     "qwen3_5_moe",
+    "qwen4_exp",
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",
@@ -440,7 +441,7 @@ fn load_and_run(dir: &Path) -> Result<(), (&'static str, String)> {
     let (recurrent, vocab, hidden) = (
         spec.has_recurrent_layers(),
         spec.vocab_size,
-        spec.hidden_size,
+        spec.stream_width(),
     );
     let k = ids.len();
     let opts = CpuOptions {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ops::Range;
 
-use super::bf16::{Bf16Kernel, Half, PackedHalf};
+use super::bf16::{Bf16Kernel, Half};
 use super::capture::CpuCapture;
 use super::exp::gelu_tanh_times;
 use super::matmul::{Linear, Weight};
@@ -17,8 +17,8 @@ use super::ops;
 use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    DsaCall, GdnParams, HostMatrix, HostTable, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
-    check_slot_copies,
+    DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
+    NormGate, check_slot_copies,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -37,71 +37,22 @@ pub struct CpuDevice {
     f16_weights: AtomicBool,
 }
 
-impl CpuDevice {
-    /// A device with `threads` compute threads (0 = every core), multiplying bf16 weights on
-    /// `bf16` (`Auto`: the fastest path this CPU has; a path it lacks is an error).
-    pub fn new(threads: usize, bf16: Bf16Kernel) -> Result<Self, String> {
-        let bf16 = bf16.resolve()?;
-        let threads = match threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("hsx-cpu-{i}"))
-            .build()
-            .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-        Ok(Self {
-            pool,
-            threads,
-            bf16,
-            bf16_weights: AtomicBool::new(false),
-            f16_weights: AtomicBool::new(false),
-        })
-    }
-
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// The path bf16 weights are multiplied on.
-    pub fn bf16_kernel(&self) -> Bf16Kernel {
-        self.bf16
-    }
-
-    /// A checkpoint's `half` weight kept as such, in tiles, with the path that multiplies it
-    /// (f16: [`Bf16Kernel::for_f16`]).
-    fn packed(&self, weight: &HostMatrix<'_>, half: Half) -> Weight {
-        let (loaded, kernel) = match half {
-            Half::Bf16 => (&self.bf16_weights, self.bf16),
-            Half::F16 => (&self.f16_weights, self.bf16.for_f16()),
-        };
-        loaded.store(true, Ordering::Relaxed);
-        let (n, k) = (weight.rows, weight.cols);
-        let w = self
-            .pool
-            .install(|| match bytemuck::try_cast_slice::<u8, u16>(&weight.data) {
-                Ok(bits) => PackedHalf::pack(bits, n, k, half),
-                // Unaligned in the mapped file: one copy first.
-                Err(_) => PackedHalf::pack(&bytemuck::pod_collect_to_vec(&weight.data), n, k, half),
-            });
-        Weight::Half { w, kernel }
-    }
-}
+#[path = "device_setup.rs"]
+mod device_setup;
 
 #[path = "device_types.rs"]
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
 use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, gather_scaled, set};
 
-#[path = "device_hybrid.rs"]
-mod device_hybrid;
-
-#[path = "device_moe.rs"]
-mod device_moe;
-
 #[path = "device_attention.rs"]
 mod device_attention;
+#[path = "device_hybrid.rs"]
+mod device_hybrid;
+#[path = "device_hyper.rs"]
+mod device_hyper;
+#[path = "device_moe.rs"]
+mod device_moe;
 
 impl Device for CpuDevice {
     type Buf = CpuBuf;
@@ -115,23 +66,7 @@ impl Device for CpuDevice {
     type Step<'a> = CpuStep<'a>;
 
     fn describe(&self) -> String {
-        match self.f16_weights.load(Ordering::Relaxed) {
-            true => format!(
-                "cpu ({} threads, f16 GEMM: {})",
-                self.threads,
-                self.bf16.for_f16()
-            ),
-            false => format!(
-                "cpu ({} threads, bf16 GEMM: {}{})",
-                self.threads,
-                self.bf16,
-                if self.bf16.native() {
-                    ""
-                } else {
-                    " on emulated tiles"
-                }
-            ),
-        }
+        self.description()
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -559,6 +494,10 @@ impl Device for CpuDevice {
         weighted_sum(&y.data, routing, tokens, y.width, &mut out.data);
         set(out, y.width);
         Ok(())
+    }
+
+    fn hyper(&self, op: HyperOp<'_, Self>) -> DevResult<()> {
+        device_hyper::hyper(op)
     }
 
     fn cast(&self, x: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {

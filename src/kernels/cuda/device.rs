@@ -25,7 +25,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
-    GdnParams, HostMatrix, HostTable, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
+    GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
     check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
@@ -535,6 +535,10 @@ impl Device for CudaDevice {
         self.moe_weighted_sum_op(y, routing, tokens, out)
     }
 
+    fn hyper(&self, op: HyperOp<'_, Self>) -> DevResult<()> {
+        self.hyper_op(op)
+    }
+
     fn cast(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
         self.cast_op(x, out)
     }
@@ -577,20 +581,5 @@ impl Device for CudaDevice {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Without a usable driver / device, making the device is an error naming why, never a
-    /// panic (the engine reports it at start).
-    #[test]
-    fn new_without_a_usable_device_is_an_error() {
-        if let Ok(info) = probe(0) {
-            eprintln!("skipping: device {} present", info.name);
-            return;
-        }
-        match CudaDevice::new(0, WeightDtype::Bf16) {
-            Ok(_) => panic!("a device without a probe"),
-            Err(e) => assert!(!e.to_string().is_empty()),
-        }
-    }
-}
+#[path = "device_tests.rs"]
+mod tests;

@@ -66,6 +66,8 @@ pub mod gated_norm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gemm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod hyper;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod kv_cache;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod launch_args;

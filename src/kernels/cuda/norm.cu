@@ -78,3 +78,11 @@ extern "C" __global__ void head_rms_norm(float* x, long long stride, int col, in
     const float r = (float)(1.0 / sqrt((double)var + eps));
     for (int i = threadIdx.x; i < hd; i += 32) h[i] = __fmul_rn(w[i], __fmul_rn(h[i], r));
 }
+
+// Hyper-connections' norm (Qwen4-Exp's `hc_norm`): rows of `groups · n` values, each group of
+// `n` normed alone with its own `n` values of `w`. Launch: grid (rows · groups), block (256).
+extern "C" __global__ void group_rms_norm_f32(const float* x, const float* w, float* out, int n,
+                                              int groups, double eps) {
+    const size_t piece = blockIdx.x;
+    rms_norm_body<float>(x + piece * n, w + (piece % groups) * n, out + piece * n, n, eps);
+}

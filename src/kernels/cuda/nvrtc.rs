@@ -32,6 +32,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gated_attn", include_str!("gated_attn.cu")),
     ("mla", include_str!("mla.cu")),
     ("dsa", include_str!("dsa.cu")),
+    ("hyper", include_str!("hyper.cu")),
 ];
 
 /// The one tiny kernel the probe compiles and loads before anything else: an NVRTC that

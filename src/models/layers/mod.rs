@@ -10,6 +10,7 @@ pub mod attention;
 pub mod gdn;
 pub mod gemma4_moe;
 pub mod gpt_oss_moe;
+pub mod hyper;
 pub mod kda;
 pub mod mamba2;
 pub mod mla;
@@ -28,6 +29,7 @@ pub use attention::Attention;
 pub use gdn::GatedDeltaNet;
 pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
+pub use hyper::{HyperConnection, HyperScratch};
 pub use kda::KimiDeltaAttention;
 pub use mamba2::{Mamba2, OutNorm};
 pub use mla::MlaAttention;
@@ -177,13 +179,16 @@ impl<D: Device> Sublayer<D> {
 /// `x += sublayer(norm(x))`, or with a post-norm (Gemma's sandwich)
 /// `x += post_norm(sublayer(norm(x)))`, or without a pre-norm (OLMo 2 / 3)
 /// `x += post_norm(sublayer(x))`; the added rows times `residual_scale` (Granite's residual
-/// multiplier; 1 for every other model, which changes no bit).
+/// multiplier; 1 for every other model, which changes no bit). With a hyper-connection
+/// (Qwen4-Exp) the sublayer reads and adds to the model's streams through it instead
+/// ([`HyperConnection`]; no norm).
 pub struct Part<D: Device> {
     /// `None`: the sublayer reads the residual stream itself.
     pub norm: Option<D::Vector>,
     pub sublayer: Sublayer<D>,
     pub post_norm: Option<D::Vector>,
     pub residual_scale: f32,
+    pub hyper: Option<HyperConnection<D>>,
 }
 
 impl<D: Device> Part<D> {
@@ -194,6 +199,18 @@ impl<D: Device> Part<D> {
             sublayer,
             post_norm: None,
             residual_scale: 1.0,
+            hyper: None,
+        }
+    }
+
+    /// `sublayer` between the streams through `hyper` (Qwen4-Exp).
+    pub fn hyper(hyper: HyperConnection<D>, sublayer: Sublayer<D>) -> Self {
+        Self {
+            norm: None,
+            sublayer,
+            post_norm: None,
+            residual_scale: 1.0,
+            hyper: Some(hyper),
         }
     }
 
@@ -233,6 +250,8 @@ pub struct Widths {
     pub side: bool,
     /// Per-layer embedding values per token (Gemma 4 E2B / E4B; 0: none).
     pub ple: usize,
+    /// Hyper-connections' (streams, hidden, rank) (Qwen4-Exp; `None`: one residual stream).
+    pub hyper: Option<(usize, usize, usize)>,
 }
 
 impl Widths {
@@ -250,6 +269,7 @@ impl Widths {
             moe,
             side: self.side || o.side,
             ple: self.ple.max(o.ple),
+            hyper: self.hyper.max(o.hyper),
         }
     }
 
@@ -257,9 +277,10 @@ impl Widths {
     pub fn of<D: Device>(layers: &[Layer<D>]) -> Widths {
         let part = |p: &Part<D>| {
             let w = p.sublayer.widths();
+            let hyper = p.hyper.as_ref().map_or(Widths::default(), |h| h.widths());
             Widths {
                 side: w.side || p.post_norm.is_some(),
-                ..w
+                ..w.max(hyper)
             }
         };
         (layers.iter().flat_map(|l| &l.parts)).fold(Widths::default(), |w, p| w.max(part(p)))
@@ -268,7 +289,7 @@ impl Widths {
 
 /// Activation buffers shared by every layer, made once for the token budget.
 pub struct Scratch<D: Device> {
-    /// The residual stream `[T, hidden]`, f32.
+    /// The residual stream `[T, hidden]` (`[T, streams · hidden]` with hyper-connections), f32.
     pub x: D::Buf,
     pub normed: D::Buf,
     /// A sublayer's output `[T, hidden]`, f32.
@@ -283,6 +304,7 @@ pub struct Scratch<D: Device> {
     pub aux: D::Buf,
     pub moe: Option<MoeScratch<D>>,
     pub ple: Option<PleScratch<D>>,
+    pub hyper: Option<HyperScratch<D>>,
 }
 
 /// The MoE blocks' buffers (`top_k` rows per token for the experts).
@@ -323,8 +345,9 @@ impl<D: Device> Scratch<D> {
             }
             None => None,
         };
+        let streams = w.hyper.map_or(1, |(s, _, _)| s);
         Ok(Self {
-            x: dev.buffer(t, hidden, F32)?,
+            x: dev.buffer(t, streams * hidden, F32)?,
             normed: dev.buffer(t, hidden, GemmIn)?,
             proj: dev.buffer(t, hidden, F32)?,
             side: match w.side {
@@ -344,6 +367,7 @@ impl<D: Device> Scratch<D> {
                     tmp: dev.buffer(t, n, F32)?,
                 }),
             },
+            hyper: w.hyper.map(|d| HyperScratch::new(dev, d, t)).transpose()?,
         })
     }
 }
