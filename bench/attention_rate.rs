@@ -28,6 +28,7 @@ pub fn gflops(
     let table: Vec<u32> = (0..nb as u32).rev().collect();
     let ids = vec![0u32; len];
     let seqs = [SeqChunk {
+        context: Vec::new(),
         start: 0,
         len,
         block_table: table,

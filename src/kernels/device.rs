@@ -116,6 +116,16 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale: f32,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// Rows of a gather-only table by id, `per_row` of them side by side in each output row:
+    /// `out[t] = [table[ids[t·k]] | … | table[ids[t·k + k - 1]]]`, `k` = `per_row` (f32;
+    /// Qwen4-Exp's n-gram embeddings). An id past the table is an error.
+    fn table_rows(
+        &self,
+        table: &Self::Table,
+        ids: &[u32],
+        per_row: usize,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// `out = x · Wᵀ (+ b)`, f32 accumulation, f32 out.
     fn matmul(&self, x: &Self::Buf, w: &Self::Linear, out: &mut Self::Buf) -> DevResult<()>;
     /// [`Device::matmul`] on rows `rows` of `x` into the same rows of `out`, which must

@@ -17,26 +17,37 @@ pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 /// A `[rows, cols]` table of little-endian `dtype` elements at `range` of `bytes`.
 #[derive(Clone)]
 pub struct HostTable {
-    bytes: SharedBytes,
-    range: Range<usize>,
+    /// The row ranges in order: a table a checkpoint stores in pieces (Qwen4-Exp's n-gram
+    /// table, `shard_*`) is their rows one after another.
+    parts: Vec<TablePart>,
     pub dtype: WeightDtype,
     pub rows: usize,
     pub cols: usize,
+}
+
+/// Rows `first..first + rows` of a table, in `bytes[range]`.
+#[derive(Clone)]
+struct TablePart {
+    bytes: SharedBytes,
+    range: Range<usize>,
+    first: usize,
 }
 
 impl std::fmt::Debug for HostTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "HostTable [{}, {}] {:?}",
-            self.rows, self.cols, self.dtype
+            "HostTable [{}, {}] {:?} in {} part(s)",
+            self.rows,
+            self.cols,
+            self.dtype,
+            self.parts.len()
         )
     }
 }
 
 impl HostTable {
-    /// The table at `range` of `bytes`; an error unless the range lies in the bytes and holds
-    /// exactly `rows · cols` elements.
+    /// The `[rows, cols]` table of `dtype` in `bytes[range]` (which must hold exactly it).
     pub fn new(
         bytes: SharedBytes,
         range: Range<usize>,
@@ -47,8 +58,11 @@ impl HostTable {
         let have = (*bytes).as_ref().get(range.clone()).map(<[u8]>::len);
         match (need, have) {
             (Some(n), Some(h)) if n == h => Ok(Self {
-                bytes,
-                range,
+                parts: vec![TablePart {
+                    bytes,
+                    range,
+                    first: 0,
+                }],
                 dtype,
                 rows,
                 cols,
@@ -59,28 +73,62 @@ impl HostTable {
         }
     }
 
-    /// Owned values (a table made on the host: tests, conversions).
+    /// The tables' rows one after another (all of one dtype and width).
+    pub fn concat(tables: Vec<HostTable>) -> Result<Self, String> {
+        let first = tables.first().ok_or("a table of no parts")?;
+        let (dtype, cols) = (first.dtype, first.cols);
+        let mut parts = Vec::new();
+        let mut rows = 0usize;
+        for t in tables {
+            if (t.dtype, t.cols) != (dtype, cols) {
+                let (d, c) = (t.dtype, t.cols);
+                return Err(format!(
+                    "a {d:?} part of {c} columns in a {dtype:?} table of {cols}"
+                ));
+            }
+            for p in t.parts {
+                parts.push(TablePart {
+                    first: rows + p.first,
+                    ..p
+                });
+            }
+            rows += t.rows;
+        }
+        Ok(Self {
+            parts,
+            dtype,
+            rows,
+            cols,
+        })
+    }
+
+    /// A table holding a copy of `m`'s bytes.
     pub fn from_matrix(m: &HostMatrix<'_>) -> Self {
         let bytes: SharedBytes = Arc::new(m.data.to_vec());
         let len = m.data.len();
         Self::new(bytes, 0..len, m.dtype, (m.rows, m.cols)).expect("a matrix's own bytes")
     }
 
-    fn data(&self) -> &[u8] {
-        &(*self.bytes).as_ref()[self.range.clone()]
+    fn data(part: &TablePart) -> &[u8] {
+        &(*part.bytes).as_ref()[part.range.clone()]
     }
 
-    /// The whole table as a matrix borrowing its bytes (for a device that uploads it).
+    /// The whole table as a matrix (borrowed where it is one part, else copied): for a device
+    /// that uploads it.
     pub fn matrix(&self) -> HostMatrix<'_> {
+        let data = match self.parts.as_slice() {
+            [one] => std::borrow::Cow::Borrowed(Self::data(one)),
+            parts => std::borrow::Cow::Owned(parts.iter().flat_map(Self::data).copied().collect()),
+        };
         HostMatrix {
             dtype: self.dtype,
             rows: self.rows,
             cols: self.cols,
-            data: std::borrow::Cow::Borrowed(self.data()),
+            data,
         }
     }
 
-    /// Row `r` widened to f32 into `out` (`cols` values); an error for a row past the table.
+    /// Row `r` widened to f32 into `out` (`cols` values).
     pub fn row_into(&self, r: usize, out: &mut [f32]) -> Result<(), String> {
         if r >= self.rows || out.len() != self.cols {
             return Err(format!(
@@ -90,8 +138,10 @@ impl HostTable {
                 out.len()
             ));
         }
+        let part = &self.parts[self.parts.partition_point(|p| p.first <= r) - 1];
         let size = self.cols * dtype_size(self.dtype);
-        widen_into(&self.data()[r * size..(r + 1) * size], self.dtype, out);
+        let at = (r - part.first) * size;
+        widen_into(&Self::data(part)[at..at + size], self.dtype, out);
         Ok(())
     }
 }
@@ -123,5 +173,37 @@ mod tests {
             assert!(HostTable::new(shared, 3..len, dtype, (usize::MAX, 3)).is_err());
             assert_eq!(t.matrix().to_f32(), values, "{dtype:?}");
         }
+    }
+
+    /// A table in pieces (of 1, 2 and 3 rows) reads and uploads as the whole one; pieces of
+    /// another dtype or width are refused.
+    #[test]
+    fn parts_read_as_one_table() {
+        let values: Vec<f32> = (0..18).map(|i| i as f32 - 7.0).collect();
+        let part = |rows: std::ops::Range<usize>| {
+            let bytes: Vec<u8> = values[rows.start * 3..rows.end * 3]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let len = bytes.len();
+            HostTable::new(Arc::new(bytes), 0..len, WeightDtype::F32, (rows.len(), 3)).unwrap()
+        };
+        let t = HostTable::concat(vec![part(0..1), part(1..3), part(3..6)]).unwrap();
+        assert_eq!(t.rows, 6);
+        let mut row = [0.0; 3];
+        for r in 0..6 {
+            t.row_into(r, &mut row).unwrap();
+            assert_eq!(row, values[r * 3..r * 3 + 3], "row {r}");
+        }
+        assert!(t.row_into(6, &mut row).is_err());
+        assert_eq!(t.matrix().to_f32(), values);
+        let nested = HostTable::concat(vec![t, part(0..2)]).unwrap();
+        nested.row_into(7, &mut row).unwrap();
+        assert_eq!(row, values[3..6]);
+        let mut narrow = vec![0u8; 8];
+        narrow_into(&[1.0, 2.0, 3.0, 4.0], WeightDtype::Bf16, &mut narrow);
+        let bf16 = HostTable::new(Arc::new(narrow), 0..8, WeightDtype::Bf16, (1, 4)).unwrap();
+        assert!(HostTable::concat(vec![part(0..1), bf16]).is_err());
+        assert!(HostTable::concat(Vec::new()).is_err());
     }
 }

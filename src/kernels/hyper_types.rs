@@ -37,6 +37,15 @@ pub enum HyperOp<'a, D: Device> {
         streams: usize,
         out: &'a mut D::Buf,
     },
+    /// Qwen4-Exp's n-gram gate, per stream k: `g = (key_k · query_k) / √H` (the dot product
+    /// over the stream's `H` values), `g' = sign(g) · √max(|g|, 1e-6)`, and
+    /// `out_k = sigmoid(g') · value` (`key`, `query`, `out` `[T, S·H]`, `value` `[T, H]`).
+    NgramGate {
+        key: &'a D::Buf,
+        query: &'a D::Buf,
+        value: &'a D::Buf,
+        out: &'a mut D::Buf,
+    },
     /// `x[t, k·H + j] += y[t, j] · (2 · sigmoid(logits[t, k] / S))`, `S` = the width of
     /// `logits`: the sublayer's output added to every stream.
     Inject {

@@ -45,6 +45,22 @@ pub struct SeqChunk {
     /// attention or Mamba layers; `None` for dense models. A chunk with `start == 0` begins
     /// from a zero state, whatever the slot held before (slots are reused).
     pub state_slot: Option<u32>,
+    /// The request's tokens right before `start`, the last [`CHUNK_CONTEXT`] of them (fewer
+    /// near the start): what a token's n-gram inputs reach back to (Qwen4-Exp's per-layer
+    /// embeddings). A model that reads them checks there are as many as it needs.
+    pub context: Vec<u32>,
+}
+
+/// Tokens of context a [`SeqChunk`] carries from before its start.
+pub const CHUNK_CONTEXT: usize = 8;
+
+impl SeqChunk {
+    /// This chunk with its context taken from its request's `tokens` (positions from 0).
+    pub fn with_context(mut self, tokens: &[u32]) -> Self {
+        let end = self.start.min(tokens.len());
+        self.context = tokens[end.saturating_sub(CHUNK_CONTEXT)..end].to_vec();
+        self
+    }
 }
 
 /// A packed batch: the tokens of every chunk concatenated in chunk order, no padding.

@@ -229,6 +229,7 @@ mod tests {
     fn seq_states_rejects_shared_or_missing_slots() {
         use crate::kernels::SeqChunk;
         let c = |slot| SeqChunk {
+            context: Vec::new(),
             start: 0,
             len: 1,
             block_table: vec![0],

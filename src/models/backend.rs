@@ -135,6 +135,7 @@ impl<D: Device> ModelBackend<D> {
         dev.run(|| {
             let step = dev.begin(batch.token_ids, plan, seqs, states.as_mut())?;
             let mut ctx = Ctx {
+                batch,
                 step: &step,
                 kv,
                 states: states.as_mut(),

@@ -21,6 +21,7 @@ pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 pub use super::olmo_config::OlmoSpec;
+pub use super::qwen4_exp_config::NgramSpec;
 use super::weights::Weights;
 use crate::kernels::device::QueryTemperature;
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
@@ -96,6 +97,8 @@ pub struct ModelSpec {
     /// Qwen4-Exp's QSA indexer (requests capped where it still selects every key); `None` for
     /// other architectures.
     pub qsa: Option<QsaSpec>,
+    /// Qwen4-Exp's hashed n-gram embeddings; `None`: no layer has them.
+    pub ngram: Option<NgramSpec>,
 }
 
 /// Qwen4-Exp's QSA indexer: per query, the `budget / ratio` best blocks of `ratio` keys.
@@ -192,6 +195,7 @@ impl ModelSpec {
             falcon_h1: None,
             hyper: None,
             qsa: None,
+            ngram: None,
         }
     }
 

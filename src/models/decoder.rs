@@ -85,6 +85,7 @@ impl<D: Device> Decoder<D> {
                 Sublayer::GatedDeltaNet(g) => Some(g.state_shape()),
                 Sublayer::Kda(k) => Some(k.state_shape()),
                 Sublayer::Mamba2(m) => Some(m.state_shape()),
+                Sublayer::Ngram(n) => Some(n.state_shape()),
                 _ => None,
             })
             .collect();
@@ -201,10 +202,15 @@ impl<D: Device> Decoder<D> {
         for (i, layer) in self.layers.iter().enumerate() {
             cap(i, &s.x)?;
             for part in &layer.parts {
-                let hyper = part.hyper.as_ref().ok_or_else(|| {
-                    DeviceError::Invalid(format!("layer {i}: a part without its hyper-connection"))
-                })?;
-                hyper.around(dev, s, |s| part.sublayer.forward(dev, ctx, s))?;
+                match (&part.hyper, &part.sublayer) {
+                    (Some(h), sub) => h.around(dev, s, |s| sub.forward(dev, ctx, s))?,
+                    // It adds to the streams itself.
+                    (None, sub @ Sublayer::Ngram(_)) => sub.forward(dev, ctx, s)?,
+                    (None, _) => {
+                        let msg = format!("layer {i}: a part without its hyper-connection");
+                        return Err(DeviceError::Invalid(msg));
+                    }
+                }
             }
         }
         cap(self.layers.len(), &s.x)

@@ -17,6 +17,7 @@ use super::config::{
     Architecture, Cfg, MAX_LAYERS, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
 pub use super::moe_spec::{MoeRouter, MoeSpec};
+pub use crate::kernels::device::NormGate;
 
 /// What one decoder layer (block) of a hybrid model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +68,8 @@ pub struct GdnSpec {
     pub beta_scale: f32,
     /// The gated output norm's epsilon where it is not `rms_norm_eps` (OLMo Hybrid: 1e-5).
     pub norm_eps: Option<f64>,
+    /// The gate of that norm: `silu(z)`, or Qwen4-Exp's `output_gate_type` `sigmoid`.
+    pub out_gate: NormGate,
 }
 
 impl GdnSpec {
@@ -289,6 +292,7 @@ fn parse_qwen(
         conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
         beta_scale: 1.0,
         norm_eps: None,
+        out_gate: NormGate::Silu,
     };
     let moe = if architecture != Architecture::Qwen3_5 {
         super::moe_config::qwen_moe(cfg, architecture, num_layers)?

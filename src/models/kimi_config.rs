@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use super::config::{Architecture, Cfg, ModelSpec};
-use super::hybrid_config::{GdnSpec, LayerKind};
+use super::hybrid_config::{GdnSpec, LayerKind, NormGate};
 use super::{ModelError, deepseek_config};
 
 /// Kimi's field names -> the DeepSeek-V3 names [`deepseek_config`] reads.
@@ -73,6 +73,8 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         conv_kernel: geometry("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?,
         beta_scale: 1.0,
         norm_eps: None,
+        // Kimi Delta Attention always gates with sigmoid (its layer, `layers/kda.rs`).
+        out_gate: NormGate::Sigmoid,
     };
     let hybrid = spec
         .hybrid

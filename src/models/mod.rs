@@ -55,6 +55,7 @@ pub mod moe_weights;
 mod mxfp4;
 pub mod nemotron_h;
 pub mod nemotron_moe;
+pub mod ngram_hash;
 pub mod olmo;
 mod olmo_config;
 pub mod phi3;

@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 use super::config::{Cfg, default_theta};
-use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
+use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, NormGate};
 use super::{Architecture, ModelError, ModelSpec, RopeScaling};
 
 /// OLMo's per-layer attention.
@@ -129,6 +129,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
             false => 1.0,
         },
         norm_eps: Some(1e-5),
+        out_gate: NormGate::Silu,
     };
     if rope_theta_is_null(cfg) {
         spec.nope_layers = Some(vec![true; layers]);
@@ -311,6 +312,7 @@ mod tests {
                 conv_kernel: 4,
                 beta_scale: 2.0,
                 norm_eps: Some(1e-5),
+                out_gate: NormGate::Silu,
             }
         );
         assert_eq!((h.rotary_dim, s.head_dim, s.rope_theta), (16, 16, 1e4));

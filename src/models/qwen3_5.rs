@@ -245,6 +245,7 @@ pub(super) fn load_gdn<D: Device>(
         },
         eps: g.norm_eps.unwrap_or(spec.rms_norm_eps),
         beta_scale: g.beta_scale,
+        gate: g.out_gate,
     })
 }
 

@@ -40,6 +40,7 @@ impl Paging {
     /// Positions `start..start + len` of request `r`'s `total` tokens (sampled at the end).
     pub fn chunk(self, r: usize, start: usize, len: usize, total: usize) -> SeqChunk {
         SeqChunk {
+            context: Vec::new(),
             start,
             len,
             block_table: self.table(r, total),
@@ -85,7 +86,7 @@ impl Paging {
                 if start < p.len() {
                     let len = piece.min(p.len() - start);
                     ids.extend_from_slice(&p[start..start + len]);
-                    seqs.push(self.chunk(r, start, len, p.len()));
+                    seqs.push(self.chunk(r, start, len, p.len()).with_context(p));
                     owners.push((r, len));
                 }
             }
@@ -158,12 +159,14 @@ pub fn snapshot_restore_runs(be: &mut dyn Backend, cold_piece: usize) -> (Run, R
     let table = Paging::Hybrid.table(0, p.len());
     let chunk = |be: &mut dyn Backend, ids: &[u32], start: usize, table: &[u32], slot: u32| {
         let seqs = [SeqChunk {
+            context: Vec::new(),
             start,
             len: ids.len(),
             block_table: table.to_vec(),
             sample: start + ids.len() == p.len(),
             state_slot: Some(slot),
-        }];
+        }
+        .with_context(&p)];
         let out = be.forward(&Batch {
             token_ids: ids,
             seqs: &seqs,

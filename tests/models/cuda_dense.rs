@@ -183,6 +183,7 @@ fn bad_batches_are_errors_not_crashes() {
     assert!(matches!(err, BackendError::TokenOutOfRange { .. }), "{err}");
     let ids = vec![1u32; BUDGET + 1];
     let seqs = [SeqChunk {
+        context: Vec::new(),
         start: 0,
         len: ids.len(),
         block_table: (0..NUM_BLOCKS as u32).collect(),

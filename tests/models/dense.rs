@@ -296,6 +296,7 @@ fn capture_subset_and_no_sample() {
     let reference = Reference::load("qwen3");
     let ids = reference.ids(1);
     let seqs = [SeqChunk {
+        context: Vec::new(),
         start: 0,
         len: ids.len(),
         block_table: vec![3],

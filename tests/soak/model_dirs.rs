@@ -123,6 +123,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_moe",
     "qwen3_5_moe",
     "qwen4_exp",
+    "qwen4_exp_ple",
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",
@@ -457,6 +458,7 @@ fn load_and_run(dir: &Path) -> Result<(), (&'static str, String)> {
     let mut be = CpuBackend::load(dir, spec, opts).map_err(|e| ("load", e.to_string()))?;
     let tokens: Vec<u32> = (0..3u32).map(|t| t % vocab as u32).collect();
     let seqs = [SeqChunk {
+        context: Vec::new(),
         start: 0,
         len: 3,
         block_table: vec![0],

@@ -143,13 +143,15 @@ impl RunnerState {
             check_chunk(&c.id, seq, c.start, c.len)?;
             step.token_ids
                 .extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
-            step.seqs.push(SeqChunk {
+            let chunk = SeqChunk {
+                context: Vec::new(),
                 start: c.start,
                 len: c.len,
                 block_table: seq.blocks.clone(),
                 sample: c.sample,
                 state_slot: seq.state_slot,
-            });
+            };
+            step.seqs.push(chunk.with_context(&seq.tokens));
         }
         Ok(step)
     }

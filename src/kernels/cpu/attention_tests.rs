@@ -107,6 +107,7 @@ fn run(
     for &n in chunks {
         let ids = vec![0u32; n];
         let seqs = [SeqChunk {
+            context: Vec::new(),
             start,
             len: n,
             block_table: table.clone(),
@@ -379,6 +380,7 @@ fn amx_chains_join_tiles_of_one_sequence_only() {
         block_size: 4,
     };
     let seq = |start, len, first_block: u32| SeqChunk {
+        context: Vec::new(),
         start,
         len,
         block_table: (first_block..first_block + 100).collect(),

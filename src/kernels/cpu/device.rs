@@ -179,6 +179,24 @@ impl Device for CpuDevice {
         })
     }
 
+    fn table_rows(
+        &self,
+        table: &HostTable,
+        ids: &[u32],
+        per_row: usize,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        if per_row == 0 || !ids.len().is_multiple_of(per_row) {
+            let n = ids.len();
+            return Err(DeviceError::Invalid(format!(
+                "{n} table ids in rows of {per_row}"
+            )));
+        }
+        gather_scaled(ids, (table.cols, 1.0), out, |t, row| table.row_into(t, row))?;
+        set(out, per_row * table.cols);
+        Ok(())
+    }
+
     fn matmul(&self, x: &CpuBuf, w: &Linear, out: &mut CpuBuf) -> DevResult<()> {
         w.forward(&x.data, x.rows(), &mut out.data, self.threads);
         set(out, w.out);

@@ -49,6 +49,12 @@ pub(super) fn hyper(op: HyperOp<'_, CpuDevice>) -> DevResult<()> {
             out,
         } => mix(normed, gates, streams, out),
         HyperOp::Inject { x, logits, y } => inject(x, logits, y),
+        HyperOp::NgramGate {
+            key,
+            query,
+            value,
+            out,
+        } => ngram_gate(key, query, value, out),
     }
 }
 
@@ -90,6 +96,51 @@ fn mix(normed: &CpuBuf, gates: &CpuBuf, streams: usize, out: &mut CpuBuf) -> Dev
         });
     set(out, h);
     Ok(())
+}
+
+/// Per stream k: `sigmoid(signed_sqrt((key_k · query_k) / √H)) · value`, the dot product
+/// summed in order.
+fn ngram_gate(key: &CpuBuf, query: &CpuBuf, value: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+    let (width, h) = (key.width, value.width);
+    let what = "n-gram gate";
+    hyper_same_shape((key.rows(), width), (query.rows(), query.width), what)?;
+    hyper_same_shape((key.rows(), 1), (value.rows(), 1), what)?;
+    hyper_streams(width, h, what)?;
+    let root = (h as f32).sqrt();
+    out.data.resize(key.data.len(), 0.0);
+    (out.data.par_chunks_mut(width))
+        .zip(key.data.par_chunks(width))
+        .zip(query.data.par_chunks(width))
+        .zip(value.data.par_chunks(h))
+        .for_each(|(((o, k), q), v)| {
+            let streams = o
+                .chunks_exact_mut(h)
+                .zip(k.chunks_exact(h).zip(q.chunks_exact(h)));
+            for (o, (k, q)) in streams {
+                let dot = k.iter().zip(q).fold(0.0f32, |acc, (a, b)| acc + a * b) / root;
+                // `max` would drop a NaN: it stays one, as in torch.
+                let mag = if dot.is_nan() {
+                    dot
+                } else {
+                    dot.abs().max(1e-6).sqrt()
+                };
+                let g = sigmoid(mag * sign(dot));
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o = g * v;
+                }
+            }
+        });
+    set(out, width);
+    Ok(())
+}
+
+/// torch's `sign`: -1, 0 or 1 (0 for ±0).
+fn sign(v: f32) -> f32 {
+    match v {
+        v if v > 0.0 => 1.0,
+        v if v < 0.0 => -1.0,
+        _ => 0.0,
+    }
 }
 
 /// `x_k += y · (2 · sigmoid(l_k / S))`, as transformers multiplies then adds.

@@ -284,6 +284,7 @@ mod tests {
         );
         let run = |ids: &[u32], f: &dyn Fn(&CpuStep<'_>, &mut CpuBuf) -> DevResult<()>| {
             let seqs = [SeqChunk {
+                context: Vec::new(),
                 start: 0,
                 len: ids.len(),
                 block_table: vec![0],

@@ -19,6 +19,7 @@ fn with_plan<R>(f: impl FnOnce(&BatchPlan<'_>) -> R) -> R {
         .map(|b| 3 * b + 1)
         .collect();
     let seqs = [SeqChunk {
+        context: Vec::new(),
         start: 0,
         len: TOKENS,
         block_table: table,

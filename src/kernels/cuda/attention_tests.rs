@@ -89,6 +89,7 @@ impl Setup {
         let seqs: Vec<SeqChunk> = chunks
             .iter()
             .map(|&(s, start, len)| SeqChunk {
+                context: Vec::new(),
                 start,
                 len,
                 block_table: tables[s].clone(),
@@ -335,6 +336,7 @@ fn mma_tiles_are_runs_of_one_sequence() {
     let tables = [vec![0u32, 1, 2, 3, 4], vec![5u32]];
     let seqs = [
         SeqChunk {
+            context: Vec::new(),
             start: 3,
             len: 70,
             block_table: tables[0].clone(),
@@ -342,6 +344,7 @@ fn mma_tiles_are_runs_of_one_sequence() {
             state_slot: None,
         },
         SeqChunk {
+            context: Vec::new(),
             start: 0,
             len: 5,
             block_table: tables[1].clone(),

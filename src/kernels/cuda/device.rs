@@ -243,6 +243,16 @@ impl Device for CudaDevice {
         self.embed(step, table, scale, out)
     }
 
+    fn table_rows(
+        &self,
+        t: &CudaLinear,
+        ids: &[u32],
+        k: usize,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.table_rows_op(t, ids, k, out)
+    }
+
     fn matmul(&self, x: &CudaBuf, w: &CudaLinear, out: &mut CudaBuf) -> DevResult<()> {
         self.matmul_rows_into(x, 0..x.rows(), w, out, true)
     }

@@ -18,6 +18,7 @@ const LENS: [usize; 2] = [70, 45];
 fn with_plan<R>(f: impl FnOnce(&[u32], &BatchPlan<'_>) -> R) -> R {
     let seqs: Vec<SeqChunk> = (LENS.iter().enumerate())
         .map(|(r, &len)| SeqChunk {
+            context: Vec::new(),
             start: 0,
             len,
             block_table: (0..len.div_ceil(BLOCK) as u32)

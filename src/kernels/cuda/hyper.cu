@@ -75,3 +75,21 @@ extern "C" __global__ void hyper_inject(float* x, const float* l, const float* y
         x[i] = __fadd_rn(x[i], __fmul_rn(y[t * h + i % h], __fmul_rn(2.0f, s)));
     }
 }
+
+// Qwen4-Exp's n-gram gate, per row t and stream k: g = (key_k . query_k) / sqrt(h) (each lane
+// sums its columns in order, then the warp's butterfly), g' = sign(g) sqrt(max(|g|, 1e-6))
+// (NaN stays NaN), out_k = sigmoid(g') value. key, query, out [T, streams * h]; value [T, h].
+// Launch: grid (T, streams), block (32).
+extern "C" __global__ void ngram_gate(const float* key, const float* query, const float* value,
+                                      float* out, int h, int streams) {
+    const size_t t = blockIdx.x, k = blockIdx.y;
+    const size_t base = (t * streams + k) * h;
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < h; j += 32)
+        acc = __fadd_rn(acc, __fmul_rn(key[base + j], query[base + j]));
+    const float dot = __fdiv_rn(warp_sum(acc), sqrtf((float)h));
+    const float mag = isnan(dot) ? dot : sqrtf(fmaxf(fabsf(dot), 1e-6f));
+    const float sgn = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
+    const float g = hyper_sigmoid(__fmul_rn(mag, sgn));
+    for (int j = threadIdx.x; j < h; j += 32) out[base + j] = __fmul_rn(g, value[t * h + j]);
+}

@@ -1,9 +1,11 @@
-//! [`CudaDevice::hyper`]'s body: the hyper-connection steps ([`HyperOp`]) checked on the host,
-//! then launched (hyper.cu; the grouped norm in norm.cu).
+//! Qwen4-Exp's ops on CUDA: the hyper-connection steps ([`HyperOp`]) checked on the host, then
+//! launched (hyper.cu; the grouped norm in norm.cu), and the rows of a table by id (its n-gram
+//! embeddings, with the embedding kernel).
 
 use super::context::{CudaResult, LaunchConfig, elems_cfg, launch, rows_cfg};
 use super::device::CudaDevice;
-use super::device_types::CudaBuf;
+use super::device_types::{CudaBuf, CudaLinear, invalid};
+use super::ops;
 use super::ops::{i32_of, suffix};
 use crate::kernels::device::{
     DevResult, HyperOp, hyper_group_norm_fits, hyper_same_shape, hyper_streams,
@@ -14,6 +16,36 @@ fn shape(b: &CudaBuf) -> (usize, usize) {
 }
 
 impl CudaDevice {
+    pub(super) fn table_rows_op(
+        &self,
+        table: &CudaLinear,
+        ids: &[u32],
+        per_row: usize,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        out.f32("table rows")?;
+        let rows = table.w.rows;
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= rows) {
+            return invalid(format!("id {id} past a table of {rows} rows"));
+        }
+        if per_row == 0 || !ids.len().is_multiple_of(per_row) {
+            return invalid(format!("{} table ids in rows of {per_row}", ids.len()));
+        }
+        let cols = table.w.cols;
+        out.set(ids.len() / per_row, per_row * cols, "table rows")?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let dev_ids = self.gpu.upload(ids)?;
+        let (id_ptr, w) = (dev_ids.ptr(), &table.w);
+        Ok(ops::embed(
+            &self.gpu,
+            (id_ptr, w, 1.0),
+            out.ptr(),
+            ids.len(),
+        )?)
+    }
+
     pub(super) fn hyper_op(&self, op: HyperOp<'_, Self>) -> DevResult<()> {
         match op {
             HyperOp::Repeat { x, streams, out } => {
@@ -98,6 +130,44 @@ impl CudaDevice {
                     launch!(&self.gpu, &name => "hyper_mix_f32", cfg, np, gp, op, hh, s, t)
                 })?)
             }
+            HyperOp::NgramGate {
+                key,
+                query,
+                value,
+                out,
+            } => {
+                let what = "n-gram gate";
+                for b in [key, query, value] {
+                    b.f32(what)?;
+                }
+                out.f32(what)?;
+                let (width, h) = (key.width(), value.width());
+                hyper_same_shape(shape(key), shape(query), what)?;
+                hyper_same_shape((key.rows(), 1), (value.rows(), 1), what)?;
+                let streams = hyper_streams(width, h, what)?;
+                out.set(key.rows(), width, what)?;
+                if key.rows() == 0 {
+                    return Ok(());
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (grid(key.rows())?, grid(streams)?, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (kp, qp, vp, op) = (key.ptr(), query.ptr(), value.ptr(), out.ptr());
+                let (hh, s) = (i32_of(h, "hidden")?, i32_of(streams, "streams")?);
+                Ok(launch!(
+                    &self.gpu,
+                    "ngram_gate",
+                    cfg,
+                    kp,
+                    qp,
+                    vp,
+                    op,
+                    hh,
+                    s
+                )?)
+            }
             HyperOp::Inject { x, logits, y } => {
                 let what = "hyper-connection inject";
                 x.f32(what)?;
@@ -126,6 +196,11 @@ fn launch_elems(
         0 => Ok(()),
         n => launch(elems_cfg(n)?),
     }
+}
+
+/// `n` as a launch grid dimension.
+fn grid(n: usize) -> DevResult<u32> {
+    u32::try_from(n).or_else(|_| invalid(format!("{n} exceeds a launch grid")))
 }
 
 /// Elements of `b` as the kernels' `long long` count.

@@ -23,6 +23,8 @@ pub struct GatedDeltaNet<D: Device> {
     pub eps: f64,
     /// `beta = beta_scale · sigmoid(b)` ([`GdnParams::beta_scale`]).
     pub beta_scale: f32,
+    /// The output norm's gate (`silu(z)`; Qwen4-Exp's may be `sigmoid(z)`).
+    pub gate: NormGate,
 }
 
 impl<D: Device> GatedDeltaNet<D> {
@@ -71,7 +73,7 @@ impl<D: Device> GatedDeltaNet<D> {
         let ba = (cols(cd + vd, nv), cols(cd + vd + nv, nv));
         let (step, l) = (ctx.step, self.conv.state_layer);
         dev.gated_delta_rule(step, ctx.states()?, l, &mut s.conv, ba, &params, &mut s.mid)?;
-        let norm = (self.eps, NormGate::Silu);
+        let norm = (self.eps, self.gate);
         dev.gdn_gated_norm(&s.mid, cols(cd, vd), &self.norm, norm, &mut s.act)?;
         dev.matmul(&s.act, &self.out_proj, &mut s.proj)
     }

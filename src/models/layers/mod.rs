@@ -17,12 +17,13 @@ pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod nemotron_moe;
+pub mod ngram;
 pub mod per_layer_input;
 
 use super::decoder::Vocab;
 use super::{ModelError, Weights};
-use crate::kernels::Device;
 use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix};
+use crate::kernels::{Batch, Device};
 
 pub use crate::kernels::device::SoftmaxVariant;
 pub use attention::Attention;
@@ -36,11 +37,14 @@ pub use mla::MlaAttention;
 pub use mlp::Mlp;
 pub use moe::Moe;
 pub use nemotron_moe::NemotronMoe;
+pub use ngram::{NgramEmbedding, NgramScratch};
 pub use per_layer_input::{PerLayerEmbedding, PerLayerInput, PleScratch};
 
 /// What a sublayer needs of one forward beyond its scratch: the device's plan, the KV cache
 /// and the recurrent-state slots.
 pub struct Ctx<'s, 'a, D: Device> {
+    /// The step's tokens and chunks, as the host sent them.
+    pub batch: &'s Batch<'s>,
     pub step: &'s D::Step<'a>,
     pub kv: &'s mut D::Kv,
     pub states: Option<&'s mut D::States>,
@@ -115,6 +119,8 @@ pub enum Sublayer<D: Device> {
     Parallel(Box<[Sublayer<D>; 2]>),
     /// Gemma 4 E2B / E4B's per-layer input.
     PerLayerInput(PerLayerInput<D>),
+    /// Qwen4-Exp's hashed n-gram embeddings: added to the streams by the sublayer itself.
+    Ngram(NgramEmbedding<D>),
 }
 
 impl<D: Device> Sublayer<D> {
@@ -144,6 +150,7 @@ impl<D: Device> Sublayer<D> {
             Self::Kda(k) => k.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
             Self::PerLayerInput(p) => p.forward(dev, s),
+            Self::Ngram(n) => n.forward(dev, ctx, s),
         }
     }
 
@@ -160,6 +167,7 @@ impl<D: Device> Sublayer<D> {
             Self::Kda(k) => k.widths(),
             Self::Mamba2(m) => m.widths(),
             Self::PerLayerInput(p) => p.widths(),
+            Self::Ngram(n) => n.widths(),
             Self::Parallel(pair) => Widths {
                 side: true,
                 ..pair[0].widths().max(pair[1].widths())
@@ -252,6 +260,8 @@ pub struct Widths {
     pub ple: usize,
     /// Hyper-connections' (streams, hidden, rank) (Qwen4-Exp; `None`: one residual stream).
     pub hyper: Option<(usize, usize, usize)>,
+    /// N-gram embeddings' (embed_dim, streams · hidden, hidden) (Qwen4-Exp).
+    pub ngram: Option<(usize, usize, usize)>,
 }
 
 impl Widths {
@@ -270,6 +280,7 @@ impl Widths {
             side: self.side || o.side,
             ple: self.ple.max(o.ple),
             hyper: self.hyper.max(o.hyper),
+            ngram: self.ngram.max(o.ngram),
         }
     }
 
@@ -305,6 +316,7 @@ pub struct Scratch<D: Device> {
     pub moe: Option<MoeScratch<D>>,
     pub ple: Option<PleScratch<D>>,
     pub hyper: Option<HyperScratch<D>>,
+    pub ngram: Option<NgramScratch<D>>,
 }
 
 /// The MoE blocks' buffers (`top_k` rows per token for the experts).
@@ -368,6 +380,7 @@ impl<D: Device> Scratch<D> {
                 }),
             },
             hyper: w.hyper.map(|d| HyperScratch::new(dev, d, t)).transpose()?,
+            ngram: w.ngram.map(|d| NgramScratch::new(dev, d, t)).transpose()?,
         })
     }
 }
