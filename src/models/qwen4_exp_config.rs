@@ -195,3 +195,7 @@ fn qsa(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<QsaSpec, ModelError> {
         ratio,
     })
 }
+
+#[cfg(test)]
+#[path = "qwen4_exp_config_tests.rs"]
+mod tests;

@@ -143,13 +143,14 @@ async fn cache_bytes_stay_under_the_bound_and_files_stay_exact() {
     d.stop().await;
 }
 
-/// Bytes of one block's captured rows of `model` here (16 tokens × K 3 × its hidden size ×
-/// f32).
+/// Bytes of one block's captured rows of `model` here (16 tokens × K 3 × its stream width —
+/// the hidden size, times Qwen4-Exp's `hc_count` streams — × f32).
 fn block_rows(model: &str) -> u64 {
     let path = common::model_dir(model).join("config.json");
     let cfg: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let text = cfg.get("text_config").unwrap_or(&cfg);
-    16 * 3 * text["hidden_size"].as_u64().unwrap() * 4
+    let streams = text.get("hc_count").and_then(Value::as_u64).unwrap_or(1);
+    16 * 3 * text["hidden_size"].as_u64().unwrap() * streams * 4
 }
 
 /// A hybrid model (recurrent state restored from snapshots at block boundaries): the
@@ -218,6 +219,14 @@ async fn parallel_hybrid_model_restores_state_snapshots_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kimi_delta_model_restores_state_snapshots_exactly() {
     hybrid_conversation("kimi_linear").await;
+}
+
+/// Qwen4-Exp as released: rows of 4 streams, the n-gram embeddings' conv window restored with
+/// the Gated DeltaNet states, and the n-grams of a chunk after a reused prefix reaching back
+/// into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_connected_ngram_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("qwen4_exp_ple").await;
 }
 
 /// Posts these prompts (turn lengths of the conversation of `seed`) all at once over HTTP and

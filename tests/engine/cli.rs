@@ -228,6 +228,21 @@ fn a_sparse_attention_model_runs_past_its_index_topk() {
     assert_eq!(files.len(), 12, "{files:?}");
 }
 
+/// Qwen4-Exp as released (n-gram embeddings, hyper-connections) runs the README's extract:
+/// every demo prompt (up to 300 tokens) is within the 335 = budget + ratio - 1 tokens where its
+/// QSA indexer selects every key; a `max_model_len` past that is refused at start, saying why.
+#[test]
+fn a_qwen4_exp_model_runs_where_its_indexer_selects_every_key() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen4_exp_ple");
+    let to_model = |c: &str| c.replace("\"tests/fixtures/models/llama\"", &format!("{model:?}"));
+    let (o, files) = extract_with_config(to_model);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(files.len(), 12, "{files:?}");
+    let (o, files) =
+        extract_with_config(|c| to_model(c).replace("max_model_len = 0", "max_model_len = 336"));
+    assert_refused(&o, &files, &["max_model_len 336", "335", "QSA"]);
+}
+
 /// The README's extract on `fixture`, whose requests stop at 256 tokens below its
 /// `max_position_embeddings`: the demo prompt of 300 tokens (demo-03) fails alone, naming the
 /// limit, the other 11 (up to 256) complete; a `max_model_len` of 300 is refused at start, the

@@ -16,4 +16,5 @@ mod gemma4_ple;
 mod golden;
 mod hybrid;
 mod matrix;
+mod qwen4_exp;
 mod released_configs;
