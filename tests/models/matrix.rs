@@ -163,6 +163,7 @@ matrix! {
     qwen3_5_moe_vl => "qwen3_5_moe_vl",
     qwen4_exp => "qwen4_exp",
     qwen4_exp_ple => "qwen4_exp_ple",
+    qwen4_exp_ple_bf16 => "qwen4_exp_ple_bf16",
     nemotron_h_moe => "nemotron_h_moe",
     nemotron_h_latent => "nemotron_h_latent",
     gpt_oss => "gpt_oss",

@@ -124,6 +124,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5_moe",
     "qwen4_exp",
     "qwen4_exp_ple",
+    "qwen4_exp_ple_bf16",
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",
