@@ -80,7 +80,7 @@ fn the_release_parses_with_its_streams_cap_and_ngrams() {
     // 16 heads of primes just above 20M, padded to 128 rows: ~320M rows of 160 values.
     assert_eq!(hash.heads(), 16);
     assert!(
-        hash.rows % 128 == 0 && hash.rows > 16 * 20_000_000,
+        hash.rows.is_multiple_of(128) && hash.rows > 16 * 20_000_000,
         "{}",
         hash.rows
     );
