@@ -65,6 +65,26 @@ pub fn hyper_streams(width: usize, hidden: usize, what: &str) -> DevResult<usize
     }
 }
 
+/// The hidden width of rows of `width` made of `streams > 0` equal pieces.
+pub fn hyper_hidden(width: usize, streams: usize, what: &str) -> DevResult<usize> {
+    match streams > 0 && width > 0 && width.is_multiple_of(streams) {
+        true => Ok(width / streams),
+        false => Err(DeviceError::Invalid(format!(
+            "{what}: rows of {width} are not {streams} streams"
+        ))),
+    }
+}
+
+/// The output rows of [`Device::table_rows`]: `ids` ids, `per_row` to a row.
+pub fn table_id_rows(ids: usize, per_row: usize) -> DevResult<usize> {
+    match per_row > 0 && ids.is_multiple_of(per_row) {
+        true => Ok(ids / per_row),
+        false => Err(DeviceError::Invalid(format!(
+            "{ids} table ids in rows of {per_row}"
+        ))),
+    }
+}
+
 /// A `w_len`-value weight in groups of `group` fits rows of `width`.
 pub fn hyper_group_norm_fits(w_len: usize, group: usize, width: usize) -> DevResult<()> {
     match w_len == width && group > 0 && width.is_multiple_of(group) {

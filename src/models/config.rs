@@ -104,8 +104,6 @@ pub struct ModelSpec {
 /// Qwen4-Exp's QSA indexer: per query, the `budget / ratio` best blocks of `ratio` keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QsaSpec {
-    pub heads: usize,
-    pub head_dim: usize,
     pub budget: usize,
     pub ratio: usize,
 }

@@ -167,11 +167,9 @@ fn qsa(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<QsaSpec, ModelError> {
             v => Ok(v),
         }
     };
-    let (heads, kv_heads, head_dim) = (
-        field("indexer_n_heads")?,
-        field("indexer_kv_heads")?,
-        field("indexer_head_dim")?,
-    );
+    // The indexer's heads and head size are checked, not kept: hsx runs no indexer.
+    field("indexer_n_heads")?;
+    let (kv_heads, head_dim) = (field("indexer_kv_heads")?, field("indexer_head_dim")?);
     let (budget, ratio) = (field("indexer_budget")?, field("indexer_compress_ratio")?);
     if kv_heads != 1 {
         return Err(cfg.err("indexer_kv_heads", format!("{kv_heads}: QSA needs 1")));
@@ -188,12 +186,7 @@ fn qsa(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<QsaSpec, ModelError> {
     budget
         .checked_add(ratio)
         .ok_or_else(|| cfg.err("indexer_budget", "too large"))?;
-    Ok(QsaSpec {
-        heads,
-        head_dim,
-        budget,
-        ratio,
-    })
+    Ok(QsaSpec { budget, ratio })
 }
 
 #[cfg(test)]

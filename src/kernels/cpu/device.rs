@@ -18,7 +18,7 @@ use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
-    NormGate, check_slot_copies,
+    NormGate, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -186,12 +186,7 @@ impl Device for CpuDevice {
         per_row: usize,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        if per_row == 0 || !ids.len().is_multiple_of(per_row) {
-            let n = ids.len();
-            return Err(DeviceError::Invalid(format!(
-                "{n} table ids in rows of {per_row}"
-            )));
-        }
+        table_id_rows(ids.len(), per_row)?;
         gather_scaled(ids, (table.cols, 1.0), out, |t, row| table.row_into(t, row))?;
         set(out, per_row * table.cols);
         Ok(())

@@ -9,7 +9,7 @@ use crate::kernels::cpu::exp::silu_inplace;
 use crate::kernels::cpu::ops::rms_norm_row;
 use crate::kernels::cpu::recurrent::sigmoid;
 use crate::kernels::device::{
-    DevResult, HyperOp, hyper_group_norm_fits, hyper_same_shape, hyper_streams,
+    DevResult, HyperOp, hyper_group_norm_fits, hyper_hidden, hyper_same_shape, hyper_streams,
 };
 
 pub(super) fn hyper(op: HyperOp<'_, CpuDevice>) -> DevResult<()> {
@@ -76,10 +76,7 @@ fn mix(normed: &CpuBuf, gates: &CpuBuf, streams: usize, out: &mut CpuBuf) -> Dev
     let width = normed.width;
     let shape = |b: &CpuBuf| (b.rows(), b.width);
     hyper_same_shape(shape(normed), shape(gates), "hyper-connection mix")?;
-    if streams == 0 || !width.is_multiple_of(streams) {
-        return hyper_streams(width, 0, "hyper-connection mix").map(drop);
-    }
-    let h = width / streams;
+    let h = hyper_hidden(width, streams, "hyper-connection mix")?;
     let inv = 1.0 / streams as f32;
     out.data.resize(normed.rows() * h, 0.0);
     (out.data.par_chunks_mut(h))

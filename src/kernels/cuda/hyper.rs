@@ -8,7 +8,8 @@ use super::device_types::{CudaBuf, CudaLinear, invalid};
 use super::ops;
 use super::ops::{i32_of, suffix};
 use crate::kernels::device::{
-    DevResult, HyperOp, hyper_group_norm_fits, hyper_same_shape, hyper_streams,
+    DevResult, HyperOp, hyper_group_norm_fits, hyper_hidden, hyper_same_shape, hyper_streams,
+    table_id_rows,
 };
 
 fn shape(b: &CudaBuf) -> (usize, usize) {
@@ -28,11 +29,12 @@ impl CudaDevice {
         if let Some(&id) = ids.iter().find(|&&i| i as usize >= rows) {
             return invalid(format!("id {id} past a table of {rows} rows"));
         }
-        if per_row == 0 || !ids.len().is_multiple_of(per_row) {
-            return invalid(format!("{} table ids in rows of {per_row}", ids.len()));
-        }
         let cols = table.w.cols;
-        out.set(ids.len() / per_row, per_row * cols, "table rows")?;
+        out.set(
+            table_id_rows(ids.len(), per_row)?,
+            per_row * cols,
+            "table rows",
+        )?;
         if ids.is_empty() {
             return Ok(());
         }
@@ -117,10 +119,7 @@ impl CudaDevice {
                 gates.f32("hyper-connection mix gates")?;
                 hyper_same_shape(shape(normed), shape(gates), "hyper-connection mix")?;
                 let width = normed.width();
-                if streams == 0 || !width.is_multiple_of(streams) {
-                    return hyper_streams(width, 0, "hyper-connection mix").map(drop);
-                }
-                let h = width / streams;
+                let h = hyper_hidden(width, streams, "hyper-connection mix")?;
                 out.set(normed.rows(), h, "hyper-connection mix")?;
                 let name = format!("hyper_mix_{}", suffix(out.dtype()));
                 let (hh, s) = (i32_of(h, "hidden")?, i32_of(streams, "streams")?);
@@ -206,5 +205,5 @@ fn grid(n: usize) -> DevResult<u32> {
 /// Elements of `b` as the kernels' `long long` count.
 fn total(b: &CudaBuf) -> i64 {
     // A buffer that fits in device memory has fewer than i64::MAX elements.
-    (b.rows() * b.width()) as i64
+    b.len() as i64
 }

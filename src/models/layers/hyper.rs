@@ -151,14 +151,8 @@ impl<D: Device> HyperConnection<D> {
         s: &mut Scratch<D>,
         sublayer: impl FnOnce(&mut Scratch<D>) -> DevResult<()>,
     ) -> DevResult<()> {
-        let mut hs = s.hyper.take();
-        let result = (|| {
-            let h = HyperScratch::of(&mut hs)?;
-            self.mix(dev, &s.x, h, &mut s.normed)?;
-            sublayer(s)?;
-            self.inject(dev, &mut s.x, h, &s.proj)
-        })();
-        s.hyper = hs;
-        result
+        self.mix(dev, &s.x, HyperScratch::of(&mut s.hyper)?, &mut s.normed)?;
+        sublayer(s)?;
+        self.inject(dev, &mut s.x, HyperScratch::of(&mut s.hyper)?, &s.proj)
     }
 }

@@ -87,14 +87,24 @@ impl<D: Device> CausalConv<D> {
         (col, width): (usize, usize),
     ) -> DevResult<()> {
         dev.matmul(&s.normed, in_proj, &mut s.wide)?;
+        self.run(dev, ctx, Cols::new(&s.wide, col, width), &mut s.conv)
+    }
+
+    /// The conv of `x` into `out`, advancing the request slots' windows.
+    fn run(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        x: Cols<'_, D::Buf>,
+        out: &mut D::Buf,
+    ) -> DevResult<()> {
         let call = ConvCall {
             state_layer: self.state_layer,
             weight: &self.weight,
             bias: self.bias.as_ref(),
             kernel: self.kernel,
         };
-        let x = Cols::new(&s.wide, col, width);
-        dev.conv1d_silu(ctx.step, ctx.states()?, x, &call, &mut s.conv)
+        dev.conv1d_silu(ctx.step, ctx.states()?, x, &call, out)
     }
 }
 

@@ -10,7 +10,7 @@
 //! weights spread at load): the same products in the same order, zeros added.
 
 use super::{CausalConv, Ctx, Scratch, Widths};
-use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HyperOp};
+use crate::kernels::device::{BufKind, Cols, DevResult, DeviceError, HyperOp};
 use crate::kernels::{CHUNK_CONTEXT, Device};
 use crate::models::ngram_hash::NgramHash;
 
@@ -115,14 +115,8 @@ impl<D: Device> NgramEmbedding<D> {
             eps,
             out: &mut n.b,
         })?;
-        let call = ConvCall {
-            state_layer: self.conv.state_layer,
-            weight: &self.conv.weight,
-            bias: None,
-            kernel: self.conv.kernel,
-        };
         let input = Cols::new(&n.b, 0, self.streams * self.hidden);
-        dev.conv1d_silu(ctx.step, ctx.states()?, input, &call, &mut n.c)?;
+        self.conv.run(dev, ctx, input, &mut n.c)?;
         // transformers: `gated + conv`, then the stream plus that.
         dev.add(&mut n.c, &n.a)?;
         dev.add(&mut s.x, &n.c)
