@@ -313,10 +313,6 @@ impl Engine {
 const LONGROPE_LIMIT: &str = "; LongRoPE: hsx runs its short factors, which transformers uses up \
                               to there (past it, the long ones)";
 
-/// Why a Qwen4-Exp model's requests stop where its QSA indexer still selects every key.
-const QSA_LIMIT: &str = "; Qwen4-Exp: up to there its QSA indexer selects every key (exact \
-                         full attention); hsx does not build the sparse selection past it";
-
 fn engine_info(
     cfg: &Config,
     spec: &ModelSpec,
@@ -328,10 +324,9 @@ fn engine_info(
         WeightDtype::F16 => OutputDtype::F16,
     };
     let model_max = spec.max_position_embeddings;
-    let (limit, note) = match (spec.longrope.is_some(), spec.qsa.is_some()) {
-        (true, _) => ("original_max_position_embeddings", LONGROPE_LIMIT),
-        (false, true) => ("indexer_budget + indexer_compress_ratio - 1", QSA_LIMIT),
-        (false, false) => ("max_position_embeddings", ""),
+    let (limit, note) = match spec.longrope.is_some() {
+        true => ("original_max_position_embeddings", LONGROPE_LIMIT),
+        false => ("max_position_embeddings", ""),
     };
     if !note.is_empty() {
         tracing::warn!("requests up to {model_max} tokens{note}");

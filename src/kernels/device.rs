@@ -20,6 +20,7 @@ use std::ops::Range;
 pub use super::dsa::{DsaCall, IndexShape};
 pub use super::dtype::{dtype_size, widen};
 use super::plan::{BatchPlan, SeqState};
+pub use super::qsa::QsaCall;
 use super::rope::Rope;
 use super::routing::{GroupedTopK, Routing};
 
@@ -202,6 +203,18 @@ pub trait Device: Send + Sync + Sized + 'static {
         q: &mut Self::Buf,
         k: &mut Self::Buf,
         w: &Self::Buf,
+    ) -> DevResult<()>;
+    /// Qwen4-Exp's QSA indexer ([`crate::kernels::qsa`]): `q` (`[T, heads · head_dim]`)
+    /// RMSNormed and rotated in place, the raw keys `k` (`[T, head_dim]`) into the index cache,
+    /// then each token past [`QsaCall::dense_len`] keys picks its blocks' keys, kept in `kv`
+    /// for the next sparse [`Device::attention`] (`sparse: Some(dense_len)`).
+    fn qsa_select(
+        &self,
+        step: &Self::Step<'_>,
+        kv: &mut Self::Kv,
+        call: &QsaCall<'_, Self>,
+        q: &mut Self::Buf,
+        k: &Self::Buf,
     ) -> DevResult<()>;
     /// Multi-head latent attention's heads as a fused projection for [`Device::attention`]:
     /// `out` `[T, 3 · heads · D]` = `[q | k | v]`, `D` = [`MlaDims::head_dim`]. A q or k head is

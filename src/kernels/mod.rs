@@ -20,6 +20,9 @@ pub mod dtype;
 pub mod fp8;
 pub mod host_copy;
 pub mod plan;
+pub mod qsa;
+#[cfg(test)]
+pub(crate) mod qsa_reference;
 pub mod rope;
 pub mod routing;
 

@@ -94,26 +94,21 @@ pub struct ModelSpec {
     pub falcon_h1: Option<super::falcon_h1_config::FalconH1Spec>,
     /// Qwen4-Exp's hyper-connections; `None`: one residual stream.
     pub hyper: Option<HyperSpec>,
-    /// Qwen4-Exp's QSA indexer (requests capped where it still selects every key); `None` for
-    /// other architectures.
+    /// Qwen4-Exp's QSA indexer on every attention layer; `None` for other architectures.
     pub qsa: Option<QsaSpec>,
     /// Qwen4-Exp's hashed n-gram embeddings; `None`: no layer has them.
     pub ngram: Option<NgramSpec>,
 }
 
-/// Qwen4-Exp's QSA indexer: per query, the `budget / ratio` best blocks of `ratio` keys.
+/// Qwen4-Exp's QSA indexer (`crate::kernels::qsa`): per query past `budget + ratio - 1`
+/// keys, the `budget / ratio` best blocks of `ratio` keys and the incomplete tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QsaSpec {
+    /// `indexer_n_heads`, `indexer_head_dim`.
+    pub heads: usize,
+    pub head_dim: usize,
     pub budget: usize,
     pub ratio: usize,
-}
-
-impl QsaSpec {
-    /// The longest sequence whose every query the indexer gives all of its keys
-    /// (`budget + ratio - 1`): attention is full attention up to there.
-    pub fn dense_len(&self) -> usize {
-        self.budget + self.ratio - 1
-    }
 }
 
 /// Hyper-connections: the residual stream is `streams` copies of the hidden width.

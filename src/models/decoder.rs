@@ -94,10 +94,10 @@ impl<D: Device> Decoder<D> {
             kv_layers,
             kv_dim: s.num_kv_heads * s.head_dim,
             state_shapes,
-            index: dsa.map(|d| IndexShape {
-                layers: d.indexer_layers(),
-                dim: d.head_dim,
-            }),
+            // DSA's indexer layers, or QSA's raw keys on every attention layer.
+            index: (dsa.map(|d| (d.indexer_layers(), d.head_dim)))
+                .or(s.qsa.map(|q| (kv_layers, q.head_dim)))
+                .map(|(layers, dim)| IndexShape { layers, dim }),
         }
     }
 

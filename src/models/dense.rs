@@ -131,6 +131,7 @@ pub(super) fn attention_of<D: Device>(
         kv_layer: i,
         shared_kv: false,
         variant,
+        qsa: None,
     })
 }
 

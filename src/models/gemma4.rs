@@ -227,5 +227,6 @@ fn load_attention<D: Device>(
             score_factor: (hd as f64).sqrt(),
             ..SoftmaxVariant::causal()
         },
+        qsa: None,
     })
 }

@@ -131,6 +131,7 @@ pub(super) fn attention_with<D: Device>(
         kv_layer,
         shared_kv: false,
         variant,
+        qsa: None,
     })
 }
 

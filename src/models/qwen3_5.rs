@@ -157,6 +157,7 @@ pub(super) fn load_attention<D: Device>(
         kv_layer,
         shared_kv: false,
         variant: SoftmaxVariant::causal(),
+        qsa: None,
     })
 }
 

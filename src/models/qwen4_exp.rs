@@ -2,13 +2,16 @@
 //! DeltaNet or gated attention, then a sparse MoE with a gated shared expert — each sublayer
 //! between hyper-connections (`{attn,mlp}_hyper_connection`, [`HyperConnection`]) instead of
 //! a pre-norm and a residual add; `hyper_connection_mixer` in place of the final norm; the
-//! layers of `ple_layer_ids` first add their hashed n-gram embeddings ([`NgramEmbedding`]). The
-//! attention layers' QSA indexer (`self_attn.indexer.*`) is not read: requests are capped where
-//! it selects every key (`qwen4_exp_config`), so their attention is full attention.
+//! layers of `ple_layer_ids` first add their hashed n-gram embeddings ([`NgramEmbedding`]); each
+//! attention layer's QSA indexer (`self_attn.indexer.*`, [`QsaIndexer`]) picks the keys its
+//! tokens past the dense length attend to.
 
 use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::LayerKind;
-use super::layers::{CausalConv, HyperConnection, Layer, Loader, NgramEmbedding, Part, Sublayer};
+use super::layers::{
+    Attention, CausalConv, HyperConnection, Layer, Loader, NgramEmbedding, Part, QsaIndexer,
+    Sublayer,
+};
 use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS};
 use super::ngram_hash::NgramHash;
 use super::qwen3_5::{load_attention, load_gdn};
@@ -54,8 +57,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             }
             LayerKind::Attention => {
                 let prefix = format!("{p}.self_attn");
-                let rotary = hybrid.rotary_dim;
-                Sublayer::Attention(load_attention(ld, &prefix, &spec, rotary, index)?)
+                let mut attn = load_attention(ld, &prefix, &spec, hybrid.rotary_dim, index)?;
+                load_qsa(ld, &format!("{prefix}.indexer"), &spec, &mut attn)?;
+                Sublayer::Attention(attn)
             }
             other => {
                 return Err(ModelError::Unsupported {
@@ -84,6 +88,34 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         layers,
         ple: None,
     })
+}
+
+/// The QSA indexer under `prefix` (`...self_attn.indexer`) into `attn`, whose tokens past the
+/// dense length then attend to the keys it picks.
+fn load_qsa<D: Device>(
+    ld: &Loader<'_, D>,
+    prefix: &str,
+    spec: &ModelSpec,
+    attn: &mut Attention<D>,
+) -> Result<(), ModelError> {
+    let q = spec.qsa.ok_or_else(|| {
+        ModelError::InvalidOptions("Qwen4-Exp spec without its QSA indexer".into())
+    })?;
+    let (h, d, qd) = (spec.hidden_size, q.head_dim, q.heads * q.head_dim);
+    let proj = ld.matrix(&format!("{prefix}.index_qk_proj.weight"), qd + d, h)?;
+    let norm = |s: &str| ld.norm_one_plus(&format!("{prefix}.{s}"), d);
+    attn.qsa = Some(QsaIndexer {
+        q: ld.dev.linear(proj.select_rows(&[(0, qd)]), None)?,
+        k: ld.dev.linear(proj.select_rows(&[(qd, d)]), None)?,
+        q_norm: norm("q_layernorm")?,
+        k_norm: norm("k_layernorm")?,
+        heads: q.heads,
+        head_dim: d,
+        budget: q.budget,
+        ratio: q.ratio,
+    });
+    attn.variant.sparse = Some(q.budget + q.ratio - 1);
+    Ok(())
 }
 
 /// The n-gram embeddings under `prefix` (`...layers.{i}.ple`), the `index`-th of the model's,

@@ -3,12 +3,10 @@
 //! n-gram per-layer embeddings (`ple_layer_ids`, …) and the linear-attention output gate.
 //!
 //! What hsx runs, and what it refuses:
-//! - the QSA indexer picks, for each query, the `indexer_budget / indexer_compress_ratio`
-//!   best-scoring complete blocks of `indexer_compress_ratio` keys, plus the keys of the
-//!   incomplete last block. While a query sees at most `budget + ratio - 1` keys, that is
-//!   every key it sees (its complete blocks are no more than the budget's): attention is then
-//!   exactly full attention. hsx runs that regime and caps requests at `budget + ratio - 1`
-//!   tokens (the engine says why); the sparse selection past it is not built;
+//! - the QSA indexer on every attention layer picks, for each query, the `indexer_budget /
+//!   indexer_compress_ratio` best-scoring complete blocks of `indexer_compress_ratio` keys,
+//!   plus the keys of the incomplete last block ([`crate::kernels::qsa`]): every key while a
+//!   query sees at most `budget + ratio - 1`;
 //! - `ple_layer_ids` (one-indexed, Gated DeltaNet layers only) get the hashed n-gram
 //!   embeddings ([`NgramSpec`], [`super::ngram_hash`]);
 //! - the linear-attention norm's output gate is `output_gate_type` (else `hidden_act`): SiLU
@@ -51,9 +49,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, Mod
     let gdn = (spec.hybrid.as_mut()).and_then(|h| h.gdn.as_mut());
     gdn.ok_or_else(|| cfg.err("layer_types", "no Gated DeltaNet geometry"))?
         .out_gate = out_gate;
-    let qsa = qsa(cfg, &spec)?;
-    spec.max_position_embeddings = spec.max_position_embeddings.min(qsa.dense_len());
-    spec.qsa = Some(qsa);
+    spec.qsa = Some(qsa(cfg, &spec)?);
     Ok(spec)
 }
 
@@ -167,8 +163,7 @@ fn qsa(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<QsaSpec, ModelError> {
             v => Ok(v),
         }
     };
-    // The indexer's heads and head size are checked, not kept: hsx runs no indexer.
-    field("indexer_n_heads")?;
+    let heads = field("indexer_n_heads")?;
     let (kv_heads, head_dim) = (field("indexer_kv_heads")?, field("indexer_head_dim")?);
     let (budget, ratio) = (field("indexer_budget")?, field("indexer_compress_ratio")?);
     if kv_heads != 1 {
@@ -186,7 +181,12 @@ fn qsa(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<QsaSpec, ModelError> {
     budget
         .checked_add(ratio)
         .ok_or_else(|| cfg.err("indexer_budget", "too large"))?;
-    Ok(QsaSpec { budget, ratio })
+    Ok(QsaSpec {
+        heads,
+        head_dim,
+        budget,
+        ratio,
+    })
 }
 
 #[cfg(test)]

@@ -59,8 +59,15 @@ fn the_release_parses_with_its_streams_cap_and_ngrams() {
             rank: 320
         })
     );
-    // budget + ratio - 1: every key selected up to there.
-    assert_eq!(s.max_position_embeddings, 2051);
+    // The indexer runs past budget + ratio - 1 keys: the model's own limit stays.
+    assert_eq!(s.max_position_embeddings, 262144);
+    let qsa = QsaSpec {
+        heads: 4,
+        head_dim: 128,
+        budget: 2048,
+        ratio: 4,
+    };
+    assert_eq!(s.qsa, Some(qsa));
     let h = s.hybrid.as_ref().unwrap();
     assert_eq!(h.gdn.as_ref().unwrap().out_gate, NormGate::Sigmoid);
     assert_eq!(h.rotary_dim, 64);

@@ -229,6 +229,13 @@ async fn hyper_connected_ngram_model_restores_state_snapshots_exactly() {
     hybrid_conversation("qwen4_exp_ple").await;
 }
 
+/// Qwen4-Exp with QSA past 19 keys: each later token selects over the reused blocks' raw
+/// indexer keys (kept in their KV slots) as a cold run does, so the files are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qsa_model_selects_over_reused_prefixes_exactly() {
+    hybrid_conversation("qwen4_exp_qsa").await;
+}
+
 /// Posts these prompts (turn lengths of the conversation of `seed`) all at once over HTTP and
 /// returns the tokens computed and each one's file, by position in `turns`.
 async fn send_at_once(d: &TestDaemon, seed: u64, turns: &[usize]) -> (u64, Vec<HsFile>) {

@@ -164,6 +164,7 @@ matrix! {
     qwen4_exp => "qwen4_exp",
     qwen4_exp_ple => "qwen4_exp_ple",
     qwen4_exp_ple_bf16 => "qwen4_exp_ple_bf16",
+    qwen4_exp_qsa => "qwen4_exp_qsa",
     nemotron_h_moe => "nemotron_h_moe",
     nemotron_h_latent => "nemotron_h_latent",
     gpt_oss => "gpt_oss",

@@ -125,6 +125,7 @@ const FIXTURES: &[&str] = &[
     "qwen4_exp",
     "qwen4_exp_ple",
     "qwen4_exp_ple_bf16",
+    "qwen4_exp_qsa",
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",

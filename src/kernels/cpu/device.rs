@@ -18,7 +18,7 @@ use super::recurrent::sigmoid;
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
-    NormGate, check_slot_copies, table_id_rows,
+    NormGate, QsaCall, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -301,6 +301,17 @@ impl Device for CpuDevice {
         w: &CpuBuf,
     ) -> DevResult<()> {
         device_attention::dsa_select(step, kv, call, (q, k, w))
+    }
+
+    fn qsa_select(
+        &self,
+        step: &CpuStep<'_>,
+        kv: &mut CpuKv,
+        call: &QsaCall<'_, Self>,
+        q: &mut CpuBuf,
+        k: &CpuBuf,
+    ) -> DevResult<()> {
+        device_attention::qsa_select(step, kv, call, (q, k))
     }
 
     fn mla_heads(

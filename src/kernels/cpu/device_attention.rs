@@ -4,8 +4,8 @@
 use super::{CpuBuf, CpuDevice, CpuKv, CpuStep, set};
 use crate::kernels::cpu::attention::{self, attention as attend};
 use crate::kernels::cpu::bf16::Bf16Kernel;
-use crate::kernels::cpu::{dsa, mla, ops};
-use crate::kernels::device::{AttnCall, DevResult, DeviceError, DsaCall, MlaDims};
+use crate::kernels::cpu::{dsa, mla, ops, qsa};
+use crate::kernels::device::{AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QsaCall};
 
 /// q/k norms and RoPE, the step's K/V into the cache, then attention into `out`; `bf16`: a
 /// bf16 model's GEMM path (its attention on bf16 products where that path has them).
@@ -125,6 +125,45 @@ pub(super) fn dsa_select(
     cache.write(call.index_layer, &step.plan.slots, &k.data);
     let keys = cache.layer(call.index_layer);
     dsa::select(&q.data, &w.data, keys, step.plan, &ix, &mut kv.selection);
+    Ok(())
+}
+
+/// Qwen4-Exp's QSA indexer: `q` normed and rotated, the raw keys into the index cache, each
+/// token's selection into `kv.selection`.
+pub(super) fn qsa_select(
+    step: &CpuStep<'_>,
+    kv: &mut CpuKv,
+    call: &QsaCall<'_, CpuDevice>,
+    (q, k): (&mut CpuBuf, &CpuBuf),
+) -> DevResult<()> {
+    call.check().map_err(DeviceError::Invalid)?;
+    let (heads, d, t) = (call.heads, call.head_dim, step.plan.num_tokens());
+    let (qn, kn, eps) = call.norms;
+    let fits = [&*q, k]
+        .iter()
+        .zip(call.widths())
+        .all(|(b, width)| b.width == width && b.rows() == t)
+        && qn.len() == d
+        && kn.len() == d;
+    let cache = kv.index.as_mut().filter(|c| call.fits(c.shape()));
+    let (true, Some(cache)) = (fits, cache) else {
+        return Err(DeviceError::Invalid(format!(
+            "qsa_select: inputs or index cache do not fit {heads} heads of {d} at layer {}",
+            call.index_layer
+        )));
+    };
+    let rule = qsa::QsaRule {
+        heads,
+        head_dim: d,
+        blocks: call.blocks(),
+        ratio: call.ratio,
+        rope: call.rope,
+        norms: (qn, kn, eps as f32),
+    };
+    qsa::prepare(&mut q.data, &step.plan.positions, &rule);
+    cache.write(call.index_layer, &step.plan.slots, &k.data);
+    let keys = cache.layer(call.index_layer);
+    qsa::select(&q.data, keys, step.plan, &rule, &mut kv.selection);
     Ok(())
 }
 

@@ -78,7 +78,7 @@ impl Selection {
         (!r.is_empty()).then_some(r)
     }
 
-    fn set(&mut self, rows: Vec<Vec<u32>>) {
+    pub(super) fn set(&mut self, rows: Vec<Vec<u32>>) {
         self.starts.clear();
         self.keys.clear();
         self.starts.push(0);

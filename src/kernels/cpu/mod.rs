@@ -27,6 +27,7 @@ pub mod mla;
 pub mod moe;
 pub mod moe_grouped;
 pub mod ops;
+pub mod qsa;
 pub mod recurrent;
 pub mod vector;
 

@@ -26,7 +26,7 @@ use super::recurrent::{DevSeqs, StateSlots};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
     GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
-    check_slot_copies,
+    QsaCall, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -167,27 +167,11 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, rows: &[f32], width: usize, out: &mut CudaBuf) -> DevResult<()> {
-        out.f32("upload")?;
-        let n = match rows.len().checked_div(width) {
-            Some(n) if n * width == rows.len() => n,
-            _ => return invalid(format!("{} values in rows of {width}", rows.len())),
-        };
-        out.set(n, width, "upload")?;
-        let bytes: &[u8] = bytemuck::cast_slice(rows);
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        // `out` holds at least `rows.len()` f32 (checked by `set`); the copy returns once the
-        // host bytes are staged, so `rows` may go after.
-        Ok(self.gpu.write_bytes(out.ptr(), bytes)?)
+        out.upload(&self.gpu, rows, width)
     }
 
     fn download(&self, x: &CudaBuf) -> DevResult<Vec<f32>> {
-        x.f32("download")?;
-        let mut out = vec![0.0f32; x.len()];
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
-        self.gpu.download_into(x.mem(), bytes)?;
-        Ok(out)
+        x.download(&self.gpu)
     }
 
     fn begin<'a>(
@@ -351,6 +335,17 @@ impl Device for CudaDevice {
         w: &CudaBuf,
     ) -> DevResult<()> {
         self.dsa_select_op(step, kv, call, (q, k, w))
+    }
+
+    fn qsa_select(
+        &self,
+        step: &CudaStep<'_>,
+        kv: &mut DevKvCache,
+        call: &QsaCall<'_, Self>,
+        q: &mut CudaBuf,
+        k: &CudaBuf,
+    ) -> DevResult<()> {
+        self.qsa_select_op(step, kv, call, (q, k))
     }
 
     fn mla_heads(

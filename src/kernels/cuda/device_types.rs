@@ -5,7 +5,7 @@
 
 use std::marker::PhantomData;
 
-use super::context::DevBuf;
+use super::context::{DevBuf, Gpu};
 use super::gemm::DevWeight;
 use super::kv_cache::DevPlan;
 use super::recurrent::DevSeqs;
@@ -23,6 +23,32 @@ pub struct CudaBuf {
 }
 
 impl CudaBuf {
+    /// `rows` (f32, rows of `width`) into this f32 buffer ([`crate::kernels::Device::upload`]).
+    pub(super) fn upload(&mut self, gpu: &Gpu, rows: &[f32], width: usize) -> DevResult<()> {
+        self.f32("upload")?;
+        let n = match rows.len().checked_div(width) {
+            Some(n) if n * width == rows.len() => n,
+            _ => return invalid(format!("{} values in rows of {width}", rows.len())),
+        };
+        self.set(n, width, "upload")?;
+        let bytes: &[u8] = bytemuck::cast_slice(rows);
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // `self` holds at least `rows.len()` f32 (checked by `set`); the copy returns once the
+        // host bytes are staged, so `rows` may go after.
+        Ok(gpu.write_bytes(self.ptr(), bytes)?)
+    }
+
+    /// This f32 buffer's rows on the host ([`crate::kernels::Device::download`]).
+    pub(super) fn download(&self, gpu: &Gpu) -> DevResult<Vec<f32>> {
+        self.f32("download")?;
+        let mut out = vec![0.0f32; self.len()];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        gpu.download_into(self.mem(), bytes)?;
+        Ok(out)
+    }
+
     /// An empty `[0, width]` buffer over `mem`, which holds `capacity` elements of `dtype`.
     pub(super) fn new(mem: DevBuf<u8>, dtype: WeightDtype, capacity: usize, width: usize) -> Self {
         Self {

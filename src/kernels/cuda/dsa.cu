@@ -127,23 +127,10 @@ __device__ __forceinline__ unsigned long long dsa_rank(const float* sc, int j) {
     return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)j);
 }
 
-// sel [T, topk]: the positions of token t's topk best keys (t from t0, its scores in row
-// t - t0), ascending, count[t] = topk; a token with at most topk keys keeps them all:
-// count[t] = 0. The topk-th best rank by radix select (8 bits a pass), then the keys at or
-// above it in position order. Launch: grid (G), block (256).
-extern "C" __global__ void dsa_topk(const float* scores, const int* positions, int max_keys,
-                                    int topk, int* sel, int* count, int t0) {
-    __shared__ unsigned hist[256];
-    __shared__ int offs[256];
-    __shared__ unsigned long long chosen[2];  // prefix, mask
-    __shared__ int left[2];                   // rank still wanted in the prefix's bin; block total
-    const size_t t = t0 + blockIdx.x;
-    const int n = positions[t] + 1;
-    if (n <= topk) {
-        if (threadIdx.x == 0) count[t] = 0;
-        return;
-    }
-    const float* sc = scores + (size_t)blockIdx.x * max_keys;
+// The rank of the topk-th best of the n scores `sc` (1 <= topk < n), by radix select (8 bits a
+// pass), for every thread of the block. Shared: hist[256], chosen[2], left[2].
+__device__ unsigned long long dsa_kth_rank(const float* sc, int n, int topk, unsigned* hist,
+                                           unsigned long long* chosen, int* left) {
     if (threadIdx.x == 0) {
         chosen[0] = 0;
         chosen[1] = 0;
@@ -167,7 +154,13 @@ extern "C" __global__ void dsa_topk(const float* scores, const int* positions, i
         }
         __syncthreads();
     }
-    const unsigned long long kth = chosen[0];
+    return chosen[0];
+}
+
+// out[0..topk]: the j < n whose rank is at or above kth, ascending (ranks are distinct: exactly
+// topk of them). Shared: offs[blockDim.x], left[2].
+__device__ void dsa_write_top(const float* sc, int n, unsigned long long kth, int topk, int* out,
+                              int* offs, int* left) {
     int base = 0;
     for (int start = 0; start < n; start += blockDim.x) {
         const int j = start + threadIdx.x;
@@ -184,10 +177,30 @@ extern "C" __global__ void dsa_topk(const float* scores, const int* positions, i
             left[1] = run;
         }
         __syncthreads();
-        if (keep && base + offs[threadIdx.x] < topk) sel[t * topk + base + offs[threadIdx.x]] = j;
+        if (keep && base + offs[threadIdx.x] < topk) out[base + offs[threadIdx.x]] = j;
         base += left[1];
         __syncthreads();
     }
+}
+
+// sel [T, topk]: the positions of token t's topk best keys (t from t0, its scores in row
+// t - t0), ascending, count[t] = topk; a token with at most topk keys keeps them all:
+// count[t] = 0. Launch: grid (G), block (256).
+extern "C" __global__ void dsa_topk(const float* scores, const int* positions, int max_keys,
+                                    int topk, int* sel, int* count, int t0) {
+    __shared__ unsigned hist[256];
+    __shared__ int offs[256];
+    __shared__ unsigned long long chosen[2];  // prefix, mask
+    __shared__ int left[2];                   // rank still wanted in the prefix's bin; block total
+    const size_t t = t0 + blockIdx.x;
+    const int n = positions[t] + 1;
+    if (n <= topk) {
+        if (threadIdx.x == 0) count[t] = 0;
+        return;
+    }
+    const float* sc = scores + (size_t)blockIdx.x * max_keys;
+    const unsigned long long kth = dsa_kth_rank(sc, n, topk, hist, chosen, left);
+    dsa_write_top(sc, n, kth, topk, sel + t * topk, offs, left);
     if (threadIdx.x == 0) count[t] = topk;
 }
 
@@ -248,3 +261,136 @@ ATTN_SPARSE(attn_sparse_bf16_f32, bf16_t, float)
 ATTN_SPARSE(attn_sparse_bf16_bf16, bf16_t, bf16_t)
 ATTN_SPARSE(attn_sparse_f16_f32, f16_t, float)
 ATTN_SPARSE(attn_sparse_f16_f16, f16_t, f16_t)
+
+// ---- Qwen4-Exp's QSA (src/kernels/qsa.rs has the rule; its `QsaRule` is the arithmetic) ----
+
+#define QSA_MAX_HEADS 128  // indexer heads (checked by the caller)
+
+// x[i] times (Σ x² / d + eps)^-0.5 then w[i], the sum in order: the factor.
+__device__ __forceinline__ float qsa_rms(const float* x, int d, float eps) {
+    float ss = 0.f;
+    for (int i = 0; i < d; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+}
+
+// Each `d`-wide head of x (`n` values) rotated in place on its first `rot` dims (rotate_half
+// pairs (i, i + rot / 2)) by cos / sin.
+__device__ __forceinline__ void qsa_rotate(float* x, int n, int d, int rot, const float* cs,
+                                           const float* sn) {
+    const int half = rot / 2;
+    for (int p = threadIdx.x; p < (n / d) * half; p += blockDim.x) {
+        float* head = x + (size_t)(p / half) * d;
+        const int i = p % half;
+        const float x1 = head[i], x2 = head[i + half];
+        head[i] = __fadd_rn(__fmul_rn(x1, cs[i]), __fmul_rn(-x2, sn[i]));
+        head[i + half] = __fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i]));
+    }
+}
+
+// q [T, heads * d]: each head RMSNormed by qw (1 + weight) and rotated at its token's position,
+// in place; the raw keys k [T, d] into their slots of `cache` [slots, d].
+// Launch: grid (T), block (128).
+extern "C" __global__ void qsa_prepare(float* q, const float* k, const int* positions,
+                                       const long long* slots, float* cache,
+                                       const float* inv_freq, float rope_scale, const float* qw,
+                                       float eps, int heads, int d, int rot) {
+    __shared__ float cs[DSA_MAX_DIM / 2], sn[DSA_MAX_DIM / 2], r[QSA_MAX_HEADS];
+    const size_t t = blockIdx.x;
+    float* qr = q + t * (size_t)heads * d;
+    for (int h = threadIdx.x; h < heads; h += blockDim.x) r[h] = qsa_rms(qr + (size_t)h * d, d, eps);
+    for (int i = threadIdx.x; i < rot / 2; i += blockDim.x) {
+        rope_cos_sin(inv_freq, i, (float)positions[t], rope_scale, cs, sn);
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < heads * d; p += blockDim.x) {
+        qr[p] = __fmul_rn(__fmul_rn(qr[p], r[p / d]), qw[p % d]);
+    }
+    __syncthreads();
+    qsa_rotate(qr, heads * d, d, rot, cs, sn);
+    float* dst = cache + (size_t)slots[t] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = k[t * d + i];
+}
+
+// pooled [chunks, max_blocks, d]: block b of chunk c (when its keys are among the chunk's
+// chunk_keys[c]) = the mean of its `ratio` raw keys in `cache`, RMSNormed by kw (1 + weight),
+// rotated at b * ratio. Launch: grid (max_blocks, chunks), block (128).
+extern "C" __global__ void qsa_pool(const float* cache, const int* chunk_keys, const int* tables,
+                                    const int* table_start, int block_size, const float* kw,
+                                    float eps, const float* inv_freq, float rope_scale, int d,
+                                    int rot, int ratio, int max_blocks, float* pooled) {
+    __shared__ float x[DSA_MAX_DIM], cs[DSA_MAX_DIM / 2], sn[DSA_MAX_DIM / 2], r;
+    const int b = blockIdx.x, c = blockIdx.y;
+    if ((b + 1) * ratio > chunk_keys[c]) return;
+    const int* table = tables + table_start[c];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float s = 0.f;
+        for (int j = b * ratio; j < (b + 1) * ratio; ++j) {
+            s = __fadd_rn(s, cache[dsa_slot(table, block_size, j) * d + i]);
+        }
+        x[i] = __fdiv_rn(s, (float)ratio);
+    }
+    for (int i = threadIdx.x; i < rot / 2; i += blockDim.x) {
+        rope_cos_sin(inv_freq, i, (float)(b * ratio), rope_scale, cs, sn);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) r = qsa_rms(x, d, eps);
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) x[i] = __fmul_rn(__fmul_rn(x[i], r), kw[i]);
+    __syncthreads();
+    qsa_rotate(x, d, d, rot, cs, sn);
+    __syncthreads();
+    float* out = pooled + ((size_t)c * max_blocks + b) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = x[i];
+}
+
+// scores [G, max_blocks] for the G tokens from t0: block b < (positions[t] + 1) / ratio of
+// token t's chunk scores Σ_h relu(q_h · pooled_b), heads in order; the rest -inf.
+// Launch: grid (G, ceil(max_blocks / 128)), block (128): one block key per thread.
+extern "C" __global__ void qsa_scores(const float* q, const float* pooled, const int* positions,
+                                      const int* seq_of, int heads, int d, int ratio,
+                                      int max_blocks, float* scores, int t0) {
+    const size_t t = t0 + blockIdx.x;
+    const int b = blockIdx.y * blockDim.x + threadIdx.x;
+    if (b >= max_blocks) return;
+    float* out = scores + (size_t)blockIdx.x * max_blocks;
+    if (b >= (positions[t] + 1) / ratio) {
+        out[b] = -HSX_INF;
+        return;
+    }
+    const float* key = pooled + ((size_t)seq_of[t] * max_blocks + b) * d;
+    const float* qt = q + t * (size_t)heads * d;
+    float s = 0.f;
+    for (int h = 0; h < heads; ++h) s = __fadd_rn(s, fmaxf(dsa_dot(qt + (size_t)h * d, key, d), 0.f));
+    out[b] = s;
+}
+
+// sel [T, cap]: token t's keys (t from t0, its block scores in row t - t0): those of its
+// `blocks` best blocks (ties to the lower block) then of its incomplete tail, ascending;
+// count[t] their number, 0 for a token with at most `blocks` complete blocks (it keeps every
+// key). `chosen_blocks` [G, blocks] is scratch. Launch: grid (G), block (256).
+extern "C" __global__ void qsa_topk(const float* scores, const int* positions, int max_blocks,
+                                    int blocks, int ratio, int cap, int* chosen_blocks, int* sel,
+                                    int* count, int t0) {
+    __shared__ unsigned hist[256];
+    __shared__ int offs[256];
+    __shared__ unsigned long long chosen[2];
+    __shared__ int left[2];
+    const size_t t = t0 + blockIdx.x;
+    const int n = positions[t] + 1, nb = n / ratio;
+    if (nb <= blocks) {
+        if (threadIdx.x == 0) count[t] = 0;
+        return;
+    }
+    const float* sc = scores + (size_t)blockIdx.x * max_blocks;
+    int* row = chosen_blocks + (size_t)blockIdx.x * blocks;
+    const unsigned long long kth = dsa_kth_rank(sc, nb, blocks, hist, chosen, left);
+    dsa_write_top(sc, nb, kth, blocks, row, offs, left);
+    __syncthreads();
+    int* out = sel + t * cap;
+    for (int i = threadIdx.x; i < blocks * ratio; i += blockDim.x) {
+        out[i] = row[i / ratio] * ratio + i % ratio;
+    }
+    const int tail = n - nb * ratio;
+    for (int i = threadIdx.x; i < tail; i += blockDim.x) out[blocks * ratio + i] = nb * ratio + i;
+    if (threadIdx.x == 0) count[t] = blocks * ratio + tail;
+}

@@ -16,23 +16,26 @@ use crate::kernels::dsa::IndexShape;
 use crate::kernels::dtype::WeightDtype;
 
 /// `index_head_dim` at most (DSA_MAX_DIM in dsa.cu).
-const MAX_DIM: usize = 512;
+pub(super) const MAX_DIM: usize = 512;
 /// `(heads + 1) · rotated dims` at most (DSA_MAX_ROTATED).
 const MAX_ROTATED: usize = 8192;
 /// Scores held at once, `[tokens, keys]`: longer steps score their tokens in groups.
-const MAX_SCORES: usize = 1 << 26;
+pub(super) const MAX_SCORES: usize = 1 << 26;
 /// Dynamic shared memory the sparse attention may ask for (the keys' weights and slots).
-const MAX_SPARSE_SMEM: usize = super::kv_cache::SMEM_LIMIT;
+pub(super) const MAX_SPARSE_SMEM: usize = super::kv_cache::SMEM_LIMIT;
 
 /// The indexer keys (one f32 buffer `[slots, dim]` per indexer layer) and the selection.
 pub struct DevDsa {
-    keys: Vec<DevBuf<f32>>,
-    dim: usize,
-    scores: DevBuf<f32>,
-    sel: DevBuf<i32>,
-    count: DevBuf<i32>,
-    /// Tokens and `topk` of the selection in `sel` / `count`.
-    selected: Option<(usize, usize)>,
+    pub(super) keys: Vec<DevBuf<f32>>,
+    pub(super) dim: usize,
+    pub(super) scores: DevBuf<f32>,
+    pub(super) sel: DevBuf<i32>,
+    pub(super) count: DevBuf<i32>,
+    /// Tokens and `topk` (keys a row of `sel` holds) of the selection in `sel` / `count`.
+    pub(super) selected: Option<(usize, usize)>,
+    /// QSA's block keys `[chunks, blocks, dim]` and each token's chosen blocks.
+    pub(super) pooled: DevBuf<f32>,
+    pub(super) blocks: DevBuf<i32>,
 }
 
 /// One indexer layer's operands: device addresses of q `[T, heads · dim]`, k `[T, dim]`, the
@@ -65,6 +68,8 @@ impl DevDsa {
             sel: gpu.zeros(1)?,
             count: gpu.zeros(1)?,
             selected: None,
+            pooled: gpu.zeros(1)?,
+            blocks: gpu.zeros(1)?,
         })
     }
 
@@ -281,7 +286,7 @@ impl CudaDevice {
 }
 
 /// `buf` holds at least `len` values (reallocated, unzeroed contents, when shorter).
-fn grow<T: bytemuck::Pod>(gpu: &Gpu, buf: &mut DevBuf<T>, len: usize) -> CudaResult<()> {
+pub(super) fn grow<T: bytemuck::Pod>(gpu: &Gpu, buf: &mut DevBuf<T>, len: usize) -> CudaResult<()> {
     if buf.len() < len {
         *buf = gpu.zeros(len)?;
     }

@@ -54,6 +54,8 @@ pub struct DevPlan {
     pub(super) seq_of: DevBuf<i32>,
     /// The most keys any token sees (its position + 1).
     pub(super) max_keys: usize,
+    /// Each sequence chunk's keys: its last token's position + 1 (i32).
+    pub(super) chunk_keys: DevBuf<i32>,
 }
 
 impl DevPlan {
@@ -80,6 +82,10 @@ impl DevPlan {
                 tables.push(to_i32(b as usize, "block id")?);
             }
         }
+        let mut chunk_keys = vec![0i32; plan.tables.len()];
+        for (&p, &c) in positions.iter().zip(&seq_of) {
+            chunk_keys[c as usize] = chunk_keys[c as usize].max(p + 1);
+        }
         Ok(Self {
             num_tokens: plan.num_tokens(),
             tokens: gpu.upload(tokens)?,
@@ -94,6 +100,7 @@ impl DevPlan {
             block_size: plan.block_size,
             seq_of: gpu.upload(&seq_of)?,
             max_keys: plan.positions.iter().max().map_or(0, |p| p + 1),
+            chunk_keys: gpu.upload(&chunk_keys)?,
         })
     }
 }

@@ -80,6 +80,8 @@ pub mod nvrtc;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod ops;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod qsa;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod recurrent;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod recurrent_chunked;

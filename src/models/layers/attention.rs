@@ -2,11 +2,14 @@
 //! q/k RMSNorm (and v RMSNorm: Gemma 4), RoPE (full or partial rotary, or none), K/V into the
 //! cache, causal GQA attention (optionally gpt-oss's sliding window and sinks, a score factor,
 //! Llama-4's chunks, Llama-4's and Mistral's query temperature), optional output gate
-//! `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`.
+//! `· sigmoid(gate)` (Qwen3.5 / Qwen3-Next), `o_proj`; with Qwen4-Exp's QSA indexer, each
+//! token past its dense length attends to the keys the indexer picks.
 
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{AttnCall, Cols, DevResult, QkvLayout, SoftmaxVariant};
+use crate::kernels::device::{
+    AttnCall, Cols, DevResult, DeviceError, QkvLayout, QsaCall, SoftmaxVariant,
+};
 
 /// One attention sublayer's weights on the device.
 pub struct Attention<D: Device> {
@@ -31,8 +34,25 @@ pub struct Attention<D: Device> {
     /// Gemma 4's KV sharing: `qkv` projects q only, `qk_norm` has no k weights; the layer
     /// writes no cache.
     pub shared_kv: bool,
-    /// The softmax's variant, its sinks on the device (borrowed into each call).
+    /// The softmax's variant, its sinks on the device (borrowed into each call); `sparse:
+    /// Some(dense length)` with `qsa`.
     pub variant: SoftmaxVariant<D::Vector>,
+    /// Qwen4-Exp's QSA indexer (its keys in index-cache layer `kv_layer`).
+    pub qsa: Option<QsaIndexer<D>>,
+}
+
+/// Qwen4-Exp's QSA indexer of one attention layer (`self_attn.indexer`,
+/// [`crate::kernels::qsa`]): `index_qk_proj`'s q rows and k rows, `q_layernorm` and
+/// `k_layernorm` (`1 + weight`).
+pub struct QsaIndexer<D: Device> {
+    pub q: D::Linear,
+    pub k: D::Linear,
+    pub q_norm: D::Vector,
+    pub k_norm: D::Vector,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub budget: usize,
+    pub ratio: usize,
 }
 
 impl<D: Device> Attention<D> {
@@ -53,10 +73,12 @@ impl<D: Device> Attention<D> {
     pub(super) fn widths(&self) -> Widths {
         let l = self.layout();
         let qd = self.q_dim();
+        let (iq, ik) = (self.qsa.as_ref()).map_or((0, 0), |x| (x.heads * x.head_dim, x.head_dim));
         Widths {
-            wide: l.width(self.shared_kv),
+            wide: l.width(self.shared_kv).max(iq),
             mid: qd,
             act: qd,
+            aux: ik,
             ..Widths::default()
         }
     }
@@ -67,6 +89,9 @@ impl<D: Device> Attention<D> {
         ctx: &mut Ctx<'_, '_, D>,
         s: &mut Scratch<D>,
     ) -> DevResult<()> {
+        if let Some(ix) = &self.qsa {
+            self.select(dev, ctx, s, ix)?;
+        }
         dev.matmul(&s.normed, &self.qkv, &mut s.wide)?;
         let call = AttnCall {
             kv_layer: self.kv_layer,
@@ -90,5 +115,31 @@ impl<D: Device> Attention<D> {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
         }
         dev.matmul(&s.act, &self.o, &mut s.proj)
+    }
+
+    /// The QSA indexer's selection into the KV cache's state; its q and raw keys pass through
+    /// `s.wide` and `s.aux`, free until the projection fills them.
+    fn select(
+        &self,
+        dev: &D,
+        ctx: &mut Ctx<'_, '_, D>,
+        s: &mut Scratch<D>,
+        ix: &QsaIndexer<D>,
+    ) -> DevResult<()> {
+        let Some((rope, rot)) = &self.rope else {
+            return Err(DeviceError::Invalid("a QSA indexer without RoPE".into()));
+        };
+        dev.matmul(&s.normed, &ix.q, &mut s.wide)?;
+        dev.matmul(&s.normed, &ix.k, &mut s.aux)?;
+        let call = QsaCall {
+            index_layer: self.kv_layer,
+            heads: ix.heads,
+            head_dim: ix.head_dim,
+            budget: ix.budget,
+            ratio: ix.ratio,
+            rope: (rope, *rot),
+            norms: (&ix.q_norm, &ix.k_norm, self.eps),
+        };
+        dev.qsa_select(ctx.step, ctx.kv, &call, &mut s.wide, &s.aux)
     }
 }

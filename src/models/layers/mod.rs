@@ -26,7 +26,7 @@ use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, Ho
 use crate::kernels::{Batch, Device};
 
 pub use crate::kernels::device::SoftmaxVariant;
-pub use attention::Attention;
+pub use attention::{Attention, QsaIndexer};
 pub use gdn::GatedDeltaNet;
 pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
