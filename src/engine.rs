@@ -461,6 +461,7 @@ async fn load_cuda(
         device: ordinal,
         output_dtype: dtype,
         reject_bad_states: cfg.engine.reject_bad_states,
+        host_tables_above: cuda::limits::HOST_TABLE_BYTES,
     };
     tokio::task::spawn_blocking(move || load_on_cuda(Path::new(&dir), spec, opts))
         .await

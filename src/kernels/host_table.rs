@@ -128,6 +128,11 @@ impl HostTable {
         }
     }
 
+    /// The table's size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.rows * self.cols * dtype_size(self.dtype)
+    }
+
     /// Row `r` widened to f32 into `out` (`cols` values).
     pub fn row_into(&self, r: usize, out: &mut [f32]) -> Result<(), String> {
         if r >= self.rows || out.len() != self.cols {

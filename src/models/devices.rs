@@ -70,6 +70,9 @@ pub struct CudaOptions {
     pub device: usize,
     pub output_dtype: OutputDtype,
     pub reject_bad_states: bool,
+    /// Gather-only tables larger than this stay on the host
+    /// (`kernels::cuda::limits::HOST_TABLE_BYTES` in the engine).
+    pub host_tables_above: usize,
 }
 
 /// Why `spec` cannot run on the CUDA kernels (`None`: it can).
@@ -182,18 +185,19 @@ pub fn load_cuda(
         output_dtype: opts.output_dtype,
         reject_bad_states: opts.reject_bad_states,
     };
-    cuda_backend(dir, spec, opts.device, layout)
+    cuda_backend(dir, spec, (opts.device, opts.host_tables_above), layout)
 }
 
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 fn cuda_backend(
     dir: &Path,
     spec: ModelSpec,
-    ordinal: usize,
+    (ordinal, host_tables_above): (usize, usize),
     layout: Layout,
 ) -> Result<Box<dyn Backend>, ModelError> {
     let dev = crate::kernels::cuda::CudaDevice::new(ordinal, spec.dtype)
-        .map_err(|e| ModelError::InvalidOptions(format!("cuda: {e}")))?;
+        .map_err(|e| ModelError::InvalidOptions(format!("cuda: {e}")))?
+        .with_host_tables_above(host_tables_above);
     Ok(Box::new(ModelBackend::new(dev, dir, spec, layout)?))
 }
 
@@ -201,7 +205,7 @@ fn cuda_backend(
 fn cuda_backend(
     _dir: &Path,
     _spec: ModelSpec,
-    _ordinal: usize,
+    _device: (usize, usize),
     _layout: Layout,
 ) -> Result<Box<dyn Backend>, ModelError> {
     Err(ModelError::InvalidOptions(

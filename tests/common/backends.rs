@@ -281,6 +281,19 @@ pub fn cuda_backend_as(
     budget: usize,
     dtype: OutputDtype,
 ) -> Box<dyn Backend> {
+    let tables = hsx::kernels::cuda::limits::HOST_TABLE_BYTES;
+    cuda_backend_tables(name, layers, (num_blocks, slots, budget), dtype, tables)
+}
+
+/// [`cuda_backend_as`] keeping gather-only tables of more than `host_tables_above` bytes on
+/// the host.
+pub fn cuda_backend_tables(
+    name: &str,
+    layers: Vec<usize>,
+    (num_blocks, slots, budget): (usize, usize, usize),
+    dtype: OutputDtype,
+    host_tables_above: usize,
+) -> Box<dyn Backend> {
     let dir = model_dir(name);
     let spec = ModelSpec::from_dir(&dir).unwrap();
     assert!(
@@ -296,6 +309,7 @@ pub fn cuda_backend_as(
         device: 0,
         output_dtype: dtype,
         reject_bad_states: true,
+        host_tables_above,
     };
     hsx::models::load_cuda(&dir, spec, opts).unwrap_or_else(|e| panic!("{name}: cuda load: {e}"))
 }

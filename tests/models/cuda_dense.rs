@@ -7,12 +7,14 @@
 use crate::common;
 
 use common::backends::{
-    Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_peer_options,
-    cuda_usable, cuda_vs_cpu_tol, layer_of, read_gemm_in,
+    Paging, cpu_backend, cpu_options, cuda_backend, cuda_backend_as, cuda_backend_tables,
+    cuda_peer_options, cuda_usable, cuda_vs_cpu_tol, layer_of, read_gemm_in,
 };
 use hsx::kernels::cuda::CudaDevice;
 use hsx::kernels::device::BufKind;
-use hsx::kernels::{Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, SeqChunk};
+use hsx::kernels::{
+    Backend, BackendError, Batch, Bf16Kernel, CpuDevice, Device, OutputDtype, SeqChunk,
+};
 use hsx::models::CpuBackend;
 use hsx::models::{ModelSpec, WeightDtype};
 
@@ -208,7 +210,6 @@ fn bad_batches_are_errors_not_crashes() {
 /// rounding boundary (then neighbours in value order), at most 0.1% of them.
 #[test]
 fn fp8_capture_matches_the_cpu() {
-    use hsx::kernels::OutputDtype;
     if !cuda_usable() {
         return;
     }
@@ -267,7 +268,6 @@ fn fp8_capture_matches_the_cpu() {
 /// than the buffer held, f32 and fp8).
 #[test]
 fn a_recycled_capture_buffer_gives_the_bytes_of_a_fresh_one() {
-    use hsx::kernels::OutputDtype;
     if !cuda_usable() {
         return;
     }
@@ -344,4 +344,35 @@ fn geglu_matches_the_cpu() {
     gpu.upload(&gu[..9], 3, &mut x).unwrap();
     let mut out = gpu.buffer(3, 1, BufKind::GemmIn).unwrap();
     assert!(gpu.gelu_tanh_mul(&x, &mut out).is_err());
+}
+
+/// Gather-only tables kept on the host (their rows gathered there and uploaded each step, as
+/// for a table past `limits::HOST_TABLE_BYTES`) give the same rows, bit for bit, as tables on
+/// the device: untied embeddings and Qwen4-Exp's n-gram table (`qwen4_exp_ple`), Gemma 4's
+/// per-layer embeddings (`gemma4_e2b`).
+#[test]
+fn tables_on_the_host_give_the_same_rows() {
+    if !cuda_usable() {
+        return;
+    }
+    for name in ["qwen4_exp_ple", "gemma4_e2b"] {
+        let spec = ModelSpec::from_dir(&common::model_dir(name)).unwrap();
+        let layers: Vec<usize> = (0..=spec.num_layers).collect();
+        let load = |above| {
+            let dims = (640, 4, 512);
+            cuda_backend_tables(name, layers.clone(), dims, OutputDtype::F32, above)
+        };
+        let (mut device, mut host) = (load(usize::MAX), load(0));
+        let prompts = prompts(&spec);
+        let a = Paging::Hybrid.run_pieces(device.as_mut(), &prompts, 61, false);
+        let b = Paging::Hybrid.run_pieces(host.as_mut(), &prompts, 61, false);
+        assert_eq!(a.len(), prompts.len());
+        for (i, ((ra, ta), (rb, tb))) in a.iter().zip(&b).enumerate() {
+            assert!(!ra.is_empty(), "{name} prompt {i}: no rows");
+            assert!(
+                ra == rb && ta == tb,
+                "{name} prompt {i}: host-side tables differ"
+            );
+        }
+    }
 }

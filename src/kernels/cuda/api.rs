@@ -16,6 +16,9 @@ pub mod limits {
     pub const MAX_EXPERTS: usize = 1024;
     /// Largest `n_group` of `moe_route_grouped_f32` (one bit per group).
     pub const MAX_EXPERT_GROUPS: usize = 32;
+    /// Gather-only tables (embeddings read by id) larger than this stay in host memory, their
+    /// rows gathered there each step (Qwen4-Exp's n-gram table is ~100 GB in the release).
+    pub const HOST_TABLE_BYTES: usize = 8 << 30;
 }
 
 /// The device a probe found.

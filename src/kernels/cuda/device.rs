@@ -23,6 +23,7 @@ use super::gemm::DevWeight;
 use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
+use super::table::{CudaTable, HOST_TABLE_BYTES};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
     GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
@@ -39,6 +40,8 @@ use crate::kernels::routing::{GroupedTopK, Routing};
 pub struct CudaDevice {
     pub(super) gpu: Gpu,
     pub(super) dtype: WeightDtype,
+    /// Gather-only tables larger than this stay on the host ([`HOST_TABLE_BYTES`]).
+    pub(super) host_tables_above: usize,
 }
 
 impl CudaDevice {
@@ -58,7 +61,19 @@ impl CudaDevice {
             dtype = dtype.torch_name(),
             "cuda device ready"
         );
-        Ok(Self { gpu, dtype })
+        Ok(Self {
+            gpu,
+            dtype,
+            host_tables_above: HOST_TABLE_BYTES,
+        })
+    }
+
+    /// Gather-only tables of more than `bytes` stay on the host, their rows gathered there.
+    pub fn with_host_tables_above(self, bytes: usize) -> Self {
+        Self {
+            host_tables_above: bytes,
+            ..self
+        }
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -77,7 +92,7 @@ impl CudaDevice {
 impl Device for CudaDevice {
     type Buf = CudaBuf;
     type Linear = CudaLinear;
-    type Table = CudaLinear;
+    type Table = CudaTable;
     type Vector = DevBuf<f32>;
     type Rope = CudaRope;
     type Kv = DevKvCache;
@@ -111,9 +126,8 @@ impl Device for CudaDevice {
         })
     }
 
-    fn table(&self, table: HostTable) -> DevResult<CudaLinear> {
-        // Uploaded whole: the embedding kernel gathers on the GPU.
-        self.linear(table.matrix(), None)
+    fn table(&self, table: HostTable) -> DevResult<CudaTable> {
+        self.table_op(table)
     }
 
     fn vector(&self, values: &[f32]) -> DevResult<DevBuf<f32>> {
@@ -195,7 +209,7 @@ impl Device for CudaDevice {
             }
             None => None,
         };
-        Ok(CudaStep::new(dev_plan, dev_seqs))
+        Ok(CudaStep::new(dev_plan, dev_seqs, tokens))
     }
 
     fn embed(
@@ -220,20 +234,14 @@ impl Device for CudaDevice {
     fn embed_table(
         &self,
         step: &CudaStep<'_>,
-        table: &CudaLinear,
+        table: &CudaTable,
         scale: f32,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.embed(step, table, scale, out)
+        self.embed_table_op(step, table, scale, out)
     }
 
-    fn table_rows(
-        &self,
-        t: &CudaLinear,
-        ids: &[u32],
-        k: usize,
-        out: &mut CudaBuf,
-    ) -> DevResult<()> {
+    fn table_rows(&self, t: &CudaTable, ids: &[u32], k: usize, out: &mut CudaBuf) -> DevResult<()> {
         self.table_rows_op(t, ids, k, out)
     }
 

@@ -3,8 +3,6 @@
 //! launches anything: a kernel takes raw addresses and would otherwise read or write past a
 //! buffer.
 
-use std::marker::PhantomData;
-
 use super::context::{DevBuf, Gpu};
 use super::gemm::DevWeight;
 use super::kv_cache::DevPlan;
@@ -192,16 +190,13 @@ pub struct CudaRope {
 pub struct CudaStep<'a> {
     pub(super) plan: DevPlan,
     pub(super) seqs: Option<DevSeqs>,
-    _host: PhantomData<&'a ()>,
+    /// The step's token ids on the host (a host-side table's gather).
+    pub(super) tokens: &'a [u32],
 }
 
-impl CudaStep<'_> {
-    pub(super) fn new(plan: DevPlan, seqs: Option<DevSeqs>) -> Self {
-        Self {
-            plan,
-            seqs,
-            _host: PhantomData,
-        }
+impl<'a> CudaStep<'a> {
+    pub(super) fn new(plan: DevPlan, seqs: Option<DevSeqs>, tokens: &'a [u32]) -> Self {
+        Self { plan, seqs, tokens }
     }
 
     pub(super) fn seqs(&self) -> DevResult<&DevSeqs> {

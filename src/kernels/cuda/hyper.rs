@@ -1,15 +1,13 @@
-//! Qwen4-Exp's ops on CUDA: the hyper-connection steps ([`HyperOp`]) checked on the host, then
-//! launched (hyper.cu; the grouped norm in norm.cu), and the rows of a table by id (its n-gram
-//! embeddings, with the embedding kernel).
+//! Qwen4-Exp's hyper-connections on CUDA: the steps ([`HyperOp`]) checked on the host, then
+//! launched (hyper.cu; the grouped norm in norm.cu).
 
 use super::context::{CudaResult, LaunchConfig, elems_cfg, launch, rows_cfg};
 use super::device::CudaDevice;
-use super::device_types::{CudaBuf, CudaLinear, invalid};
-use super::ops;
+use super::device_types::{CudaBuf, invalid};
+
 use super::ops::{i32_of, suffix};
 use crate::kernels::device::{
     DevResult, HyperOp, hyper_group_norm_fits, hyper_hidden, hyper_same_shape, hyper_streams,
-    table_id_rows,
 };
 
 fn shape(b: &CudaBuf) -> (usize, usize) {
@@ -17,37 +15,6 @@ fn shape(b: &CudaBuf) -> (usize, usize) {
 }
 
 impl CudaDevice {
-    pub(super) fn table_rows_op(
-        &self,
-        table: &CudaLinear,
-        ids: &[u32],
-        per_row: usize,
-        out: &mut CudaBuf,
-    ) -> DevResult<()> {
-        out.f32("table rows")?;
-        let rows = table.w.rows;
-        if let Some(&id) = ids.iter().find(|&&i| i as usize >= rows) {
-            return invalid(format!("id {id} past a table of {rows} rows"));
-        }
-        let cols = table.w.cols;
-        out.set(
-            table_id_rows(ids.len(), per_row)?,
-            per_row * cols,
-            "table rows",
-        )?;
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let dev_ids = self.gpu.upload(ids)?;
-        let (id_ptr, w) = (dev_ids.ptr(), &table.w);
-        Ok(ops::embed(
-            &self.gpu,
-            (id_ptr, w, 1.0),
-            out.ptr(),
-            ids.len(),
-        )?)
-    }
-
     pub(super) fn hyper_op(&self, op: HyperOp<'_, Self>) -> DevResult<()> {
         match op {
             HyperOp::Repeat { x, streams, out } => {

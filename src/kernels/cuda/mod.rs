@@ -85,6 +85,8 @@ mod qsa;
 pub mod recurrent;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod recurrent_chunked;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod table;
 
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 mod stub;
@@ -103,3 +105,5 @@ pub use driver_emu::fault_next_launch;
 pub use nvrtc::compile_all_for_test;
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 pub use stub::{probe, versions};
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub use table::CudaTable;
