@@ -67,21 +67,35 @@ impl<D: Device> DsaCall<'_, D> {
 
     /// Whether an index-key cache of `shape` holds this call's layer at its head dim.
     pub fn fits(&self, shape: IndexShape) -> bool {
-        self.index_layer < shape.layers && shape.dim == self.head_dim
+        shape.holds(self.index_layer, self.head_dim)
     }
 
-    /// The geometry makes sense: some heads and dims, an even number of rotated dims no wider
-    /// than a head, a positive `topk`.
+    /// The geometry makes sense ([`check_indexer`]) and `topk` is positive.
     pub fn check(&self) -> Result<(), String> {
-        let rot = self.rope.1;
-        match () {
-            _ if self.heads == 0 || self.head_dim == 0 => Err("an indexer without heads".into()),
-            _ if rot > self.head_dim || !rot.is_multiple_of(2) => {
-                Err(format!("indexer RoPE over {rot} of {} dims", self.head_dim))
-            }
-            _ if self.topk == 0 => Err("index_topk of 0".into()),
+        check_indexer(self.heads, self.head_dim, self.rope.1)?;
+        match self.topk {
+            0 => Err("index_topk of 0".into()),
             _ => Ok(()),
         }
+    }
+}
+
+impl IndexShape {
+    /// Whether this cache holds index-key layer `layer` of `dim` values.
+    pub fn holds(&self, layer: usize, dim: usize) -> bool {
+        layer < self.layers && dim == self.dim
+    }
+}
+
+/// An indexer's geometry makes sense (DSA's and QSA's): some heads and dims, an even number
+/// of rotated dims no wider than a head.
+pub fn check_indexer(heads: usize, head_dim: usize, rot: usize) -> Result<(), String> {
+    match () {
+        _ if heads == 0 || head_dim == 0 => Err("an indexer without heads".into()),
+        _ if rot > head_dim || !rot.is_multiple_of(2) => {
+            Err(format!("indexer RoPE over {rot} of {head_dim} dims"))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -25,7 +25,7 @@
 //! scores summed in head order; the top blocks by [`top_keys`].
 
 use super::Device;
-use super::dsa::{IndexShape, dot8, top_keys};
+use super::dsa::{IndexShape, check_indexer, dot8, top_keys};
 use super::rope::{Rope, rotate_half};
 
 /// One attention layer's indexer call.
@@ -62,18 +62,14 @@ impl<D: Device> QsaCall<'_, D> {
 
     /// Whether an index-key cache of `shape` holds this call's layer at its head dim.
     pub fn fits(&self, shape: IndexShape) -> bool {
-        self.index_layer < shape.layers && shape.dim == self.head_dim
+        shape.holds(self.index_layer, self.head_dim)
     }
 
-    /// The geometry makes sense: some heads and dims, an even number of rotated dims no wider
-    /// than a head, blocks of some keys, a budget of whole blocks.
+    /// The geometry makes sense ([`check_indexer`]): blocks of some keys, a budget of whole
+    /// blocks.
     pub fn check(&self) -> Result<(), String> {
-        let rot = self.rope.1;
+        check_indexer(self.heads, self.head_dim, self.rope.1)?;
         match () {
-            _ if self.heads == 0 || self.head_dim == 0 => Err("an indexer without heads".into()),
-            _ if rot > self.head_dim || !rot.is_multiple_of(2) => {
-                Err(format!("indexer RoPE over {rot} of {} dims", self.head_dim))
-            }
             _ if self.ratio == 0 || self.budget == 0 => Err("a QSA budget of no keys".into()),
             _ if !self.budget.is_multiple_of(self.ratio) => Err(format!(
                 "a QSA budget of {} keys in blocks of {}",

@@ -7,7 +7,7 @@
 use super::context::{CudaError, CudaResult, DevBuf, Gpu, LaunchConfig, launch};
 use super::device::CudaDevice;
 use super::device_ops::check_rows;
-use super::device_types::{CudaBuf, CudaStep, check_len, invalid};
+use super::device_types::{CudaBuf, CudaRope, CudaStep, check_len, invalid};
 use super::kv_cache::DevKvCache;
 use super::kv_cache::{AttnShape, DevPlan};
 use super::ops::{i32_of, suffix};
@@ -242,25 +242,14 @@ impl CudaDevice {
     ) -> DevResult<()> {
         call.check().map_err(DeviceError::Invalid)?;
         let plan = &step.plan;
-        let (t, heads, d) = (plan.num_tokens, call.heads, call.head_dim);
+        let (heads, d) = (call.heads, call.head_dim);
         let names = ["indexer q", "indexer k", "indexer weights"];
-        for ((b, width), what) in [&*q, &*k, w].into_iter().zip(call.widths()).zip(names) {
-            b.f32(what)?;
-            check_rows(b.rows(), t, what)?;
-            if b.width() != width {
-                return invalid(format!("{what} of width {} for {width}", b.width()));
-            }
-        }
+        let inputs = [&*q, &*k, w].into_iter().zip(call.widths()).zip(names);
+        check_indexer_inputs(plan.num_tokens, inputs, call.rope)?;
         let (rope, rot) = call.rope;
         let (nw, nb, eps) = call.k_norm;
         check_len(nw, d, "indexer k_norm weight")?;
         check_len(nb, d, "indexer k_norm bias")?;
-        if rot / 2 > rope.inv_freq.len() {
-            return invalid(format!(
-                "{rot} rotary dims with {} frequencies",
-                rope.inv_freq.len()
-            ));
-        }
         let dsa = kv.dsa.as_mut().filter(|x| call.fits(x.shape()));
         let Some(dsa) = dsa else {
             return invalid(format!(
@@ -283,6 +272,29 @@ impl CudaDevice {
         };
         Ok(dsa.select(&self.gpu, plan, &args)?)
     }
+}
+
+/// Each indexer input (buffer, width, name) is an f32 buffer of the step's `t` rows of its
+/// width, and the RoPE table has the rotated dims' frequencies (DSA's and QSA's).
+pub(super) fn check_indexer_inputs<'b>(
+    t: usize,
+    inputs: impl IntoIterator<Item = ((&'b CudaBuf, usize), &'b str)>,
+    (rope, rot): (&CudaRope, usize),
+) -> DevResult<()> {
+    for ((b, width), what) in inputs {
+        b.f32(what)?;
+        check_rows(b.rows(), t, what)?;
+        if b.width() != width {
+            return invalid(format!("{what} of width {} for {width}", b.width()));
+        }
+    }
+    if rot / 2 > rope.inv_freq.len() {
+        return invalid(format!(
+            "{rot} rotary dims with {} frequencies",
+            rope.inv_freq.len()
+        ));
+    }
+    Ok(())
 }
 
 /// `buf` holds at least `len` values (reallocated, unzeroed contents, when shorter).

@@ -5,9 +5,8 @@
 
 use super::context::{CudaError, CudaResult, Gpu, LaunchConfig, launch};
 use super::device::CudaDevice;
-use super::device_ops::check_rows;
 use super::device_types::{CudaBuf, CudaStep, check_len, invalid};
-use super::dsa::{DevDsa, MAX_DIM, MAX_SCORES, MAX_SPARSE_SMEM, grow};
+use super::dsa::{DevDsa, MAX_DIM, MAX_SCORES, MAX_SPARSE_SMEM, check_indexer_inputs, grow};
 use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::i32_of;
 use crate::kernels::device::{DevResult, DeviceError, QsaCall};
@@ -173,25 +172,14 @@ impl CudaDevice {
     ) -> DevResult<()> {
         call.check().map_err(DeviceError::Invalid)?;
         let plan = &step.plan;
-        let (t, d) = (plan.num_tokens, call.head_dim);
-        for ((b, width), what) in [&*q, k].into_iter().zip(call.widths()).zip(["q", "k"]) {
-            let what = format!("indexer {what}");
-            b.f32(&what)?;
-            check_rows(b.rows(), t, &what)?;
-            if b.width() != width {
-                return invalid(format!("{what} of width {} for {width}", b.width()));
-            }
-        }
+        let d = call.head_dim;
+        let inputs = [&*q, k].into_iter().zip(call.widths());
+        let names = ["indexer q", "indexer k"];
+        check_indexer_inputs(plan.num_tokens, inputs.zip(names), call.rope)?;
         let (rope, rot) = call.rope;
         let (qn, kn, eps) = call.norms;
         check_len(qn, d, "indexer q norm")?;
         check_len(kn, d, "indexer k norm")?;
-        if rot / 2 > rope.inv_freq.len() {
-            return invalid(format!(
-                "{rot} rotary dims with {} frequencies",
-                rope.inv_freq.len()
-            ));
-        }
         let Some(dsa) = kv.dsa.as_mut().filter(|x| call.fits(x.shape())) else {
             return invalid(format!(
                 "qsa_select: no index cache for layer {} of {d} dims",
