@@ -206,7 +206,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     ) -> DevResult<()>;
     /// Qwen4-Exp's QSA indexer ([`crate::kernels::qsa`]): `q` (`[T, heads · head_dim]`)
     /// RMSNormed and rotated in place, the raw keys `k` (`[T, head_dim]`) into the index cache,
-    /// then each token past [`QsaCall::dense_len`] keys picks its blocks' keys, kept in `kv`
+    /// then each token past `budget + ratio - 1` keys picks its blocks' keys, kept in `kv`
     /// for the next sparse [`Device::attention`] (`sparse: Some(dense_len)`).
     fn qsa_select(
         &self,

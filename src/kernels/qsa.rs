@@ -55,11 +55,6 @@ impl<D: Device> QsaCall<'_, D> {
         self.budget / self.ratio.max(1)
     }
 
-    /// Tokens below this position attend to every key; no token keeps more keys than this.
-    pub fn dense_len(&self) -> usize {
-        self.budget + self.ratio - 1
-    }
-
     /// Whether an index-key cache of `shape` holds this call's layer at its head dim.
     pub fn fits(&self, shape: IndexShape) -> bool {
         shape.holds(self.index_layer, self.head_dim)

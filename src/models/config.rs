@@ -111,6 +111,13 @@ pub struct QsaSpec {
     pub ratio: usize,
 }
 
+impl QsaSpec {
+    /// Queries below this position attend to every key (`budget + ratio - 1`).
+    pub fn dense_len(&self) -> usize {
+        self.budget + self.ratio - 1
+    }
+}
+
 /// Hyper-connections: the residual stream is `streams` copies of the hidden width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HyperSpec {

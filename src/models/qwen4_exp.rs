@@ -114,7 +114,7 @@ fn load_qsa<D: Device>(
         budget: q.budget,
         ratio: q.ratio,
     });
-    attn.variant.sparse = Some(q.budget + q.ratio - 1);
+    attn.variant.sparse = Some(q.dense_len());
     Ok(())
 }
 
