@@ -24,6 +24,12 @@ pub(super) const MAX_SCORES: usize = 1 << 26;
 /// Dynamic shared memory the sparse attention may ask for (the keys' weights and slots).
 pub(super) const MAX_SPARSE_SMEM: usize = super::kv_cache::SMEM_LIMIT;
 
+/// The sparse attention's dynamic shared memory for rows of `topk` keys (attn_sparse_t in
+/// dsa.cu: the keys' weights, rounded up to an even count, then their slots).
+pub(super) fn sparse_smem(topk: usize) -> usize {
+    4 * (topk + topk % 2) + 8 * topk
+}
+
 /// The indexer keys (one f32 buffer `[slots, dim]` per indexer layer) and the selection.
 pub struct DevDsa {
     pub(super) keys: Vec<DevBuf<f32>>,
@@ -194,7 +200,7 @@ impl DevDsa {
         if t == 0 || plan.max_keys <= topk {
             return Ok(());
         }
-        let smem = 4 * (topk + topk % 2) + 8 * topk;
+        let smem = sparse_smem(topk);
         if smem > MAX_SPARSE_SMEM {
             return Err(CudaError::Invalid(format!(
                 "index_topk {topk}: the sparse attention holds at most {} keys",

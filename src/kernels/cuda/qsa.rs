@@ -6,7 +6,9 @@
 use super::context::{CudaError, CudaResult, Gpu, LaunchConfig, launch};
 use super::device::CudaDevice;
 use super::device_types::{CudaBuf, CudaStep, check_len, invalid};
-use super::dsa::{DevDsa, MAX_DIM, MAX_SCORES, MAX_SPARSE_SMEM, check_indexer_inputs, grow};
+use super::dsa::{
+    DevDsa, MAX_DIM, MAX_SCORES, MAX_SPARSE_SMEM, check_indexer_inputs, grow, sparse_smem,
+};
 use super::kv_cache::{DevKvCache, DevPlan};
 use super::ops::i32_of;
 use crate::kernels::device::{DevResult, DeviceError, QsaCall};
@@ -55,7 +57,7 @@ impl DevDsa {
         let (t, d, heads) = (plan.num_tokens, self.dim, a.heads);
         let cache = (self.keys.get(a.layer))
             .ok_or_else(|| CudaError::Invalid(format!("indexer layer {}", a.layer)))?;
-        if d > MAX_DIM || heads > MAX_HEADS || 12 * a.cap() > MAX_SPARSE_SMEM {
+        if d > MAX_DIM || heads > MAX_HEADS || sparse_smem(a.cap()) > MAX_SPARSE_SMEM {
             return Err(CudaError::Invalid(format!(
                 "QSA indexer of {heads} heads of {d}, {} keys kept: the kernels take dims <= \
                  {MAX_DIM}, heads <= {MAX_HEADS}, at most {} keys",
