@@ -1,10 +1,12 @@
 //! The CPU attention's rate, f32 (what f32 models, and bf16 models on the `avx2` / `f32` GEMM
 //! paths, run) or a bf16 path's (a bf16 model's on `amx` / `avx512bf16`): one prompt of `len`
 //! tokens in one chunk over the paged cache, GFLOP/s counted as the causal products only (QKᵀ
-//! and PV: 4 · hd flops per query head and visible key), best of 4.
+//! and PV: 4 · hd flops per query head and visible key), best of 4. The sparse attention of
+//! DSA / QSA ([`sparse_gflops`]) the same way, counting only its queries and their chosen keys.
 
 use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::attention::{AttnShape, Softmax, attention};
+use hsx::kernels::cpu::dsa::{Selection, attend_selected};
 use hsx::kernels::cpu::kv_cache::KvCache;
 use hsx::kernels::plan::{BatchPlan, PlanLimits};
 use hsx::kernels::{Batch, SeqChunk};
@@ -21,6 +23,49 @@ pub fn gflops(
     (heads, kv_heads, hd): (usize, usize, usize),
     bf16: Option<Bf16Kernel>,
 ) -> f64 {
+    with_prompt(len, (heads, kv_heads, hd), |q, (kc, vc), plan, shape| {
+        let mut out = Vec::new();
+        let best = super::best_secs(|| {
+            pool.install(|| attention(q, kc, vc, plan, shape, Softmax::default(), &mut out, bf16));
+        });
+        let flops = 4.0 * (hd * heads) as f64 * (len * (len + 1) / 2) as f64;
+        flops / best / 1e9
+    })
+}
+
+/// GFLOP/s of the sparse attention (f32) over one prompt of `len` tokens, where each query
+/// from `len / 2` on keeps every other block of 4 keys before it (QSA's blocks; DSA's
+/// scattered keys read the same rows) and its own: `len / 4` to `len / 2` keys.
+pub fn sparse_gflops(
+    pool: &rayon::ThreadPool,
+    len: usize,
+    (heads, kv_heads, hd): (usize, usize, usize),
+) -> f64 {
+    let rows: Vec<Vec<u32>> = (0..len as u32)
+        .map(|p| match p as usize >= len / 2 {
+            true => (0..p).filter(|j| j / 4 % 2 == 0).chain([p]).collect(),
+            false => Vec::new(),
+        })
+        .collect();
+    let keys: usize = rows.iter().map(Vec::len).sum();
+    let mut sel = Selection::default();
+    sel.set(rows);
+    with_prompt(len, (heads, kv_heads, hd), |q, kv, plan, shape| {
+        let mut out = vec![0.0f32; q.len()];
+        let best = super::best_secs(|| {
+            pool.install(|| attend_selected(q, kv, plan, shape, &sel, &mut out));
+        });
+        4.0 * (hd * heads) as f64 * keys as f64 / best / 1e9
+    })
+}
+
+/// `f(q, (k cache, v cache), plan, shape)` for one prompt of `len` tokens written to a paged
+/// cache.
+fn with_prompt<R>(
+    len: usize,
+    (heads, kv_heads, hd): (usize, usize, usize),
+    f: impl FnOnce(&[f32], (&[f32], &[f32]), &BatchPlan<'_>, AttnShape) -> R,
+) -> R {
     let (qd, kvd, bs) = (heads * hd, kv_heads * hd, 16);
     let nb = len.div_ceil(bs);
     let mut cache = KvCache::new(1, nb + 1, bs, kvd).unwrap();
@@ -51,17 +96,11 @@ pub fn gflops(
     let v: Vec<f32> = (0..len * kvd).map(|i| val(i, 997)).collect();
     let q: Vec<f32> = (0..len * qd).map(|i| val(i, 1013)).collect();
     cache.write(0, &plan.slots, &k, &v);
-    let (kc, vc) = cache.layer(0);
     let shape = AttnShape {
         heads,
         kv_heads,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
     };
-    let mut out = Vec::new();
-    let best = super::best_secs(|| {
-        pool.install(|| attention(&q, kc, vc, &plan, shape, Softmax::default(), &mut out, bf16));
-    });
-    let flops = 4.0 * (hd * heads) as f64 * (len * (len + 1) / 2) as f64;
-    flops / best / 1e9
+    f(&q, cache.layer(0), &plan, shape)
 }

@@ -11,7 +11,8 @@
 //!   `amx` / `avx512bf16` paths where the CPU has them, over one prompt of `--rows` / 2 and of
 //!   `--rows` × 2 tokens (1,024 and 4,096), at the bench model's heads (16 / 4 × 64) and an
 //!   8B model's (32 / 8 × 128), against the peak of the unit each runs on (f32: the FMA peak).
-//!   `--attention-only`: that alone (for profiling).
+//!   Then the sparse attention of DSA / QSA (f32; each query of the prompt's second half over
+//!   every other block of 4 keys before it). `--attention-only`: that alone (for profiling).
 //! - Recurrences (`recurrence_rate.rs`): the Gated DeltaNet rule and the Mamba-2 scan (f32,
 //!   token by token, whatever the weights) at the bench hybrid's, Qwen3-Next's, Nemotron-H's
 //!   and Bamba's head shapes, against the f32 FMA peak. `--recurrence-only`: that alone.
@@ -146,6 +147,16 @@ fn main() {
             })
         })
         .collect();
+    // The sparse attention (DSA / QSA past their dense length; f32 on every path).
+    let sparse = (attention_rate::SHAPES.iter())
+        .filter(|_| only.is_none() && !recurrence_only)
+        .flat_map(|&(label, h, kvh, hd)| {
+            [rows / 2, rows * 2].map(|len| {
+                let g = attention_rate::sparse_gflops(&pool, len, (h, kvh, hd));
+                ("sparse".to_string(), label, len, g)
+            })
+        });
+    let attention: Vec<_> = attention.into_iter().chain(sparse).collect();
     let recurrences = if only.is_none() && !attention_only {
         recurrence_rate::all(&pool)
     } else {
@@ -186,7 +197,13 @@ fn main() {
     };
     let (p1, pn) = peak_of.get(fma).copied().unwrap_or((0.0, 0.0));
     // The unit an attention path runs on: its bf16 unit, or the f32 FMA.
-    let unit_of = |path: &str| if path == "f32" { fma } else { path }.to_string();
+    let unit_of = |path: &str| {
+        match path {
+            "f32" | "sparse" => fma,
+            _ => path,
+        }
+        .to_string()
+    };
     let (gemm, per) = rates(rows, |k, n| {
         if only.is_some() {
             return f64::NAN;

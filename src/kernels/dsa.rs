@@ -143,6 +143,7 @@ impl Indexer<'_> {
     }
 
     /// A prepared key's score for a token's prepared q heads and head weights `w`.
+    #[inline(always)]
     pub fn score(&self, q: &[f32], w: &[f32], key: &[f32]) -> f32 {
         let mut s = 0.0f32;
         for (qh, &wh) in q.chunks_exact(self.head_dim).zip(w) {
@@ -182,14 +183,19 @@ pub fn top_keys(scores: &[f32], k: usize) -> Vec<u32> {
 /// order, then `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) + tail`.
 #[inline]
 pub fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let ((ac, at), (bc, bt)) = (a[..n].as_chunks::<8>(), b[..n].as_chunks::<8>());
+    let tail = at.iter().zip(bt).fold(0.0f32, |t, (x, y)| t + x * y);
     let mut s = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail = (ac.remainder().iter().zip(bc.remainder())).fold(0.0f32, |t, (x, y)| t + x * y);
-    for (x, y) in ac.zip(bc) {
+    for (x, y) in ac.iter().zip(bc) {
         for i in 0..8 {
             s[i] += x[i] * y[i];
         }
     }
+    // Seen through `black_box`, the pairwise sums below no longer lead LLVM to split `s`
+    // into shuffled halves: the loop stays one 8-lane vector (a ymm where the caller is
+    // compiled for AVX2). The arithmetic is the same either way.
+    let s = std::hint::black_box(s);
     ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
 }
 

@@ -119,6 +119,7 @@ impl QsaRule<'_> {
     }
 
     /// A block key's score for a token's prepared q heads.
+    #[inline(always)]
     pub fn score(&self, q: &[f32], key: &[f32]) -> f32 {
         (q.chunks_exact(self.head_dim)).fold(0.0f32, |s, qh| s + dot8(qh, key).max(0.0))
     }

@@ -9,6 +9,7 @@
 use rayon::prelude::*;
 
 use super::exp::exp_neg;
+use super::vector::widest;
 use crate::kernels::device::AttnShape;
 pub use crate::kernels::dsa::Indexer;
 use crate::kernels::dsa::{IndexShape, dot8, top_keys};
@@ -78,7 +79,8 @@ impl Selection {
         (!r.is_empty()).then_some(r)
     }
 
-    pub(super) fn set(&mut self, rows: Vec<Vec<u32>>) {
+    /// Token `t`'s keys are `rows[t]` (empty: all).
+    pub fn set(&mut self, rows: Vec<Vec<u32>>) {
         self.starts.clear();
         self.keys.clear();
         self.starts.push(0);
@@ -112,28 +114,33 @@ pub fn select(
     out: &mut Selection,
 ) {
     let (d, heads) = (ix.head_dim, ix.heads);
-    let rows: Vec<Vec<u32>> =
-        (0..plan.num_tokens())
-            .into_par_iter()
-            .map_init(Vec::new, |scores, t| {
-                let p = plan.positions[t];
-                if p < ix.topk {
-                    return Vec::new();
-                }
-                let table = plan.tables[plan.seq_of[t]];
-                let (qt, wt) = (&q[t * heads * d..][..heads * d], &w[t * heads..][..heads]);
-                scores.clear();
-                scores.extend((0..=p).map(|j| {
-                    ix.score(qt, wt, &keys[slot_of(table, plan.block_size, j) * d..][..d])
-                }));
-                top_keys(scores, ix.topk)
-            })
-            .collect();
+    let rows: Vec<Vec<u32>> = (0..plan.num_tokens())
+        .into_par_iter()
+        .map_init(Vec::new, |scores, t| {
+            let p = plan.positions[t];
+            if p < ix.topk {
+                return Vec::new();
+            }
+            let table = plan.tables[plan.seq_of[t]];
+            let (qt, wt) = (&q[t * heads * d..][..heads * d], &w[t * heads..][..heads]);
+            scores.clear();
+            let key = |j| &keys[slot_of(table, plan.block_size, j) * d..][..d];
+            widest(
+                #[inline(always)]
+                || scores.extend((0..=p).map(|j| ix.score(qt, wt, key(j)))),
+            );
+            top_keys(scores, ix.topk)
+        })
+        .collect();
     out.set(rows);
 }
 
 /// Attention of every token with a selection over its selected keys only, into its rows of
 /// `out` (`[T, heads · hd]`; the other rows are left as they are).
+///
+/// A token's heads are done together: each selected key and value row is read whole, once
+/// (one run of `kv_heads · hd` floats, where a head at a time would read a slice of every
+/// row), with each head's arithmetic unchanged.
 pub fn attend_selected(
     q: &[f32],
     (kc, vc): (&[f32], &[f32]),
@@ -143,39 +150,74 @@ pub fn attend_selected(
     out: &mut [f32],
 ) {
     let (hd, heads) = (shape.head_dim, shape.heads);
-    let (group, kv_dim) = (heads / shape.kv_heads, shape.kv_heads * hd);
+    let kv_dim = shape.kv_heads * hd;
     out.par_chunks_mut(heads * hd)
         .enumerate()
         .filter_map(|(t, o)| Some((t, o, sel.keys(t)?)))
-        .for_each_init(Vec::new, |e, (t, o, keys)| {
+        .for_each_init(Scratch::default, |s, (t, o, keys)| {
             let table = plan.tables[plan.seq_of[t]];
-            let slots: Vec<usize> = (keys.iter())
-                .map(|&j| slot_of(table, plan.block_size, j as usize) * kv_dim)
-                .collect();
-            for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
-                let (qh, off) = (&q[(t * heads + h) * hd..][..hd], (h / group) * hd);
-                e.clear();
-                e.extend(
-                    slots
-                        .iter()
-                        .map(|&s| dot8(qh, &kc[s + off..][..hd]) * shape.scale),
-                );
-                let m = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for x in e.iter_mut() {
-                    *x = exp_neg(*x - m);
-                    sum += *x;
-                }
-                oh.fill(0.0);
-                for (&s, &p) in slots.iter().zip(e.iter()) {
-                    for (o, &v) in oh.iter_mut().zip(&vc[s + off..][..hd]) {
-                        *o += p * v;
-                    }
-                }
-                let inv = 1.0 / sum;
-                oh.iter_mut().for_each(|o| *o *= inv);
-            }
+            s.slots.clear();
+            (s.slots).extend(
+                (keys.iter()).map(|&j| slot_of(table, plan.block_size, j as usize) * kv_dim),
+            );
+            let qt = &q[t * heads * hd..][..heads * hd];
+            widest(
+                #[inline(always)]
+                || attend_token(qt, (kc, vc), shape, s, o),
+            );
         });
+}
+
+/// [`attend_selected`]'s per-thread buffers: the token's key rows (offsets into the caches),
+/// its scores (`[heads, keys]`) and their softmax sums' inverses.
+#[derive(Default)]
+struct Scratch {
+    slots: Vec<usize>,
+    e: Vec<f32>,
+    inv: Vec<f32>,
+}
+
+/// One token's heads (`q`, `out`: `[heads · hd]`) over the key and value rows at `s.slots`
+/// (`k[s..s + kv_heads · hd]`, likewise `v`). Per head: scores by [`dot8`] times `scale`, the
+/// softmax as the dense kernel's ([`exp_neg`], the sum in key order), the values in key
+/// order.
+#[inline(always)]
+fn attend_token(
+    q: &[f32],
+    (k, v): (&[f32], &[f32]),
+    shape: AttnShape,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
+    let (hd, n) = (shape.head_dim, s.slots.len());
+    let (group, kv_dim) = (shape.heads / shape.kv_heads, shape.kv_heads * hd);
+    let kv_off = |h: usize| (h / group) * hd;
+    s.e.clear();
+    s.e.resize(shape.heads * n, 0.0);
+    for (i, &slot) in s.slots.iter().enumerate() {
+        let key = &k[slot..][..kv_dim];
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            s.e[h * n + i] = dot8(qh, &key[kv_off(h)..][..hd]) * shape.scale;
+        }
+    }
+    s.inv.clear();
+    for eh in s.e.chunks_exact_mut(n) {
+        let m = eh.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // The exponentials on their own (vectorised), then their sum in key order.
+        eh.iter_mut().for_each(|x| *x = exp_neg(*x - m));
+        s.inv.push(1.0 / eh.iter().fold(0.0f32, |s, &x| s + x));
+    }
+    out.fill(0.0);
+    for (i, &slot) in s.slots.iter().enumerate() {
+        let val = &v[slot..][..kv_dim];
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let (p, vh) = (s.e[h * n + i], &val[kv_off(h)..][..hd]);
+            oh.iter_mut().zip(vh).for_each(|(o, &x)| *o += p * x);
+        }
+    }
+    for (oh, &inv) in out.chunks_exact_mut(hd).zip(&s.inv) {
+        oh.iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 #[cfg(test)]

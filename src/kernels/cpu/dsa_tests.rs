@@ -163,3 +163,72 @@ fn sparse_attention_is_softmax_over_the_chosen_keys() {
         }
     }
 }
+
+/// One token's sparse attention gives, on every vector unit, the bits of a plain loop over
+/// one head at a time with the same arithmetic (GQA, keys out of order, head dims with and
+/// without a tail past the chunks of 8).
+#[test]
+fn sparse_attention_same_bits_on_every_vector_unit() {
+    use crate::kernels::cpu::vector::{self, Unit};
+    for (heads, kv_heads, hd) in [(4, 2, 8), (6, 3, 20), (8, 1, 64)] {
+        let shape = AttnShape::new(heads, kv_heads, hd);
+        let (kv_dim, n) = (kv_heads * hd, 37);
+        let mut seed = 3 + hd as u64;
+        let q = rnd(heads * hd, &mut seed);
+        let (k, v) = (rnd(n * kv_dim, &mut seed), rnd(n * kv_dim, &mut seed));
+        let slots: Vec<usize> = (0..n).rev().map(|i| i * kv_dim).collect();
+        let want = one_head_at_a_time(&q, (&k, &v), &slots, shape);
+        for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
+            if !unit.available() {
+                println!("skip: sparse attention on {unit:?} (this CPU lacks it)");
+                continue;
+            }
+            let mut s = Scratch {
+                slots: slots.clone(),
+                ..Scratch::default()
+            };
+            let mut got = vec![f32::NAN; heads * hd];
+            vector::on(
+                unit,
+                #[inline(always)]
+                || attend_token(&q, (&k, &v), shape, &mut s, &mut got),
+            );
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{unit:?} at {heads}/{kv_heads}x{hd}");
+        }
+    }
+}
+
+/// The sparse attention's arithmetic one head at a time, each step in key order.
+fn one_head_at_a_time(
+    q: &[f32],
+    (k, v): (&[f32], &[f32]),
+    slots: &[usize],
+    shape: AttnShape,
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.heads / shape.kv_heads;
+    let mut out = vec![0.0f32; q.len()];
+    for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
+        let off = (h / group) * hd;
+        let mut e: Vec<f32> = (slots.iter())
+            .map(|&s| dot8(qh, &k[s + off..][..hd]) * shape.scale)
+            .collect();
+        let m = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for x in e.iter_mut() {
+            *x = exp_neg(*x - m);
+            sum += *x;
+        }
+        for (&s, &p) in slots.iter().zip(&e) {
+            for (o, &x) in oh.iter_mut().zip(&v[s + off..][..hd]) {
+                *o += p * x;
+            }
+        }
+        oh.iter_mut().for_each(|o| *o *= 1.0 / sum);
+    }
+    out
+}

@@ -5,6 +5,7 @@
 use rayon::prelude::*;
 
 use super::dsa::Selection;
+use super::vector::widest;
 use crate::kernels::plan::{BatchPlan, slot_of};
 pub use crate::kernels::qsa::QsaRule;
 
@@ -36,7 +37,10 @@ pub fn select(
             let qt = &q[t * rule.heads * d..][..rule.heads * d];
             let blocks = pooled[plan.seq_of[t]].chunks_exact(d).take((pos + 1) / r);
             scores.clear();
-            scores.extend(blocks.map(|key| rule.score(qt, key)));
+            widest(
+                #[inline(always)]
+                || scores.extend(blocks.map(|key| rule.score(qt, key))),
+            );
             rule.keys(pos, scores).unwrap_or_default()
         })
         .collect();
