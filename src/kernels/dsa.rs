@@ -145,10 +145,11 @@ impl Indexer<'_> {
     /// A prepared key's score for a token's prepared q heads and head weights `w`.
     #[inline(always)]
     pub fn score(&self, q: &[f32], w: &[f32], key: &[f32]) -> f32 {
-        let mut s = 0.0f32;
-        for (qh, &wh) in q.chunks_exact(self.head_dim).zip(w) {
-            s += wh * self.weight_scale * (dot8(qh, key) * self.score_scale).max(0.0);
-        }
+        let (mut s, mut w) = (0.0f32, w.iter());
+        dot8_each(&q[..self.heads * self.head_dim], key, |x| {
+            let wh = *w.next().unwrap_or(&0.0);
+            s += wh * self.weight_scale * (x * self.score_scale).max(0.0);
+        });
         s
     }
 }
@@ -197,6 +198,46 @@ pub fn dot8(a: &[f32], b: &[f32]) -> f32 {
     // compiled for AVX2). The arithmetic is the same either way.
     let s = std::hint::black_box(s);
     ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+}
+
+/// [`dot8`] of each row of `rows` (`[n, key.len()]`) with `key`, handed to `f` in row order:
+/// the same bits, four rows at a time where they can be (one row's sum waits on its own adds;
+/// four in flight fill the pipeline).
+#[inline(always)]
+pub fn dot8_each(rows: &[f32], key: &[f32], mut f: impl FnMut(f32)) {
+    let d = key.len();
+    let mut quads = rows.chunks_exact(4 * d.max(1));
+    for quad in &mut quads {
+        dot8_4(quad, key).into_iter().for_each(&mut f);
+    }
+    for row in quads.remainder().chunks_exact(d.max(1)) {
+        f(dot8(row, key));
+    }
+}
+
+/// [`dot8`] of four rows (`[4, key.len()]`) with `key`, the four sums side by side.
+#[inline(always)]
+fn dot8_4(rows: &[f32], key: &[f32]) -> [f32; 4] {
+    let d = key.len();
+    let (kc, kt) = key.as_chunks::<8>();
+    let row = |h: usize| rows[h * d..][..d].as_chunks::<8>();
+    let (r0, r1, r2, r3) = (row(0).0, row(1).0, row(2).0, row(3).0);
+    let mut s = [[0.0f32; 8]; 4];
+    let chunks = kc.iter().zip(r0).zip(r1).zip(r2).zip(r3);
+    for ((((y, x0), x1), x2), x3) in chunks {
+        for (s, x) in s.iter_mut().zip([x0, x1, x2, x3]) {
+            for i in 0..8 {
+                s[i] += x[i] * y[i];
+            }
+        }
+    }
+    // As in `dot8`: the partial sums stay whole vectors.
+    let s = std::hint::black_box(s);
+    std::array::from_fn(|h| {
+        let tail = (row(h).1.iter().zip(kt)).fold(0.0f32, |t, (x, y)| t + x * y);
+        let s = &s[h];
+        ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+    })
 }
 
 #[cfg(test)]

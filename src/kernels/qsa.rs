@@ -21,11 +21,11 @@
 //! those: the same whatever shares the batch and however the prompt was cut.
 //!
 //! Fixed arithmetic: RMSNorm as `x · (Σ x² / d + eps)^-0.5 · w`, the sum in order; a block's
-//! mean as the sum of its keys in position order over `ratio`; dot products by [`dot8`];
-//! scores summed in head order; the top blocks by [`top_keys`].
+//! mean as the sum of its keys in position order over `ratio`; dot products by
+//! [`dot8`](super::dsa::dot8); scores summed in head order; the top blocks by [`top_keys`].
 
 use super::Device;
-use super::dsa::{IndexShape, check_indexer, dot8, top_keys};
+use super::dsa::{IndexShape, check_indexer, dot8_each, top_keys};
 use super::rope::{Rope, rotate_half};
 
 /// One attention layer's indexer call.
@@ -121,7 +121,9 @@ impl QsaRule<'_> {
     /// A block key's score for a token's prepared q heads.
     #[inline(always)]
     pub fn score(&self, q: &[f32], key: &[f32]) -> f32 {
-        (q.chunks_exact(self.head_dim)).fold(0.0f32, |s, qh| s + dot8(qh, key).max(0.0))
+        let mut s = 0.0f32;
+        dot8_each(&q[..self.heads * self.head_dim], key, |x| s += x.max(0.0));
+        s
     }
 
     /// The keys of a token at `pos` given its blocks' `scores` (`(pos + 1) / ratio` of them):

@@ -3,7 +3,7 @@
 //! the selected keys.
 //!
 //! The attention's arithmetic per (token, head), the same whatever shares the batch: scores
-//! by [`dot8`], the softmax as the dense kernel's ([`exp_neg`], the sum in key order), the
+//! by [`dot8`](crate::kernels::dsa::dot8), the softmax as the dense kernel's ([`exp_neg`], the sum in key order), the
 //! values in key order.
 
 use rayon::prelude::*;
@@ -12,7 +12,7 @@ use super::exp::exp_neg;
 use super::vector::widest;
 use crate::kernels::device::AttnShape;
 pub use crate::kernels::dsa::Indexer;
-use crate::kernels::dsa::{IndexShape, dot8, top_keys};
+use crate::kernels::dsa::{IndexShape, dot8_each, top_keys};
 use crate::kernels::plan::{BatchPlan, slot_of};
 
 /// The indexer keys of every indexer layer: `[slots, dim]` each, f32.
@@ -178,9 +178,9 @@ struct Scratch {
 }
 
 /// One token's heads (`q`, `out`: `[heads · hd]`) over the key and value rows at `s.slots`
-/// (`k[s..s + kv_heads · hd]`, likewise `v`). Per head: scores by [`dot8`] times `scale`, the
-/// softmax as the dense kernel's ([`exp_neg`], the sum in key order), the values in key
-/// order.
+/// (`k[s..s + kv_heads · hd]`, likewise `v`). Per head: scores by
+/// [`dot8`](crate::kernels::dsa::dot8) times `scale` (four heads of a KV head at a time), the
+/// softmax as the dense kernel's ([`exp_neg`], the sum in key order), the values in key order.
 #[inline(always)]
 fn attend_token(
     q: &[f32],
@@ -196,8 +196,10 @@ fn attend_token(
     s.e.resize(shape.heads * n, 0.0);
     for (i, &slot) in s.slots.iter().enumerate() {
         let key = &k[slot..][..kv_dim];
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
-            s.e[h * n + i] = dot8(qh, &key[kv_off(h)..][..hd]) * shape.scale;
+        let groups = q.chunks_exact(group * hd).zip(key.chunks_exact(hd));
+        for (g, (qg, kg)) in groups.enumerate() {
+            let mut e = s.e[g * group * n + i..].iter_mut().step_by(n);
+            dot8_each(qg, kg, |x| *e.next().unwrap() = x * shape.scale);
         }
     }
     s.inv.clear();

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::kernels::attention_reference::rnd;
-use crate::kernels::dsa::deinterleaved_source;
+use crate::kernels::dsa::{deinterleaved_source, dot8};
 use crate::kernels::dsa_reference::{IndexerInputs, sparse_softmax};
 use crate::kernels::plan::PlanLimits;
 use crate::kernels::rope::Rope;
@@ -231,4 +231,33 @@ fn one_head_at_a_time(
         oh.iter_mut().for_each(|o| *o *= 1.0 / sum);
     }
     out
+}
+
+/// `dot8_each` (the indexers' scores, the sparse attention's) hands out each row's [`dot8`]
+/// bits in row order, four rows at a time or one, on every vector unit, at lengths with and
+/// without a tail past the chunks of 8.
+#[test]
+fn dot8_each_gives_each_rows_dot8_on_every_vector_unit() {
+    use crate::kernels::cpu::vector::{self, Unit};
+    use crate::kernels::dsa::dot8_each;
+    let mut seed = 17;
+    for (rows, d) in [(1, 8), (4, 8), (6, 20), (9, 64), (8, 3), (13, 128)] {
+        let (q, key) = (rnd(rows * d, &mut seed), rnd(d, &mut seed));
+        let want: Vec<u32> = (0..rows)
+            .map(|r| dot8(&q[r * d..][..d], &key).to_bits())
+            .collect();
+        for unit in [Unit::Avx512, Unit::Avx2, Unit::Baseline] {
+            if !unit.available() {
+                println!("skip: dot8_each on {unit:?} (this CPU lacks it)");
+                continue;
+            }
+            let mut got = Vec::new();
+            vector::on(
+                unit,
+                #[inline(always)]
+                || dot8_each(&q, &key, |x| got.push(x.to_bits())),
+            );
+            assert_eq!(got, want, "{unit:?}: {rows} rows of {d}");
+        }
+    }
 }
