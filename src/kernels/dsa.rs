@@ -145,8 +145,8 @@ impl Indexer<'_> {
     /// A prepared key's score for a token's prepared q heads and head weights `w`.
     #[inline(always)]
     pub fn score(&self, q: &[f32], w: &[f32], key: &[f32]) -> f32 {
-        let (mut s, mut w) = (0.0f32, w.iter());
-        dot8_each(&q[..self.heads * self.head_dim], key, |x| {
+        let (d, mut s, mut w) = (self.head_dim, 0.0f32, w.iter());
+        dot8_each(&q[..self.heads * d], &key[..d], |x| {
             let wh = *w.next().unwrap_or(&0.0);
             s += wh * self.weight_scale * (x * self.score_scale).max(0.0);
         });

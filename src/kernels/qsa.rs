@@ -122,7 +122,8 @@ impl QsaRule<'_> {
     #[inline(always)]
     pub fn score(&self, q: &[f32], key: &[f32]) -> f32 {
         let mut s = 0.0f32;
-        dot8_each(&q[..self.heads * self.head_dim], key, |x| s += x.max(0.0));
+        let (d, h) = (self.head_dim, self.heads);
+        dot8_each(&q[..h * d], &key[..d], |x| s += x.max(0.0));
         s
     }
 
