@@ -196,7 +196,12 @@ pub fn dot8(a: &[f32], b: &[f32]) -> f32 {
     // Seen through `black_box`, the pairwise sums below no longer lead LLVM to split `s`
     // into shuffled halves: the loop stays one 8-lane vector (a ymm where the caller is
     // compiled for AVX2). The arithmetic is the same either way.
-    let s = std::hint::black_box(s);
+    sum8(&std::hint::black_box(s), tail)
+}
+
+/// `dot8`'s last step: `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) + tail`.
+#[inline(always)]
+fn sum8(s: &[f32; 8], tail: f32) -> f32 {
     ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
 }
 
@@ -235,8 +240,7 @@ fn dot8_4(rows: &[f32], key: &[f32]) -> [f32; 4] {
     let s = std::hint::black_box(s);
     std::array::from_fn(|h| {
         let tail = (row(h).1.iter().zip(kt)).fold(0.0f32, |t, (x, y)| t + x * y);
-        let s = &s[h];
-        ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+        sum8(&s[h], tail)
     })
 }
 
