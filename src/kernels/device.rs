@@ -177,7 +177,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     ) -> DevResult<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> DevResult<()>;
-    /// `x *= factor` (f32; Granite's residual multiplier on a sublayer's output).
+    /// `x *= factor`, the f32 product rounded to the buffer's dtype (Granite's residual
+    /// multiplier on a sublayer's output; MiMo-V2-Flash's value scale on an attention output,
+    /// which a CUDA bf16 / f16 device writes in the GEMM input dtype).
     fn scale(&self, x: &mut Self::Buf, factor: f32) -> DevResult<()>;
     /// One attention layer over fused projection rows `qkv`: q/k norms and RoPE in place,
     /// every token's K/V into the cache, then causal attention (scale `head_dim^-0.5`) into

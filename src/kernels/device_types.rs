@@ -214,6 +214,22 @@ impl<'a> HostMatrix<'a> {
             data: Cow::Owned(data),
         }
     }
+
+    /// The rows, `groups` runs of `width`, each followed by zero rows up to `to` (`to ≥ width`;
+    /// `rows` must be `groups · width`).
+    pub fn pad_row_groups(&self, groups: usize, width: usize, to: usize) -> HostMatrix<'static> {
+        let row = self.cols * self.elem();
+        let mut data = vec![0u8; groups * to * row];
+        for (s, d) in (self.data.chunks_exact(width * row)).zip(data.chunks_exact_mut(to * row)) {
+            d[..s.len()].copy_from_slice(s);
+        }
+        HostMatrix {
+            dtype: self.dtype,
+            rows: groups * to,
+            cols: self.cols,
+            data: Cow::Owned(data),
+        }
+    }
 }
 
 /// Multi-head latent attention's heads (DeepSeek-V2 / V3): q and k heads of `nope` dims

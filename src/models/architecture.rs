@@ -111,11 +111,15 @@ pub enum Architecture {
     /// attention side by side on the same normed rows, their outputs summed, then a SwiGLU
     /// MLP; µP multipliers on the embedding, the projections and the mixers' outputs.
     FalconH1,
+    /// `MiMoV2FlashForCausalLM` (MiMo-V2-Flash): GQA attention with v heads narrower than q / k,
+    /// partial rotary, scaled values; sliding layers (twice the KV heads, learned sinks, their
+    /// own RoPE theta) between full ones; DeepSeek-V3's sigmoid-routed experts, no shared one.
+    MiMoV2Flash,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 37] = [
+    pub const ALL: [Self; 38] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -144,6 +148,7 @@ impl Architecture {
         Self::Mistral4,
         Self::KimiLinear,
         Self::MiniMaxM2,
+        Self::MiMoV2Flash,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -199,6 +204,7 @@ impl Architecture {
             Self::Bamba => "BambaForCausalLM",
             Self::FalconH1 => "FalconH1ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
+            Self::MiMoV2Flash => "MiMoV2FlashForCausalLM",
         }
     }
 
@@ -239,6 +245,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
+        Architecture::MiMoV2Flash => 131072,
         Architecture::Glm4MoeLite | Architecture::GlmMoeDsa => 202752,
         Architecture::DeepseekV32 => 163840,
         Architecture::Mistral4 | Architecture::KimiLinear => 1048576,
@@ -259,7 +266,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
-        Architecture::FalconH1 => 1e-5,
+        Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         // Glm4Config's 1.5625e-7.
         Architecture::Glm4 => 0.00000015625,
@@ -272,7 +279,8 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral => 1e6,
         Architecture::GptOss => 150000.0,
-        Architecture::MiniMaxM2 => 5e6,
+        // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
+        Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,
         Architecture::SmolLM3 => 2e6,
         Architecture::Olmo3 => 5e5,
         Architecture::Llama4 => 5e5,

@@ -20,6 +20,7 @@ use super::gpt_oss_config::GptOssSpec;
 pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
+pub use super::mimo_config::MimoSpec;
 pub use super::olmo_config::OlmoSpec;
 pub use super::qwen4_exp_config::NgramSpec;
 use super::weights::Weights;
@@ -98,6 +99,9 @@ pub struct ModelSpec {
     pub qsa: Option<QsaSpec>,
     /// Qwen4-Exp's hashed n-gram embeddings; `None`: no layer has them.
     pub ngram: Option<NgramSpec>,
+    /// MiMo-V2-Flash's full and sliding layers, value heads and value scale; `None` for other
+    /// architectures.
+    pub mimo: Option<MimoSpec>,
 }
 
 /// Qwen4-Exp's QSA indexer (`crate::kernels::qsa`): per query past `budget + ratio - 1`
@@ -196,6 +200,7 @@ impl ModelSpec {
             hyper: None,
             qsa: None,
             ngram: None,
+            mimo: None,
         }
     }
 
@@ -248,6 +253,7 @@ impl ModelSpec {
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
+            Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;

@@ -132,6 +132,7 @@ pub(super) fn attention_of<D: Device>(
         shared_kv: false,
         variant,
         qsa: None,
+        value_scale: None,
     })
 }
 

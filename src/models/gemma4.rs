@@ -228,5 +228,6 @@ fn load_attention<D: Device>(
             ..SoftmaxVariant::causal()
         },
         qsa: None,
+        value_scale: None,
     })
 }

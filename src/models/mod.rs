@@ -47,6 +47,8 @@ pub mod layers;
 pub mod llama4;
 mod llama4_config;
 mod longrope_config;
+mod mimo_config;
+pub mod mimo_v2_flash;
 mod minimax_config;
 mod mistral_config;
 mod moe_config;

@@ -177,6 +177,18 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     softmax: false,
 };
 
+/// `MiMoV2FlashConfig`'s (its dense layers are read by `mimo_config`).
+pub(super) const MIMO_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 256,
+    top_k: 8,
+    inter: 2048,
+    scale: 1.0,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::FirstK(1),
+    softmax: false,
+};
+
 /// `Mistral4Config`'s (Mistral Small 4's geometry).
 pub(super) const MISTRAL4_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     experts: 128,

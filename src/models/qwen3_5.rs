@@ -158,6 +158,7 @@ pub(super) fn load_attention<D: Device>(
         shared_kv: false,
         variant: SoftmaxVariant::causal(),
         qsa: None,
+        value_scale: None,
     })
 }
 

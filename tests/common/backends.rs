@@ -396,7 +396,11 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// draw (seed 1480) had two tokens whose 2nd and 3rd router probabilities in layer 0 were
 /// within 0.6% and 0.1%: bf16 rounding picked another expert there (6.7e-2 at layer 1 for
 /// that token alone, every other ≤ 5.3e-3) and it spread to 2.5e-1 by layer 4, a near-tie of
-/// that draw rather than a bound worth asserting; the seed was changed.
+/// that draw rather than a bound worth asserting; the seed was changed. mimo_v2_flash_bf16
+/// (top-2 of 8 experts in 6 of 7 layers): hsx's portable and (emulated) amx paths 2.06e-1
+/// (p2 layer 7), CUDA (emulated) 1.62e-1 (p2 layer 7), transformers' own bf16 run 1.90e-1 (p3
+/// layer 4), the f32-compute paths 1.7e-6; for five other seeds tried, transformers' own bf16
+/// run was off by 1.8e-1 to 4.6e-1 (2026-11-30).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -420,6 +424,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         6e-2
     } else if name.starts_with("qwen4_exp") {
         1.2e-1
+    } else if name.starts_with("mimo_v2_flash") {
+        2.4e-1
     } else {
         2e-2
     }

@@ -225,4 +225,6 @@ matrix! {
     kimi_linear => "kimi_linear",
     kimi_linear_bf16 => "kimi_linear_bf16",
     gemma4_wide => "gemma4_wide",
+    mimo_v2_flash => "mimo_v2_flash",
+    mimo_v2_flash_bf16 => "mimo_v2_flash_bf16",
 }

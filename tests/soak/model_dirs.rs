@@ -129,6 +129,7 @@ const FIXTURES: &[&str] = &[
     "nemotron_h_latent",
     "gpt_oss_mxfp4",
     "glm4_moe",
+    "mimo_v2_flash_bf16",
     "deepseek_v3",
     "glm4_moe_lite",
     "deepseek_v32",

@@ -234,6 +234,15 @@ const FIELDS: &[&str] = &[
     "use_double_wide_mlp",
     "global_head_dim",
     "attention_k_eq_v",
+    "hybrid_layer_pattern",
+    "moe_layer_freq",
+    "swa_num_key_value_heads",
+    "swa_head_dim",
+    "swa_v_head_dim",
+    "swa_rope_theta",
+    "sliding_window_size",
+    "attention_value_scale",
+    "add_swa_attention_sink_bias",
 ];
 
 const WORDS: &[&str] = &[
@@ -282,6 +291,7 @@ const WORDS: &[&str] = &[
     "MixtralForCausalLM",
     "Qwen3_5MoeForCausalLM",
     "GptOssForCausalLM",
+    "MiMoV2FlashForCausalLM",
     "Glm4MoeForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",

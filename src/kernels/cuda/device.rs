@@ -318,8 +318,7 @@ impl Device for CudaDevice {
     }
 
     fn scale(&self, x: &mut CudaBuf, factor: f32) -> DevResult<()> {
-        x.f32("scale")?;
-        Ok(ops::scale(&self.gpu, x.ptr(), factor, x.len())?)
+        Ok(ops::scale(&self.gpu, x.ptr(), x.dtype(), factor, x.len())?)
     }
 
     fn attention(

@@ -86,11 +86,15 @@ extern "C" __global__ void add_f32(float* x, const float* y, long long total) {
     if (idx < total) x[idx] = __fadd_rn(x[idx], y[idx]);
 }
 
-// x *= s (Granite's residual multiplier on a sublayer's output).
-extern "C" __global__ void scale_f32(float* x, float s, long long total) {
+// x *= s (Granite's residual multiplier on a sublayer's output; MiMo-V2-Flash's value scale on an
+// attention output, in the GEMM input dtype on a bf16 / f16 device: the f32 product rounded once).
+template <typename T> __device__ __forceinline__ void scale_t(T* x, float s, long long total) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < total) x[idx] = __fmul_rn(x[idx], s);
+    if (idx < total) x[idx] = from_f32<T>(__fmul_rn(to_f32(x[idx]), s));
 }
+extern "C" __global__ void scale_f32(float* x, float s, long long total) { scale_t(x, s, total); }
+extern "C" __global__ void scale_bf16(bf16_t* x, float s, long long total) { scale_t(x, s, total); }
+extern "C" __global__ void scale_f16(f16_t* x, float s, long long total) { scale_t(x, s, total); }
 
 // out = a + b (capture of a split residual: hidden + residual).
 extern "C" __global__ void add_into_f32(const float* a, const float* b, float* out,

@@ -287,7 +287,6 @@ mod tests {
             "rope".into(),
             "bias_add".into(),
             "add_f32".into(),
-            "scale_f32".into(),
             "cast_f32_bf16".into(),
             "cast_f32_f16".into(),
             "gather_rows".into(),
@@ -304,6 +303,7 @@ mod tests {
                 "kv_write",
                 "attn_gate",
                 "capture_rows",
+                "scale",
             ] {
                 wanted.push(format!("{k}_{d}"));
             }

@@ -245,19 +245,14 @@ pub fn add(gpu: &Gpu, x: u64, y: u64, total: usize) -> CudaResult<()> {
     launch!(gpu, "add_f32", elems_cfg(total)?, x, y, i64_of(total))
 }
 
-/// `x *= factor` (f32).
-pub fn scale(gpu: &Gpu, x: u64, factor: f32, total: usize) -> CudaResult<()> {
+/// `x *= factor` over `total` values of `dtype` (the f32 product, rounded to `dtype`).
+pub fn scale(gpu: &Gpu, x: u64, dtype: WeightDtype, factor: f32, total: usize) -> CudaResult<()> {
     if total == 0 {
         return Ok(());
     }
-    launch!(
-        gpu,
-        "scale_f32",
-        elems_cfg(total)?,
-        x,
-        factor,
-        i64_of(total)
-    )
+    let name = format!("scale_{}", suffix(dtype));
+    let cfg = elems_cfg(total)?;
+    launch!(gpu, &name => "scale_f32", cfg, x, factor, i64_of(total))
 }
 
 /// f32 values to `dtype` (a plain device copy for f32).

@@ -39,6 +39,9 @@ pub struct Attention<D: Device> {
     pub variant: SoftmaxVariant<D::Vector>,
     /// Qwen4-Exp's QSA indexer (its keys in index-cache layer `kv_layer`).
     pub qsa: Option<QsaIndexer<D>>,
+    /// MiMo-V2-Flash's `attention_value_scale`: a factor on every value, applied to the
+    /// attention's output (the same product: each output is a weighted sum of values).
+    pub value_scale: Option<f32>,
 }
 
 /// Qwen4-Exp's QSA indexer of one attention layer (`self_attn.indexer`,
@@ -104,6 +107,7 @@ impl<D: Device> Attention<D> {
         };
         if self.gated {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.mid)?;
+            self.scale_values(dev, &mut s.mid)?;
             let qd = self.q_dim();
             let gate = Cols {
                 buf: &s.wide,
@@ -113,8 +117,16 @@ impl<D: Device> Attention<D> {
             dev.sigmoid_gate(&s.mid, gate, &mut s.act)?;
         } else {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
+            self.scale_values(dev, &mut s.act)?;
         }
         dev.matmul(&s.act, &self.o, &mut s.proj)
+    }
+
+    fn scale_values(&self, dev: &D, out: &mut D::Buf) -> DevResult<()> {
+        match self.value_scale {
+            Some(f) => dev.scale(out, f),
+            None => Ok(()),
+        }
     }
 
     /// The QSA indexer's selection into the KV cache's state; its q and raw keys pass through
