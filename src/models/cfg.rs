@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::ModelError;
 use super::config::{Architecture, RopeScaling, WeightDtype, default_theta};
 use super::fp8_weights::Fp8Blocks;
+use super::packed_int_weights::PackedInt;
 
 /// Most decoder layers a config may claim (released models have at most a few hundred).
 pub const MAX_LAYERS: usize = 1 << 16;
@@ -60,6 +61,14 @@ impl<'a> Cfg<'a> {
         match self.get("quantization_config") {
             None => Ok(None),
             Some(q) => super::fp8_weights::fp8_blocks(q, |f, m| self.err(f, m)),
+        }
+    }
+
+    /// The integer layout of `quantization_config` (`None` when not compressed-tensors).
+    pub(super) fn packed_int(&self) -> Result<Option<PackedInt>, ModelError> {
+        match self.get("quantization_config") {
+            None => Ok(None),
+            Some(q) => super::packed_int_weights::packed_int(q, |f, m| self.err(f, m)),
         }
     }
 

@@ -22,6 +22,7 @@ use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 pub use super::mimo_config::MimoSpec;
 pub use super::olmo_config::OlmoSpec;
+use super::packed_int_weights::PackedInt;
 pub use super::qwen4_exp_config::NgramSpec;
 use super::weights::Weights;
 use crate::kernels::device::QueryTemperature;
@@ -66,6 +67,9 @@ pub struct ModelSpec {
     pub gpt_oss: Option<GptOssSpec>,
     /// Block-quantized FP8 weights (`quant_method: "fp8"`), dequantized at load to `dtype`.
     pub fp8: Option<Fp8Blocks>,
+    /// Packed integer weights (compressed-tensors' `pack-quantized`), dequantized at load to
+    /// `dtype`.
+    pub packed_int: Option<PackedInt>,
     /// Llama-4's per-layer RoPE, chunks, q/k norm and query temperature; `None` for other
     /// architectures.
     pub llama4: Option<Llama4Spec>,
@@ -187,6 +191,7 @@ impl ModelSpec {
             sliding_window: None,
             gpt_oss: None,
             fp8: None,
+            packed_int: None,
             llama4: None,
             gemma3: None,
             gemma4: None,
@@ -257,6 +262,7 @@ impl ModelSpec {
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;
+        spec.packed_int = cfg.packed_int()?;
         spec.validate(path)?;
         Ok(spec)
     }

@@ -260,8 +260,11 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
     // (models::fp8_weights, which checks the rest of the config; not gpt-oss's experts,
     // stored transposed and stacked, and never released in FP8).
     let gpt_oss = first_architecture(value) == "GptOssForCausalLM";
+    // compressed-tensors: its integer weights are dequantized at load (models::packed_int_weights,
+    // which checks the rest of the config).
     if method == Some("none")
         || (method == Some("fp8") && !gpt_oss)
+        || method == Some("compressed-tensors")
         || (method == Some("mxfp4") && gpt_oss)
     {
         return Ok(());
@@ -270,8 +273,8 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
         path: path.to_path_buf(),
         what: format!(
             "quantized checkpoint (quantization_config, quant_method `{}`): hsx loads bf16, f16 \
-             and f32 weights, block-quantized FP8 (`fp8`) and gpt-oss's MXFP4 experts; use the \
-             unquantized release of the model",
+             and f32 weights, block-quantized FP8 (`fp8`), compressed-tensors' packed integer \
+             weights and gpt-oss's MXFP4 experts; use the unquantized release of the model",
             method.unwrap_or("?")
         ),
     })

@@ -60,6 +60,7 @@ pub mod nemotron_moe;
 pub mod ngram_hash;
 pub mod olmo;
 mod olmo_config;
+mod packed_int_weights;
 pub mod phi3;
 pub mod pyjson;
 pub mod qwen3_5;

@@ -12,6 +12,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use super::fp8_weights::{self, Fp8Blocks};
+use super::packed_int_weights::{self, PackedInt};
 use super::{ModelError, WeightDtype};
 use crate::kernels::device::{HostMatrix, HostTable, SharedBytes, widen};
 use crate::kernels::dtype::dtype_size;
@@ -74,6 +75,8 @@ pub struct Weights {
     aliases: HashMap<String, String>,
     /// FP8 weights' blocks and the dtype they are dequantized to ([`Weights::dequantizing`]).
     fp8: Option<(Fp8Blocks, WeightDtype)>,
+    /// Packed integer weights' layout and the dtype they are dequantized to.
+    packed: Option<(PackedInt, WeightDtype)>,
 }
 
 impl Weights {
@@ -112,13 +115,21 @@ impl Weights {
             shards,
             index,
             fp8: None,
+            packed: None,
         })
     }
 
     /// The same weights, FP8 matrices (float8_e4m3fn with a `_scale_inv` sibling) read in
     /// `dtype` when `blocks` is given (the config's `quantization_config`), refused otherwise.
-    pub fn dequantizing(mut self, blocks: Option<Fp8Blocks>, dtype: WeightDtype) -> Self {
+    /// Likewise packed integer matrices (a `weight_packed` in place of `weight`) with
+    /// `packed` (the config's compressed-tensors layout).
+    pub fn dequantizing(
+        mut self,
+        (blocks, packed): (Option<Fp8Blocks>, Option<PackedInt>),
+        dtype: WeightDtype,
+    ) -> Self {
         self.fp8 = blocks.map(|b| (b, dtype));
+        self.packed = packed.map(|p| (p, dtype));
         self
     }
 
@@ -126,8 +137,16 @@ impl Weights {
         &self.dir
     }
 
+    /// The checkpoint has `name` (a packed integer weight answers to its `weight`'s name).
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(self.stored_name(name))
+        self.index.contains_key(self.stored_name(name)) || self.packed_name(name).is_some()
+    }
+
+    /// `{name}_packed` where `name` is a `weight` the checkpoint stores packed.
+    fn packed_name(&self, name: &str) -> Option<String> {
+        let packed = format!("{name}_packed");
+        let stored = |n: &str| self.index.contains_key(self.stored_name(n));
+        (name.ends_with(".weight") && !stored(name) && stored(&packed)).then_some(packed)
     }
 
     /// `name` as the checkpoint stores it (a multimodal export's language model is read under
@@ -161,6 +180,9 @@ impl Weights {
         rows: usize,
         cols: usize,
     ) -> Result<HostMatrix<'_>, ModelError> {
+        if let Some(packed) = self.packed_name(name) {
+            return self.unpacked(name, &packed, (rows, cols));
+        }
         if let (Dtype::F8_E4M3, codes) = self.located(name, &[rows, cols])? {
             return self.fp8_stack(name, codes, &[], (rows, cols));
         }
@@ -271,6 +293,55 @@ impl Weights {
             cols,
             data: std::borrow::Cow::Owned(data),
         })
+    }
+
+    /// The packed integer weight `name` (`[rows, cols]`, stored as `packed` with
+    /// `{name}_scale` and `{name}_shape`) dequantized.
+    fn unpacked(
+        &self,
+        name: &str,
+        packed: &str,
+        (rows, cols): (usize, usize),
+    ) -> Result<HostMatrix<'static>, ModelError> {
+        let Some((p, dtype)) = self.packed else {
+            return Err(ModelError::TensorDtype {
+                name: packed.to_string(),
+                dtype: "packed integers (the config names no compressed-tensors \
+                        quantization_config)"
+                    .into(),
+            });
+        };
+        let shape_name = format!("{name}_shape");
+        let shape: Vec<i64> = match self.located(&shape_name, &[2])? {
+            (Dtype::I64, b) => (b.chunks_exact(8))
+                .map(|x| i64::from_le_bytes(x.try_into().unwrap_or_default()))
+                .collect(),
+            (Dtype::I32, b) => (b.chunks_exact(4))
+                .map(|x| i32::from_le_bytes(x.try_into().unwrap_or_default()).into())
+                .collect(),
+            (other, _) => {
+                return Err(ModelError::TensorDtype {
+                    name: shape_name,
+                    dtype: format!("{other:?} (expected I64)"),
+                });
+            }
+        };
+        if shape != [rows as i64, cols as i64] {
+            return Err(ModelError::InvalidOptions(format!(
+                "packed weight `{name}`: `{shape_name}` is {shape:?}, expected [{rows}, {cols}]"
+            )));
+        }
+        let words = match self.located(packed, &[rows, p.words(cols)])? {
+            (Dtype::I32, bytes) => bytes,
+            (other, _) => {
+                return Err(ModelError::TensorDtype {
+                    name: packed.to_string(),
+                    dtype: format!("{other:?} (expected I32)"),
+                });
+            }
+        };
+        let scales = self.tensor(&format!("{name}_scale"), &[rows, p.scales(cols)])?;
+        packed_int_weights::dequantize(name, words, &scales, (rows, cols), p, dtype)
     }
 
     /// The tensor `name` of `shape` seen as `[shape[0] · … · shape[n-2], shape[n-1]]` rows as

@@ -400,7 +400,13 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// (top-2 of 8 experts in 6 of 7 layers): hsx's portable and (emulated) amx paths 2.06e-1
 /// (p2 layer 7), CUDA (emulated) 1.62e-1 (p2 layer 7), transformers' own bf16 run 1.90e-1 (p3
 /// layer 4), the f32-compute paths 1.7e-6; for five other seeds tried, transformers' own bf16
-/// run was off by 1.8e-1 to 4.6e-1 (2026-11-30).
+/// run was off by 1.8e-1 to 4.6e-1 (2026-11-30). kimi_k2_int4 (deepseek_v3's shape, top-2
+/// of 8 experts in 2 groups, the experts INT4): hsx's portable and (emulated) amx paths
+/// 2.29e-1 (p2 layer 4), CUDA (emulated) 3.13e-1 (p3 layer 4), transformers' own bf16 run
+/// 3.59e-1 (p3 layer 3), the f32-compute paths 1.5e-6 (the INT4 weights dequantized exactly).
+/// Of eight seeds tried, one kept transformers' own bf16 run to 2.4e-2, but flipped an expert
+/// choice in hsx's portable path (4.3e-1); the others were off by 3.5e-1 to 1.8 in
+/// transformers' own bf16 run and 4.5e-1 to 6.4e-1 on hsx's portable path (2026-11-30).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -426,6 +432,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         1.2e-1
     } else if name.starts_with("mimo_v2_flash") {
         2.4e-1
+    } else if name == "kimi_k2_int4" {
+        3.6e-1
     } else {
         2e-2
     }

@@ -227,4 +227,5 @@ matrix! {
     gemma4_wide => "gemma4_wide",
     mimo_v2_flash => "mimo_v2_flash",
     mimo_v2_flash_bf16 => "mimo_v2_flash_bf16",
+    kimi_k2_int4 => "kimi_k2_int4",
 }

@@ -131,6 +131,7 @@ const FIXTURES: &[&str] = &[
     "glm4_moe",
     "mimo_v2_flash_bf16",
     "deepseek_v3",
+    "kimi_k2_int4",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

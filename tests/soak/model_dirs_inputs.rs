@@ -277,6 +277,10 @@ const WORDS: &[&str] = &[
     "Infinity",
     "NaN",
     "fp8",
+    "compressed-tensors",
+    "pack-quantized",
+    "group",
+    "channel",
     "none",
     "LlamaForCausalLM",
     "Qwen3ForCausalLM",
@@ -376,7 +380,14 @@ pub fn value() -> impl Strategy<Value = Json> {
                         "quant_method",
                         "weight_block_size",
                         "fmt",
-                        "activation_scheme"
+                        "activation_scheme",
+                        "format",
+                        "config_groups",
+                        "weights",
+                        "num_bits",
+                        "group_size",
+                        "symmetric",
+                        "strategy"
                     ]),
                     inner
                 ),
