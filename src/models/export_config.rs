@@ -5,16 +5,17 @@
 //!   `Qwen3VLMoeForConditionalGeneration`, `Llama4ForConditionalGeneration`,
 //!   `Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`,
 //!   `Gemma4UnifiedForConditionalGeneration`,
-//!   `Mistral3ForConditionalGeneration`,
+//!   `Mistral3ForConditionalGeneration`, `KimiK25ForConditionalGeneration`,
 //!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
 //!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
 //!   weights under `model.language_model.*`, Llama-4's, Gemma-3's and Mistral-3's releases'
-//!   `language_model.model.*` (and `language_model.lm_head`), Qwen2-VL's releases' `model.*`;
+//!   and Kimi-K2.5's `language_model.model.*` (and `language_model.lm_head`), Qwen2-VL's
+//!   releases' `model.*`;
 //!   the vision tower left unread);
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
-//!   (dequantized at load, [`super::fp8_weights`]) and gpt-oss's MXFP4 experts: hsx loads
-//!   bf16 / f16 / f32.
+//!   (dequantized at load, [`super::fp8_weights`]), compressed-tensors' packed integers
+//!   ([`super::packed_int_weights`]) and gpt-oss's MXFP4 experts: hsx loads bf16 / f16 / f32.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -52,6 +53,10 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     // and Devstral (Small) 2 a `ministral3` one, Mistral Small 4 a `mistral4` one
     // ([`MISTRAL3_TEXT`]).
     ("Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+    // Kimi-K2.5 / K2.6 (the name its remote code gives, and transformers' own): a DeepSeek-V3
+    // text config (`model_type` `kimi_k2`, read as `deepseek_v3`).
+    ("KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM"),
+    ("Kimi_K25ForConditionalGeneration", "DeepseekV3ForCausalLM"),
 ];
 
 /// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:

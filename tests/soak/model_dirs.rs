@@ -132,6 +132,7 @@ const FIXTURES: &[&str] = &[
     "mimo_v2_flash_bf16",
     "deepseek_v3",
     "kimi_k2_int4",
+    "kimi_k25_vl",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

@@ -296,6 +296,7 @@ const WORDS: &[&str] = &[
     "Qwen3_5MoeForCausalLM",
     "GptOssForCausalLM",
     "MiMoV2FlashForCausalLM",
+    "KimiK25ForConditionalGeneration",
     "Glm4MoeForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
