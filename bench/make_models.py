@@ -37,6 +37,10 @@ model is 0.6 GB in f32). Writes one Hugging Face checkpoint per model:
     gemma3_f32, _bf16         Gemma-3-1B-like (Gemma3ForCausalLM): 8 layers, 4 heads / 1 KV
                               head x 256 with q/k norms, layer 5 full attention, the others a
                               window of 512, sandwich norms, GeGLU of 4096, tied
+    mimo_v2_flash_f32, _bf16  MiMo-V2-Flash-like (MiMoV2FlashForCausalLM scaled down): 8 layers,
+                              0 and 5 full attention (2 KV heads), the others a window of 128
+                              (4 KV heads, sinks), 16 heads of q / k 96 and v 64, layer 0 dense,
+                              then 16 experts x 512 top-4 by the sigmoid router, no shared one
     granite_h_f32, _bf16      Granite-4.0-H-Tiny-like (GraniteMoeHybridForCausalLM scaled down): 8
                               layers, 6 Mamba-2 (32 heads x 64, state 128, 1 group, chunk 256) +
                               2 NoPE attention (16 heads / 4 KV heads x 64), each with a shared
@@ -224,6 +228,25 @@ LLAMA4 = dict(
     interleave_moe_layer_step=1,
 )
 
+# MiMo-V2-Flash-like (MiMoV2FlashForCausalLM scaled down): 8 layers, 0 and 5 full attention (2 KV
+# heads, theta 5e6), the others a window of 128 keys (4 KV heads, sinks, theta 1e4), 16 heads of
+# q / k 96 and v 64 (the release's 3 : 2), values x 0.707, rotary on 32 dims (0.334 of 96); layer
+# 0 a dense MLP (2816), then 16 experts x 512 top-4 by the sigmoid router, no shared expert.
+MIMO_V2_FLASH = dict(
+    COMMON,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=96,
+    v_head_dim=64,
+    sliding_window=128,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=512,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+)
+
 
 def specs() -> list[mf.ModelSpec]:
     out = []
@@ -237,6 +260,7 @@ def specs() -> list[mf.ModelSpec]:
         ("llama4", "llama4_text", LLAMA4, 507),
         ("gemma3", "gemma3_text", GEMMA3, 508),
         ("granite_h", "granitemoehybrid", GRANITE_H, 509),
+        ("mimo_v2_flash", "mimo_v2_flash", MIMO_V2_FLASH, 510),
     ]:
         for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")]:
             out.append(

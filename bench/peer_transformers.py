@@ -63,7 +63,11 @@ def main() -> int:
     transformers.logging.set_verbosity_error()
 
     prompts = [json.loads(line)["token_ids"] for line in open(a.prompts) if line.strip()]
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto", attn_implementation="sdpa")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto", attn_implementation="sdpa")
+    except ValueError:
+        # Classes without SDPA (MiMo-V2-Flash: its sinks) run their eager attention.
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto", attn_implementation="eager")
     model.to(a.device)
     model.eval()
     dtype = next(model.parameters()).dtype

@@ -3,7 +3,7 @@
 
     bench/run.sh [--tokens 100000] [--min-len 32] [--max-len 2048] [--work /tmp/hsx-bench] [--threads 2]
                  [--models llama,qwen3_5,qwen3_moe] (also glm4_moe, glm4_moe_lite, minimax_m2,
-                 llama4, gemma3, granite_h)
+                 llama4, gemma3, granite_h, mimo_v2_flash)
                  [--dtypes f32,bf16] [--python /work/venv/bin/python] [--pairs 2] [--no-peer] [--smoke]
 
 Steps (bench/README.md has the details):

@@ -112,24 +112,33 @@ pub fn dequantize(
     }
     let table: Vec<f32> = (0..=255u8).map(e4m3fn_to_f32).collect();
     let width = cols.max(1);
+    Ok(dequantized_rows((rows, cols), dtype, |r| {
+        let s = &scales[r / blocks.rows * grid_cols..][..grid_cols];
+        let row = &codes[r * width..][..cols];
+        (row.iter().enumerate())
+            .map(|(c, &code)| table[usize::from(code)] * s[c / blocks.cols])
+            .collect()
+    }))
+}
+
+/// A `[rows, cols]` matrix in `dtype` whose row `r` is `row(r)` (f32 values, each rounded
+/// once): the rows made in parallel, each narrowed as it is made (no f32 copy of the whole
+/// matrix).
+pub(super) fn dequantized_rows(
+    (rows, cols): (usize, usize),
+    dtype: WeightDtype,
+    row: impl Fn(usize) -> Vec<f32> + Sync,
+) -> HostMatrix<'static> {
     let mut data = vec![0u8; rows * cols * dtype_size(dtype)];
-    // Rows in parallel, each narrowed as it is made (no f32 copy of the whole matrix).
-    data.par_chunks_mut(width * dtype_size(dtype))
-        .zip(codes.par_chunks(width))
+    data.par_chunks_mut((cols * dtype_size(dtype)).max(1))
         .enumerate()
-        .for_each(|(r, (out, row))| {
-            let s = &scales[r / blocks.rows * grid_cols..][..grid_cols];
-            let values: Vec<f32> = (row.iter().enumerate())
-                .map(|(c, &code)| table[usize::from(code)] * s[c / blocks.cols])
-                .collect();
-            narrow_into(&values, dtype, out);
-        });
-    Ok(HostMatrix {
+        .for_each(|(r, out)| narrow_into(&row(r), dtype, out));
+    HostMatrix {
         dtype,
         rows,
         cols,
         data: Cow::Owned(data),
-    })
+    }
 }
 
 #[cfg(test)]

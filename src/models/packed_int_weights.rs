@@ -13,14 +13,11 @@
 //! decompressed load (`CompressedTensorsConfig(run_compressed=False)`) makes it: `code · scale`,
 //! rounded once. The model then runs as a bf16 model with those weights.
 
-use std::borrow::Cow;
-
-use rayon::prelude::*;
 use serde_json::Value;
 
+use super::fp8_weights::dequantized_rows;
 use super::{ModelError, WeightDtype};
 use crate::kernels::device::HostMatrix;
-use crate::kernels::dtype::{dtype_size, narrow_into};
 
 /// How the integer weights are laid out: bits per value and the input values per scale
 /// (`None`: one scale per row).
@@ -153,29 +150,18 @@ pub fn dequantize(
     }
     let (bits, group) = (p.bits as usize, p.group.unwrap_or(cols.max(1)));
     let (mask, offset) = ((1u32 << bits) - 1, 1i32 << (bits - 1));
-    let width = cols.max(1) * dtype_size(dtype);
-    let mut data = vec![0u8; rows * cols * dtype_size(dtype)];
-    // Rows in parallel, each narrowed as it is made. 4- and 8-bit values never straddle a
-    // byte, so value i is in byte `bits · i / 8` (little-endian words: byte order is bit order).
-    data.par_chunks_mut(width)
-        .zip(words.par_chunks(row_bytes.max(1)))
-        .zip(scales.par_chunks(per_row.max(1)))
-        .for_each(|((out, row), s)| {
-            let values: Vec<f32> = (0..cols)
-                .map(|c| {
-                    let bit = c * bits;
-                    let v = (u32::from(row[bit / 8]) >> (bit % 8)) & mask;
-                    (v as i32 - offset) as f32 * s[c / group]
-                })
-                .collect();
-            narrow_into(&values, dtype, out);
-        });
-    Ok(HostMatrix {
-        dtype,
-        rows,
-        cols,
-        data: Cow::Owned(data),
-    })
+    // 4- and 8-bit values never straddle a byte: value i is in byte `bits · i / 8`
+    // (little-endian words: byte order is bit order).
+    Ok(dequantized_rows((rows, cols), dtype, |r| {
+        let (row, s) = (&words[r * row_bytes..], &scales[r * per_row..]);
+        (0..cols)
+            .map(|c| {
+                let bit = c * bits;
+                let v = (u32::from(row[bit / 8]) >> (bit % 8)) & mask;
+                (v as i32 - offset) as f32 * s[c / group]
+            })
+            .collect()
+    }))
 }
 
 #[cfg(test)]
