@@ -16,5 +16,6 @@ mod gemma4_ple;
 mod golden;
 mod hybrid;
 mod matrix;
+mod packed_int;
 mod qwen4_exp;
 mod released_configs;

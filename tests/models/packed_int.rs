@@ -1,0 +1,130 @@
+//! compressed-tensors' packed integer checkpoints beyond the matrix's numerics
+//! (tests/models/matrix.rs, `kimi_k2_int4` against transformers): Kimi-K2.5's multimodal
+//! export of the same INT4 language model gives the text checkpoint's bits, and packed weights
+//! hsx cannot read are refused by name.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::backends::{cpu_backend, cpu_options, run_split, same_bits};
+use common::{Reference, Tensors, fixture_variant, model_dir};
+use hsx::models::{CpuBackend, ModelSpec};
+use safetensors::Dtype;
+
+const FIXTURE: &str = "kimi_k2_int4";
+/// A routed expert's projection, stored packed: its words, shape and scales.
+const PACKED: &str = "model.layers.1.mlp.experts.3.down_proj.weight_packed";
+const SHAPE: &str = "model.layers.1.mlp.experts.3.down_proj.weight_shape";
+const SCALE: &str = "model.layers.1.mlp.experts.3.down_proj.weight_scale";
+
+fn variant(dst: &Path, edit: impl Fn(&mut serde_json::Value), rewrite: impl Fn(&mut Tensors)) {
+    fixture_variant(FIXTURE, dst, edit, rewrite);
+}
+
+fn run(be: &mut CpuBackend, ids: &[u32]) -> Vec<f32> {
+    run_split(be, &[ids.to_vec()], 4096).remove(0).0
+}
+
+/// The config as Kimi-K2.5 releases it: the language model's config under `text_config`
+/// (`model_type` `kimi_k2`), the vision tower's beside it (kimi_k25_vl's), the
+/// quantization_config at the top level.
+fn as_k25_export(c: &mut serde_json::Value) {
+    let mut text = c.take();
+    let q = text.as_object_mut().unwrap().remove("quantization_config");
+    text["model_type"] = "kimi_k2".into();
+    text.as_object_mut().unwrap().remove("architectures");
+    let vl = std::fs::read(model_dir("kimi_k25_vl").join("config.json")).unwrap();
+    *c = serde_json::from_slice(&vl).unwrap();
+    c["text_config"] = text;
+    c["quantization_config"] = q.unwrap();
+}
+
+/// The weights under the release's names: `language_model.model.*`, `language_model.lm_head`.
+fn under_language_model(t: &mut Tensors) {
+    *t = std::mem::take(t)
+        .into_iter()
+        .map(|(n, v)| (format!("language_model.{n}"), v))
+        .collect();
+}
+
+#[test]
+fn kimi_k25_export_of_int4_experts_gives_the_text_checkpoints_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    variant(tmp.path(), as_k25_export, under_language_model);
+    let spec = ModelSpec::from_dir(tmp.path()).unwrap();
+    assert!(spec.packed_int.is_some());
+    let layers = vec![0, 1, 2, 4];
+    let mut export =
+        CpuBackend::load(tmp.path(), spec, cpu_options(layers.clone(), 1024, 1)).unwrap();
+    let mut text = cpu_backend(FIXTURE, cpu_options(layers, 1024, 1));
+    let ids = Reference::load(FIXTURE).input_ids(2);
+    let (got, want) = (run(&mut export, &ids), run(&mut text, &ids));
+    assert!(!want.is_empty() && same_bits(&got, &want));
+}
+
+fn load_err(dir: &Path) -> String {
+    let spec = match ModelSpec::from_dir(dir) {
+        Ok(s) => s,
+        Err(e) => return e.to_string(),
+    };
+    match CpuBackend::load(dir, spec, cpu_options(vec![0], 4, 1)) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// One stored tensor: dtype, shape, bytes.
+type Stored = (Dtype, Vec<usize>, Vec<u8>);
+/// Writes a variant of the fixture into the given directory.
+type MakeDir = Box<dyn Fn(&Path)>;
+
+/// Tensor `name` changed by `f` (the fixture must have it).
+fn edit_tensor(name: &'static str, f: fn(&mut Stored)) -> impl Fn(&mut Tensors) {
+    move |t| f(t.get_mut(name).unwrap())
+}
+
+/// Packed weights the config does not announce, a `weight_shape` other than the layer's, words
+/// of another dtype or count, and a NaN scale are refused, naming the tensor or field.
+#[test]
+fn unreadable_packed_weights_are_refused_by_name() {
+    let no_config = |c: &mut serde_json::Value| {
+        c.as_object_mut().unwrap().remove("quantization_config");
+    };
+    let rows_7: fn(&mut Stored) = |t| t.2[..8].copy_from_slice(&7i64.to_le_bytes());
+    let as_f32: fn(&mut Stored) = |t| t.0 = Dtype::F32;
+    let one_word_short: fn(&mut Stored) = |t| {
+        t.1[1] -= 1;
+        t.2.truncate(t.1.iter().product::<usize>() * 4);
+    };
+    // bf16 NaN, little-endian.
+    let nan: fn(&mut Stored) = |t| t.2[..2].copy_from_slice(&[0xc0, 0x7f]);
+    let cases: Vec<(&str, MakeDir)> = vec![
+        (
+            "the config names no compressed-tensors",
+            Box::new(move |d| variant(d, no_config, |_| {})),
+        ),
+        (
+            "is [7, 32]",
+            Box::new(move |d| variant(d, |_| {}, edit_tensor(SHAPE, rows_7))),
+        ),
+        (
+            "expected I32",
+            Box::new(move |d| variant(d, |_| {}, edit_tensor(PACKED, as_f32))),
+        ),
+        (
+            PACKED,
+            Box::new(move |d| variant(d, |_| {}, edit_tensor(PACKED, one_word_short))),
+        ),
+        (
+            "scale 0 is NaN",
+            Box::new(move |d| variant(d, |_| {}, edit_tensor(SCALE, nan))),
+        ),
+    ];
+    for (want, make) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        make(tmp.path());
+        let e = load_err(tmp.path());
+        assert!(e.contains(want), "`{e}` should name `{want}`");
+    }
+}
