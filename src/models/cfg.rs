@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::ModelError;
+use super::compressed_tensors::Compressed;
 use super::config::{Architecture, RopeScaling, WeightDtype, default_theta};
 use super::fp8_weights::Fp8Blocks;
-use super::packed_int_weights::PackedInt;
 
 /// Most decoder layers a config may claim (released models have at most a few hundred).
 pub const MAX_LAYERS: usize = 1 << 16;
@@ -64,11 +64,11 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    /// The integer layout of `quantization_config` (`None` when not compressed-tensors).
-    pub(super) fn packed_int(&self) -> Result<Option<PackedInt>, ModelError> {
+    /// The weights of a compressed-tensors `quantization_config` (`None` for other methods).
+    pub(super) fn compressed(&self) -> Result<Option<Compressed>, ModelError> {
         match self.get("quantization_config") {
             None => Ok(None),
-            Some(q) => super::packed_int_weights::packed_int(q, |f, m| self.err(f, m)),
+            Some(q) => super::compressed_tensors::compressed(q, |f, m| self.err(f, m)),
         }
     }
 

@@ -13,6 +13,7 @@ pub use super::architecture::Architecture;
 pub(super) use super::architecture::{default_eps, default_max_pos, default_theta};
 pub use super::cfg::MAX_LAYERS;
 pub(super) use super::cfg::{Cfg, shown};
+use super::compressed_tensors::Compressed;
 use super::fp8_weights::Fp8Blocks;
 pub use super::gemma3_config::Gemma3Spec;
 pub use super::gemma4_config::{Gemma4Experts, Gemma4Ple, Gemma4Rope, Gemma4Spec};
@@ -22,7 +23,6 @@ use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 pub use super::mimo_config::MimoSpec;
 pub use super::olmo_config::OlmoSpec;
-use super::packed_int_weights::PackedInt;
 pub use super::qwen4_exp_config::NgramSpec;
 use super::weights::Weights;
 use crate::kernels::device::QueryTemperature;
@@ -67,9 +67,8 @@ pub struct ModelSpec {
     pub gpt_oss: Option<GptOssSpec>,
     /// Block-quantized FP8 weights (`quant_method: "fp8"`), dequantized at load to `dtype`.
     pub fp8: Option<Fp8Blocks>,
-    /// Packed integer weights (compressed-tensors' `pack-quantized`), dequantized at load to
-    /// `dtype`.
-    pub packed_int: Option<PackedInt>,
+    /// compressed-tensors' packed integer or float8 weights, dequantized at load to `dtype`.
+    pub compressed: Option<Compressed>,
     /// Llama-4's per-layer RoPE, chunks, q/k norm and query temperature; `None` for other
     /// architectures.
     pub llama4: Option<Llama4Spec>,
@@ -191,7 +190,7 @@ impl ModelSpec {
             sliding_window: None,
             gpt_oss: None,
             fp8: None,
-            packed_int: None,
+            compressed: None,
             llama4: None,
             gemma3: None,
             gemma4: None,
@@ -262,7 +261,7 @@ impl ModelSpec {
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;
-        spec.packed_int = cfg.packed_int()?;
+        spec.compressed = cfg.compressed()?;
         spec.validate(path)?;
         Ok(spec)
     }

@@ -15,7 +15,7 @@
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
 //!   (dequantized at load, [`super::fp8_weights`]), compressed-tensors' packed integers
-//!   ([`super::packed_int_weights`]) and gpt-oss's MXFP4 experts: hsx loads bf16 / f16 / f32.
+//!   ([`super::compressed_tensors`]) and gpt-oss's MXFP4 experts: hsx loads bf16 / f16 / f32.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -265,7 +265,7 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
     // (models::fp8_weights, which checks the rest of the config; not gpt-oss's experts,
     // stored transposed and stacked, and never released in FP8).
     let gpt_oss = first_architecture(value) == "GptOssForCausalLM";
-    // compressed-tensors: its integer weights are dequantized at load (models::packed_int_weights,
+    // compressed-tensors: its integer weights are dequantized at load (models::compressed_tensors,
     // which checks the rest of the config).
     if method == Some("none")
         || (method == Some("fp8") && !gpt_oss)

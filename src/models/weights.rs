@@ -11,8 +11,8 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
+use super::compressed_tensors::{self, Compressed, PackedInt};
 use super::fp8_weights::{self, Fp8Blocks};
-use super::packed_int_weights::{self, PackedInt};
 use super::{ModelError, WeightDtype};
 use crate::kernels::device::{HostMatrix, HostTable, SharedBytes, widen};
 use crate::kernels::dtype::dtype_size;
@@ -75,6 +75,8 @@ pub struct Weights {
     aliases: HashMap<String, String>,
     /// FP8 weights' blocks and the dtype they are dequantized to ([`Weights::dequantizing`]).
     fp8: Option<(Fp8Blocks, WeightDtype)>,
+    /// The FP8 scales' suffix: `_scale_inv` (`quant_method` fp8), `_scale` (compressed-tensors).
+    fp8_scale: &'static str,
     /// Packed integer weights' layout and the dtype they are dequantized to.
     packed: Option<(PackedInt, WeightDtype)>,
 }
@@ -115,21 +117,26 @@ impl Weights {
             shards,
             index,
             fp8: None,
+            fp8_scale: "_scale_inv",
             packed: None,
         })
     }
 
     /// The same weights, FP8 matrices (float8_e4m3fn with a `_scale_inv` sibling) read in
     /// `dtype` when `blocks` is given (the config's `quantization_config`), refused otherwise.
-    /// Likewise packed integer matrices (a `weight_packed` in place of `weight`) with
-    /// `packed` (the config's compressed-tensors layout).
+    /// Likewise a compressed-tensors checkpoint's (`compressed`): packed integer matrices (a
+    /// `weight_packed` in place of `weight`), or FP8 ones with a `_scale` sibling.
     pub fn dequantizing(
         mut self,
-        (blocks, packed): (Option<Fp8Blocks>, Option<PackedInt>),
+        (blocks, compressed): (Option<Fp8Blocks>, Option<Compressed>),
         dtype: WeightDtype,
     ) -> Self {
         self.fp8 = blocks.map(|b| (b, dtype));
-        self.packed = packed.map(|p| (p, dtype));
+        match compressed {
+            Some(Compressed::Int(p)) => self.packed = Some((p, dtype)),
+            Some(Compressed::Float(b)) => (self.fp8, self.fp8_scale) = (Some((b, dtype)), "_scale"),
+            None => {}
+        }
         self
     }
 
@@ -233,7 +240,8 @@ impl Weights {
     }
 
     /// The FP8 tensor `name` (`codes`: `[lead.., rows, cols]`, matrices stacked along the
-    /// leading dims) dequantized with `{name}_scale_inv` (`[lead.., row blocks, col blocks]`,
+    /// leading dims) dequantized with `{name}_scale_inv` (compressed-tensors: `{name}_scale`;
+    /// `[lead.., row blocks, col blocks]`,
     /// or one value for a single matrix) as the matrix `[n · rows, cols]`, `n` the product of
     /// `lead`.
     fn fp8_stack(
@@ -250,7 +258,7 @@ impl Weights {
                 dtype: "F8_E4M3 (the config names no fp8 quantization_config)".into(),
             });
         };
-        let scale_name = format!("{name}_scale_inv");
+        let scale_name = format!("{name}{}", self.fp8_scale);
         if !self.contains(&scale_name) && self.contains(&format!("{name}_scale")) {
             return Err(ModelError::InvalidOptions(format!(
                 "FP8 weight `{name}` has a per-tensor `{name}_scale` (AutoFP8's layout): hsx \
@@ -341,7 +349,7 @@ impl Weights {
             }
         };
         let scales = self.tensor(&format!("{name}_scale"), &[rows, p.scales(cols)])?;
-        packed_int_weights::dequantize(name, words, &scales, (rows, cols), p, dtype)
+        compressed_tensors::dequantize(name, words, &scales, (rows, cols), p, dtype)
     }
 
     /// The tensor `name` of `shape` seen as `[shape[0] · … · shape[n-2], shape[n-1]]` rows as

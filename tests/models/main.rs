@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod compressed_tensors;
 mod cuda_dense;
 mod cuda_hybrid;
 mod cuda_lost;
@@ -16,6 +17,5 @@ mod gemma4_ple;
 mod golden;
 mod hybrid;
 mod matrix;
-mod packed_int;
 mod qwen4_exp;
 mod released_configs;

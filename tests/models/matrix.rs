@@ -229,4 +229,5 @@ matrix! {
     mimo_v2_flash_bf16 => "mimo_v2_flash_bf16",
     kimi_k2_int4 => "kimi_k2_int4",
     kimi_k25_vl => "kimi_k25_vl",
+    qwen3_fp8_dynamic => "qwen3_fp8_dynamic",
 }

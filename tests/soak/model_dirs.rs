@@ -133,6 +133,7 @@ const FIXTURES: &[&str] = &[
     "deepseek_v3",
     "kimi_k2_int4",
     "kimi_k25_vl",
+    "qwen3_fp8_dynamic",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

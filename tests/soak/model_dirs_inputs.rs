@@ -279,6 +279,8 @@ const WORDS: &[&str] = &[
     "fp8",
     "compressed-tensors",
     "pack-quantized",
+    "float-quantized",
+    "block",
     "group",
     "channel",
     "none",

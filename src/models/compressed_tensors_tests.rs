@@ -2,9 +2,10 @@ use half::bf16;
 use serde_json::json;
 
 use super::*;
+use crate::models::fp8_weights::Fp8Blocks;
 
-fn layout(q: serde_json::Value) -> Result<Option<PackedInt>, String> {
-    packed_int(&q, |f, m| ModelError::InvalidOptions(format!("{f}: {m}")))
+fn layout(q: serde_json::Value) -> Result<Option<Compressed>, String> {
+    compressed(&q, |f, m| ModelError::InvalidOptions(format!("{f}: {m}")))
         .map_err(|e| e.to_string())
 }
 
@@ -30,7 +31,7 @@ fn kimi_layout_is_int4_in_groups_of_32() {
         bits: 4,
         group: Some(32),
     };
-    assert_eq!(layout(kimi()), Ok(Some(want)));
+    assert_eq!(layout(kimi()), Ok(Some(Compressed::Int(want))));
     assert_eq!((want.words(7168), want.scales(7168)), (896, 224));
     assert_eq!(layout(json!({"quant_method": "fp8"})), Ok(None));
 }
@@ -46,6 +47,8 @@ fn what_load_time_dequantizing_cannot_reproduce_is_refused() {
     act["config_groups"]["group_0"]["input_activations"] = json!({"num_bits": 8, "type": "int"});
     let mut fmt = kimi();
     fmt["format"] = json!("float-quantized");
+    let mut other = kimi();
+    other["format"] = json!("nvfp4-pack-quantized");
     for (q, says) in [
         (w("symmetric", json!(false)), "asymmetric"),
         (w("num_bits", json!(2)), "num_bits"),
@@ -53,7 +56,8 @@ fn what_load_time_dequantizing_cannot_reproduce_is_refused() {
         (w("actorder", json!("group")), "activation order"),
         (w("strategy", json!("tensor")), "strategy"),
         (act, "input_activations"),
-        (fmt, "float-quantized"),
+        (other, "nvfp4-pack-quantized"),
+        (fmt, "weights.type"),
     ] {
         let e = layout(q).unwrap_err();
         assert!(e.contains(says), "{e}");
@@ -97,4 +101,53 @@ fn dequantizes_codes_times_their_group_scale() {
     assert!(wrong.is_err());
     let nan = [f32::NAN, 1.0, 1.0, 1.0];
     assert!(dequantize("w", &words, &nan, (rows, cols), p, WeightDtype::F32).is_err());
+}
+
+/// An llm-compressor `-FP8-dynamic` release's `quantization_config` (Llama-3.3-70B-Instruct-FP8-
+/// dynamic's): float8 weights with one scale per output row, activations quantized dynamically
+/// per token at run time (not by hsx, nor by transformers' decompressed run).
+fn fp8_dynamic() -> serde_json::Value {
+    json!({
+        "config_groups": {"group_0": {
+            "input_activations": {"actorder": null, "block_structure": null, "dynamic": true,
+                                  "group_size": null, "num_bits": 8, "observer": null,
+                                  "observer_kwargs": {}, "strategy": "token", "symmetric": true,
+                                  "type": "float"},
+            "output_activations": null, "targets": ["Linear"],
+            "weights": {"actorder": null, "block_structure": null, "dynamic": false,
+                        "group_size": null, "num_bits": 8, "observer": "minmax",
+                        "observer_kwargs": {}, "strategy": "channel", "symmetric": true,
+                        "type": "float"}}},
+        "format": "float-quantized", "ignore": ["lm_head"], "kv_cache_scheme": null,
+        "quant_method": "compressed-tensors", "quantization_status": "compressed"
+    })
+}
+
+#[test]
+fn fp8_layouts_are_blocks_of_the_matrix() {
+    let blocks = |rows, cols| Ok(Some(Compressed::Float(Fp8Blocks { rows, cols })));
+    let whole = usize::MAX;
+    assert_eq!(layout(fp8_dynamic()), blocks(1, whole));
+    let w = |k: &str, v: serde_json::Value| {
+        let mut q = fp8_dynamic();
+        q["config_groups"]["group_0"]["weights"][k] = v;
+        q
+    };
+    assert_eq!(layout(w("strategy", json!("tensor"))), blocks(whole, whole));
+    let mut block = w("strategy", json!("block"));
+    block["config_groups"]["group_0"]["weights"]["block_structure"] = json!([128, 64]);
+    assert_eq!(layout(block), blocks(128, 64));
+    let mut group = w("strategy", json!("group"));
+    group["config_groups"]["group_0"]["weights"]["group_size"] = json!(32);
+    assert_eq!(layout(group), blocks(1, 32));
+    let mut fixed = fp8_dynamic();
+    fixed["config_groups"]["group_0"]["input_activations"]["dynamic"] = json!(false);
+    assert!(layout(fixed).unwrap_err().contains("input_activations"));
+    assert!(
+        layout(w("num_bits", json!(4)))
+            .unwrap_err()
+            .contains("num_bits")
+    );
+    let bad_block = w("strategy", json!("block"));
+    assert!(layout(bad_block).unwrap_err().contains("block_structure"));
 }

@@ -1,6 +1,6 @@
-//! compressed-tensors' packed integer checkpoints beyond the matrix's numerics
-//! (tests/models/matrix.rs, `kimi_k2_int4` against transformers): Kimi-K2.5's multimodal
-//! export of the same INT4 language model gives the text checkpoint's bits, and packed weights
+//! compressed-tensors checkpoints beyond the matrix's numerics (tests/models/matrix.rs,
+//! `kimi_k2_int4` and `qwen3_fp8_dynamic` against transformers): Kimi-K2.5's multimodal export
+//! of the same INT4 language model gives the text checkpoint's bits, and packed or FP8 weights
 //! hsx cannot read are refused by name.
 
 use crate::common;
@@ -53,7 +53,7 @@ fn kimi_k25_export_of_int4_experts_gives_the_text_checkpoints_bits() {
     let tmp = tempfile::tempdir().unwrap();
     variant(tmp.path(), as_k25_export, under_language_model);
     let spec = ModelSpec::from_dir(tmp.path()).unwrap();
-    assert!(spec.packed_int.is_some());
+    assert!(spec.compressed.is_some());
     let layers = vec![0, 1, 2, 4];
     let mut export =
         CpuBackend::load(tmp.path(), spec, cpu_options(layers.clone(), 1024, 1)).unwrap();
@@ -126,5 +126,28 @@ fn unreadable_packed_weights_are_refused_by_name() {
         make(tmp.path());
         let e = load_err(tmp.path());
         assert!(e.contains(want), "`{e}` should name `{want}`");
+    }
+}
+
+/// An FP8-dynamic checkpoint whose projection lost its `weight_scale`, or whose scales are
+/// per block where the config says per row, is refused naming the scale.
+#[test]
+fn unreadable_fp8_dynamic_weights_are_refused_by_name() {
+    const Q: &str = "model.layers.0.self_attn.q_proj.weight_scale";
+    let fp8_err = |edit: &dyn Fn(&mut serde_json::Value), rewrite: &dyn Fn(&mut Tensors)| {
+        let tmp = tempfile::tempdir().unwrap();
+        fixture_variant("qwen3_fp8_dynamic", tmp.path(), edit, rewrite);
+        load_err(tmp.path())
+    };
+    let per_block = |c: &mut serde_json::Value| {
+        let w = &mut c["quantization_config"]["config_groups"]["group_0"]["weights"];
+        w["strategy"] = "block".into();
+        w["block_structure"] = serde_json::json!([16, 16]);
+    };
+    for e in [
+        fp8_err(&|_| {}, &|t| drop(t.remove(Q))),
+        fp8_err(&per_block, &|_| {}),
+    ] {
+        assert!(e.contains("weight_scale"), "`{e}` should name the scale");
     }
 }
