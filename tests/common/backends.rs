@@ -237,6 +237,22 @@ pub fn cpu_options(layers: Vec<usize>, num_blocks: usize, slots: usize) -> CpuOp
 }
 
 /// The CPU backend on fixture model `name`.
+/// Writes a variant of a fixture into the given directory.
+pub type MakeDir = Box<dyn Fn(&std::path::Path)>;
+
+/// The error loading the model of `dir` on the CPU gives, at its config or its weights (a
+/// model that loads is a test failure).
+pub fn cpu_load_err(dir: &std::path::Path) -> String {
+    let spec = match ModelSpec::from_dir(dir) {
+        Ok(s) => s,
+        Err(e) => return e.to_string(),
+    };
+    match CpuBackend::load(dir, spec, cpu_options(vec![0], 4, 1)) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
 pub fn cpu_backend(name: &str, opts: CpuOptions) -> CpuBackend {
     let dir = model_dir(name);
     let spec = ModelSpec::from_dir(&dir).unwrap();

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::path::Path;
 
-use common::backends::{cpu_backend, cpu_options, run_split, same_bits};
+use common::backends::{MakeDir, cpu_backend, cpu_load_err, cpu_options, run_split, same_bits};
 use common::{Reference, Tensors, fixture_variant, model_dir};
 use hsx::models::{CpuBackend, ModelSpec};
 use safetensors::Dtype;
@@ -63,21 +63,8 @@ fn kimi_k25_export_of_int4_experts_gives_the_text_checkpoints_bits() {
     assert!(!want.is_empty() && same_bits(&got, &want));
 }
 
-fn load_err(dir: &Path) -> String {
-    let spec = match ModelSpec::from_dir(dir) {
-        Ok(s) => s,
-        Err(e) => return e.to_string(),
-    };
-    match CpuBackend::load(dir, spec, cpu_options(vec![0], 4, 1)) {
-        Ok(_) => panic!("{} loaded", dir.display()),
-        Err(e) => e.to_string(),
-    }
-}
-
 /// One stored tensor: dtype, shape, bytes.
 type Stored = (Dtype, Vec<usize>, Vec<u8>);
-/// Writes a variant of the fixture into the given directory.
-type MakeDir = Box<dyn Fn(&Path)>;
 
 /// Tensor `name` changed by `f` (the fixture must have it).
 fn edit_tensor(name: &'static str, f: fn(&mut Stored)) -> impl Fn(&mut Tensors) {
@@ -124,7 +111,7 @@ fn unreadable_packed_weights_are_refused_by_name() {
     for (want, make) in cases {
         let tmp = tempfile::tempdir().unwrap();
         make(tmp.path());
-        let e = load_err(tmp.path());
+        let e = cpu_load_err(tmp.path());
         assert!(e.contains(want), "`{e}` should name `{want}`");
     }
 }
@@ -137,7 +124,7 @@ fn unreadable_fp8_dynamic_weights_are_refused_by_name() {
     let fp8_err = |edit: &dyn Fn(&mut serde_json::Value), rewrite: &dyn Fn(&mut Tensors)| {
         let tmp = tempfile::tempdir().unwrap();
         fixture_variant("qwen3_fp8_dynamic", tmp.path(), edit, rewrite);
-        load_err(tmp.path())
+        cpu_load_err(tmp.path())
     };
     let per_block = |c: &mut serde_json::Value| {
         let w = &mut c["quantization_config"]["config_groups"]["group_0"]["weights"];

@@ -6,7 +6,7 @@ use crate::common;
 
 use std::path::Path;
 
-use common::backends::{cpu_backend, cpu_options, run_split, same_bits};
+use common::backends::{MakeDir, cpu_backend, cpu_load_err, cpu_options, run_split, same_bits};
 use common::{Reference, Tensors, fixture_variant};
 use hsx::models::{CpuBackend, ModelSpec};
 use safetensors::Dtype;
@@ -67,20 +67,6 @@ fn fused_fp8_experts_give_the_per_expert_bits() {
     assert!(!want.is_empty() && same_bits(&got, &want));
 }
 
-/// Writes a variant of the fixture into the given directory.
-type MakeDir = Box<dyn Fn(&Path)>;
-
-fn load_err(dir: &Path) -> String {
-    let spec = match ModelSpec::from_dir(dir) {
-        Ok(s) => s,
-        Err(e) => return e.to_string(),
-    };
-    match CpuBackend::load(dir, spec, cpu_options(vec![0], 4, 1)) {
-        Ok(_) => panic!("{} loaded", dir.display()),
-        Err(e) => e.to_string(),
-    }
-}
-
 /// FP8 weights the config does not announce, blocks that do not fit the stored scales, and
 /// per-tensor scales (AutoFP8's layout) are refused, naming the tensor or field.
 #[test]
@@ -124,7 +110,7 @@ fn unreadable_fp8_is_refused_by_name() {
     for (want, make) in cases {
         let tmp = tempfile::tempdir().unwrap();
         make(tmp.path());
-        let e = load_err(tmp.path());
+        let e = cpu_load_err(tmp.path());
         assert!(e.contains(want), "`{e}` should name `{want}`");
     }
 }
