@@ -14,8 +14,9 @@
 //!   the vision tower left unread);
 //!   other multimodal exports are refused;
 //! - quantized checkpoints (`quantization_config`) are refused but for block-quantized FP8
-//!   (dequantized at load, [`super::fp8_weights`]), compressed-tensors' packed integers
-//!   ([`super::compressed_tensors`]) and gpt-oss's MXFP4 experts: hsx loads bf16 / f16 / f32.
+//!   (dequantized at load, [`super::fp8_weights`]), compressed-tensors' packed integer and
+//!   float8 weights ([`super::compressed_tensors`]) and gpt-oss's MXFP4 experts: hsx loads
+//!   bf16 / f16 / f32.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -265,8 +266,8 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
     // (models::fp8_weights, which checks the rest of the config; not gpt-oss's experts,
     // stored transposed and stacked, and never released in FP8).
     let gpt_oss = first_architecture(value) == "GptOssForCausalLM";
-    // compressed-tensors: its integer weights are dequantized at load (models::compressed_tensors,
-    // which checks the rest of the config).
+    // compressed-tensors: its integer and float8 weights are dequantized at load
+    // (models::compressed_tensors, which checks the rest of the config).
     if method == Some("none")
         || (method == Some("fp8") && !gpt_oss)
         || method == Some("compressed-tensors")
@@ -278,8 +279,8 @@ fn reject_quantized(value: &Value, path: &Path) -> Result<(), ModelError> {
         path: path.to_path_buf(),
         what: format!(
             "quantized checkpoint (quantization_config, quant_method `{}`): hsx loads bf16, f16 \
-             and f32 weights, block-quantized FP8 (`fp8`), compressed-tensors' packed integer \
-             weights and gpt-oss's MXFP4 experts; use the unquantized release of the model",
+             and f32 weights, block-quantized FP8 (`fp8`), compressed-tensors' packed integer and \
+             float8 weights and gpt-oss's MXFP4 experts; use the unquantized release of the model",
             method.unwrap_or("?")
         ),
     })

@@ -164,22 +164,7 @@ fn load_attention<D: Device>(
         false => attn("v_proj"),
     };
     // Each KV head's rows `repeat` times over.
-    let heads_rows: Vec<(usize, usize)> = (0..kv)
-        .flat_map(|j| std::iter::repeat_n((j * hd, hd), repeat))
-        .collect();
-    let kv_part = |name: &str| -> Result<(HostMatrix<'_>, Vec<f32>), ModelError> {
-        let m = ld.matrix(&format!("{name}.weight"), kv * hd, h)?;
-        let bias = match spec.qkv_bias {
-            true => {
-                let b = ld.f32s(&format!("{name}.bias"), &[kv * hd])?;
-                (heads_rows.iter())
-                    .flat_map(|&(s, n)| b[s..s + n].to_vec())
-                    .collect()
-            }
-            false => Vec::new(),
-        };
-        Ok((m.select_rows(&heads_rows), bias))
-    };
+    let kv_part = |name: &str| ld.repeated_heads(name, (kv, hd, repeat), h, spec.qkv_bias);
     let q = ld.matrix(&attn("q_proj.weight"), heads * hd, h)?;
     let mut bias = match spec.qkv_bias {
         true => ld.f32s(&attn("q_proj.bias"), &[heads * hd])?,

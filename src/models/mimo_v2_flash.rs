@@ -51,19 +51,19 @@ fn load_attention<D: Device>(
     let kv = m.kv_heads[kind];
     // The config parser checked that it divides.
     let repeat = spec.num_kv_heads / kv;
-    let proj = Projections {
-        ld,
-        bias: spec.qkv_bias,
-        hidden: h,
-        kv,
-        repeat,
+    let q = ld.matrix(&attn("q_proj.weight"), heads * hd, h)?;
+    let mut bias = match spec.qkv_bias {
+        true => ld.f32s(&attn("q_proj.bias"), &[heads * hd])?,
+        false => Vec::new(),
     };
-    let q = proj.part(&attn("q_proj"), (heads * hd, None))?;
-    let k = proj.part(&attn("k_proj"), (hd, Some(hd)))?;
-    let v = proj.part(&attn("v_proj"), (vd, Some(hd)))?;
-    let (mats, bias): (Vec<_>, Vec<_>) = [q, k, v].into_iter().unzip();
-    let qkv = HostMatrix::stack(mats).map_err(ModelError::Device)?;
-    let qkv = ld.dev.linear(qkv, spec.qkv_bias.then(|| bias.concat()))?;
+    let (k, k_bias) = ld.repeated_heads(&attn("k_proj"), (kv, hd, repeat), h, spec.qkv_bias)?;
+    let (v, v_bias) = ld.repeated_heads(&attn("v_proj"), (kv, vd, repeat), h, spec.qkv_bias)?;
+    // Each value head's rows (and bias) followed by zeros up to the q / k width.
+    let v = v.pad_row_groups(kv * repeat, vd, hd);
+    bias.extend(k_bias);
+    bias.extend((v_bias.chunks(vd)).flat_map(|b| b.iter().copied().chain(vec![0.0; hd - vd])));
+    let qkv = HostMatrix::stack(vec![q, k, v]).map_err(ModelError::Device)?;
+    let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
     let o = ld.matrix(&attn("o_proj.weight"), h, heads * vd)?;
     let (theta, scaling, rot) = m.rope[kind];
     let rope = Rope::new(rot, theta, scaling);
@@ -92,52 +92,4 @@ fn load_attention<D: Device>(
         qsa: None,
         value_scale: Some(m.value_scale),
     })
-}
-
-/// How one layer's q / k / v projections are read: `kv` KV heads, each repeated `repeat`
-/// times to fill the cache.
-struct Projections<'l, 'a, D: Device> {
-    ld: &'l Loader<'a, D>,
-    bias: bool,
-    hidden: usize,
-    kv: usize,
-    repeat: usize,
-}
-
-impl<'a, D: Device> Projections<'_, 'a, D> {
-    /// `{name}.weight` (and bias) as fused rows: q's as stored (`(rows, None)`); a KV
-    /// projection's (`(width, Some(to))`) per KV head, `repeat` times over, each head's
-    /// `width` rows followed by zero rows up to `to`.
-    fn part(
-        &self,
-        name: &str,
-        (width, to): (usize, Option<usize>),
-    ) -> Result<(HostMatrix<'a>, Vec<f32>), ModelError> {
-        let rows = match to {
-            Some(_) => self.kv * width,
-            None => width,
-        };
-        let m = self
-            .ld
-            .matrix(&format!("{name}.weight"), rows, self.hidden)?;
-        let b = match self.bias {
-            true => self.ld.f32s(&format!("{name}.bias"), &[rows])?,
-            false => Vec::new(),
-        };
-        let Some(to) = to else {
-            return Ok((m, b));
-        };
-        let heads = self.kv * self.repeat;
-        let ranges: Vec<(usize, usize)> = (0..self.kv)
-            .flat_map(|j| std::iter::repeat_n((j * width, width), self.repeat))
-            .collect();
-        let padded_bias = match self.bias {
-            true => (ranges.iter())
-                .flat_map(|&(s, n)| b[s..s + n].iter().copied().chain(vec![0.0; to - width]))
-                .collect(),
-            false => Vec::new(),
-        };
-        let m = m.select_rows(&ranges).pad_row_groups(heads, width, to);
-        Ok((m, padded_bias))
-    }
 }

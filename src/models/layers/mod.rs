@@ -418,6 +418,32 @@ impl<'a, D: Device> Loader<'a, D> {
         Ok(self.dev.table(table)?)
     }
 
+    /// `{name}.weight` `[heads · width, cols]` (and `{name}.bias` where `bias`, else no
+    /// values) with each head's `width` rows `repeat` times over: KV heads repeated to fill a
+    /// cache of more heads (the same keys and values).
+    pub fn repeated_heads(
+        &self,
+        name: &str,
+        (heads, width, repeat): (usize, usize, usize),
+        cols: usize,
+        bias: bool,
+    ) -> Result<(HostMatrix<'static>, Vec<f32>), ModelError> {
+        let ranges: Vec<(usize, usize)> = (0..heads)
+            .flat_map(|j| std::iter::repeat_n((j * width, width), repeat))
+            .collect();
+        let m = self.matrix(&format!("{name}.weight"), heads * width, cols)?;
+        let b = match bias {
+            true => {
+                let b = self.f32s(&format!("{name}.bias"), &[heads * width])?;
+                (ranges.iter())
+                    .flat_map(|&(s, n)| b[s..s + n].to_vec())
+                    .collect()
+            }
+            false => Vec::new(),
+        };
+        Ok((m.select_rows(&ranges), b))
+    }
+
     /// An f32 tensor of `shape`.
     pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         self.w.tensor(name, shape)
