@@ -115,11 +115,18 @@ pub enum Architecture {
     /// partial rotary, scaled values; sliding layers (twice the KV heads, learned sinks, their
     /// own RoPE theta) between full ones; DeepSeek-V3's sigmoid-routed experts, no shared one.
     MiMoV2Flash,
+    /// `Ernie4_5ForCausalLM` (ERNIE-4.5-0.3B): Llama's layers with RoPE on interleaved pairs.
+    Ernie4_5,
+    /// `Ernie4_5_MoeForCausalLM` (ERNIE-4.5-21B-A3B / 300B-A47B): ERNIE 4.5's attention,
+    /// softmax-routed experts ranked with a correction bias, plain shared experts.
+    Ernie4_5Moe,
+    /// `Dots1ForCausalLM` (dots.llm1): Qwen3's attention, DeepSeek-V3's sigmoid-routed experts.
+    Dots1,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 38] = [
+    pub const ALL: [Self; 41] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -149,6 +156,9 @@ impl Architecture {
         Self::KimiLinear,
         Self::MiniMaxM2,
         Self::MiMoV2Flash,
+        Self::Ernie4_5,
+        Self::Ernie4_5Moe,
+        Self::Dots1,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -205,6 +215,9 @@ impl Architecture {
             Self::FalconH1 => "FalconH1ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
             Self::MiMoV2Flash => "MiMoV2FlashForCausalLM",
+            Self::Ernie4_5 => "Ernie4_5ForCausalLM",
+            Self::Ernie4_5Moe => "Ernie4_5_MoeForCausalLM",
+            Self::Dots1 => "Dots1ForCausalLM",
         }
     }
 
@@ -258,6 +271,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
         Architecture::FalconH1 => 8192,
+        Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
+        Architecture::Dots1 => 2048,
     }
 }
 
@@ -268,6 +283,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
+        Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         // Glm4Config's 1.5625e-7.
         Architecture::Glm4 => 0.00000015625,
         _ => 1e-6,

@@ -169,7 +169,12 @@ impl<'a> Cfg<'a> {
         arch: Architecture,
         max_pos: usize,
     ) -> Result<Option<usize>, ModelError> {
-        let window = self.usize_opt("sliding_window")?.filter(|&w| w < max_pos);
+        let window = match (arch, self.get("sliding_window")) {
+            // Dots1Config's default window.
+            (Architecture::Dots1, None) => Some(4096),
+            _ => self.usize_opt("sliding_window")?,
+        };
+        let window = window.filter(|&w| w < max_pos);
         let refused = match arch {
             Architecture::Mistral
             | Architecture::Ministral3
@@ -184,6 +189,11 @@ impl<'a> Cfg<'a> {
                 self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
             }
             Architecture::Llama => false,
+            // Dots1Config's sliding layers are those from `max_window_layers` (62) on.
+            Architecture::Dots1 => {
+                let layers = self.num_layers()?;
+                self.has_sliding_layer_types() || self.usize_or("max_window_layers", 62)? < layers
+            }
             // Hybrid configs are checked in `hybrid_config`.
             _ => self.bool_or("use_sliding_window", false)?,
         };

@@ -87,6 +87,9 @@ pub struct ModelSpec {
     /// GLM-4's rotated dims of each head (its `partial_rotary_factor`, ½ by default); `None`:
     /// as the hybrid spec says, else the whole head.
     pub rotary_dim: Option<usize>,
+    /// RoPE rotates interleaved pairs `(2i, 2i + 1)` of each head (GLM-4, ERNIE 4.5), not its
+    /// halves.
+    pub interleaved_rope: bool,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
@@ -197,6 +200,7 @@ impl ModelSpec {
             nope_layers: None,
             olmo: None,
             rotary_dim: None,
+            interleaved_rope: false,
             granite: None,
             longrope: None,
             query_temperature: None,

@@ -17,6 +17,7 @@ use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Su
 use super::moe_weights::{self, GATE_BIAS, MIXTRAL_EXPERTS, QWEN_EXPERTS};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling};
 use crate::kernels::Device;
+use crate::kernels::device::HostMatrix;
 use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
@@ -75,23 +76,30 @@ pub(super) fn load_attention_roped<D: Device>(
             Some(ld.vector(&attn("k_norm.weight"), k)?),
         )))
     };
-    let qk_norm = match spec.qk_norm {
-        QkNorm::PerHead => norms(hd, hd)?,
-        QkNorm::Whole => norms(qd, kvd)?,
-        QkNorm::None => None,
-    };
-    let qkv = ld.linear(
-        &[
-            (attn("q_proj"), qd),
-            (attn("k_proj"), kvd),
-            (attn("v_proj"), kvd),
-        ],
-        h,
-        spec.qkv_bias,
-    )?;
-    // Sized by head_dim: made once the projections' shapes have confirmed it. GLM-4.5 rotates
-    // the first `rotary_dim` dims of each head only.
+    // GLM-4.5 rotates the first `rotary_dim` dims of each head only.
     let rot = spec.rotated_dims();
+    let qk_norm = match (spec.qk_norm, spec.interleaved_rope) {
+        (QkNorm::PerHead, false) => norms(hd, hd)?,
+        (QkNorm::Whole, false) => norms(qd, kvd)?,
+        (QkNorm::None, _) => None,
+        (_, true) => {
+            let what = "q / k norms with interleaved RoPE".into();
+            return Err(ModelError::InvalidOptions(what));
+        }
+    };
+    let qkv = match spec.interleaved_rope {
+        false => ld.linear(
+            &[
+                (attn("q_proj"), qd),
+                (attn("k_proj"), kvd),
+                (attn("v_proj"), kvd),
+            ],
+            h,
+            spec.qkv_bias,
+        )?,
+        true => deinterleaved_qkv(ld, spec, i, rot)?,
+    };
+    // Sized by head_dim: made once the projections' shapes have confirmed it.
     let rope = match spec.nope_layers.as_ref().is_some_and(|n| n[i]) {
         true => None,
         false => {
@@ -100,6 +108,57 @@ pub(super) fn load_attention_roped<D: Device>(
         }
     };
     attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)
+}
+
+/// Layer `i`'s fused q / k / v projection (+ biases) with each q and k head's first `rot` rows
+/// de-interleaved (`0, 2, 4, …, 1, 3, 5, …`): GLM-4's and ERNIE 4.5's interleaved pairs
+/// `(2i, 2i + 1)` become the rotate-half pairs hsx rotates, at the same frequencies. q · k sums
+/// the same products in another order; v and the output are untouched.
+fn deinterleaved_qkv<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+    rot: usize,
+) -> Result<D::Linear, ModelError> {
+    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
+    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let (q_rows, k_rows) = (
+        deinterleaved(spec.num_heads, hd, rot),
+        deinterleaved(spec.num_kv_heads, hd, rot),
+    );
+    let matrix = |n: &str, rows| ld.matrix(&attn(&format!("{n}.weight")), rows, h);
+    let qkv = HostMatrix::stack(vec![
+        matrix("q_proj", qd)?.select_rows(&q_rows),
+        matrix("k_proj", kvd)?.select_rows(&k_rows),
+        matrix("v_proj", kvd)?,
+    ])
+    .map_err(ModelError::Device)?;
+    let bias = match spec.qkv_bias {
+        true => {
+            let pick = |b: Vec<f32>, rows: &[(usize, usize)]| -> Vec<f32> {
+                rows.iter().map(|&(r, _)| b[r]).collect()
+            };
+            let mut b = pick(ld.f32s(&attn("q_proj.bias"), &[qd])?, &q_rows);
+            b.extend(pick(ld.f32s(&attn("k_proj.bias"), &[kvd])?, &k_rows));
+            b.extend(ld.f32s(&attn("v_proj.bias"), &[kvd])?);
+            Some(b)
+        }
+        false => None,
+    };
+    Ok(ld.dev.linear(qkv, bias)?)
+}
+
+/// The rows of `heads` heads of `hd` with each head's first `rot` rows de-interleaved.
+fn deinterleaved(heads: usize, hd: usize, rot: usize) -> Vec<(usize, usize)> {
+    let order = (0..rot / 2)
+        .map(|j| 2 * j)
+        .chain((0..rot / 2).map(|j| 2 * j + 1))
+        .chain(rot..hd);
+    let order: Vec<usize> = order.collect();
+    (0..heads)
+        .flat_map(|head| order.iter().map(move |&r| (head * hd + r, 1)))
+        .collect()
 }
 
 /// An attention's q and k norm weights.
@@ -235,9 +294,17 @@ fn load_moe<D: Device>(
 ) -> Result<Moe<D>, ModelError> {
     let h = spec.hidden_size;
     let arch = spec.architecture;
-    // MiniMax-M2 keeps the router's correction bias beside `gate`, GLM-4.5 inside it.
+    // MiniMax-M2 keeps the router's correction bias beside `gate`, GLM-4.5 inside it, ERNIE 4.5
+    // in `moe_statics` (transformers' in-memory name: under `gate`).
     let bias = match arch {
         Architecture::MiniMaxM2 => "e_score_correction_bias",
+        Architecture::Ernie4_5Moe => {
+            let in_memory = "gate.moe_statics.e_score_correction_bias";
+            match ld.w.contains(&format!("{p}.mlp.{in_memory}")) {
+                true => in_memory,
+                false => "moe_statics.e_score_correction_bias",
+            }
+        }
         _ => GATE_BIAS,
     };
     let released = format!("{p}.block_sparse_moe");
@@ -247,4 +314,16 @@ fn load_moe<D: Device>(
         return moe_weights::load(ld, &released, h, m, (MIXTRAL_EXPERTS, bias));
     }
     moe_weights::load(ld, &format!("{p}.mlp"), h, m, (QWEN_EXPERTS, bias))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two heads of 6 with 4 rotated dims: rows 0, 2, 1, 3 then the passed-through 4, 5.
+    #[test]
+    fn rotated_rows_are_deinterleaved_per_head() {
+        let rows: Vec<usize> = deinterleaved(2, 6, 4).iter().map(|r| r.0).collect();
+        assert_eq!(rows, [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]);
+    }
 }

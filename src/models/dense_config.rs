@@ -13,6 +13,14 @@ pub(super) fn dense_spec(
     name: String,
 ) -> Result<ModelSpec, ModelError> {
     cfg.check_activation()?;
+    let ernie = matches!(architecture, Architecture::Ernie4_5 | Architecture::Ernie4_5Moe);
+    if ernie && cfg.bool_or("use_bias", false)? {
+        // Every projection and the LM head biased: no release has it, and hsx's head has none.
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: "ERNIE 4.5's use_bias (biased projections and LM head)".into(),
+        });
+    }
     let hidden_size = cfg.usize_req("hidden_size")?;
     let num_heads = cfg.usize_req("num_attention_heads")?;
     let max_pos = cfg.usize_or("max_position_embeddings", default_max_pos(architecture))?;
@@ -29,7 +37,9 @@ pub(super) fn dense_spec(
         | Architecture::Llama4
         | Architecture::Ministral3
         | Architecture::SeedOss
-        | Architecture::Glm4 => 128,
+        | Architecture::Glm4
+        | Architecture::Ernie4_5
+        | Architecture::Ernie4_5Moe => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -72,14 +82,17 @@ pub(super) fn dense_spec(
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
+            Architecture::Dots1 => QkNorm::PerHead,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
             Architecture::OlmoHybrid => QkNorm::Whole,
             _ => QkNorm::None,
         },
-        // SmolLM3Config ties by default.
-        tie_word_embeddings: cfg
-            .bool_or("tie_word_embeddings", architecture == Architecture::SmolLM3)?,
+        // SmolLM3Config and Ernie4_5Config tie by default.
+        tie_word_embeddings: cfg.bool_or(
+            "tie_word_embeddings",
+            architecture == Architecture::SmolLM3 || ernie,
+        )?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         hybrid: super::moe_config::attention_moe(cfg, architecture, head_dim)?,
@@ -96,6 +109,7 @@ pub(super) fn dense_spec(
             Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
             _ => None,
         },
+        interleaved_rope: ernie || architecture == Architecture::Glm4,
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,

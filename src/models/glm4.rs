@@ -5,19 +5,15 @@
 //! (`post_self_attn_layernorm`, `post_mlp_layernorm`) before the add; a fused
 //! `mlp.gate_up_proj`.
 //!
-//! hsx rotates halves: each q and k head's rotated rows are loaded in the order
-//! `0, 2, 4, …, 1, 3, 5, …`, which makes GLM's interleaved pairs rotate-half pairs at the same
-//! frequencies; q · k sums the same products in another order, and v and the output are
-//! untouched.
+//! The interleaved pairs are loaded de-interleaved (`ModelSpec::interleaved_rope`, read by
+//! `dense::load_attention`).
 
 use super::decoder::Decoder;
-use super::dense::{attention_of, load_with};
+use super::dense::{load_attention, load_with};
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mlp, Part, SoftmaxVariant, Sublayer};
+use super::layers::{Layer, Loader, Mlp, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
-use crate::kernels::device::HostMatrix;
-use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     load_with(ld, spec, load_layer)
@@ -40,7 +36,7 @@ fn load_layer<D: Device>(
         act: Activation::SwiGlu,
         inter,
     };
-    let attention = Sublayer::Attention(load_attention(ld, spec, i)?);
+    let attention = Sublayer::Attention(load_attention(ld, spec, i, SoftmaxVariant::causal())?);
     Ok(Layer {
         parts: vec![
             part("input_layernorm", attention, "post_self_attn_layernorm")?,
@@ -52,66 +48,4 @@ fn load_layer<D: Device>(
         ],
         scale: 1.0,
     })
-}
-
-/// The rows of `heads` heads of `hd` with each head's first `rot` rows de-interleaved.
-fn deinterleaved(heads: usize, hd: usize, rot: usize) -> Vec<(usize, usize)> {
-    let order = (0..rot / 2)
-        .map(|j| 2 * j)
-        .chain((0..rot / 2).map(|j| 2 * j + 1))
-        .chain(rot..hd);
-    let order: Vec<usize> = order.collect();
-    (0..heads)
-        .flat_map(|head| order.iter().map(move |&r| (head * hd + r, 1)))
-        .collect()
-}
-
-fn load_attention<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    i: usize,
-) -> Result<Attention<D>, ModelError> {
-    let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
-    let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let rot = spec.rotated_dims();
-    let (q_rows, k_rows) = (
-        deinterleaved(spec.num_heads, hd, rot),
-        deinterleaved(spec.num_kv_heads, hd, rot),
-    );
-    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let matrix = |n: &str, rows| ld.matrix(&attn(&format!("{n}.weight")), rows, h);
-    let qkv = HostMatrix::stack(vec![
-        matrix("q_proj", qd)?.select_rows(&q_rows),
-        matrix("k_proj", kvd)?.select_rows(&k_rows),
-        matrix("v_proj", kvd)?,
-    ])
-    .map_err(ModelError::Device)?;
-    let bias = match spec.qkv_bias {
-        true => {
-            let pick = |b: Vec<f32>, rows: &[(usize, usize)]| -> Vec<f32> {
-                rows.iter().map(|&(r, _)| b[r]).collect()
-            };
-            let mut b = pick(ld.f32s(&attn("q_proj.bias"), &[qd])?, &q_rows);
-            b.extend(pick(ld.f32s(&attn("k_proj.bias"), &[kvd])?, &k_rows));
-            b.extend(ld.f32s(&attn("v_proj.bias"), &[kvd])?);
-            Some(b)
-        }
-        false => None,
-    };
-    let qkv = ld.dev.linear(qkv, bias)?;
-    let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);
-    let rope = Some((ld.dev.rope_table(&rope)?, rot));
-    attention_of(ld, spec, i, (qkv, None, rope), SoftmaxVariant::causal())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two heads of 6 with 4 rotated dims: rows 0, 2, 1, 3 then the passed-through 4, 5.
-    #[test]
-    fn rotated_rows_are_deinterleaved_per_head() {
-        let rows: Vec<usize> = deinterleaved(2, 6, 4).iter().map(|r| r.0).collect();
-        assert_eq!(rows, [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]);
-    }
 }

@@ -251,6 +251,7 @@ mod tests {
             topk_group: 1,
             scale: 2.446,
             softmax: false,
+            bias: true,
         };
         assert_eq!(m.router, grouped);
         let mla = h.mla.unwrap();

@@ -26,6 +26,7 @@ pub(super) fn minimax_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, M
             topk_group: 1,
             scale: 1.0,
             softmax: false,
+            bias: true,
         },
     })
 }

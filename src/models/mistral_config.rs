@@ -235,6 +235,7 @@ mod tests {
             topk_group: 1,
             scale: 1.0,
             softmax: true,
+            bias: false,
         };
         assert_eq!(moe.router, router);
         assert!(moe.sparse_layers.iter().all(|&s| s));

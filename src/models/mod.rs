@@ -26,6 +26,7 @@ pub mod dense;
 mod dense_config;
 pub mod devices;
 pub mod dsa_config;
+mod ernie_config;
 mod error;
 mod export_config;
 pub mod falcon_h1;

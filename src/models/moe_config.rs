@@ -97,6 +97,8 @@ pub(super) struct DeepseekMoeDefaults {
     /// The router scores by softmax, without a bias (`MoeRouter::Grouped`'s `softmax`:
     /// Mistral 4), not by sigmoid.
     softmax: bool,
+    /// `norm_topk_prob`'s default (Dots1Config's is false).
+    renorm: bool,
 }
 
 /// Which layers keep a dense MLP.
@@ -121,6 +123,7 @@ pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::FirstK(1),
     softmax: false,
+    renorm: true,
 };
 
 /// `GlmMoeDsaConfig`'s (GLM-5's).
@@ -133,6 +136,7 @@ pub(super) const GLM_MOE_DSA: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::LayerTypesElseFirstK(3),
     softmax: false,
+    renorm: true,
 };
 
 /// `DeepseekV32Config`'s: DeepSeek-V3's, with `mlp_layer_types` read where given.
@@ -151,6 +155,7 @@ pub(super) const GLM_MOE_LITE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::LayerTypes,
     softmax: false,
+    renorm: true,
 };
 
 /// `KimiLinearConfig`'s (Kimi Linear 48B-A3B's).
@@ -163,6 +168,7 @@ pub(super) const KIMI_LINEAR_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::LayerTypesElseFirstK(1),
     softmax: false,
+    renorm: true,
 };
 
 /// `DeepseekV3Config`'s.
@@ -175,6 +181,7 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 4,
     dense: DenseLayers::FirstK(3),
     softmax: false,
+    renorm: true,
 };
 
 /// `MiMoV2FlashConfig`'s (its dense layers are read by `mimo_config`).
@@ -187,6 +194,7 @@ pub(super) const MIMO_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::FirstK(1),
     softmax: false,
+    renorm: true,
 };
 
 /// `Mistral4Config`'s (Mistral Small 4's geometry).
@@ -199,6 +207,20 @@ pub(super) const MISTRAL4_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     topk_group: 1,
     dense: DenseLayers::FirstK(0),
     softmax: true,
+    renorm: true,
+};
+
+/// `Dots1Config`'s (it names no expert counts: its releases do).
+pub(super) const DOTS1_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 0,
+    top_k: 0,
+    inter: 1408,
+    scale: 1.0,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::FirstK(0),
+    softmax: false,
+    renorm: false,
 };
 
 /// DeepSeek-V3's MoE (also GLM-4.5's): `n_routed_experts` (alias `num_local_experts`) of
@@ -235,13 +257,14 @@ pub(super) fn deepseek_moe(
         expert_intermediate: inter,
         // transformers builds a zero-wide shared expert (adding zeros) for 0 shared experts.
         shared_intermediate: (shared > 0).then_some(shared),
-        norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
+        norm_topk_prob: cfg.bool_or("norm_topk_prob", d.renorm)?,
         sparse_layers,
         router: MoeRouter::Grouped {
             n_group: cfg.usize_or("n_group", d.n_group)?,
             topk_group: cfg.usize_or("topk_group", d.topk_group)?,
             scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
             softmax: d.softmax,
+            bias: !d.softmax,
         },
     })
 }
@@ -289,6 +312,8 @@ pub(super) fn attention_moe(
             Some(minimax_moe(cfg, num_layers)?),
             minimax_rotary_dim(cfg, head_dim)?,
         ),
+        Architecture::Dots1 => (Some(deepseek_moe(cfg, num_layers, &DOTS1_MOE)?), head_dim),
+        Architecture::Ernie4_5Moe => (Some(super::ernie_config::moe(cfg, num_layers)?), head_dim),
         Architecture::Llama4 => (
             Some(super::llama4_config::llama4_moe(cfg, num_layers)?),
             head_dim,

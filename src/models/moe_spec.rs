@@ -27,13 +27,16 @@ pub enum MoeRouter {
     Softmax,
     /// DeepSeek-V3's group-limited sigmoid router ([`GroupedTopK`]) with
     /// `gate.e_score_correction_bias` (GLM-4.5), or with `softmax` DeepSeek-V2's over the
-    /// softmax of the logits and no bias (Mistral 4); the shared expert is `shared_experts`,
-    /// added as it is. `scale` is `routed_scaling_factor`.
+    /// softmax of the logits and no bias (Mistral 4) or ERNIE 4.5's with one; the shared expert
+    /// is `shared_experts`, added as it is. `scale` is `routed_scaling_factor`.
     Grouped {
         n_group: usize,
         topk_group: usize,
         scale: f32,
         softmax: bool,
+        /// The choice ranks the scores plus a correction bias (every sigmoid router; ERNIE
+        /// 4.5's softmax one).
+        bias: bool,
     },
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
@@ -50,6 +53,7 @@ impl MoeSpec {
                 topk_group,
                 scale,
                 softmax,
+                ..
             } => Some(GroupedTopK {
                 top_k: self.top_k,
                 n_group,

@@ -9,7 +9,8 @@
 //!   `[E, I, H]`), as Qwen3-VL-MoE ships them and Llama-4 always stores them.
 //!
 //! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`,
-//! MiniMax-M2 `e_score_correction_bias`; Llama-4's is `router.weight`);
+//! MiniMax-M2 `e_score_correction_bias`, ERNIE 4.5 `moe_statics.e_score_correction_bias`
+//! `[1, E]`; Llama-4's is `router.weight`);
 //! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
 //! GLM-4.5 `shared_experts.*`, Llama-4 an ungated `shared_expert.*`.
 
@@ -84,8 +85,8 @@ pub fn load<D: Device>(
         Some(choice) => Router::Grouped {
             // Llama-4's and Mistral 4's routers have no bias.
             bias: match m.router {
-                MoeRouter::Grouped { softmax: false, .. } => {
-                    ld.vector(&n(router_bias), m.num_experts)?
+                MoeRouter::Grouped { bias: true, .. } => {
+                    ld.dev.vector(&correction_bias(ld, &n(router_bias), m.num_experts)?)?
                 }
                 _ => ld.dev.vector(&vec![0.0; m.num_experts])?,
             },
@@ -106,6 +107,18 @@ pub fn load<D: Device>(
         inter: m.expert_intermediate,
         hidden,
     })
+}
+
+/// A router's correction bias `[E]`, or `[1, E]` as ERNIE 4.5's `moe_statics` keeps it.
+fn correction_bias<D: Device>(
+    ld: &Loader<'_, D>,
+    name: &str,
+    e: usize,
+) -> Result<Vec<f32>, ModelError> {
+    match ld.w.shape_of(name)? == [1, e] {
+        true => ld.f32s(name, &[1, e]),
+        false => ld.f32s(name, &[e]),
+    }
 }
 
 /// Experts of `experts.gate_up_proj` `[E, 2I, H]` and `experts.down_proj` `[E, H, I]`, or of

@@ -19,6 +19,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             dense::load(ld, spec)
         }
         Architecture::MiniMaxM2 => dense::load(ld, spec),
+        Architecture::Ernie4_5 | Architecture::Ernie4_5Moe | Architecture::Dots1 => {
+            dense::load(ld, spec)
+        }
         Architecture::MiMoV2Flash => super::mimo_v2_flash::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),

@@ -423,6 +423,13 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// Of eight seeds tried, one kept transformers' own bf16 run to 2.4e-2, but flipped an expert
 /// choice in hsx's portable path (4.3e-1); the others were off by 3.5e-1 to 1.8 in
 /// transformers' own bf16 run and 4.5e-1 to 6.4e-1 on hsx's portable path (2026-11-30).
+/// ernie4_5_moe_bf16 (softmax router ranked with a correction bias, top-2 of 8 in layers 1-3):
+/// transformers' own bf16 run is off by up to 1.72e-1 (p2 layer 3;
+/// tests/fixtures/bf16_peer_error.py), hsx's portable and (emulated) amx paths 1.45e-2, CUDA
+/// (emulated) 9.33e-2 (p3 layer 4, an expert choice flipped in layer 3), the f32-compute paths
+/// 6.4e-7. Its first draw (seed 313) flipped a choice on hsx's portable path (3.18e-1, p3 layer
+/// 3; transformers' own 1.47e-1); seeds 315 and 316 failed the generator's greedy-margin check
+/// (2026-11-30).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -450,6 +457,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         2.4e-1
     } else if name == "kimi_k2_int4" {
         3.6e-1
+    } else if name == "ernie4_5_moe_bf16" {
+        1.8e-1
     } else {
         2e-2
     }

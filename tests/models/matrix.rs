@@ -230,4 +230,8 @@ matrix! {
     kimi_k2_int4 => "kimi_k2_int4",
     kimi_k25_vl => "kimi_k25_vl",
     qwen3_fp8_dynamic => "qwen3_fp8_dynamic",
+    ernie4_5 => "ernie4_5",
+    ernie4_5_moe => "ernie4_5_moe",
+    ernie4_5_moe_bf16 => "ernie4_5_moe_bf16",
+    dots1 => "dots1",
 }
