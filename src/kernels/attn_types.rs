@@ -83,6 +83,8 @@ pub struct AttnCall<'a, D: Device> {
     pub layout: QkvLayout,
     /// q's weights, k's (none exactly where the layer shares keys: `shared_kv`), and eps.
     pub qk_norm: Option<QkNormWeights<'a, D::Vector>>,
+    /// The q / k norms apply after RoPE (HunYuan's), not before.
+    pub norm_after_rope: bool,
     /// `[head_dim]` weights and eps.
     pub v_norm: Option<(&'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
@@ -265,6 +267,7 @@ mod tests {
             kv_layer: 0,
             layout: LAYOUT,
             qk_norm: Some((q, k, 1e-6)),
+            norm_after_rope: false,
             v_norm: None,
             rope: None,
             softmax: SoftmaxVariant::causal(),
@@ -295,6 +298,7 @@ mod tests {
         assert!(err.contains("q_norm without k_norm"), "{err}");
         let none = AttnCall {
             qk_norm: None,
+            norm_after_rope: false,
             ..call_with(&q, None, true)
         };
         assert_eq!(pieces(none), Ok(None));

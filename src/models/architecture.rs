@@ -122,11 +122,17 @@ pub enum Architecture {
     Ernie4_5Moe,
     /// `Dots1ForCausalLM` (dots.llm1): Qwen3's attention, DeepSeek-V3's sigmoid-routed experts.
     Dots1,
+    /// `HunYuanDenseV1ForCausalLM` (Hunyuan-7B and smaller): Llama's layers with per-head q / k
+    /// norms after RoPE, NTK-alpha RoPE.
+    HunYuanDenseV1,
+    /// `HunYuanMoEV1ForCausalLM` (Hunyuan-A13B): HunYuan's attention, softmax-routed experts in
+    /// every layer beside a shared MLP.
+    HunYuanMoEV1,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 41] = [
+    pub const ALL: [Self; 43] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -159,6 +165,8 @@ impl Architecture {
         Self::Ernie4_5,
         Self::Ernie4_5Moe,
         Self::Dots1,
+        Self::HunYuanDenseV1,
+        Self::HunYuanMoEV1,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -218,6 +226,8 @@ impl Architecture {
             Self::Ernie4_5 => "Ernie4_5ForCausalLM",
             Self::Ernie4_5Moe => "Ernie4_5_MoeForCausalLM",
             Self::Dots1 => "Dots1ForCausalLM",
+            Self::HunYuanDenseV1 => "HunYuanDenseV1ForCausalLM",
+            Self::HunYuanMoEV1 => "HunYuanMoEV1ForCausalLM",
         }
     }
 
@@ -272,7 +282,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Phi3 => 4096,
         Architecture::FalconH1 => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
-        Architecture::Dots1 => 2048,
+        Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,
     }
 }
 
@@ -284,6 +294,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
+        Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.
         Architecture::Glm4 => 0.00000015625,
         _ => 1e-6,

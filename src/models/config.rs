@@ -51,7 +51,7 @@ pub struct ModelSpec {
     pub o_bias: bool,
     /// gate/up/down projections carry a bias (Llama `mlp_bias`).
     pub mlp_bias: bool,
-    /// RMSNorm on q and k before RoPE.
+    /// RMSNorm on q and k (before RoPE, but HunYuan's after it).
     pub qk_norm: QkNorm,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
@@ -306,6 +306,8 @@ pub enum QkNorm {
     /// The whole projection before it is split into heads (`heads · head_dim` values:
     /// MiniMax-M2's `qk_norm_type` `per_layer`).
     Whole,
+    /// Each head on its own after RoPE (`query_layernorm` / `key_layernorm`: HunYuan).
+    PerHeadAfterRope,
 }
 
 fn model_name(dir: &Path) -> String {

@@ -70,17 +70,18 @@ pub(super) fn load_attention_roped<D: Device>(
     let attn = |n: &str| format!("model.layers.{i}.self_attn.{n}");
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let norms = |q: usize, k: usize| {
+    let norms = |(q, k): (usize, usize), (qn, kn): (&str, &str)| {
         Ok::<_, ModelError>(Some((
-            ld.vector(&attn("q_norm.weight"), q)?,
-            Some(ld.vector(&attn("k_norm.weight"), k)?),
+            ld.vector(&attn(&format!("{qn}.weight")), q)?,
+            Some(ld.vector(&attn(&format!("{kn}.weight")), k)?),
         )))
     };
     // GLM-4.5 rotates the first `rotary_dim` dims of each head only.
     let rot = spec.rotated_dims();
     let qk_norm = match (spec.qk_norm, spec.interleaved_rope) {
-        (QkNorm::PerHead, false) => norms(hd, hd)?,
-        (QkNorm::Whole, false) => norms(qd, kvd)?,
+        (QkNorm::PerHead, false) => norms((hd, hd), ("q_norm", "k_norm"))?,
+        (QkNorm::Whole, false) => norms((qd, kvd), ("q_norm", "k_norm"))?,
+        (QkNorm::PerHeadAfterRope, false) => norms((hd, hd), ("query_layernorm", "key_layernorm"))?,
         (QkNorm::None, _) => None,
         (_, true) => {
             let what = "q / k norms with interleaved RoPE".into();
@@ -192,6 +193,7 @@ pub(super) fn attention_of<D: Device>(
         variant,
         qsa: None,
         value_scale: None,
+        qk_norm_after_rope: spec.qk_norm == QkNorm::PerHeadAfterRope,
     })
 }
 

@@ -13,7 +13,10 @@ pub(super) fn dense_spec(
     name: String,
 ) -> Result<ModelSpec, ModelError> {
     cfg.check_activation()?;
-    let ernie = matches!(architecture, Architecture::Ernie4_5 | Architecture::Ernie4_5Moe);
+    let ernie = matches!(
+        architecture,
+        Architecture::Ernie4_5 | Architecture::Ernie4_5Moe
+    );
     if ernie && cfg.bool_or("use_bias", false)? {
         // Every projection and the LM head biased: no release has it, and hsx's head has none.
         return Err(ModelError::Unsupported {
@@ -46,8 +49,14 @@ pub(super) fn dense_spec(
     let max_position_embeddings = longrope.as_ref().map_or(max_pos, |(_, l)| {
         l.original_max_position_embeddings.min(max_pos)
     });
+    let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
+    let hunyuan = matches!(
+        architecture,
+        Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1
+    );
     let (rope_theta, rope_scaling) = match &longrope {
         Some((theta, _)) => (*theta, RopeScaling::None),
+        None if hunyuan => super::hunyuan_config::rope(cfg, architecture, head_dim)?,
         None => cfg.rope(architecture)?,
     };
     // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
@@ -55,7 +64,6 @@ pub(super) fn dense_spec(
     let biased = matches!(architecture, Architecture::SeedOss | Architecture::Glm4);
     let attention_bias =
         architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", biased)?;
-    let head_dim = cfg.usize_or("head_dim", default_head_dim)?;
     Ok(ModelSpec {
         vocab_size: cfg.usize_req("vocab_size")?,
         hidden_size,
@@ -83,6 +91,7 @@ pub(super) fn dense_spec(
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
             Architecture::Dots1 => QkNorm::PerHead,
+            _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
             Architecture::OlmoHybrid => QkNorm::Whole,

@@ -90,7 +90,12 @@ mod tests {
         assert_eq!(s.qk_norm, QkNorm::None);
         let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
         assert_eq!(
-            (m.num_experts, m.top_k, m.expert_intermediate, m.shared_intermediate),
+            (
+                m.num_experts,
+                m.top_k,
+                m.expert_intermediate,
+                m.shared_intermediate
+            ),
             (64, 6, 1536, Some(3072))
         );
         assert!(m.norm_topk_prob);
@@ -197,7 +202,15 @@ mod tests {
         // Dots1Config's default: not renormalised.
         let mut d = v.clone();
         d.as_object_mut().unwrap().remove("norm_topk_prob");
-        assert!(!parse(&d).unwrap().hybrid.unwrap().moe.unwrap().norm_topk_prob);
+        assert!(
+            !parse(&d)
+                .unwrap()
+                .hybrid
+                .unwrap()
+                .moe
+                .unwrap()
+                .norm_topk_prob
+        );
         // Layers from `max_window_layers` on slide (Dots1Config's default window 4096).
         let mut w = v.clone();
         w["max_window_layers"] = json!(60);

@@ -214,5 +214,6 @@ fn load_attention<D: Device>(
         },
         qsa: None,
         value_scale: None,
+        qk_norm_after_rope: false,
     })
 }

@@ -91,5 +91,6 @@ fn load_attention<D: Device>(
         },
         qsa: None,
         value_scale: Some(m.value_scale),
+        qk_norm_after_rope: false,
     })
 }

@@ -41,6 +41,7 @@ pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod granite;
 mod granite_config;
+mod hunyuan_config;
 pub mod hybrid_config;
 mod kimi_config;
 pub mod kimi_linear;

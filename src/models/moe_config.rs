@@ -314,6 +314,9 @@ pub(super) fn attention_moe(
         ),
         Architecture::Dots1 => (Some(deepseek_moe(cfg, num_layers, &DOTS1_MOE)?), head_dim),
         Architecture::Ernie4_5Moe => (Some(super::ernie_config::moe(cfg, num_layers)?), head_dim),
+        Architecture::HunYuanMoEV1 => {
+            (Some(super::hunyuan_config::moe(cfg, num_layers)?), head_dim)
+        }
         Architecture::Llama4 => (
             Some(super::llama4_config::llama4_moe(cfg, num_layers)?),
             head_dim,

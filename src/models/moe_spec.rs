@@ -41,13 +41,16 @@ pub enum MoeRouter {
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
     Llama4,
+    /// HunYuan-MoE's: [`Self::Softmax`]'s choice of `gate.wg`'s logits (renormalised), a shared
+    /// MLP `shared_mlp` added as it is.
+    HunYuan,
 }
 
 impl MoeSpec {
     /// The grouped router's choice (`None` for the softmax router).
     pub fn grouped(&self) -> Option<GroupedTopK> {
         match self.router {
-            MoeRouter::Softmax => None,
+            MoeRouter::Softmax | MoeRouter::HunYuan => None,
             MoeRouter::Grouped {
                 n_group,
                 topk_group,

@@ -12,7 +12,8 @@
 //! MiniMax-M2 `e_score_correction_bias`, ERNIE 4.5 `moe_statics.e_score_correction_bias`
 //! `[1, E]`; Llama-4's is `router.weight`);
 //! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
-//! GLM-4.5 `shared_experts.*`, Llama-4 an ungated `shared_expert.*`.
+//! GLM-4.5 `shared_experts.*`, Llama-4 an ungated `shared_expert.*`; HunYuan-MoE's router is
+//! `gate.wg.weight`, its ungated shared MLP `shared_mlp.*`.
 
 use super::ModelError;
 use super::hybrid_config::{MoeRouter, MoeSpec};
@@ -79,6 +80,10 @@ pub fn load<D: Device>(
             mlp: swiglu(ld, &n("shared_expert"), hidden, inter, QWEN_EXPERTS)?,
             gate: None,
         }),
+        (Some(inter), MoeRouter::HunYuan) => Some(SharedExpert {
+            mlp: swiglu(ld, &n("shared_mlp"), hidden, inter, QWEN_EXPERTS)?,
+            gate: None,
+        }),
         (None, _) => None,
     };
     let choice = match m.grouped() {
@@ -86,7 +91,8 @@ pub fn load<D: Device>(
             // Llama-4's and Mistral 4's routers have no bias.
             bias: match m.router {
                 MoeRouter::Grouped { bias: true, .. } => {
-                    ld.dev.vector(&correction_bias(ld, &n(router_bias), m.num_experts)?)?
+                    ld.dev
+                        .vector(&correction_bias(ld, &n(router_bias), m.num_experts)?)?
                 }
                 _ => ld.dev.vector(&vec![0.0; m.num_experts])?,
             },
@@ -97,7 +103,11 @@ pub fn load<D: Device>(
             renorm: m.norm_topk_prob,
         },
     };
-    let router = if llama4 { "router" } else { "gate" };
+    let router = match m.router {
+        MoeRouter::Llama4 => "router",
+        MoeRouter::HunYuan => "gate.wg",
+        _ => "gate",
+    };
     Ok(Moe {
         router: ld.linear1(&n(router), m.num_experts, hidden, false)?,
         choice,

@@ -133,6 +133,7 @@ pub(super) fn attention_with<D: Device>(
         variant,
         qsa: None,
         value_scale: None,
+        qk_norm_after_rope: false,
     })
 }
 

@@ -159,6 +159,7 @@ pub(super) fn load_attention<D: Device>(
         variant: SoftmaxVariant::causal(),
         qsa: None,
         value_scale: None,
+        qk_norm_after_rope: false,
     })
 }
 

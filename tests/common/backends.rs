@@ -429,7 +429,12 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// (emulated) 9.33e-2 (p3 layer 4, an expert choice flipped in layer 3), the f32-compute paths
 /// 6.4e-7. Its first draw (seed 313) flipped a choice on hsx's portable path (3.18e-1, p3 layer
 /// 3; transformers' own 1.47e-1); seeds 315 and 316 failed the generator's greedy-margin check
-/// (2026-11-30).
+/// (2026-11-30). hunyuan_moe_bf16 (softmax router, top-2 of 8 in every layer): transformers'
+/// own bf16 run is off by up to 1.70e-1 (p3 layer 3), hsx's portable and (emulated) amx paths
+/// 6.14e-2 (p2 layer 4), CUDA (emulated) 5.37e-2 (p2 layer 3), the f32-compute paths 6.6e-7;
+/// of the four seeds tried (323, 325-327) every draw flipped an expert choice somewhere in
+/// transformers' own bf16 run (1.26e-1 to 2.44e-1) and in hsx's bf16 paths (5.4e-2 to
+/// 2.14e-1); 325 kept (2026-11-30).
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -457,7 +462,7 @@ pub fn bf16_tol(name: &str) -> f32 {
         2.4e-1
     } else if name == "kimi_k2_int4" {
         3.6e-1
-    } else if name == "ernie4_5_moe_bf16" {
+    } else if name == "ernie4_5_moe_bf16" || name == "hunyuan_moe_bf16" {
         1.8e-1
     } else {
         2e-2

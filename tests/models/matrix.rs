@@ -234,4 +234,7 @@ matrix! {
     ernie4_5_moe => "ernie4_5_moe",
     ernie4_5_moe_bf16 => "ernie4_5_moe_bf16",
     dots1 => "dots1",
+    hunyuan_dense => "hunyuan_dense",
+    hunyuan_moe => "hunyuan_moe",
+    hunyuan_moe_bf16 => "hunyuan_moe_bf16",
 }

@@ -169,6 +169,8 @@ pub struct QkvSplit<'a> {
     pub head_dim: usize,
     /// RMSNorm weights of q and k (each row cut into pieces as wide as its weight), and eps.
     pub norm: Option<QkNormWeights<'a, [f32]>>,
+    /// `norm` applies after RoPE (HunYuan's), not before.
+    pub norm_after_rope: bool,
     /// Per-head RMSNorm weights of v (Gemma 4's, all ones) and eps.
     pub v_norm: Option<(&'a [f32], f64)>,
     /// RoPE on the first `rotary_dim` dims of every head, at each row's position.
@@ -203,7 +205,7 @@ pub fn split_qkv(
         .zip(qkv.par_chunks(s.width))
         .zip(s.positions.par_iter())
         .for_each_init(
-            || (vec![0.0f32; half], vec![0.0f32; half]),
+            || scratch(half),
             |cs, ((((qr, kr), vr), row), &pos)| {
                 prepare_row(s, row, pos, (qr, Some((kr, vr))), cs);
             },
@@ -224,7 +226,7 @@ pub fn split_q(qkv: &[f32], s: &QkvSplit<'_>, q: &mut Vec<f32>) {
         .zip(qkv.par_chunks(s.width))
         .zip(s.positions.par_iter())
         .for_each_init(
-            || (vec![0.0f32; half], vec![0.0f32; half]),
+            || scratch(half),
             |cs, ((qr, row), &pos)| prepare_row(s, row, pos, (qr, None), cs),
         );
 }
@@ -232,14 +234,21 @@ pub fn split_q(qkv: &[f32], s: &QkvSplit<'_>, q: &mut Vec<f32>) {
 /// A row's k and v destinations.
 type KvRow<'a> = Option<(&'a mut [f32], &'a mut [f32])>;
 
-/// One row's q (and k, v): gathered from `row`, normed, rotated at `pos` (`cos_sin`: scratch
-/// of `rot / 2`).
+/// [`prepare_row`]'s scratch: cos and sin of `half` frequencies, and a norm piece's copy.
+type RowScratch = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn scratch(half: usize) -> RowScratch {
+    (vec![0.0; half], vec![0.0; half], Vec::new())
+}
+
+/// One row's q (and k, v): gathered from `row`, normed, rotated at `pos` (`norm_after_rope`:
+/// rotated, then normed; `cs`: scratch of `rot / 2` cos and sin and a norm piece).
 fn prepare_row(
     s: &QkvSplit<'_>,
     row: &[f32],
     pos: usize,
     (qr, kv): (&mut [f32], KvRow<'_>),
-    (cos, sin): &mut (Vec<f32>, Vec<f32>),
+    (cos, sin, tmp): &mut RowScratch,
 ) {
     let piece = |dst: &mut [f32], src: &[f32], w: Option<&[f32]>, eps: f64| match w {
         Some(w) => {
@@ -250,6 +259,11 @@ fn prepare_row(
         None => dst.copy_from_slice(src),
     };
     let eps = s.norm.map_or(0.0, |n| n.2);
+    // Before RoPE the norms apply while gathering; after it, in place below.
+    let (before, after) = match s.norm_after_rope {
+        false => (s.norm, None),
+        true => (None, s.norm),
+    };
     let mut kr = None;
     if let Some((k, v)) = kv {
         let (vn, v_eps) = s.v_norm.map_or((None, 0.0), |(w, eps)| (Some(w), eps));
@@ -257,17 +271,30 @@ fn prepare_row(
         piece(
             k,
             &row[s.k_col..s.k_col + s.kv_dim],
-            s.norm.and_then(|n| n.1),
+            before.and_then(|n| n.1),
             eps,
         );
         kr = Some(k);
     }
-    piece(qr, &row[..s.q_dim], s.norm.map(|n| n.0), eps);
+    piece(qr, &row[..s.q_dim], before.map(|n| n.0), eps);
     if let Some((rope, rot)) = s.rope {
         rope.cos_sin(pos, cos, sin);
-        let k_heads = kr.into_iter().flat_map(|k| k.chunks_exact_mut(s.head_dim));
+        let k_heads = kr.iter_mut().flat_map(|k| k.chunks_exact_mut(s.head_dim));
         for head in qr.chunks_exact_mut(s.head_dim).chain(k_heads) {
             rotate_half(&mut head[..rot], cos, sin);
+        }
+    }
+    if let Some((qn, kn, eps)) = after {
+        let mut in_place = |x: &mut [f32], w: &[f32]| {
+            for d in x.chunks_exact_mut(w.len()) {
+                tmp.clear();
+                tmp.extend_from_slice(d);
+                rms_norm_row(tmp, w, eps, d);
+            }
+        };
+        in_place(qr, qn);
+        if let (Some(k), Some(kn)) = (kr, kn) {
+            in_place(k, kn);
         }
     }
 }
@@ -442,18 +469,27 @@ mod tests {
                 .collect()
         };
         let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        for (norm, v_norm) in norms.into_iter().zip(v_norms.into_iter().cycle()) {
+        let cases = norms.into_iter().zip(v_norms.into_iter().cycle());
+        for ((norm, v_norm), after) in cases.flat_map(|c| [(c, false), (c, true)]) {
             for rope in ropes {
                 let (mut q, mut k, mut v) = (cols(0, qd), cols(qd, kvd), cols(qd + kvd, kvd));
-                if let Some((qn, kn, eps)) = norm {
-                    rms_norm_inplace(&mut q, qn, eps);
-                    rms_norm_inplace(&mut k, kn, eps);
+                let qk_norm = |q: &mut Vec<f32>, k: &mut Vec<f32>| {
+                    if let Some((qn, kn, eps)) = norm {
+                        rms_norm_inplace(q, qn, eps);
+                        rms_norm_inplace(k, kn, eps);
+                    }
+                };
+                if !after {
+                    qk_norm(&mut q, &mut k);
                 }
                 if let Some((vn, eps)) = v_norm {
                     rms_norm_inplace(&mut v, vn, eps);
                 }
                 if let Some((r, rot)) = rope {
                     apply_rope(r, (&mut q, &mut k), &positions, hd, rot);
+                }
+                if after {
+                    qk_norm(&mut q, &mut k);
                 }
                 let split = QkvSplit {
                     width,
@@ -463,6 +499,7 @@ mod tests {
                     kv_dim: kvd,
                     head_dim: hd,
                     norm: norm.map(|(qn, kn, eps)| (qn, Some(kn), eps)),
+                    norm_after_rope: after,
                     v_norm,
                     rope,
                     positions: &positions,
@@ -470,7 +507,7 @@ mod tests {
                 let (mut q2, mut k2, mut v2) = (vec![f32::NAN; 3], Vec::new(), Vec::new());
                 split_qkv(&qkv, &split, (&mut q2, &mut k2, &mut v2));
                 let what = format!(
-                    "norm {} v norm {} rope {:?}",
+                    "norm {} (after RoPE {after}) v norm {} rope {:?}",
                     norm.is_some(),
                     v_norm.is_some(),
                     rope.map(|r| r.1)

@@ -123,9 +123,10 @@ fn tiles_of(plan: &BatchPlan<'_>, tile: usize) -> Vec<i32> {
 pub use crate::kernels::device::AttnShape;
 use crate::kernels::device::{KvShape, QueryTemperature};
 
-/// q/k RMSNorm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, and the
-/// (count, width) of the pieces of q and of k each normalises.
-pub type QkNorms = (u64, u64, f64, [(usize, usize); 2]);
+/// q/k RMSNorm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, the
+/// (count, width) of the pieces of q and of k each normalises, and whether they apply after
+/// RoPE (HunYuan's) rather than before.
+pub type QkNorms = (u64, u64, f64, [(usize, usize); 2], bool);
 
 /// The per-head RMSNorm of v (weights `[head_dim]`, eps): Gemma 4's.
 pub type VNorm = (u64, f64);
@@ -349,7 +350,11 @@ impl DevKvCache {
         if let Some((vn, eps)) = norms.1.filter(|_| k.is_some()) {
             ops::head_rms_norm(gpu, heads(v_col, rows.kv_heads), vn, eps)?;
         }
-        if let Some((qn, kn, eps, [(qc, qw), (kc, kw)])) = norms.0 {
+        let qk_norm = |after: bool| -> CudaResult<()> {
+            let Some((qn, kn, eps, [(qc, qw), (kc, kw)], _)) = norms.0.filter(|n| n.4 == after)
+            else {
+                return Ok(());
+            };
             let pieces = |x: Heads, heads, head_dim| Heads {
                 heads,
                 head_dim,
@@ -359,7 +364,9 @@ impl DevKvCache {
             if let Some(k) = k {
                 ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
             }
-        }
+            Ok(())
+        };
+        qk_norm(false)?;
         if let Some((rot, freqs)) = rope {
             let pos = plan.positions.ptr();
             match k {
@@ -367,6 +374,7 @@ impl DevKvCache {
                 None => ops::rope(gpu, q, rot, pos, freqs)?,
             }
         }
+        qk_norm(true)?;
         if k.is_some() {
             self.write(gpu, layer, q, rows.k_col, v_col, plan)?;
         }

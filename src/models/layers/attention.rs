@@ -19,6 +19,8 @@ pub struct Attention<D: Device> {
     /// q and k RMSNorm weights (per head or whole); no k weights on a layer that shares an
     /// earlier layer's keys (`shared_kv`).
     pub qk_norm: Option<(D::Vector, Option<D::Vector>)>,
+    /// The q / k norms apply after RoPE (HunYuan's), not before.
+    pub qk_norm_after_rope: bool,
     /// Per-head v RMSNorm weights (Gemma 4's unweighted norm: ones).
     pub v_norm: Option<D::Vector>,
     /// RoPE table and rotary dims of each head.
@@ -100,6 +102,7 @@ impl<D: Device> Attention<D> {
             kv_layer: self.kv_layer,
             layout: self.layout(),
             qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k.as_ref(), self.eps)),
+            norm_after_rope: self.qk_norm_after_rope,
             v_norm: (self.v_norm.as_ref()).map(|v| (v, self.eps)),
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
             softmax: self.variant.as_ref(),

@@ -137,6 +137,7 @@ impl<D: Device> MlaAttention<D> {
                 head_dim: d.head_dim(),
             },
             qk_norm: None,
+            norm_after_rope: false,
             v_norm: None,
             rope: Some((&self.rope, d.rope)),
             softmax: SoftmaxVariant {
