@@ -128,11 +128,14 @@ pub enum Architecture {
     /// `HunYuanMoEV1ForCausalLM` (Hunyuan-A13B): HunYuan's attention, softmax-routed experts in
     /// every layer beside a shared MLP.
     HunYuanMoEV1,
+    /// `ExaoneMoeForCausalLM` (K-EXAONE): EXAONE 4.0's attention (sliding layers with RoPE,
+    /// full ones without) in pre-norm layers, DeepSeek-V3's sigmoid-routed experts.
+    ExaoneMoe,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 43] = [
+    pub const ALL: [Self; 44] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -167,6 +170,7 @@ impl Architecture {
         Self::Dots1,
         Self::HunYuanDenseV1,
         Self::HunYuanMoEV1,
+        Self::ExaoneMoe,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -228,6 +232,7 @@ impl Architecture {
             Self::Dots1 => "Dots1ForCausalLM",
             Self::HunYuanDenseV1 => "HunYuanDenseV1ForCausalLM",
             Self::HunYuanMoEV1 => "HunYuanMoEV1ForCausalLM",
+            Self::ExaoneMoe => "ExaoneMoeForCausalLM",
         }
     }
 
@@ -261,6 +266,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
+        Architecture::ExaoneMoe => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -293,6 +299,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
+        Architecture::ExaoneMoe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.

@@ -251,9 +251,10 @@ impl ModelSpec {
             a @ (Architecture::Gemma4 | Architecture::Gemma4Unified) => {
                 super::gemma4_config::parse(&cfg, a, name)?
             }
-            a @ (Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4) => {
-                super::olmo_config::parse(&cfg, a, name)?
-            }
+            a @ (Architecture::Olmo2
+            | Architecture::Olmo3
+            | Architecture::Exaone4
+            | Architecture::ExaoneMoe) => super::olmo_config::parse(&cfg, a, name)?,
             Architecture::OlmoHybrid => super::olmo_config::parse_hybrid(&cfg, name)?,
             Architecture::KimiLinear => super::kimi_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,

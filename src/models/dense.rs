@@ -296,17 +296,23 @@ fn load_moe<D: Device>(
 ) -> Result<Moe<D>, ModelError> {
     let h = spec.hidden_size;
     let arch = spec.architecture;
-    // MiniMax-M2 keeps the router's correction bias beside `gate`, GLM-4.5 inside it, ERNIE 4.5
-    // in `moe_statics` (transformers' in-memory name: under `gate`).
+    // The router's correction bias: GLM-4.5's inside `gate`, MiniMax-M2's beside it; K-EXAONE's
+    // (beside it) and ERNIE 4.5's (in `moe_statics`) as released, or under `gate` as
+    // transformers names them in memory.
+    let as_released_or_in_memory = |released: &'static str, in_memory: &'static str| match ld
+        .w
+        .contains(&format!("{p}.mlp.{in_memory}"))
+    {
+        true => in_memory,
+        false => released,
+    };
     let bias = match arch {
         Architecture::MiniMaxM2 => "e_score_correction_bias",
-        Architecture::Ernie4_5Moe => {
-            let in_memory = "gate.moe_statics.e_score_correction_bias";
-            match ld.w.contains(&format!("{p}.mlp.{in_memory}")) {
-                true => in_memory,
-                false => "moe_statics.e_score_correction_bias",
-            }
-        }
+        Architecture::ExaoneMoe => as_released_or_in_memory("e_score_correction_bias", GATE_BIAS),
+        Architecture::Ernie4_5Moe => as_released_or_in_memory(
+            "moe_statics.e_score_correction_bias",
+            "gate.moe_statics.e_score_correction_bias",
+        ),
         _ => GATE_BIAS,
     };
     let released = format!("{p}.block_sparse_moe");

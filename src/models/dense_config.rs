@@ -90,7 +90,7 @@ pub(super) fn dense_spec(
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
-            Architecture::Dots1 => QkNorm::PerHead,
+            Architecture::Dots1 | Architecture::ExaoneMoe => QkNorm::PerHead,
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,

@@ -210,6 +210,19 @@ pub(super) const MISTRAL4_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     renorm: true,
 };
 
+/// `ExaoneMoeConfig`'s (K-EXAONE's): `num_experts` and `num_shared_experts` named so.
+pub(super) const EXAONE_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 64,
+    top_k: 8,
+    inter: 1024,
+    scale: 2.5,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::LayerTypesElseFirstK(1),
+    softmax: false,
+    renorm: true,
+};
+
 /// `Dots1Config`'s (it names no expert counts: its releases do).
 pub(super) const DOTS1_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     experts: 0,
@@ -234,8 +247,10 @@ pub(super) fn deepseek_moe(
     d: &DeepseekMoeDefaults,
 ) -> Result<MoeSpec, ModelError> {
     let inter = cfg.usize_or("moe_intermediate_size", d.inter)?;
+    // K-EXAONE names them `num_shared_experts` and `num_experts`.
+    let shared_experts = first_usize(cfg, &["n_shared_experts", "num_shared_experts"], 1)?;
     let shared = inter
-        .checked_mul(cfg.usize_or("n_shared_experts", 1)?)
+        .checked_mul(shared_experts)
         .ok_or_else(|| cfg.err("n_shared_experts", "too large"))?;
     let sparse_layers = match d.dense {
         DenseLayers::FirstK(k) => {
@@ -252,7 +267,11 @@ pub(super) fn deepseek_moe(
         },
     };
     Ok(MoeSpec {
-        num_experts: first_usize(cfg, &["n_routed_experts", "num_local_experts"], d.experts)?,
+        num_experts: first_usize(
+            cfg,
+            &["n_routed_experts", "num_local_experts", "num_experts"],
+            d.experts,
+        )?,
         top_k: cfg.usize_or("num_experts_per_tok", d.top_k)?,
         expert_intermediate: inter,
         // transformers builds a zero-wide shared expert (adding zeros) for 0 shared experts.
@@ -313,6 +332,7 @@ pub(super) fn attention_moe(
             minimax_rotary_dim(cfg, head_dim)?,
         ),
         Architecture::Dots1 => (Some(deepseek_moe(cfg, num_layers, &DOTS1_MOE)?), head_dim),
+        Architecture::ExaoneMoe => (Some(deepseek_moe(cfg, num_layers, &EXAONE_MOE)?), head_dim),
         Architecture::Ernie4_5Moe => (Some(super::ernie_config::moe(cfg, num_layers)?), head_dim),
         Architecture::HunYuanMoEV1 => {
             (Some(super::hunyuan_config::moe(cfg, num_layers)?), head_dim)

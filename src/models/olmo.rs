@@ -6,14 +6,18 @@
 //! RMSNorm over the whole projection (EXAONE: per head) before RoPE, biases where
 //! `attention_bias`; OLMo 3's and EXAONE's sliding layers with their window and RoPE (EXAONE's
 //! full layers without RoPE: the spec's `nope_layers`). OLMo Hybrid's attention layers are
-//! these, between pre-norm Gated DeltaNet layers ([`load_hybrid`]).
+//! these, between pre-norm Gated DeltaNet layers ([`load_hybrid`]). K-EXAONE
+//! (`ExaoneMoeForCausalLM`): EXAONE 4.0's attention in Llama's pre-norm layers
+//! (`input_layernorm`, `post_attention_layernorm`), DeepSeek-V3's experts where sparse.
 
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_attention_roped, load_mlp, load_with};
+use super::dense::{
+    attention_layer, load_attention, load_attention_roped, load_ffn, load_mlp, load_with,
+};
 use super::hybrid_config::LayerKind;
 use super::layers::mlp::Activation;
 use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
-use super::{ModelError, ModelSpec};
+use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
@@ -117,6 +121,11 @@ fn load_layer<D: Device>(
         false => (spec.rope_theta, spec.rope_scaling),
     };
     let attention = load_attention_roped(ld, spec, i, variant, rope)?;
+    if spec.architecture == Architecture::ExaoneMoe {
+        // K-EXAONE: EXAONE 4.0's attention in pre-norm layers, its experts where sparse.
+        let ffn = load_ffn(ld, spec, &p, i)?;
+        return attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn);
+    }
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?;
     Ok(Layer {
         parts: vec![

@@ -36,7 +36,7 @@ pub(super) fn parse(
     let layers = spec.num_layers;
     let global = (spec.rope_theta, spec.rope_scaling);
     spec.olmo = Some(match arch {
-        Architecture::Exaone4 => exaone4(cfg, &mut spec)?,
+        Architecture::Exaone4 | Architecture::ExaoneMoe => exaone4(cfg, &mut spec)?,
         Architecture::Olmo3 => {
             if cfg.is_null("sliding_window") {
                 // transformers' sliding-window mask refuses a null window too.
@@ -285,6 +285,41 @@ mod tests {
             exaone(json!({})).unwrap().qk_norm,
             super::super::QkNorm::PerHead
         );
+    }
+
+    /// K-EXAONE (`ExaoneMoeForCausalLM`): EXAONE 4.0's windows and NoPE full layers, its MoE
+    /// fields named `num_experts` / `num_shared_experts`, dense layers by `mlp_layer_types`
+    /// (else `first_k_dense_replace`, 1).
+    #[test]
+    fn exaone_moe_windows_and_experts() {
+        let layer_types: Vec<&str> = (0..8)
+            .map(|i| match (i + 1) % 4 {
+                0 => "full_attention",
+                _ => "sliding_attention",
+            })
+            .collect();
+        let mut v = olmo3(json!({"sliding_window": 128, "layer_types": layer_types,
+            "sliding_window_pattern": "LLLG", "num_experts": 128, "num_experts_per_tok": 8,
+            "num_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.5, "norm_topk_prob": true}));
+        v["architectures"] = json!(["ExaoneMoeForCausalLM"]);
+        v["num_hidden_layers"] = json!(8);
+        let s = spec(v.clone()).unwrap();
+        assert_eq!(s.qk_norm, super::super::QkNorm::PerHead);
+        let o = s.olmo.as_ref().unwrap();
+        assert_eq!((o.window, o.sliding[3], o.sliding[4]), (128, false, true));
+        assert!(s.nope_layers.as_ref().unwrap()[7]);
+        let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.shared_intermediate),
+            (128, 8, Some(2048))
+        );
+        assert!(!m.sparse_layers[0] && m.sparse_layers[1..].iter().all(|&s| s));
+        v["mlp_layer_types"] = json!([
+            "dense", "dense", "sparse", "sparse", "sparse", "sparse", "sparse", "sparse"
+        ]);
+        let m = spec(v).unwrap().hybrid.unwrap().moe.unwrap();
+        assert_eq!(m.sparse_layers.iter().position(|&s| s), Some(2));
     }
 
     fn olmo_hybrid(extra: Value) -> Result<ModelSpec, ModelError> {

@@ -28,9 +28,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Gemma3 => super::gemma3::load(ld, spec),
         Architecture::Gemma4 | Architecture::Gemma4Unified => super::gemma4::load(ld, spec),
         Architecture::Glm4 => super::glm4::load(ld, spec),
-        Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => {
-            super::olmo::load(ld, spec)
-        }
+        Architecture::Olmo2
+        | Architecture::Olmo3
+        | Architecture::Exaone4
+        | Architecture::ExaoneMoe => super::olmo::load(ld, spec),
         Architecture::OlmoHybrid => super::olmo::load_hybrid(ld, spec),
         Architecture::KimiLinear => super::kimi_linear::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),

@@ -237,4 +237,5 @@ matrix! {
     hunyuan_dense => "hunyuan_dense",
     hunyuan_moe => "hunyuan_moe",
     hunyuan_moe_bf16 => "hunyuan_moe_bf16",
+    exaone_moe => "exaone_moe",
 }

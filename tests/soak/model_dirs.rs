@@ -138,6 +138,7 @@ const FIXTURES: &[&str] = &[
     "ernie4_5_moe_bf16",
     "dots1",
     "hunyuan_moe",
+    "exaone_moe",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

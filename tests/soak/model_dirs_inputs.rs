@@ -303,6 +303,8 @@ const WORDS: &[&str] = &[
     "Dots1ForCausalLM",
     "HunYuanDenseV1ForCausalLM",
     "HunYuanMoEV1ForCausalLM",
+    "ExaoneMoeForCausalLM",
+    "num_shared_experts",
     "moe_topk",
     "rope_parameters.alpha",
     "use_cla",
