@@ -131,11 +131,14 @@ pub enum Architecture {
     /// `ExaoneMoeForCausalLM` (K-EXAONE): EXAONE 4.0's attention (sliding layers with RoPE,
     /// full ones without) in pre-norm layers, DeepSeek-V3's sigmoid-routed experts.
     ExaoneMoe,
+    /// `HYV3ForCausalLM` (Tencent HY V3): Qwen3's attention, a dense first layer, then
+    /// sigmoid-routed experts (MiniMax-M2's router with a scaling factor) beside shared experts.
+    HyV3,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 44] = [
+    pub const ALL: [Self; 45] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -171,6 +174,7 @@ impl Architecture {
         Self::HunYuanDenseV1,
         Self::HunYuanMoEV1,
         Self::ExaoneMoe,
+        Self::HyV3,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -233,6 +237,7 @@ impl Architecture {
             Self::HunYuanDenseV1 => "HunYuanDenseV1ForCausalLM",
             Self::HunYuanMoEV1 => "HunYuanMoEV1ForCausalLM",
             Self::ExaoneMoe => "ExaoneMoeForCausalLM",
+            Self::HyV3 => "HYV3ForCausalLM",
         }
     }
 
@@ -256,6 +261,25 @@ impl Architecture {
         )
     }
 
+    /// transformers' load-time renamings of this family's released tensor names (a part of
+    /// the name, then what replaces it): hsx's loaders read the replaced (in-memory) names,
+    /// which a checkpoint saved by transformers also has.
+    pub fn released_renames(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Ernie4_5Moe => &[("mlp.moe_statics.", "mlp.gate.moe_statics.")],
+            Self::ExaoneMoe => &[(
+                "mlp.e_score_correction_bias",
+                "mlp.gate.e_score_correction_bias",
+            )],
+            Self::HyV3 => &[
+                ("mlp.router.gate.", "mlp.gate."),
+                ("mlp.expert_bias", "mlp.e_score_correction_bias"),
+                ("mlp.shared_mlp.", "mlp.shared_experts."),
+            ],
+            _ => &[],
+        }
+    }
+
     /// Families with DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5).
     pub fn has_sparse_attention(self) -> bool {
         matches!(self, Self::DeepseekV32 | Self::GlmMoeDsa)
@@ -267,6 +291,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
+        Architecture::HyV3 => 131072,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -299,7 +324,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
-        Architecture::ExaoneMoe => 1e-5,
+        Architecture::ExaoneMoe | Architecture::HyV3 => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.
@@ -316,6 +341,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,
         Architecture::SmolLM3 => 2e6,
+        Architecture::HyV3 => 11_158_840.0,
         Architecture::Olmo3 => 5e5,
         Architecture::Llama4 => 5e5,
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).

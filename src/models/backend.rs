@@ -50,7 +50,9 @@ impl<D: Device> ModelBackend<D> {
     /// Loads the model of `dir` (described by `spec`) onto `dev`.
     pub fn new(dev: D, dir: &Path, spec: ModelSpec, layout: Layout) -> Result<Self, ModelError> {
         check_layout(&spec, &layout)?;
-        let weights = Weights::open(dir)?.dequantizing((spec.fp8, spec.compressed), spec.dtype);
+        let weights = Weights::open(dir)?
+            .renamed(spec.architecture.released_renames())
+            .dequantizing((spec.fp8, spec.compressed), spec.dtype);
         let model = dev.run(|| {
             let ld = Loader {
                 dev: &dev,

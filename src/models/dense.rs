@@ -296,23 +296,11 @@ fn load_moe<D: Device>(
 ) -> Result<Moe<D>, ModelError> {
     let h = spec.hidden_size;
     let arch = spec.architecture;
-    // The router's correction bias: GLM-4.5's inside `gate`, MiniMax-M2's beside it; K-EXAONE's
-    // (beside it) and ERNIE 4.5's (in `moe_statics`) as released, or under `gate` as
-    // transformers names them in memory.
-    let as_released_or_in_memory = |released: &'static str, in_memory: &'static str| match ld
-        .w
-        .contains(&format!("{p}.mlp.{in_memory}"))
-    {
-        true => in_memory,
-        false => released,
-    };
+    // The router's correction bias: GLM-4.5's inside `gate` (K-EXAONE's as transformers renames
+    // it), MiniMax-M2's and HY V3's beside it, ERNIE 4.5's in `gate.moe_statics` (as renamed).
     let bias = match arch {
-        Architecture::MiniMaxM2 => "e_score_correction_bias",
-        Architecture::ExaoneMoe => as_released_or_in_memory("e_score_correction_bias", GATE_BIAS),
-        Architecture::Ernie4_5Moe => as_released_or_in_memory(
-            "moe_statics.e_score_correction_bias",
-            "gate.moe_statics.e_score_correction_bias",
-        ),
+        Architecture::MiniMaxM2 | Architecture::HyV3 => "e_score_correction_bias",
+        Architecture::Ernie4_5Moe => "gate.moe_statics.e_score_correction_bias",
         _ => GATE_BIAS,
     };
     let released = format!("{p}.block_sparse_moe");

@@ -17,6 +17,13 @@ pub(super) fn dense_spec(
         architecture,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe
     );
+    if architecture == Architecture::HyV3 && cfg.bool_or("mlp_bias", false)? {
+        // Its shared experts would be biased too: no release has it.
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: "HY V3's mlp_bias (biased dense and shared-expert MLPs)".into(),
+        });
+    }
     if ernie && cfg.bool_or("use_bias", false)? {
         // Every projection and the LM head biased: no release has it, and hsx's head has none.
         return Err(ModelError::Unsupported {
@@ -42,7 +49,8 @@ pub(super) fn dense_spec(
         | Architecture::SeedOss
         | Architecture::Glm4
         | Architecture::Ernie4_5
-        | Architecture::Ernie4_5Moe => 128,
+        | Architecture::Ernie4_5Moe
+        | Architecture::HyV3 => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -90,7 +98,7 @@ pub(super) fn dense_spec(
         mlp_bias: cfg.bool_or("mlp_bias", false)?,
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
-            Architecture::Dots1 | Architecture::ExaoneMoe => QkNorm::PerHead,
+            Architecture::Dots1 | Architecture::ExaoneMoe | Architecture::HyV3 => QkNorm::PerHead,
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,

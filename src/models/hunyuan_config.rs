@@ -1,6 +1,7 @@
 //! HunYuan's config fields beyond Llama's (`HunYuanDenseV1Config`, `HunYuanMoEV1Config`): its
 //! NTK-alpha RoPE, its experts, and the release fields transformers does not run (refused).
-//! The rest (per-head q / k norms after RoPE, `head_dim`) is read by `dense_config`.
+//! The rest (per-head q / k norms after RoPE, `head_dim`) is read by `dense_config`. Also HY
+//! V3's experts (`HYV3Config`), Tencent's next family.
 
 use super::ModelError;
 use super::config::{Architecture, Cfg};
@@ -89,6 +90,34 @@ fn top_k(cfg: &Cfg<'_>) -> Result<usize, ModelError> {
         Some([first, rest @ ..]) if rest.iter().all(|v| v == first) => Ok(*first as usize),
         _ => Err(cfg.err(field, "expected a number or a list of one number per layer")),
     }
+}
+
+/// HY V3's experts (`HYV3Config`): `num_experts` (192) of `moe_intermediate_size` (1536), the
+/// top `num_experts_per_tok` (8) of the sigmoid of the logits ranked with
+/// `e_score_correction_bias`, renormalised and times `router_scaling_factor` (2.826), beside
+/// `num_shared_experts` (1) shared experts as one plain MLP; the dense layers by
+/// `mlp_layer_types` (default: layer 0).
+pub(super) fn hy_v3_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> {
+    let inter = cfg.usize_or("moe_intermediate_size", 1536)?;
+    let shared = inter
+        .checked_mul(cfg.usize_or("num_shared_experts", 1)?)
+        .ok_or_else(|| cfg.err("num_shared_experts", "too large"))?;
+    Ok(MoeSpec {
+        num_experts: first_usize(cfg, &["num_experts", "num_local_experts"], 192)?,
+        top_k: cfg.usize_or("num_experts_per_tok", 8)?,
+        expert_intermediate: inter,
+        // transformers builds a zero-wide shared MLP (adding zeros) for 0 shared experts.
+        shared_intermediate: (shared > 0).then_some(shared),
+        norm_topk_prob: true,
+        sparse_layers: super::moe_config::mlp_layer_types(cfg, num_layers)?,
+        router: MoeRouter::Grouped {
+            n_group: 1,
+            topk_group: 1,
+            scale: cfg.f64_or("router_scaling_factor", 2.826)? as f32,
+            softmax: false,
+            bias: true,
+        },
+    })
 }
 
 #[cfg(test)]

@@ -98,3 +98,42 @@ fn hunyuan_dense_reads_llama_fields_with_its_attention() {
     let base = 1e4 * 50f64.powf(128.0 / 126.0);
     assert!((s.rope_theta - base).abs() < 1e-6 * base);
 }
+
+/// HY V3 with `HYV3Config`'s defaults: heads of 128, RoPE theta 11158840, layer 0 dense, 192
+/// experts top-8 of the sigmoid router with its bias, renormalised, × 2.826, one shared expert.
+#[test]
+fn hy_v3_defaults_and_refusal() {
+    let mut v = json!({
+        "architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3", "hidden_size": 4096,
+        "intermediate_size": 13312, "num_hidden_layers": 80, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "vocab_size": 120832, "torch_dtype": "bfloat16"
+    });
+    let s = parse(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::HyV3);
+    assert_eq!(
+        (s.head_dim, s.rope_theta, s.rms_norm_eps),
+        (128, 11_158_840.0, 1e-5)
+    );
+    assert_eq!(s.qk_norm, QkNorm::PerHead);
+    let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_intermediate,
+            m.shared_intermediate
+        ),
+        (192, 8, 1536, Some(1536))
+    );
+    assert!(m.norm_topk_prob && !m.sparse_layers[0] && m.sparse_layers[1..].iter().all(|&s| s));
+    let router = MoeRouter::Grouped {
+        n_group: 1,
+        topk_group: 1,
+        scale: 2.826,
+        softmax: false,
+        bias: true,
+    };
+    assert_eq!(m.router, router);
+    v["mlp_bias"] = json!(true);
+    assert!(parse(&v).unwrap_err().to_string().contains("mlp_bias"));
+}

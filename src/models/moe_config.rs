@@ -290,7 +290,7 @@ pub(super) fn deepseek_moe(
 
 /// `mlp_layer_types` (`"dense"` / `"sparse"` per layer) as sparse flags; absent: layer 0
 /// dense, the rest sparse.
-fn mlp_layer_types(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelError> {
+pub(super) fn mlp_layer_types(cfg: &Cfg<'_>, num_layers: usize) -> Result<Vec<bool>, ModelError> {
     let Some(v) = cfg.get("mlp_layer_types") else {
         return Ok((0..num_layers).map(|i| i > 0).collect());
     };
@@ -333,6 +333,10 @@ pub(super) fn attention_moe(
         ),
         Architecture::Dots1 => (Some(deepseek_moe(cfg, num_layers, &DOTS1_MOE)?), head_dim),
         Architecture::ExaoneMoe => (Some(deepseek_moe(cfg, num_layers, &EXAONE_MOE)?), head_dim),
+        Architecture::HyV3 => (
+            Some(super::hunyuan_config::hy_v3_moe(cfg, num_layers)?),
+            head_dim,
+        ),
         Architecture::Ernie4_5Moe => (Some(super::ernie_config::moe(cfg, num_layers)?), head_dim),
         Architecture::HunYuanMoEV1 => {
             (Some(super::hunyuan_config::moe(cfg, num_layers)?), head_dim)

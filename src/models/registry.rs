@@ -22,7 +22,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe | Architecture::Dots1 => {
             dense::load(ld, spec)
         }
-        Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => dense::load(ld, spec),
+        Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 | Architecture::HyV3 => {
+            dense::load(ld, spec)
+        }
         Architecture::MiMoV2Flash => super::mimo_v2_flash::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),

@@ -140,6 +140,25 @@ impl Weights {
         self
     }
 
+    /// The same weights, each tensor a release names with a `from` part of `renames` also
+    /// answering to the name with `to` in its place (transformers' in-memory name, which hsx's
+    /// loaders read), where no tensor has that name itself: transformers' load-time renamings
+    /// of a family's released checkpoints (`Architecture::released_renames`).
+    pub fn renamed(mut self, renames: &[(&str, &str)]) -> Self {
+        let visible = (self.index.keys().map(|n| (n.clone(), n.clone())))
+            .chain(self.aliases.iter().map(|(a, s)| (a.clone(), s.clone())))
+            .collect::<Vec<_>>();
+        for (name, stored) in visible {
+            for (from, to) in renames {
+                let renamed = name.replacen(from, to, 1);
+                if renamed != name && !self.index.contains_key(&renamed) {
+                    self.aliases.insert(renamed, stored.clone());
+                }
+            }
+        }
+        self
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -238,4 +238,5 @@ matrix! {
     hunyuan_moe => "hunyuan_moe",
     hunyuan_moe_bf16 => "hunyuan_moe_bf16",
     exaone_moe => "exaone_moe",
+    hy_v3 => "hy_v3",
 }

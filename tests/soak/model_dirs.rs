@@ -139,6 +139,7 @@ const FIXTURES: &[&str] = &[
     "dots1",
     "hunyuan_moe",
     "exaone_moe",
+    "hy_v3",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

@@ -304,6 +304,8 @@ const WORDS: &[&str] = &[
     "HunYuanDenseV1ForCausalLM",
     "HunYuanMoEV1ForCausalLM",
     "ExaoneMoeForCausalLM",
+    "HYV3ForCausalLM",
+    "router_scaling_factor",
     "num_shared_experts",
     "moe_topk",
     "rope_parameters.alpha",
