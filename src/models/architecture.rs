@@ -134,11 +134,19 @@ pub enum Architecture {
     /// `HYV3ForCausalLM` (Tencent HY V3): Qwen3's attention, a dense first layer, then
     /// sigmoid-routed experts (MiniMax-M2's router with a scaling factor) beside shared experts.
     HyV3,
+    /// `Qwen2MoeForCausalLM` (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, softmax-routed
+    /// experts beside a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// `OlmoeForCausalLM` (OLMoE): Llama's layers with q / k norms over the whole projection,
+    /// softmax-routed experts in every layer.
+    Olmoe,
+    /// `FlexOlmoForCausalLM` (FlexOlmo): OLMo 2's post-norm layers with OLMoE's experts.
+    FlexOlmo,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 45] = [
+    pub const ALL: [Self; 48] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -175,6 +183,9 @@ impl Architecture {
         Self::HunYuanMoEV1,
         Self::ExaoneMoe,
         Self::HyV3,
+        Self::Qwen2Moe,
+        Self::Olmoe,
+        Self::FlexOlmo,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -238,6 +249,9 @@ impl Architecture {
             Self::HunYuanMoEV1 => "HunYuanMoEV1ForCausalLM",
             Self::ExaoneMoe => "ExaoneMoeForCausalLM",
             Self::HyV3 => "HYV3ForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Olmoe => "OlmoeForCausalLM",
+            Self::FlexOlmo => "FlexOlmoForCausalLM",
         }
     }
 
@@ -292,6 +306,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,
+        Architecture::Qwen2Moe => 32768,
+        Architecture::Olmoe | Architecture::FlexOlmo => 4096,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -324,7 +340,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
-        Architecture::ExaoneMoe | Architecture::HyV3 => 1e-5,
+        Architecture::ExaoneMoe | Architecture::HyV3 | Architecture::Olmoe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.
@@ -342,6 +358,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,
         Architecture::SmolLM3 => 2e6,
         Architecture::HyV3 => 11_158_840.0,
+        Architecture::FlexOlmo => 5e5,
         Architecture::Olmo3 => 5e5,
         Architecture::Llama4 => 5e5,
         // Gemma3TextConfig's full-attention layers (its sliding ones: 1e4).

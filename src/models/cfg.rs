@@ -185,7 +185,10 @@ impl<'a> Cfg<'a> {
                 }
                 return Ok(window);
             }
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+            Architecture::Qwen2
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe => {
                 self.bool_or("use_sliding_window", false)? || self.has_sliding_layer_types()
             }
             Architecture::Llama => false,

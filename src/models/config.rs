@@ -254,7 +254,8 @@ impl ModelSpec {
             a @ (Architecture::Olmo2
             | Architecture::Olmo3
             | Architecture::Exaone4
-            | Architecture::ExaoneMoe) => super::olmo_config::parse(&cfg, a, name)?,
+            | Architecture::ExaoneMoe
+            | Architecture::FlexOlmo) => super::olmo_config::parse(&cfg, a, name)?,
             Architecture::OlmoHybrid => super::olmo_config::parse_hybrid(&cfg, name)?,
             Architecture::KimiLinear => super::kimi_config::parse(&cfg, name)?,
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,

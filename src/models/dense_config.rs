@@ -24,6 +24,13 @@ pub(super) fn dense_spec(
             what: "HY V3's mlp_bias (biased dense and shared-expert MLPs)".into(),
         });
     }
+    if architecture == Architecture::Olmoe && cfg.get("clip_qkv").is_some_and(|v| !v.is_null()) {
+        // No OLMoE release clips q / k / v.
+        return Err(ModelError::Unsupported {
+            path: cfg.path_buf(),
+            what: "OLMoE's clip_qkv".into(),
+        });
+    }
     if ernie && cfg.bool_or("use_bias", false)? {
         // Every projection and the LM head biased: no release has it, and hsx's head has none.
         return Err(ModelError::Unsupported {
@@ -87,11 +94,16 @@ pub(super) fn dense_spec(
         rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
         rope_theta,
         rope_scaling,
-        qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+        qkv_bias: match architecture {
+            Architecture::Qwen2 => true,
+            Architecture::Qwen2Moe => cfg.bool_or("qkv_bias", true)?,
+            _ => attention_bias,
+        },
         // Qwen2's and GLM-4 / 4.5's `attention_bias` leaves o_proj without one; Seed-OSS's o_proj
         // has its own `attention_out_bias`.
         o_bias: match architecture {
             Architecture::Qwen2 | Architecture::Glm4Moe | Architecture::Glm4 => false,
+            Architecture::Qwen2Moe => false,
             Architecture::SeedOss => cfg.bool_or("attention_out_bias", false)?,
             _ => attention_bias,
         },
@@ -102,7 +114,9 @@ pub(super) fn dense_spec(
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
-            Architecture::OlmoHybrid => QkNorm::Whole,
+            Architecture::OlmoHybrid | Architecture::Olmoe | Architecture::FlexOlmo => {
+                QkNorm::Whole
+            }
             _ => QkNorm::None,
         },
         // SmolLM3Config and Ernie4_5Config tie by default.

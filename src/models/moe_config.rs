@@ -23,6 +23,7 @@ pub(super) fn qwen_moe(
         Architecture::Qwen3Next => (512, 10, 512, true),
         Architecture::Qwen3_5Moe => (256, 8, 512, true),
         Architecture::Qwen4Exp => (512, 10, 512, true),
+        Architecture::Qwen2Moe => (60, 4, 1408, false),
         _ => (128, 8, 768, false),
     };
     // Qwen3MoeConfig maps `num_experts` to `num_local_experts`, the name transformers 5 saves.
@@ -32,6 +33,7 @@ pub(super) fn qwen_moe(
     }
     let shared = match arch {
         Architecture::Qwen3Moe => None,
+        Architecture::Qwen2Moe => Some(cfg.usize_or("shared_expert_intermediate_size", 5632)?),
         _ => Some(cfg.usize_or("shared_expert_intermediate_size", 512)?),
     };
     // Qwen3.5-MoE and Qwen4-Exp make every layer sparse and always renormalise (its config has neither
@@ -80,6 +82,25 @@ fn mixtral_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelError> 
         expert_intermediate: cfg.usize_req("intermediate_size")?,
         shared_intermediate: None,
         norm_topk_prob: true,
+        sparse_layers: vec![true; num_layers],
+        router: MoeRouter::Softmax,
+    })
+}
+
+/// OLMoE's and FlexOlmo's: `num_experts` (alias `num_local_experts`) of `intermediate_size`
+/// in every layer, top `num_experts_per_tok` of the softmax, renormalised where
+/// `norm_topk_prob` (default false), no shared expert; `(experts, top_k)` the class defaults.
+fn olmoe_moe(
+    cfg: &Cfg<'_>,
+    num_layers: usize,
+    (experts, top_k): (usize, usize),
+) -> Result<MoeSpec, ModelError> {
+    Ok(MoeSpec {
+        num_experts: first_usize(cfg, &["num_experts", "num_local_experts"], experts)?,
+        top_k: cfg.usize_or("num_experts_per_tok", top_k)?,
+        expert_intermediate: cfg.usize_req("intermediate_size")?,
+        shared_intermediate: None,
+        norm_topk_prob: cfg.bool_or("norm_topk_prob", false)?,
         sparse_layers: vec![true; num_layers],
         router: MoeRouter::Softmax,
     })
@@ -321,7 +342,11 @@ pub(super) fn attention_moe(
 ) -> Result<Option<HybridSpec>, ModelError> {
     let num_layers = cfg.num_layers()?;
     let (moe, rotary_dim) = match arch {
-        Architecture::Qwen3Moe => (qwen_moe(cfg, arch, num_layers)?, head_dim),
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+            (qwen_moe(cfg, arch, num_layers)?, head_dim)
+        }
+        Architecture::Olmoe => (Some(olmoe_moe(cfg, num_layers, (64, 8))?), head_dim),
+        Architecture::FlexOlmo => (Some(olmoe_moe(cfg, num_layers, (7, 5))?), head_dim),
         Architecture::Mixtral => (Some(mixtral_moe(cfg, num_layers)?), head_dim),
         Architecture::Glm4Moe => (
             Some(deepseek_moe(cfg, num_layers, &GLM_MOE)?),
@@ -359,206 +384,5 @@ pub(super) fn attention_moe(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use serde_json::{Value, json};
-
-    use super::super::{Architecture, ModelSpec, QkNorm};
-
-    fn parse(v: &Value) -> ModelSpec {
-        ModelSpec::from_json(v, Path::new("config.json"), "m".into()).unwrap()
-    }
-
-    /// Shaped as Qwen3-30B-A3B's config.json (transformers 4.51 field names).
-    fn qwen3_30b_a3b() -> Value {
-        json!({
-            "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
-            "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
-            "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
-            "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
-            "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
-            "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
-            "rms_norm_eps": 1e-6, "rope_scaling": null, "rope_theta": 1000000.0,
-            "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-            "use_sliding_window": false, "vocab_size": 151936
-        })
-    }
-
-    #[test]
-    fn qwen3_moe_geometry_and_sparse_layers() {
-        let s = parse(&qwen3_30b_a3b());
-        let h = s.hybrid.as_ref().unwrap();
-        let m = h.moe.as_ref().unwrap();
-        assert_eq!(
-            (m.num_experts, m.top_k, m.expert_intermediate),
-            (128, 8, 768)
-        );
-        assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
-        assert!(m.sparse_layers.iter().all(|&s| s) && m.sparse_layers.len() == 48);
-        assert!(s.qk_norm == QkNorm::PerHead && !s.has_recurrent_layers());
-        assert_eq!((s.head_dim, h.rotary_dim), (128, 128));
-        // transformers 5 saves `num_experts` as `num_local_experts`; sparse step 2 and
-        // mlp_only_layers make layers 1 and 5 of 0..6 the MoE ones.
-        let mut v = qwen3_30b_a3b();
-        let o = v.as_object_mut().unwrap();
-        o.remove("num_experts");
-        o.remove("norm_topk_prob");
-        o.insert("num_local_experts".into(), json!(16));
-        o.insert("num_hidden_layers".into(), json!(6));
-        o.insert("decoder_sparse_step".into(), json!(2));
-        o.insert("mlp_only_layers".into(), json!([3]));
-        let s = parse(&v);
-        let m = s.hybrid.unwrap().moe.unwrap();
-        assert_eq!(m.num_experts, 16);
-        assert!(!m.norm_topk_prob, "Qwen3MoeConfig's default");
-        let sparse = vec![false, true, false, false, false, true];
-        assert_eq!(m.sparse_layers, sparse);
-    }
-
-    /// Shaped as Mixtral-8x7B-v0.1's config.json.
-    #[test]
-    fn mixtral_geometry() {
-        let v = json!({
-            "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
-            "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
-            "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
-            "num_key_value_heads": 8, "num_local_experts": 8, "rope_theta": 1000000.0,
-            "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
-            "torch_dtype": "bfloat16", "vocab_size": 32000
-        });
-        let s = parse(&v);
-        assert_eq!(s.architecture, Architecture::Mixtral);
-        assert_eq!((s.head_dim, s.rms_norm_eps), (128, 1e-5));
-        let m = s.hybrid.unwrap().moe.unwrap();
-        assert_eq!(
-            (m.num_experts, m.top_k, m.expert_intermediate),
-            (8, 2, 14336)
-        );
-        assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
-        let mut windowed = v.clone();
-        windowed["sliding_window"] = json!(4096);
-        let w = ModelSpec::from_json(&windowed, Path::new("config.json"), "m".into());
-        assert_eq!(w.unwrap().sliding_window, Some(4096));
-    }
-
-    /// Shaped as Qwen3.5-35B-A3B's export: `Qwen3_5MoeForConditionalGeneration`, the language
-    /// model under `text_config` (no `intermediate_size`: every layer is sparse).
-    #[test]
-    fn qwen3_5_moe_export_runs_its_text_config() {
-        let layer_types: Vec<&str> = (0..40)
-            .map(|i| match (i + 1) % 4 {
-                0 => "full_attention",
-                _ => "linear_attention",
-            })
-            .collect();
-        let v = json!({
-            "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-            "tie_word_embeddings": false,
-            "text_config": {
-                "attn_output_gate": true, "dtype": "bfloat16", "head_dim": 256,
-                "hidden_act": "silu", "hidden_size": 2048, "layer_types": layer_types,
-                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
-                "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-                "linear_value_head_dim": 128, "max_position_embeddings": 262144,
-                "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
-                "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
-                "num_hidden_layers": 40, "num_key_value_heads": 2,
-                "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
-                    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
-                "shared_expert_intermediate_size": 512, "vocab_size": 248320
-            },
-            "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 2048}
-        });
-        let s = parse(&v);
-        assert_eq!(s.architecture, Architecture::Qwen3_5Moe);
-        let h = s.hybrid.as_ref().unwrap();
-        let m = h.moe.as_ref().unwrap();
-        assert_eq!(
-            (m.num_experts, m.top_k, m.shared_intermediate),
-            (256, 8, Some(512))
-        );
-        assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
-        assert_eq!((s.intermediate_size, h.rotary_dim), (512, 64));
-        assert!(s.has_recurrent_layers());
-    }
-
-    /// GLM-4.5-Air as released (tests/fixtures/released_configs): every field hsx reads.
-    #[test]
-    fn glm_4_5_air_geometry_router_and_attention() {
-        let s = parse(&super::super::released_config("glm-4.5-air.json"));
-        assert_eq!(s.architecture, Architecture::Glm4Moe);
-        assert_eq!(
-            (s.num_layers, s.head_dim, s.intermediate_size),
-            (46, 128, 10944)
-        );
-        assert_eq!((s.qkv_bias, s.o_bias), (true, false));
-        assert_eq!(s.qk_norm, QkNorm::None);
-        assert_eq!((s.rms_norm_eps, s.rope_theta), (1e-5, 1e6));
-        let h = s.hybrid.as_ref().unwrap();
-        assert_eq!(h.rotary_dim, 64);
-        let m = h.moe.as_ref().unwrap();
-        assert_eq!(
-            (
-                m.num_experts,
-                m.top_k,
-                m.expert_intermediate,
-                m.shared_intermediate
-            ),
-            (128, 8, 1408, Some(1408))
-        );
-        assert!(!m.sparse_layers[0] && m.sparse_layers[1..].iter().all(|&s| s));
-        let g = m.grouped().unwrap();
-        assert_eq!(
-            (g.n_group, g.topk_group, g.renorm, g.scale),
-            (1, 1, true, 1.0)
-        );
-        assert!(!s.has_recurrent_layers());
-    }
-
-    /// GLM-4.5's fields and Glm4MoeConfig's defaults; a router transformers could not run and
-    /// a non-positive scale are refused, naming the field.
-    #[test]
-    fn glm_4_5_fields_defaults_and_refusals() {
-        let mut v = json!({
-            "architectures": ["Glm4MoeForCausalLM"], "hidden_size": 5120, "head_dim": 128,
-            "intermediate_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8,
-            "num_hidden_layers": 92, "vocab_size": 151552, "first_k_dense_replace": 3,
-            "n_routed_experts": 160, "n_shared_experts": 2, "moe_intermediate_size": 1536,
-            "routed_scaling_factor": 2.5, "use_qk_norm": true, "n_group": 8, "topk_group": 4,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                "partial_rotary_factor": 0.25}
-        });
-        let s = parse(&v);
-        assert_eq!(s.qk_norm, QkNorm::PerHead);
-        let h = s.hybrid.as_ref().unwrap();
-        let m = h.moe.as_ref().unwrap();
-        assert_eq!(
-            (h.rotary_dim, m.top_k, m.shared_intermediate),
-            (32, 8, Some(3072))
-        );
-        assert_eq!(m.sparse_layers.iter().filter(|&&s| !s).count(), 3);
-        let g = m.grouped().unwrap();
-        assert_eq!(
-            (g.n_group, g.topk_group, g.renorm, g.scale),
-            (8, 4, true, 2.5)
-        );
-        let refused = |v: &Value| {
-            let e = ModelSpec::from_json(v, Path::new("config.json"), "m".into()).unwrap_err();
-            e.to_string()
-        };
-        v["n_group"] = json!(7);
-        assert!(refused(&v).contains("n_group"), "{}", refused(&v));
-        v["n_group"] = json!(8);
-        v["routed_scaling_factor"] = json!(0.0);
-        assert!(
-            refused(&v).contains("routed_scaling_factor"),
-            "{}",
-            refused(&v)
-        );
-        v["routed_scaling_factor"] = json!(1.0);
-        v["n_shared_experts"] = json!(0);
-        let s = parse(&v);
-        assert_eq!(s.hybrid.unwrap().moe.unwrap().shared_intermediate, None);
-    }
-}
+#[path = "moe_config_tests.rs"]
+mod tests;

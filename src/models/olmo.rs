@@ -9,6 +9,7 @@
 //! these, between pre-norm Gated DeltaNet layers ([`load_hybrid`]). K-EXAONE
 //! (`ExaoneMoeForCausalLM`): EXAONE 4.0's attention in Llama's pre-norm layers
 //! (`input_layernorm`, `post_attention_layernorm`), DeepSeek-V3's experts where sparse.
+//! FlexOlmo (`FlexOlmoForCausalLM`): OLMo 2's layers with OLMoE's experts in place of the MLP.
 
 use super::decoder::Decoder;
 use super::dense::{
@@ -126,14 +127,15 @@ fn load_layer<D: Device>(
         let ffn = load_ffn(ld, spec, &p, i)?;
         return attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn);
     }
-    let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?;
+    // FlexOlmo's experts where its spec makes the layer sparse, else the MLP.
+    let ffn = load_ffn(ld, spec, &p, i)?;
     Ok(Layer {
         parts: vec![
             post_normed(
                 Sublayer::Attention(attention),
                 post("post_attention_layernorm")?,
             ),
-            post_normed(Sublayer::Mlp(mlp), post("post_feedforward_layernorm")?),
+            post_normed(ffn, post("post_feedforward_layernorm")?),
         ],
         scale: 1.0,
     })

@@ -25,6 +25,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 | Architecture::HyV3 => {
             dense::load(ld, spec)
         }
+        Architecture::Qwen2Moe | Architecture::Olmoe => dense::load(ld, spec),
         Architecture::MiMoV2Flash => super::mimo_v2_flash::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),
@@ -33,7 +34,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Olmo2
         | Architecture::Olmo3
         | Architecture::Exaone4
-        | Architecture::ExaoneMoe => super::olmo::load(ld, spec),
+        | Architecture::ExaoneMoe
+        | Architecture::FlexOlmo => super::olmo::load(ld, spec),
         Architecture::OlmoHybrid => super::olmo::load_hybrid(ld, spec),
         Architecture::KimiLinear => super::kimi_linear::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),

@@ -239,4 +239,7 @@ matrix! {
     hunyuan_moe_bf16 => "hunyuan_moe_bf16",
     exaone_moe => "exaone_moe",
     hy_v3 => "hy_v3",
+    qwen2_moe => "qwen2_moe",
+    olmoe => "olmoe",
+    flex_olmo => "flex_olmo",
 }
