@@ -142,11 +142,15 @@ pub enum Architecture {
     Olmoe,
     /// `FlexOlmoForCausalLM` (FlexOlmo): OLMo 2's post-norm layers with OLMoE's experts.
     FlexOlmo,
+    /// `AfmoeForCausalLM` (Arcee Trinity): gated attention with per-head q / k norms, sliding
+    /// layers with RoPE between full NoPE ones, sandwich norms, sigmoid-routed experts beside
+    /// shared ones.
+    Afmoe,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 48] = [
+    pub const ALL: [Self; 49] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -186,6 +190,7 @@ impl Architecture {
         Self::Qwen2Moe,
         Self::Olmoe,
         Self::FlexOlmo,
+        Self::Afmoe,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -252,6 +257,7 @@ impl Architecture {
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::FlexOlmo => "FlexOlmoForCausalLM",
+            Self::Afmoe => "AfmoeForCausalLM",
         }
     }
 
@@ -277,7 +283,8 @@ impl Architecture {
 
     /// transformers' load-time renamings of this family's released tensor names (a part of
     /// the name, then what replaces it): hsx's loaders read the replaced (in-memory) names,
-    /// which a checkpoint saved by transformers also has.
+    /// which a checkpoint saved by transformers also has (AFMoE's: the names hsx's shared MoE
+    /// loader reads for what it stores under its own).
     pub fn released_renames(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::Ernie4_5Moe => &[("mlp.moe_statics.", "mlp.gate.moe_statics.")],
@@ -289,6 +296,12 @@ impl Architecture {
                 ("mlp.router.gate.", "mlp.gate."),
                 ("mlp.expert_bias", "mlp.e_score_correction_bias"),
                 ("mlp.shared_mlp.", "mlp.shared_experts."),
+            ],
+            // Not transformers' renaming (its names are these): the router and its bias where
+            // hsx's MoE loader reads a sigmoid router's.
+            Self::Afmoe => &[
+                ("mlp.router.gate.", "mlp.gate."),
+                ("mlp.expert_bias", "mlp.e_score_correction_bias"),
             ],
             _ => &[],
         }
@@ -308,6 +321,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::HyV3 => 131072,
         Architecture::Qwen2Moe => 32768,
         Architecture::Olmoe | Architecture::FlexOlmo => 4096,
+        Architecture::Afmoe => 16384,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
@@ -341,6 +355,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         Architecture::ExaoneMoe | Architecture::HyV3 | Architecture::Olmoe => 1e-5,
+        Architecture::Afmoe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.

@@ -108,6 +108,8 @@ pub struct ModelSpec {
     /// MiMo-V2-Flash's full and sliding layers, value heads and value scale; `None` for other
     /// architectures.
     pub mimo: Option<MimoSpec>,
+    /// AFMoE's sliding / full layers and embedding scale; `None` for other architectures.
+    pub afmoe: Option<super::afmoe_config::AfmoeSpec>,
 }
 
 /// Qwen4-Exp's QSA indexer (`crate::kernels::qsa`): per query past `budget + ratio - 1`
@@ -209,6 +211,7 @@ impl ModelSpec {
             qsa: None,
             ngram: None,
             mimo: None,
+            afmoe: None,
         }
     }
 
@@ -264,6 +267,7 @@ impl ModelSpec {
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
+            Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;

@@ -299,7 +299,9 @@ fn load_moe<D: Device>(
     // The router's correction bias: GLM-4.5's inside `gate` (K-EXAONE's as transformers renames
     // it), MiniMax-M2's and HY V3's beside it, ERNIE 4.5's in `gate.moe_statics` (as renamed).
     let bias = match arch {
-        Architecture::MiniMaxM2 | Architecture::HyV3 => "e_score_correction_bias",
+        Architecture::MiniMaxM2 | Architecture::HyV3 | Architecture::Afmoe => {
+            "e_score_correction_bias"
+        }
         Architecture::Ernie4_5Moe => "gate.moe_statics.e_score_correction_bias",
         _ => GATE_BIAS,
     };

@@ -57,7 +57,8 @@ pub(super) fn dense_spec(
         | Architecture::Glm4
         | Architecture::Ernie4_5
         | Architecture::Ernie4_5Moe
-        | Architecture::HyV3 => 128,
+        | Architecture::HyV3
+        | Architecture::Afmoe => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -111,6 +112,7 @@ pub(super) fn dense_spec(
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
             Architecture::Dots1 | Architecture::ExaoneMoe | Architecture::HyV3 => QkNorm::PerHead,
+            Architecture::Afmoe => QkNorm::PerHead,
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,

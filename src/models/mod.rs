@@ -13,6 +13,8 @@
 //! - [`backend`]: [`ModelBackend`], any model on any device as the runner's backend;
 //!   [`devices`]: the CPU and CUDA entry points.
 
+pub mod afmoe;
+mod afmoe_config;
 mod architecture;
 pub mod backend;
 pub mod bamba;

@@ -242,4 +242,5 @@ matrix! {
     qwen2_moe => "qwen2_moe",
     olmoe => "olmoe",
     flex_olmo => "flex_olmo",
+    afmoe => "afmoe",
 }

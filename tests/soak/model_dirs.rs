@@ -143,6 +143,7 @@ const FIXTURES: &[&str] = &[
     "qwen2_moe",
     "olmoe",
     "flex_olmo",
+    "afmoe",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",
