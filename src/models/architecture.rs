@@ -146,11 +146,16 @@ pub enum Architecture {
     /// layers with RoPE between full NoPE ones, sandwich norms, sigmoid-routed experts beside
     /// shared ones.
     Afmoe,
+    /// `GraniteMoeForCausalLM` (Granite 3.0 / 3.1 MoE): Granite's multipliers, attention and
+    /// Granite 4.0's routed experts in every layer.
+    GraniteMoe,
+    /// `GraniteMoeSharedForCausalLM`: GraniteMoe with Granite 4.0's shared MLP beside them.
+    GraniteMoeShared,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 49] = [
+    pub const ALL: [Self; 51] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -191,6 +196,8 @@ impl Architecture {
         Self::Olmoe,
         Self::FlexOlmo,
         Self::Afmoe,
+        Self::GraniteMoe,
+        Self::GraniteMoeShared,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -258,6 +265,8 @@ impl Architecture {
             Self::Olmoe => "OlmoeForCausalLM",
             Self::FlexOlmo => "FlexOlmoForCausalLM",
             Self::Afmoe => "AfmoeForCausalLM",
+            Self::GraniteMoe => "GraniteMoeForCausalLM",
+            Self::GraniteMoeShared => "GraniteMoeSharedForCausalLM",
         }
     }
 
@@ -322,6 +331,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen2Moe => 32768,
         Architecture::Olmoe | Architecture::FlexOlmo => 4096,
         Architecture::Afmoe => 16384,
+        Architecture::GraniteMoe | Architecture::GraniteMoeShared => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,

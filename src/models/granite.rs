@@ -10,6 +10,9 @@
 //!   then up rows; `output_linear`), alone or added to routed experts (`block_sparse_moe`:
 //!   `router.layer` `[E, H]`, `input_linear` `[E, 2·I, H]`, `output_linear` `[E, H, I]`, as
 //!   released and as transformers 5 saves them).
+//! - `GraniteMoeForCausalLM` (Granite 3.0 / 3.1 MoE) and `GraniteMoeSharedForCausalLM`: Granite
+//!   4.0's layers with RoPE attention in every one and its routed experts, without a shared MLP
+//!   (the shared class: with one where `shared_intermediate_size` is above 0).
 
 use super::decoder::Decoder;
 use super::dense::{self, attention_layer, load_ffn};
@@ -26,7 +29,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         .granite
         .ok_or_else(|| ModelError::InvalidOptions("Granite spec without its multipliers".into()))?;
     let mut decoder = match spec.architecture {
-        Architecture::GraniteMoeHybrid => {
+        Architecture::GraniteMoeHybrid
+        | Architecture::GraniteMoe
+        | Architecture::GraniteMoeShared => {
             let kinds = spec.hybrid.as_ref().map(|h| h.layers.clone());
             let kinds = kinds.ok_or_else(|| missing(&spec, "its layer kinds"))?;
             dense::load_with(ld, spec, |ld, spec, i| {
@@ -74,17 +79,22 @@ fn hybrid_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let mixer = mixer(ld, spec, kinds, i, scaled_scores(g, spec))?;
     let h = spec.hidden_size;
-    let shared = load_shared_mlp(ld, spec, &p)?;
     let moe = spec.hybrid.as_ref().and_then(|h| h.moe.as_ref());
-    let ffn = match moe {
-        Some(m) => Sublayer::Moe(load_moe(
+    // Granite 3.0 MoE's experts have no shared MLP beside them.
+    let shared = match moe.map(|m| m.shared_intermediate) {
+        Some(None) => None,
+        _ => Some(load_shared_mlp(ld, spec, &p)?),
+    };
+    let ffn = match (moe, shared) {
+        (Some(m), shared) => Sublayer::Moe(load_moe(
             ld,
             h,
             &format!("{p}.block_sparse_moe"),
             m,
             shared,
         )?),
-        None => Sublayer::Mlp(shared),
+        (None, Some(shared)) => Sublayer::Mlp(shared),
+        (None, None) => return Err(missing(spec, "experts or a shared MLP")),
     };
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
     Ok(Layer {
@@ -142,14 +152,14 @@ fn load_shared_mlp<D: Device>(
     })
 }
 
-/// The routed experts under `px` (`block_sparse_moe`) and the layer's `shared` MLP added to
-/// them as it is.
+/// The routed experts under `px` (`block_sparse_moe`) and the layer's `shared` MLP, where it
+/// has one, added to them as it is.
 fn load_moe<D: Device>(
     ld: &Loader<'_, D>,
     h: usize,
     px: &str,
     m: &MoeSpec,
-    shared: Mlp<D>,
+    shared: Option<Mlp<D>>,
 ) -> Result<Moe<D>, ModelError> {
     let (e, inter) = (m.num_experts, m.expert_intermediate);
     let n = |s: &str| format!("{px}.{s}");
@@ -172,10 +182,7 @@ fn load_moe<D: Device>(
             renorm: m.norm_topk_prob,
         },
         experts,
-        shared: Some(SharedExpert {
-            mlp: shared,
-            gate: None,
-        }),
+        shared: shared.map(|mlp| SharedExpert { mlp, gate: None }),
         weighs_input: false,
         inter,
         hidden: h,

@@ -6,6 +6,8 @@
 //! shared MLP (`shared_intermediate_size`), beside routed experts (`intermediate_size` each;
 //! top-k of the logits, softmax over those) when `num_local_experts` > 0.
 //!
+//! `GraniteMoeConfig` / `GraniteMoeSharedConfig` (Granite 3.x MoE): [`parse_moe`].
+//!
 //! `BambaConfig` (`BambaForCausalLM`, whose Mamba-2 mixer Granite 4.0 took over, with the same
 //! `mamba_*` fields) is read here too: attention at `attn_layer_indices` (RoPE on the first
 //! half of each head: the class fixes `partial_rotary_factor` at 0.5), Mamba-2 elsewhere, each
@@ -95,6 +97,71 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
             moe,
             mamba,
         )),
+        granite: Some(multipliers(cfg)?),
+        ..ModelSpec::base(name, arch)
+    })
+}
+
+/// The spec of a `GraniteMoeConfig` (Granite 3.0 / 3.1 MoE, `GraniteMoeForCausalLM`) or a
+/// `GraniteMoeSharedConfig` (`GraniteMoeSharedForCausalLM`): Granite 4.0's layers with RoPE
+/// attention in every one, its routed experts in every layer, and (the shared class) its
+/// shared MLP where `shared_intermediate_size` is above 0 (its default 0: none).
+pub(super) fn parse_moe(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    cfg.check_activation()?;
+    let hidden = cfg.usize_or("hidden_size", 4096)?;
+    let heads = cfg.usize_or("num_attention_heads", 32)?;
+    if heads == 0 || !hidden.is_multiple_of(heads) {
+        let m = format!("{heads} (must divide hidden_size {hidden})");
+        return Err(cfg.err("num_attention_heads", m));
+    }
+    let layers = cfg.num_layers_or(32)?;
+    let (rope_theta, rope_scaling) = cfg.rope(arch)?;
+    let bias = cfg.bool_or("attention_bias", false)?;
+    let head_dim = hidden / heads;
+    let shared = match arch {
+        Architecture::GraniteMoeShared => cfg.usize_or("shared_intermediate_size", 0)?,
+        _ => 0,
+    };
+    let mut moe = experts(cfg, layers)?
+        .ok_or_else(|| cfg.err("num_local_experts", "0 (every layer is a MoE block)"))?;
+    moe.shared_intermediate = (shared > 0).then_some(shared);
+    let expert_intermediate = moe.expert_intermediate;
+    Ok(ModelSpec {
+        vocab_size: cfg.usize_or("vocab_size", 32000)?,
+        hidden_size: hidden,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", heads)?,
+        head_dim,
+        // The shared MLP's where there is one (the experts' where not: read by nothing).
+        intermediate_size: if shared > 0 {
+            shared
+        } else {
+            expert_intermediate
+        },
+        rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(arch))?,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: false,
+        qk_norm: QkNorm::None,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
+        dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
+        hybrid: Some(HybridSpec {
+            layers: vec![LayerKind::Attention; layers],
+            rotary_dim: head_dim,
+            gdn: None,
+            moe: Some(moe),
+            mamba: None,
+            nemotron_moe: None,
+            mla: None,
+        }),
         granite: Some(multipliers(cfg)?),
         ..ModelSpec::base(name, arch)
     })

@@ -244,3 +244,44 @@ fn bamba_takes_its_class_defaults() {
         vec![LayerKind::Mamba2; 32]
     );
 }
+
+/// Shaped as granite-3.1-3b-a800m-instruct's config.json: RoPE attention and 40 experts top-8
+/// in every layer, no shared MLP; the shared class with one where its width is above 0.
+#[test]
+fn granite_moe_experts_and_shared_mlp() {
+    let mut v = json!({
+        "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+        "hidden_act": "silu", "hidden_size": 1536, "intermediate_size": 512,
+        "num_attention_heads": 24, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        "num_local_experts": 40, "num_experts_per_tok": 8, "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 6.0,
+        "rope_theta": 10000000.0, "max_position_embeddings": 131072,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49155
+    });
+    let s = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap();
+    assert_eq!(s.architecture, Architecture::GraniteMoe);
+    let h = s.hybrid.as_ref().unwrap();
+    assert!(h.layers.iter().all(|&k| k == LayerKind::Attention) && h.rotary_dim == 64);
+    let m = h.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_intermediate,
+            m.shared_intermediate
+        ),
+        (40, 8, 512, None)
+    );
+    assert_eq!(s.granite.unwrap().embedding, 12.0);
+    v["architectures"] = json!(["GraniteMoeSharedForCausalLM"]);
+    v["shared_intermediate_size"] = json!(1024);
+    let s = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap();
+    let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
+    assert_eq!(
+        (m.shared_intermediate, s.intermediate_size),
+        (Some(1024), 1024)
+    );
+    v["num_local_experts"] = json!(0);
+    let err = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap_err();
+    assert!(err.to_string().contains("num_local_experts"), "{err}");
+}

@@ -243,4 +243,6 @@ matrix! {
     olmoe => "olmoe",
     flex_olmo => "flex_olmo",
     afmoe => "afmoe",
+    granite_moe => "granite_moe",
+    granite_moe_shared => "granite_moe_shared",
 }

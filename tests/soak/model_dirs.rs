@@ -144,6 +144,8 @@ const FIXTURES: &[&str] = &[
     "olmoe",
     "flex_olmo",
     "afmoe",
+    "granite_moe",
+    "granite_moe_shared",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",

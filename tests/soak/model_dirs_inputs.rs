@@ -309,6 +309,8 @@ const WORDS: &[&str] = &[
     "OlmoeForCausalLM",
     "FlexOlmoForCausalLM",
     "AfmoeForCausalLM",
+    "GraniteMoeForCausalLM",
+    "GraniteMoeSharedForCausalLM",
     "global_attn_every_n_layers",
     "num_dense_layers",
     "route_scale",
