@@ -68,28 +68,16 @@ pub(super) fn moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelErro
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: true,
         sparse_layers: (0..num_layers).map(|i| i >= dense).collect(),
-        router: MoeRouter::Grouped {
-            n_group: 1,
-            topk_group: 1,
-            scale: cfg.f64_or("route_scale", 1.0)? as f32,
-            softmax: false,
-            bias: true,
-        },
+        router: MoeRouter::sigmoid(cfg.f64_or("route_scale", 1.0)? as f32),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use serde_json::json;
 
-    use serde_json::{Value, json};
-
-    use super::super::QkNorm;
+    use super::super::{QkNorm, parse_config as parse};
     use super::*;
-
-    fn parse(v: &Value) -> Result<ModelSpec, ModelError> {
-        ModelSpec::from_json(v, Path::new("config.json"), "m".into())
-    }
 
     /// `AfmoeConfig`'s defaults: every 4th layer full (NoPE), windows of 1024, heads of 128,
     /// layer 0 dense, 64 experts top-6 of the sigmoid router, 2 shared experts.

@@ -53,16 +53,10 @@ pub(super) fn moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelErro
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use serde_json::{Value, json};
 
-    use super::super::{Architecture, ModelError, ModelSpec, QkNorm};
+    use super::super::{Architecture, QkNorm, parse_config as parse};
     use super::*;
-
-    fn parse(v: &Value) -> Result<ModelSpec, ModelError> {
-        ModelSpec::from_json(v, Path::new("config.json"), "m".into())
-    }
 
     /// Shaped as ERNIE-4.5-21B-A3B-PT's config.json (the fields hsx and transformers read, and
     /// some of the release's own that transformers ignores).

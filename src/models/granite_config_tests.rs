@@ -258,7 +258,7 @@ fn granite_moe_experts_and_shared_mlp() {
         "rope_theta": 10000000.0, "max_position_embeddings": 131072,
         "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49155
     });
-    let s = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap();
+    let s = super::super::parse_config(&v).unwrap();
     assert_eq!(s.architecture, Architecture::GraniteMoe);
     let h = s.hybrid.as_ref().unwrap();
     assert!(h.layers.iter().all(|&k| k == LayerKind::Attention) && h.rotary_dim == 64);
@@ -275,13 +275,13 @@ fn granite_moe_experts_and_shared_mlp() {
     assert_eq!(s.granite.unwrap().embedding, 12.0);
     v["architectures"] = json!(["GraniteMoeSharedForCausalLM"]);
     v["shared_intermediate_size"] = json!(1024);
-    let s = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap();
+    let s = super::super::parse_config(&v).unwrap();
     let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
     assert_eq!(
         (m.shared_intermediate, s.intermediate_size),
         (Some(1024), 1024)
     );
     v["num_local_experts"] = json!(0);
-    let err = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap_err();
+    let err = super::super::parse_config(&v).unwrap_err();
     assert!(err.to_string().contains("num_local_experts"), "{err}");
 }

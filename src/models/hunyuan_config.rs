@@ -110,13 +110,7 @@ pub(super) fn hy_v3_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, Mod
         shared_intermediate: (shared > 0).then_some(shared),
         norm_topk_prob: true,
         sparse_layers: super::moe_config::mlp_layer_types(cfg, num_layers)?,
-        router: MoeRouter::Grouped {
-            n_group: 1,
-            topk_group: 1,
-            scale: cfg.f64_or("router_scaling_factor", 2.826)? as f32,
-            softmax: false,
-            bias: true,
-        },
+        router: MoeRouter::sigmoid(cfg.f64_or("router_scaling_factor", 2.826)? as f32),
     })
 }
 

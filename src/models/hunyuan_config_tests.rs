@@ -1,13 +1,7 @@
-use std::path::Path;
-
 use serde_json::{Value, json};
 
-use super::super::{Architecture, ModelError, ModelSpec, QkNorm};
+use super::super::{Architecture, QkNorm, parse_config as parse};
 use super::*;
-
-fn parse(v: &Value) -> Result<ModelSpec, ModelError> {
-    ModelSpec::from_json(v, Path::new("config.json"), "m".into())
-}
 
 /// Shaped as Hunyuan-A13B-Instruct's config.json (the fields hsx and transformers read, and
 /// release fields transformers ignores).
@@ -126,14 +120,7 @@ fn hy_v3_defaults_and_refusal() {
         (192, 8, 1536, Some(1536))
     );
     assert!(m.norm_topk_prob && !m.sparse_layers[0] && m.sparse_layers[1..].iter().all(|&s| s));
-    let router = MoeRouter::Grouped {
-        n_group: 1,
-        topk_group: 1,
-        scale: 2.826,
-        softmax: false,
-        bias: true,
-    };
-    assert_eq!(m.router, router);
+    assert_eq!(m.router, MoeRouter::sigmoid(2.826));
     v["mlp_bias"] = json!(true);
     assert!(parse(&v).unwrap_err().to_string().contains("mlp_bias"));
 }

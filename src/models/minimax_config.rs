@@ -21,13 +21,7 @@ pub(super) fn minimax_moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, M
         shared_intermediate: None,
         norm_topk_prob: true,
         sparse_layers: vec![true; num_layers],
-        router: MoeRouter::Grouped {
-            n_group: 1,
-            topk_group: 1,
-            scale: 1.0,
-            softmax: false,
-            bias: true,
-        },
+        router: MoeRouter::sigmoid(1.0),
     })
 }
 

@@ -85,6 +85,13 @@ pub use gpt_oss_config::GptOssSpec;
 pub use hybrid_config::{HybridSpec, LayerKind};
 pub use weights::Weights;
 
+/// The spec of a `config.json` value (named `config.json` in errors): for the config parsers'
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn parse_config(v: &serde_json::Value) -> Result<ModelSpec, ModelError> {
+    ModelSpec::from_json(v, std::path::Path::new("config.json"), "m".into())
+}
+
 /// `tests/fixtures/released_configs/{file}` (a released `config.json`), read as
 /// `ModelSpec::from_dir` reads it (Python's JSON numbers included): for the config parsers'
 /// unit tests.

@@ -236,7 +236,7 @@ fn qwen2_moe_geometry_and_refusal() {
     assert_eq!(m.router, MoeRouter::Softmax);
     v["use_sliding_window"] = json!(true);
     v["sliding_window"] = json!(4096);
-    let err = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap_err();
+    let err = super::super::parse_config(&v).unwrap_err();
     assert!(err.to_string().contains("sliding-window"), "{err}");
 }
 
@@ -267,7 +267,7 @@ fn olmoe_geometry_and_clip_refusal() {
     );
     assert!(!m.norm_topk_prob);
     v["clip_qkv"] = json!(8.0);
-    let err = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap_err();
+    let err = super::super::parse_config(&v).unwrap_err();
     assert!(err.to_string().contains("clip_qkv"), "{err}");
 }
 

@@ -46,6 +46,20 @@ pub enum MoeRouter {
     HunYuan,
 }
 
+impl MoeRouter {
+    /// One group's sigmoid router with a correction bias, its weights times `scale`
+    /// (MiniMax-M2, HY V3, AFMoE).
+    pub fn sigmoid(scale: f32) -> Self {
+        Self::Grouped {
+            n_group: 1,
+            topk_group: 1,
+            scale,
+            softmax: false,
+            bias: true,
+        }
+    }
+}
+
 impl MoeSpec {
     /// The grouped router's choice (`None` for the softmax router).
     pub fn grouped(&self) -> Option<GroupedTopK> {
