@@ -122,13 +122,12 @@ fn load_layer<D: Device>(
         false => (spec.rope_theta, spec.rope_scaling),
     };
     let attention = load_attention_roped(ld, spec, i, variant, rope)?;
+    // K-EXAONE's and FlexOlmo's experts where the spec makes the layer sparse, else the MLP.
+    let ffn = load_ffn(ld, spec, &p, i)?;
     if spec.architecture == Architecture::ExaoneMoe {
-        // K-EXAONE: EXAONE 4.0's attention in pre-norm layers, its experts where sparse.
-        let ffn = load_ffn(ld, spec, &p, i)?;
+        // K-EXAONE: EXAONE 4.0's attention in pre-norm layers.
         return attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn);
     }
-    // FlexOlmo's experts where its spec makes the layer sparse, else the MLP.
-    let ffn = load_ffn(ld, spec, &p, i)?;
     Ok(Layer {
         parts: vec![
             post_normed(

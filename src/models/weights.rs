@@ -145,6 +145,10 @@ impl Weights {
     /// loaders read), where no tensor has that name itself: transformers' load-time renamings
     /// of a family's released checkpoints (`Architecture::released_renames`).
     pub fn renamed(mut self, renames: &[(&str, &str)]) -> Self {
+        // Most families have none: no pass over the names at every load.
+        if renames.is_empty() {
+            return self;
+        }
         let visible = (self.index.keys().map(|n| (n.clone(), n.clone())))
             .chain(self.aliases.iter().map(|(a, s)| (a.clone(), s.clone())))
             .collect::<Vec<_>>();
