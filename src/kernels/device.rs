@@ -156,23 +156,23 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// keeps its old values (every row must be written before it is read; the MoE blocks'
     /// experts' row spans cover all `n`).
     fn resize(&self, out: &mut Self::Buf, n: usize, width: usize) -> DevResult<()>;
-    /// `out = rms_norm(x) · w` per row, or per `w.len()`-wide piece of each row where `w` is
+    /// `out = norm(x) · w` per row, or per `w.len()`-wide piece of each row where `w` is
     /// shorter (Gemma 4's per-layer embeddings: one norm per layer's piece); `w.len()` must
     /// divide the row width.
-    fn rms_norm(
+    fn norm(
         &self,
         x: &Self::Buf,
         w: &Self::Vector,
-        eps: f64,
+        norm: RowNorm,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// `x += y` (exact, f32), then `out = rms_norm(x) · w`.
-    fn add_rms_norm(
+    /// `x += y` (exact, f32), then `out = norm(x) · w`.
+    fn add_norm(
         &self,
         x: &mut Self::Buf,
         y: &Self::Buf,
         w: &Self::Vector,
-        eps: f64,
+        norm: RowNorm,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// `x += y`.

@@ -319,6 +319,32 @@ impl<D: Device> GdnParams<'_, D> {
     }
 }
 
+/// A row norm: `w · normed(x)`, `eps` inside the root.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowNorm {
+    pub kind: NormKind,
+    pub eps: f64,
+}
+
+/// How a [`RowNorm`] normalises a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormKind {
+    /// `x · rsqrt(mean(x²) + eps)` (RMSNorm).
+    #[default]
+    Rms,
+    /// `(x - mean(x)) · rsqrt(var(x) + eps)`: LayerNorm without a bias (Cohere's).
+    Layer,
+}
+
+impl RowNorm {
+    pub fn rms(eps: f64) -> Self {
+        Self {
+            kind: NormKind::Rms,
+            eps,
+        }
+    }
+}
+
 /// The gate of a linear attention's output norm `w · rms_norm(x) · act(z)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormGate {

@@ -151,11 +151,19 @@ pub enum Architecture {
     GraniteMoe,
     /// `GraniteMoeSharedForCausalLM`: GraniteMoe with Granite 4.0's shared MLP beside them.
     GraniteMoeShared,
+    /// `CohereForCausalLM` (Command R, Aya Expanse): LayerNorms without bias, attention and MLP
+    /// in parallel from one norm, RoPE on interleaved pairs.
+    Cohere,
+    /// `Cohere2ForCausalLM` (Command R7B, Command A): Cohere's layers, sliding layers with RoPE
+    /// and full ones without.
+    Cohere2,
+    /// `Cohere2MoeForCausalLM`: Cohere 2's layers with routed experts after dense ones.
+    Cohere2Moe,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 51] = [
+    pub const ALL: [Self; 54] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -198,6 +206,7 @@ impl Architecture {
         Self::Afmoe,
         Self::GraniteMoe,
         Self::GraniteMoeShared,
+        Self::Cohere2Moe,
         Self::Llama4,
         Self::Gemma3,
         Self::Gemma4,
@@ -207,6 +216,8 @@ impl Architecture {
         Self::Bamba,
         Self::FalconH1,
         Self::Phi3,
+        Self::Cohere,
+        Self::Cohere2,
     ];
 
     pub(super) fn from_hf(name: &str) -> Option<Self> {
@@ -267,6 +278,9 @@ impl Architecture {
             Self::Afmoe => "AfmoeForCausalLM",
             Self::GraniteMoe => "GraniteMoeForCausalLM",
             Self::GraniteMoeShared => "GraniteMoeSharedForCausalLM",
+            Self::Cohere => "CohereForCausalLM",
+            Self::Cohere2 => "Cohere2ForCausalLM",
+            Self::Cohere2Moe => "Cohere2MoeForCausalLM",
         }
     }
 
@@ -352,6 +366,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
         Architecture::FalconH1 => 8192,
+        Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
         Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,
     }
@@ -366,6 +381,8 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         Architecture::ExaoneMoe | Architecture::HyV3 | Architecture::Olmoe => 1e-5,
         Architecture::Afmoe => 1e-5,
+        // CohereConfig's `layer_norm_eps` (read under that name).
+        Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
         // Glm4Config's 1.5625e-7.

@@ -35,7 +35,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: FinalNorm::Rms(ld.vector("model.final_layernorm.weight", h)?),
+        final_norm: FinalNorm::Norm(ld.vector("model.final_layernorm.weight", h)?),
         spec,
         vocab,
         layers,

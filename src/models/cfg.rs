@@ -120,6 +120,16 @@ impl<'a> Cfg<'a> {
         }
     }
 
+    /// `field` as a string, `default` where the config names none.
+    pub(super) fn str_or(&self, field: &str, default: &'a str) -> Result<&'a str, ModelError> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(v) => {
+                (v.as_str()).ok_or_else(|| self.err(field, format!("expected a string, found {v}")))
+            }
+        }
+    }
+
     pub(super) fn architecture(&self) -> Result<Architecture, ModelError> {
         let name = self
             .get("architectures")

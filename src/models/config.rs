@@ -22,10 +22,10 @@ pub use super::granite_config::GraniteSpec;
 use super::hybrid_config::HybridSpec;
 pub use super::llama4_config::Llama4Spec;
 pub use super::mimo_config::MimoSpec;
-pub use super::olmo_config::OlmoSpec;
+pub use super::olmo_config::LayerWindows;
 pub use super::qwen4_exp_config::NgramSpec;
 use super::weights::Weights;
-use crate::kernels::device::QueryTemperature;
+use crate::kernels::device::{NormKind, QueryTemperature, RowNorm};
 pub use crate::kernels::dtype::{RopeScaling, WeightDtype};
 
 /// Everything the engine and the backends need to know about a dense model.
@@ -42,7 +42,10 @@ pub struct ModelSpec {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub intermediate_size: usize,
+    /// The epsilon of the decoder's norms (a LayerNorm's where `norm` says so).
     pub rms_norm_eps: f64,
+    /// The decoder's norms (the layers' and the final one): RMSNorm, or Cohere's LayerNorm.
+    pub norm: NormKind,
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
     /// q/k/v projections carry a bias.
@@ -81,9 +84,9 @@ pub struct ModelSpec {
     /// Per layer: no RoPE (SmolLM3's NoPE layers, every 4th in the releases); `None`: every
     /// layer rotates.
     pub nope_layers: Option<Vec<bool>>,
-    /// OLMo 2 / 3's per-layer windows and the sliding layers' RoPE; `None` for other
-    /// architectures.
-    pub olmo: Option<OlmoSpec>,
+    /// Per-layer windows and the sliding layers' RoPE (OLMo 2 / 3, EXAONE 4.0, Cohere 2); `None`:
+    /// as `sliding_window` says for every layer.
+    pub windows: Option<LayerWindows>,
     /// GLM-4's rotated dims of each head (its `partial_rotary_factor`, ½ by default); `None`:
     /// as the hybrid spec says, else the whole head.
     pub rotary_dim: Option<usize>,
@@ -110,6 +113,8 @@ pub struct ModelSpec {
     pub mimo: Option<MimoSpec>,
     /// AFMoE's sliding / full layers and embedding scale; `None` for other architectures.
     pub afmoe: Option<super::afmoe_config::AfmoeSpec>,
+    /// Cohere 2 MoE's shared-expert combination; `None` for other architectures.
+    pub cohere: Option<super::cohere_config::CohereSpec>,
 }
 
 /// Qwen4-Exp's QSA indexer (`crate::kernels::qsa`): per query past `budget + ratio - 1`
@@ -182,6 +187,7 @@ impl ModelSpec {
             head_dim: 0,
             intermediate_size: 0,
             rms_norm_eps: default_eps(architecture),
+            norm: NormKind::Rms,
             rope_theta: default_theta(architecture),
             rope_scaling: RopeScaling::None,
             qkv_bias: false,
@@ -200,7 +206,7 @@ impl ModelSpec {
             gemma3: None,
             gemma4: None,
             nope_layers: None,
-            olmo: None,
+            windows: None,
             rotary_dim: None,
             interleaved_rope: false,
             granite: None,
@@ -212,6 +218,15 @@ impl ModelSpec {
             ngram: None,
             mimo: None,
             afmoe: None,
+            cohere: None,
+        }
+    }
+
+    /// The decoder's norm (pre-norms, post-norms, the final norm).
+    pub fn row_norm(&self) -> RowNorm {
+        RowNorm {
+            kind: self.norm,
+            eps: self.rms_norm_eps,
         }
     }
 
@@ -271,6 +286,9 @@ impl ModelSpec {
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
+            a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
+                super::cohere_config::parse(&cfg, a, name)?
+            }
             a => super::dense_config::dense_spec(&cfg, a, name)?,
         };
         spec.fp8 = cfg.fp8_blocks()?;

@@ -36,7 +36,8 @@ pub struct Decoder<D: Device> {
 
 /// What turns the last layer's output into the LM head's input.
 pub enum FinalNorm<D: Device> {
-    Rms(D::Vector),
+    /// The weight of the spec's norm ([`ModelSpec::row_norm`]).
+    Norm(D::Vector),
     /// Qwen4-Exp's `hyper_connection_mixer`: the streams mixed into hidden-wide rows.
     Mixer(HyperConnection<D>),
 }
@@ -119,7 +120,7 @@ impl<D: Device> Decoder<D> {
         s: &mut Scratch<D>,
         cap: &mut dyn FnMut(usize, &D::Buf) -> DevResult<()>,
     ) -> DevResult<()> {
-        let eps = self.spec.rms_norm_eps;
+        let norm = self.spec.row_norm();
         if let FinalNorm::Mixer(m) = &self.final_norm {
             return self.forward_hyper(dev, ctx, s, cap, m.streams);
         }
@@ -132,10 +133,8 @@ impl<D: Device> Decoder<D> {
         for (i, layer) in self.layers.iter().enumerate() {
             for (j, part) in layer.parts.iter().enumerate() {
                 match (&part.norm, pending) {
-                    (Some(n), true) => {
-                        dev.add_rms_norm(&mut s.x, &s.proj, n, eps, &mut s.normed)?
-                    }
-                    (Some(n), false) => dev.rms_norm(&s.x, n, eps, &mut s.normed)?,
+                    (Some(n), true) => dev.add_norm(&mut s.x, &s.proj, n, norm, &mut s.normed)?,
+                    (Some(n), false) => dev.norm(&s.x, n, norm, &mut s.normed)?,
                     (None, pending) => {
                         if pending {
                             dev.add(&mut s.x, &s.proj)?;
@@ -153,7 +152,7 @@ impl<D: Device> Decoder<D> {
                     let post = s.side.as_mut().ok_or_else(|| {
                         DeviceError::Invalid("post-norm without its buffer".into())
                     })?;
-                    dev.rms_norm(&s.proj, post_norm, eps, post)?;
+                    dev.norm(&s.proj, post_norm, norm, post)?;
                     std::mem::swap(&mut s.proj, post);
                 }
                 if part.residual_scale != 1.0 {
@@ -219,7 +218,7 @@ impl<D: Device> Decoder<D> {
     /// The LM head's input `[n, hidden]` from `n` last-layer rows `x` (`[n, stream width]`).
     fn finish(&self, dev: &D, x: &D::Buf, n: usize, out: &mut D::Buf) -> DevResult<()> {
         match &self.final_norm {
-            FinalNorm::Rms(w) => dev.rms_norm(x, w, self.spec.rms_norm_eps, out),
+            FinalNorm::Norm(w) => dev.norm(x, w, self.spec.row_norm(), out),
             FinalNorm::Mixer(m) => {
                 let mut hs = HyperScratch::new(dev, m.dims(), n)?;
                 m.mix(dev, x, &mut hs, out)

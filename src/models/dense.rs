@@ -36,7 +36,7 @@ pub fn load_with<D: Device>(
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Rms(ld.vector("model.norm.weight", h)?);
+    let final_norm = FinalNorm::Norm(ld.vector("model.norm.weight", h)?);
     Ok(Decoder {
         embed_scale: 1.0,
         spec,
@@ -56,6 +56,29 @@ pub(super) fn load_attention<D: Device>(
     variant: SoftmaxVariant<D::Vector>,
 ) -> Result<Attention<D>, ModelError> {
     let rope = (spec.rope_theta, spec.rope_scaling);
+    load_attention_roped(ld, spec, i, variant, rope)
+}
+
+/// Layer `i`'s attention as the spec's [`super::config::LayerWindows`] make it: a sliding
+/// layer's window and RoPE, a full layer's full causal attention with the spec's RoPE (none
+/// where `nope_layers` says so): OLMo 3, EXAONE 4.0, Cohere 2.
+pub(super) fn load_windowed_attention<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Attention<D>, ModelError> {
+    let w = spec.windows.as_ref().ok_or_else(|| {
+        ModelError::InvalidOptions(format!("{:?} without its layer windows", spec.architecture))
+    })?;
+    let sliding = w.sliding[i];
+    let variant = SoftmaxVariant {
+        window: sliding.then_some(w.window),
+        ..SoftmaxVariant::causal()
+    };
+    let rope = match sliding {
+        true => w.local_rope,
+        false => (spec.rope_theta, spec.rope_scaling),
+    };
     load_attention_roped(ld, spec, i, variant, rope)
 }
 

@@ -17,6 +17,10 @@ pub(super) fn dense_spec(
         architecture,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe
     );
+    let cohere = matches!(
+        architecture,
+        Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe
+    );
     if architecture == Architecture::HyV3 && cfg.bool_or("mlp_bias", false)? {
         // Its shared experts would be biased too: no release has it.
         return Err(ModelError::Unsupported {
@@ -58,7 +62,8 @@ pub(super) fn dense_spec(
         | Architecture::Ernie4_5
         | Architecture::Ernie4_5Moe
         | Architecture::HyV3
-        | Architecture::Afmoe => 128,
+        | Architecture::Afmoe
+        | Architecture::Cohere2Moe => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -121,10 +126,10 @@ pub(super) fn dense_spec(
             }
             _ => QkNorm::None,
         },
-        // SmolLM3Config and Ernie4_5Config tie by default.
+        // SmolLM3Config, Ernie4_5Config and Cohere's configs tie by default.
         tie_word_embeddings: cfg.bool_or(
             "tie_word_embeddings",
-            architecture == Architecture::SmolLM3 || ernie,
+            architecture == Architecture::SmolLM3 || ernie || cohere,
         )?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
@@ -142,7 +147,7 @@ pub(super) fn dense_spec(
             Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
             _ => None,
         },
-        interleaved_rope: ernie || architecture == Architecture::Glm4,
+        interleaved_rope: ernie || cohere || architecture == Architecture::Glm4,
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             _ => None,

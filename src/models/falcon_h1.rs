@@ -51,7 +51,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     Ok(Decoder {
         vocab: ld.vocab(&spec, "model.embed_tokens")?,
         embed_scale: f.embedding,
-        final_norm: FinalNorm::Rms(ld.vector("model.final_layernorm.weight", h)?),
+        final_norm: FinalNorm::Norm(ld.vector("model.final_layernorm.weight", h)?),
         spec,
         layers,
         ple: None,

@@ -25,7 +25,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let layers = (0..spec.num_layers)
         .map(|i| load_layer(ld, &spec, &g, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Rms(ld.norm_one_plus("model.norm", h)?);
+    let final_norm = FinalNorm::Norm(ld.norm_one_plus("model.norm", h)?);
     Ok(Decoder {
         embed_scale: embed_scale(h, spec.dtype),
         spec,

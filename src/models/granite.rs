@@ -186,5 +186,6 @@ fn load_moe<D: Device>(
         weighs_input: false,
         inter,
         hidden: h,
+        out_scale: 1.0,
     })
 }

@@ -19,6 +19,8 @@ mod architecture;
 pub mod backend;
 pub mod bamba;
 mod cfg;
+mod cohere;
+mod cohere_config;
 mod compressed_tensors;
 pub mod config;
 pub mod decoder;

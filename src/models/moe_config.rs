@@ -347,6 +347,7 @@ pub(super) fn attention_moe(
         }
         Architecture::Olmoe => (Some(olmoe_moe(cfg, num_layers, (64, 8))?), head_dim),
         Architecture::Afmoe => (Some(super::afmoe_config::moe(cfg, num_layers)?), head_dim),
+        Architecture::Cohere2Moe => (Some(super::cohere_config::moe(cfg, num_layers)?), head_dim),
         Architecture::FlexOlmo => (Some(olmoe_moe(cfg, num_layers, (7, 5))?), head_dim),
         Architecture::Mixtral => (Some(mixtral_moe(cfg, num_layers)?), head_dim),
         Architecture::Glm4Moe => (

@@ -285,7 +285,7 @@ fn flex_olmo_defaults() {
     assert_eq!((s.rope_theta, s.rms_norm_eps), (5e5, 1e-6));
     assert_eq!(s.qk_norm, QkNorm::Whole);
     assert!(
-        s.olmo
+        s.windows
             .as_ref()
             .is_some_and(|o| o.sliding.iter().all(|s| !s))
     );

@@ -116,6 +116,7 @@ pub fn load<D: Device>(
         weighs_input: llama4,
         inter: m.expert_intermediate,
         hidden,
+        out_scale: 1.0,
     })
 }
 

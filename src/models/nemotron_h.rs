@@ -74,7 +74,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     }
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: FinalNorm::Rms(ld.vector("backbone.norm_f.weight", h)?),
+        final_norm: FinalNorm::Norm(ld.vector("backbone.norm_f.weight", h)?),
         spec,
         vocab,
         layers,

@@ -13,7 +13,7 @@
 
 use super::decoder::Decoder;
 use super::dense::{
-    attention_layer, load_attention, load_attention_roped, load_ffn, load_mlp, load_with,
+    attention_layer, load_attention, load_ffn, load_mlp, load_windowed_attention, load_with,
 };
 use super::hybrid_config::LayerKind;
 use super::layers::mlp::Activation;
@@ -107,21 +107,9 @@ fn load_layer<D: Device>(
     spec: &ModelSpec,
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
-    let o = spec.olmo.as_ref().ok_or_else(|| {
-        ModelError::InvalidOptions("an OLMo spec without its layer windows".into())
-    })?;
     let p = format!("model.layers.{i}");
     let post = |n: &str| ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size);
-    let sliding = o.sliding[i];
-    let variant = SoftmaxVariant {
-        window: sliding.then_some(o.window),
-        ..SoftmaxVariant::causal()
-    };
-    let rope = match sliding {
-        true => o.local_rope,
-        false => (spec.rope_theta, spec.rope_scaling),
-    };
-    let attention = load_attention_roped(ld, spec, i, variant, rope)?;
+    let attention = load_windowed_attention(ld, spec, i)?;
     // K-EXAONE's and FlexOlmo's experts where the spec makes the layer sparse, else the MLP.
     let ffn = load_ffn(ld, spec, &p, i)?;
     if spec.architecture == Architecture::ExaoneMoe {

@@ -13,10 +13,10 @@ use super::config::{Cfg, default_theta};
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind, NormGate};
 use super::{Architecture, ModelError, ModelSpec, RopeScaling};
 
-/// OLMo's per-layer attention.
+/// Per-layer sliding windows (OLMo 3, EXAONE 4.0, Cohere 2).
 #[derive(Debug, Clone, PartialEq)]
-pub struct OlmoSpec {
-    /// Per layer: a sliding window (OLMo 3's `sliding_attention`), else full.
+pub struct LayerWindows {
+    /// Per layer: a sliding window (`sliding_attention`), else full.
     pub sliding: Vec<bool>,
     /// The sliding layers see keys `pos - window + 1 ..= pos`.
     pub window: usize,
@@ -35,7 +35,7 @@ pub(super) fn parse(
     let mut spec = super::dense_config::dense_spec(cfg, arch, name)?;
     let layers = spec.num_layers;
     let global = (spec.rope_theta, spec.rope_scaling);
-    spec.olmo = Some(match arch {
+    spec.windows = Some(match arch {
         Architecture::Exaone4 | Architecture::ExaoneMoe => exaone4(cfg, &mut spec)?,
         Architecture::Olmo3 => {
             if cfg.is_null("sliding_window") {
@@ -44,20 +44,20 @@ pub(super) fn parse(
             }
             let (full, local) = olmo3_ropes(cfg)?;
             (spec.rope_theta, spec.rope_scaling) = full;
-            OlmoSpec {
+            LayerWindows {
                 sliding: olmo3_sliding(cfg, layers)?,
                 window: cfg.usize_or("sliding_window", 4096)?,
                 local_rope: local,
             }
         }
-        _ => OlmoSpec {
+        _ => LayerWindows {
             sliding: vec![false; layers],
             window: 0,
             local_rope: global,
         },
     });
     let g = spec
-        .olmo
+        .windows
         .as_ref()
         .map(|o| (o.window, o.sliding.contains(&true)));
     if g == Some((0, true)) {
@@ -69,11 +69,11 @@ pub(super) fn parse(
 /// EXAONE 4.0: with a `sliding_window` (4096 unless null), `layer_types` or every
 /// `sliding_window_pattern`-th layer (4) full, the full layers without RoPE (its "global
 /// NoPE"), the sliding ones with the one RoPE; with a null window every layer full, with RoPE.
-fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<OlmoSpec, ModelError> {
+fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<LayerWindows, ModelError> {
     let layers = spec.num_layers;
     let local_rope = (spec.rope_theta, spec.rope_scaling);
     if cfg.is_null("sliding_window") {
-        return Ok(OlmoSpec {
+        return Ok(LayerWindows {
             sliding: vec![false; layers],
             window: 0,
             local_rope,
@@ -95,7 +95,7 @@ fn exaone4(cfg: &Cfg<'_>, spec: &mut ModelSpec) -> Result<OlmoSpec, ModelError> 
         }
     };
     spec.nope_layers = Some(sliding.iter().map(|s| !s).collect());
-    Ok(OlmoSpec {
+    Ok(LayerWindows {
         sliding,
         window: cfg.usize_or("sliding_window", 4096)?,
         local_rope,
@@ -243,7 +243,7 @@ mod tests {
         let s = spec(olmo3(json!({"rope_theta": 500000.0, "rope_scaling": yarn,
             "max_position_embeddings": 65536})))
         .unwrap();
-        let o = s.olmo.clone().unwrap();
+        let o = s.windows.clone().unwrap();
         assert_eq!(
             o.sliding,
             [true, true, true, false, true, true, true, false]
@@ -271,14 +271,14 @@ mod tests {
             spec(v)
         };
         let s = exaone(json!({})).unwrap();
-        let o = s.olmo.unwrap();
+        let o = s.windows.unwrap();
         assert_eq!((o.window, o.sliding[3], o.sliding[2]), (4096, false, true));
         assert_eq!(
             s.nope_layers.unwrap(),
             o.sliding.iter().map(|s| !s).collect::<Vec<_>>()
         );
         let s = exaone(json!({"sliding_window": null})).unwrap();
-        assert!(s.olmo.unwrap().sliding.iter().all(|s| !s) && s.nope_layers.is_none());
+        assert!(s.windows.unwrap().sliding.iter().all(|s| !s) && s.nope_layers.is_none());
         let e = exaone(json!({"sliding_window_pattern": "LLLG"})).unwrap_err();
         assert!(e.to_string().contains("sliding_window_pattern"), "{e}");
         assert_eq!(
@@ -306,7 +306,7 @@ mod tests {
         v["num_hidden_layers"] = json!(8);
         let s = spec(v.clone()).unwrap();
         assert_eq!(s.qk_norm, super::super::QkNorm::PerHead);
-        let o = s.olmo.as_ref().unwrap();
+        let o = s.windows.as_ref().unwrap();
         assert_eq!((o.window, o.sliding[3], o.sliding[4]), (128, false, true));
         assert!(s.nope_layers.as_ref().unwrap()[7]);
         let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
@@ -420,7 +420,7 @@ mod tests {
             (s.rope_theta, s.rope_scaling),
             (1e6, RopeScaling::Linear { factor: 2.0 })
         );
-        assert_eq!(s.olmo.unwrap().local_rope, (1e4, RopeScaling::None));
+        assert_eq!(s.windows.unwrap().local_rope, (1e4, RopeScaling::None));
         let e = spec(olmo3(json!({"rope_parameters": {
             "full_attention": {"rope_type": "dynamic", "factor": 2.0}}})))
         .unwrap_err();

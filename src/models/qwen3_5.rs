@@ -38,7 +38,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     }
     Ok(Decoder {
         embed_scale: 1.0,
-        final_norm: FinalNorm::Rms(ld.norm_one_plus("model.norm", h)?),
+        final_norm: FinalNorm::Norm(ld.norm_one_plus("model.norm", h)?),
         spec,
         vocab,
         layers,

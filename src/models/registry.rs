@@ -27,6 +27,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         }
         Architecture::Qwen2Moe | Architecture::Olmoe => dense::load(ld, spec),
         Architecture::Afmoe => super::afmoe::load(ld, spec),
+        Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => {
+            super::cohere::load(ld, spec)
+        }
         Architecture::MiMoV2Flash => super::mimo_v2_flash::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma3 => super::gemma3::load(ld, spec),

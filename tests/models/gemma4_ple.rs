@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::backends::{cpu_backend, cpu_options};
-use hsx::kernels::device::{BufKind, Cols};
+use hsx::kernels::device::{BufKind, Cols, RowNorm};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device};
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -45,7 +45,7 @@ fn check_ops<D: Device>(dev: &D, read: impl Fn(&D, &D::Buf) -> Vec<f32>) {
     dev.upload(&x, width, &mut buf).unwrap();
     let wv = dev.vector(&w).unwrap();
     let mut out = dev.buffer(t, width, BufKind::F32).unwrap();
-    dev.rms_norm(&buf, &wv, 1e-6, &mut out).unwrap();
+    dev.norm(&buf, &wv, RowNorm::rms(1e-6), &mut out).unwrap();
     let got = dev.download(&out).unwrap();
     for (i, (g, want)) in got.iter().zip(pieces_normed(&x, &w, 1e-6)).enumerate() {
         assert!(
@@ -54,7 +54,7 @@ fn check_ops<D: Device>(dev: &D, read: impl Fn(&D, &D::Buf) -> Vec<f32>) {
         );
     }
     let odd = dev.vector(&values(7, 1)).unwrap();
-    assert!(dev.rms_norm(&buf, &odd, 1e-6, &mut out).is_err());
+    assert!(dev.norm(&buf, &odd, RowNorm::rms(1e-6), &mut out).is_err());
 
     let g = values(t * d, 5);
     let mut gate = dev.buffer(t, d, BufKind::F32).unwrap();

@@ -16,6 +16,7 @@ mod fp8;
 mod gemma4_ple;
 mod golden;
 mod hybrid;
+mod layer_norm;
 mod matrix;
 mod qwen4_exp;
 mod released_configs;

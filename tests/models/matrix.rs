@@ -245,4 +245,9 @@ matrix! {
     afmoe => "afmoe",
     granite_moe => "granite_moe",
     granite_moe_shared => "granite_moe_shared",
+    cohere => "cohere",
+    cohere2 => "cohere2",
+    cohere2_bf16 => "cohere2_bf16",
+    cohere2_moe => "cohere2_moe",
+    cohere2_moe_rms => "cohere2_moe_rms",
 }

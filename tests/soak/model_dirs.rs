@@ -32,8 +32,11 @@ use serde_json::{Value as Json, json};
 
 #[path = "model_dirs_inputs.rs"]
 mod inputs;
+#[path = "model_dirs_words.rs"]
+mod words;
 pub use inputs::{Case, File, Header, Mutation, case};
 use inputs::{count_nodes, edit_bytes, parse_header, replace_node, set_path};
+use words::FIXTURES;
 
 /// Longest refusal message accepted (a message quoting a whole hostile field is a defect).
 pub const MAX_MESSAGE: usize = 2048;
@@ -112,90 +115,6 @@ pub struct Bases {
     /// Where cases are written (emptied before each).
     scratch: PathBuf,
 }
-
-const FIXTURES: &[&str] = &[
-    "llama",
-    "qwen2",
-    "qwen3_5",
-    "nemotron_h",
-    "qwen3_next",
-    "qwen3_5_vl",
-    "qwen3_moe",
-    "qwen3_5_moe",
-    "qwen4_exp",
-    "qwen4_exp_ple",
-    "qwen4_exp_ple_bf16",
-    "qwen4_exp_qsa",
-    "nemotron_h_latent",
-    "gpt_oss_mxfp4",
-    "glm4_moe",
-    "mimo_v2_flash_bf16",
-    "deepseek_v3",
-    "kimi_k2_int4",
-    "kimi_k25_vl",
-    "qwen3_fp8_dynamic",
-    "ernie4_5",
-    "ernie4_5_moe_bf16",
-    "dots1",
-    "hunyuan_moe",
-    "exaone_moe",
-    "hy_v3",
-    "qwen2_moe",
-    "olmoe",
-    "flex_olmo",
-    "afmoe",
-    "granite_moe",
-    "granite_moe_shared",
-    "glm4_moe_lite",
-    "deepseek_v32",
-    "glm_moe_dsa",
-    "deepseek_v32_sparse",
-    "glm_moe_dsa_sparse",
-    "qwen3_moe_fp8",
-    "minimax_m2_fp8",
-    "qwen3_vl_moe",
-    "llama4",
-    "llama4_vl",
-    "qwen2_5_vl",
-    "gemma3",
-    "gemma3_vl",
-    "mistral3_vl",
-    "ministral3_vl",
-    "granite",
-    "granite_h",
-    "granite_h_bf16",
-    "granite_h_dense",
-    "bamba",
-    "falcon_h1",
-    "falcon_h1_norm",
-    "phi3",
-    "phi3_longrope",
-    "phi4_mini",
-    "ministral3",
-    "mistral4",
-    "qwen3_yarn",
-    "qwen3_5_yarn",
-    "deepseek_v3_yarn",
-    "gemma4",
-    "gemma4_moe",
-    "gemma4_e2b",
-    "gemma4_e2b_bf16",
-    "gemma4_unified",
-    "gemma4_bf16",
-    "gemma4_vl",
-    "smollm3",
-    "olmo2",
-    "olmo3",
-    "ministral3_fp8",
-    "exaone4",
-    "seed_oss",
-    "glm4",
-    "olmo_hybrid",
-    "olmo_hybrid_rope",
-    "kimi_linear",
-    "kimi_linear_bf16",
-    "gemma4_wide",
-];
 
 impl Bases {
     pub fn new() -> Bases {

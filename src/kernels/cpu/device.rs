@@ -13,12 +13,12 @@ use super::exp::gelu_tanh_times;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
-use super::ops;
 use super::recurrent::sigmoid;
+use super::{norm, ops};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
-    NormGate, QsaCall, check_slot_copies, table_id_rows,
+    NormGate, QsaCall, RowNorm, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -230,30 +230,30 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f64, out: &mut CpuBuf) -> DevResult<()> {
+    fn norm(&self, x: &CpuBuf, w: &Vec<f32>, op: RowNorm, out: &mut CpuBuf) -> DevResult<()> {
         if w.is_empty() || !x.width.is_multiple_of(w.len()) {
             return Err(DeviceError::Invalid(format!(
-                "rms_norm: weight of {} for rows of {}",
+                "norm: weight of {} for rows of {}",
                 w.len(),
                 x.width
             )));
         }
-        ops::rms_norm(&x.data, w, eps, &mut out.data);
+        norm::norm(&x.data, w, op, &mut out.data);
         set(out, x.width);
         Ok(())
     }
 
-    fn add_rms_norm(
+    fn add_norm(
         &self,
         x: &mut CpuBuf,
         y: &CpuBuf,
         w: &Vec<f32>,
-        eps: f64,
+        op: RowNorm,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
         if x.data.len() != y.data.len() || x.width != w.len() {
             return Err(DeviceError::Invalid(format!(
-                "add_rms_norm: x [{}, {}], y [{}, {}], weight {}",
+                "add_norm: x [{}, {}], y [{}, {}], weight {}",
                 x.rows(),
                 x.width,
                 y.rows(),
@@ -261,7 +261,7 @@ impl Device for CpuDevice {
                 w.len()
             )));
         }
-        ops::add_rms_norm(&mut x.data, &y.data, w, eps, &mut out.data);
+        norm::add_norm(&mut x.data, &y.data, w, op, &mut out.data);
         set(out, x.width);
         Ok(())
     }

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::{CpuBuf, CpuDevice, set};
 use crate::kernels::cpu::exp::silu_inplace;
-use crate::kernels::cpu::ops::rms_norm_row;
+use crate::kernels::cpu::norm::rms_norm_row;
 use crate::kernels::cpu::recurrent::sigmoid;
 use crate::kernels::device::{
     DevResult, HyperOp, hyper_group_norm_fits, hyper_hidden, hyper_same_shape, hyper_streams,

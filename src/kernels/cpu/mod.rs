@@ -26,6 +26,7 @@ pub mod matmul;
 pub mod mla;
 pub mod moe;
 pub mod moe_grouped;
+pub mod norm;
 pub mod ops;
 pub mod qsa;
 pub mod recurrent;

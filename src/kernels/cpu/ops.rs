@@ -1,79 +1,13 @@
-//! Element-wise and per-row f32 kernels: RMSNorm, RoPE, SiLU·mul, residual add, argmax.
+//! Element-wise and per-row f32 kernels: RoPE, SiLU·mul, residual add, argmax (the norms:
+//! [`super::norm`]).
 //! Every function treats each row on its own, in a fixed order, so a row's result never depends
 //! on the other rows of the batch.
 
 use rayon::prelude::*;
 
+use super::norm::rms_norm_row;
 use crate::kernels::device::QkNormWeights;
 use crate::kernels::rope::{Rope, rotate_half};
-
-/// Rows per rayon task for the cheap per-row kernels.
-const ROWS_PER_TASK: usize = 16;
-
-/// `1 / sqrt(mean(x²) + eps)` as transformers' RMSNorm (f32 result), the mean of squares
-/// accumulated in f64: eight partial sums (element `i` into sum `i % 8`, each square exact in
-/// f64), added in a fixed tree, then the tail in order. A fixed order per row, so a row's
-/// value never depends on the batch; eight independent sums instead of one serial chain
-/// (which cost ~4% of a bf16 run), vectorized on any x86-64 with the same bits.
-#[inline]
-pub fn inv_rms(x: &[f32], eps: f64) -> f32 {
-    let mut acc = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += (v as f64) * (v as f64);
-        }
-    }
-    let mut sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for &v in tail {
-        sum += (v as f64) * (v as f64);
-    }
-    let var = (sum / x.len() as f64) as f32;
-    (1.0 / ((var as f64 + eps).sqrt())) as f32
-}
-
-/// RMSNorm of one row as in transformers: `w * (x * rsqrt(mean(x²) + eps))` ([`inv_rms`]).
-#[inline]
-pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
-    let r = inv_rms(x, eps);
-    for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
-        *o = wi * (v * r);
-    }
-}
-
-/// RMSNorm over every `w.len()`-wide row of `x` into `out` (resized; every element is
-/// written, so the reused part is not cleared first).
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut Vec<f32>) {
-    let d = w.len();
-    out.resize(x.len(), 0.0);
-    out.par_chunks_mut(d * ROWS_PER_TASK)
-        .zip(x.par_chunks(d * ROWS_PER_TASK))
-        .for_each(|(o, xs)| {
-            for (orow, xrow) in o.chunks_exact_mut(d).zip(xs.chunks_exact(d)) {
-                rms_norm_row(xrow, w, eps, orow);
-            }
-        });
-}
-
-/// `x += y`, then [`rms_norm`] of the sum into `out`, row chunk by row chunk: each chunk is
-/// normed while it is still in cache (the same bits as [`add_inplace`] then [`rms_norm`]).
-pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f64, out: &mut Vec<f32>) {
-    let d = w.len();
-    assert_eq!(x.len(), y.len(), "add_rms_norm: x and y differ in size");
-    out.resize(x.len(), 0.0);
-    out.par_chunks_mut(d * ROWS_PER_TASK)
-        .zip(x.par_chunks_mut(d * ROWS_PER_TASK))
-        .zip(y.par_chunks(d * ROWS_PER_TASK))
-        .for_each(|((o, xs), ys)| {
-            for (u, v) in xs.iter_mut().zip(ys) {
-                *u += *v;
-            }
-            for (orow, xrow) in o.chunks_exact_mut(d).zip(xs.chunks_exact(d)) {
-                rms_norm_row(xrow, w, eps, orow);
-            }
-        });
-}
 
 /// `x += y`, element-wise (the plain residual add, so a captured row is exactly
 /// `residual + hidden`).
@@ -302,6 +236,7 @@ fn prepare_row(
 #[cfg(test)]
 mod tests {
     use super::super::exp::gelu_tanh_times;
+    use super::super::norm::ROWS_PER_TASK;
     use super::*;
     use crate::kernels::dtype::RopeScaling;
 
@@ -395,39 +330,6 @@ mod tests {
         assert!((n0 - n1).abs() < 1e-3);
         // k's head got the same rotation as q's first head.
         assert_eq!(k, x[..8]);
-    }
-
-    /// `inv_rms` against an f64 reference (widths with and without a tail of the 8 sums),
-    /// and the fused residual add + norm against the two passes, bit for bit.
-    #[test]
-    fn rms_norm_matches_f64_and_the_fused_add_is_the_same_bits() {
-        let mut s = 7u64;
-        let mut rnd = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        };
-        for d in [1usize, 7, 8, 13, 64, 1000, 1024] {
-            let x: Vec<f32> = (0..3 * d).map(|_| rnd()).collect();
-            for row in x.chunks_exact(d) {
-                let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / d as f64;
-                let want = 1.0 / (ms + 1e-6).sqrt();
-                let got = inv_rms(row, 1e-6) as f64;
-                assert!((got - want).abs() <= 1e-7 * want, "d {d}: {got} vs {want}");
-            }
-            let (y, w): (Vec<f32>, Vec<f32>) = (
-                (0..3 * d).map(|_| rnd()).collect(),
-                (0..d).map(|_| rnd()).collect(),
-            );
-            let (mut x1, mut x2) = (x.clone(), x.clone());
-            let (mut two, mut fused) = (Vec::new(), vec![f32::NAN; 5]);
-            add_inplace(&mut x1, &y);
-            rms_norm(&x1, &w, 1e-6, &mut two);
-            add_rms_norm(&mut x2, &y, &w, 1e-6, &mut fused);
-            let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!((b(&x2), b(&fused)), (b(&x1), b(&two)), "d {d}");
-        }
     }
 
     /// One pass per token gives the bits of the columns gathered, `rms_norm_inplace`, then

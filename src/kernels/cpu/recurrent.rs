@@ -27,7 +27,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::ops::inv_rms;
+use super::norm::inv_rms;
 use super::vector;
 use crate::kernels::device::NormGate;
 use crate::kernels::plan::SeqState;

@@ -27,7 +27,7 @@ use super::table::{CudaTable, HOST_TABLE_BYTES};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
     GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
-    QsaCall, check_slot_copies,
+    QsaCall, RowNorm, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -264,42 +264,33 @@ impl Device for CudaDevice {
         Ok(self.gpu.memset_zero(out.ptr(), n * width * out.elem())?)
     }
 
-    fn rms_norm(&self, x: &CudaBuf, w: &DevBuf<f32>, eps: f64, out: &mut CudaBuf) -> DevResult<()> {
-        x.f32("rms_norm input")?;
+    fn norm(&self, x: &CudaBuf, w: &DevBuf<f32>, op: RowNorm, out: &mut CudaBuf) -> DevResult<()> {
+        x.f32("norm input")?;
         let n = w.len();
         if n == 0 || !x.width().is_multiple_of(n) {
-            return invalid(format!("rms_norm: weight of {n} for rows of {}", x.width()));
+            return invalid(format!("norm: weight of {n} for rows of {}", x.width()));
         }
-        out.set(x.rows(), x.width(), "rms_norm")?;
+        out.set(x.rows(), x.width(), "norm")?;
         // Dense rows: each row's `width / n` pieces are rows of `n` one after another.
         let rows = x.rows() * (x.width() / n);
         let (g, dt) = (&self.gpu, out.dtype());
-        Ok(ops::rms_norm(
-            g,
-            x.ptr(),
-            w.ptr(),
-            out.ptr(),
-            dt,
-            rows,
-            n,
-            eps,
-        )?)
+        Ok(ops::norm(g, x.ptr(), w.ptr(), out.ptr(), dt, rows, n, op)?)
     }
 
-    fn add_rms_norm(
+    fn add_norm(
         &self,
         x: &mut CudaBuf,
         y: &CudaBuf,
         w: &DevBuf<f32>,
-        eps: f64,
+        norm: RowNorm,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        same_f32(x, y, "add_rms_norm")?;
-        check_len(w, x.width(), "add_rms_norm weight")?;
-        out.set(x.rows(), x.width(), "add_rms_norm")?;
+        same_f32(x, y, "add_norm")?;
+        check_len(w, x.width(), "add_norm weight")?;
+        out.set(x.rows(), x.width(), "add_norm")?;
         let (g, rows, n) = (&self.gpu, x.rows(), x.width());
         let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());
-        Ok(ops::add_rms_norm(
+        Ok(ops::add_norm(
             g,
             xp,
             yp,
@@ -308,7 +299,7 @@ impl Device for CudaDevice {
             out.dtype(),
             rows,
             n,
-            eps,
+            norm,
         )?)
     }
 

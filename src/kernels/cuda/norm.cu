@@ -1,65 +1,102 @@
-// RMSNorm as transformers computes it (and src/kernels/cpu/ops.rs::rms_norm_row): the mean of
-// squares in f64, rounded to f32, then `w * (x * r)` with r = f32(1 / sqrt(var + eps)).
+// Row norms as transformers computes them (and src/kernels/cpu/norm.rs): RMSNorm — the mean of
+// squares in f64, rounded to f32, then `w * (x * r)` with r = f32(1 / sqrt(var + eps)) — and
+// LayerNorm without a bias (Cohere's, CENTERED) — the mean in f64 rounded to f32, the variance
+// of `x - mean` likewise, then `w * ((x - mean) * r)`.
 // One block per row, so a row's result never depends on the other rows of the batch.
 
 // Launch: grid (rows), block (256), no dynamic shared memory.
-template <typename OUT>
-__device__ void rms_norm_body(const float* x, const float* w, OUT* out, int n, double eps) {
+template <typename OUT, bool CENTERED>
+__device__ void norm_body(const float* x, const float* w, OUT* out, int n, double eps) {
     __shared__ double scratch[32];
+    float mean = 0.0f;
+    if (CENTERED) {
+        double acc = 0.0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) acc += (double)x[i];
+        mean = (float)(block_sum_f64(acc, scratch) / (double)n);
+    }
     double acc = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        double v = (double)x[i];
+        double v = (double)__fsub_rn(x[i], mean);
         acc += v * v;
     }
     const double sum = block_sum_f64(acc, scratch);
     const float var = (float)(sum / (double)n);
     const float r = (float)(1.0 / sqrt((double)var + eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        out[i] = from_f32<OUT>(__fmul_rn(w[i], __fmul_rn(x[i], r)));
+        out[i] = from_f32<OUT>(__fmul_rn(w[i], __fmul_rn(__fsub_rn(x[i], mean), r)));
     }
 }
 
 template <typename OUT>
-__device__ void rms_norm_t(const float* x, const float* w, OUT* out, int n, double eps) {
-    const size_t row = blockIdx.x;
-    rms_norm_body<OUT>(x + row * n, w, out + row * n, n, eps);
+__device__ void rms_norm_body(const float* x, const float* w, OUT* out, int n, double eps) {
+    norm_body<OUT, false>(x, w, out, n, eps);
 }
 
-// x += y (the residual add, kept exact in f32), then out = rms_norm(x): one pass fewer than
+template <typename OUT, bool CENTERED>
+__device__ void norm_t(const float* x, const float* w, OUT* out, int n, double eps) {
+    const size_t row = blockIdx.x;
+    norm_body<OUT, CENTERED>(x + row * n, w, out + row * n, n, eps);
+}
+
+// x += y (the residual add, kept exact in f32), then out = norm(x): one pass fewer than
 // an add kernel followed by a norm. Each thread re-reads only the elements it wrote itself.
-template <typename OUT>
-__device__ void add_rms_norm_t(float* x, const float* y, const float* w, OUT* out, int n,
+template <typename OUT, bool CENTERED>
+__device__ void add_norm_t(float* x, const float* y, const float* w, OUT* out, int n,
                                double eps) {
     const size_t row = blockIdx.x;
     float* xr = x + row * n;
     const float* yr = y + row * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = __fadd_rn(xr[i], yr[i]);
-    rms_norm_body<OUT>(xr, w, out + row * n, n, eps);
+    norm_body<OUT, CENTERED>(xr, w, out + row * n, n, eps);
 }
 
 extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* out, int n,
                                         double eps) {
-    rms_norm_t<float>(x, w, out, n, eps);
+    norm_t<float, false>(x, w, out, n, eps);
 }
 extern "C" __global__ void rms_norm_bf16(const float* x, const float* w, bf16_t* out, int n,
-                                         double eps) {
-    rms_norm_t<bf16_t>(x, w, out, n, eps);
+                                        double eps) {
+    norm_t<bf16_t, false>(x, w, out, n, eps);
 }
 extern "C" __global__ void rms_norm_f16(const float* x, const float* w, f16_t* out, int n,
                                         double eps) {
-    rms_norm_t<f16_t>(x, w, out, n, eps);
+    norm_t<f16_t, false>(x, w, out, n, eps);
 }
-extern "C" __global__ void add_rms_norm_f32(float* x, const float* y, const float* w, float* out,
-                                            int n, double eps) {
-    add_rms_norm_t<float>(x, y, w, out, n, eps);
+extern "C" __global__ void add_rms_norm_f32(float* x, const float* y, const float* w,
+                                        float* out, int n, double eps) {
+    add_norm_t<float, false>(x, y, w, out, n, eps);
 }
 extern "C" __global__ void add_rms_norm_bf16(float* x, const float* y, const float* w,
-                                             bf16_t* out, int n, double eps) {
-    add_rms_norm_t<bf16_t>(x, y, w, out, n, eps);
+                                        bf16_t* out, int n, double eps) {
+    add_norm_t<bf16_t, false>(x, y, w, out, n, eps);
 }
-extern "C" __global__ void add_rms_norm_f16(float* x, const float* y, const float* w, f16_t* out,
-                                            int n, double eps) {
-    add_rms_norm_t<f16_t>(x, y, w, out, n, eps);
+extern "C" __global__ void add_rms_norm_f16(float* x, const float* y, const float* w,
+                                        f16_t* out, int n, double eps) {
+    add_norm_t<f16_t, false>(x, y, w, out, n, eps);
+}
+extern "C" __global__ void layer_norm_f32(const float* x, const float* w, float* out, int n,
+                                        double eps) {
+    norm_t<float, true>(x, w, out, n, eps);
+}
+extern "C" __global__ void layer_norm_bf16(const float* x, const float* w, bf16_t* out, int n,
+                                        double eps) {
+    norm_t<bf16_t, true>(x, w, out, n, eps);
+}
+extern "C" __global__ void layer_norm_f16(const float* x, const float* w, f16_t* out, int n,
+                                        double eps) {
+    norm_t<f16_t, true>(x, w, out, n, eps);
+}
+extern "C" __global__ void add_layer_norm_f32(float* x, const float* y, const float* w,
+                                        float* out, int n, double eps) {
+    add_norm_t<float, true>(x, y, w, out, n, eps);
+}
+extern "C" __global__ void add_layer_norm_bf16(float* x, const float* y, const float* w,
+                                        bf16_t* out, int n, double eps) {
+    add_norm_t<bf16_t, true>(x, y, w, out, n, eps);
+}
+extern "C" __global__ void add_layer_norm_f16(float* x, const float* y, const float* w,
+                                        f16_t* out, int n, double eps) {
+    add_norm_t<f16_t, true>(x, y, w, out, n, eps);
 }
 
 // Per-head RMSNorm in place (Qwen3 q_norm / k_norm; MiniMax-M2's over a whole projection is one

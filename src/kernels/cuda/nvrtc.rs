@@ -296,6 +296,8 @@ mod tests {
             for k in [
                 "rms_norm",
                 "add_rms_norm",
+                "layer_norm",
+                "add_layer_norm",
                 "silu_mul",
                 "swiglu_clamped",
                 "gelu_tanh_mul",

@@ -10,6 +10,7 @@ use super::context::{
     CudaError, CudaResult, Gpu, LaunchConfig, elems_cfg, launch, row_tiles_cfg, rows_cfg,
 };
 use super::gemm::DevWeight;
+use crate::kernels::device::{NormKind, RowNorm};
 use crate::kernels::dtype::WeightDtype;
 
 /// Kernel-name suffix of a dtype.
@@ -33,9 +34,9 @@ fn i64_of(v: usize) -> i64 {
 
 const ROW_THREADS: u32 = 256;
 
-/// `out[r] = rms_norm(x[r]) * w` for `rows` rows of `n` (out in `dtype`).
+/// `out[r] = norm(x[r]) * w` for `rows` rows of `n` (out in `dtype`).
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm(
+pub fn norm(
     gpu: &Gpu,
     x: u64,
     w: u64,
@@ -43,16 +44,24 @@ pub fn rms_norm(
     dtype: WeightDtype,
     rows: usize,
     n: usize,
-    eps: f64,
+    op: RowNorm,
 ) -> CudaResult<()> {
-    let name = format!("rms_norm_{}", suffix(dtype));
-    let n = i32_of(n, "hidden")?;
+    let name = format!("{}_{}", norm_kernel(op.kind), suffix(dtype));
+    let (n, eps) = (i32_of(n, "hidden")?, op.eps);
     launch!(gpu, &name => "rms_norm_f32", rows_cfg(rows, ROW_THREADS)?, x, w, out, n, eps)
 }
 
-/// `x += y`, then `out = rms_norm(x) * w` (the residual add fused with the next norm).
+/// The kernel family of a norm kind (`{family}_{dtype}`, `add_{family}_{dtype}`).
+fn norm_kernel(kind: NormKind) -> &'static str {
+    match kind {
+        NormKind::Rms => "rms_norm",
+        NormKind::Layer => "layer_norm",
+    }
+}
+
+/// `x += y`, then `out = norm(x) * w` (the residual add fused with the next norm).
 #[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
+pub fn add_norm(
     gpu: &Gpu,
     x: u64,
     y: u64,
@@ -61,10 +70,10 @@ pub fn add_rms_norm(
     dtype: WeightDtype,
     rows: usize,
     n: usize,
-    eps: f64,
+    op: RowNorm,
 ) -> CudaResult<()> {
-    let name = format!("add_rms_norm_{}", suffix(dtype));
-    let n = i32_of(n, "hidden")?;
+    let name = format!("add_{}_{}", norm_kernel(op.kind), suffix(dtype));
+    let (n, eps) = (i32_of(n, "hidden")?, op.eps);
     launch!(
         gpu,
         &name => "add_rms_norm_f32",

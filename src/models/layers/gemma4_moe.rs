@@ -9,7 +9,7 @@ use super::mlp::Mlp;
 use super::moe::{Expert, ExpertAct, run_experts};
 use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::DevResult;
+use crate::kernels::device::{DevResult, RowNorm};
 
 pub struct Gemma4Moe<D: Device> {
     pub mlp: Mlp<D>,
@@ -50,15 +50,25 @@ impl<D: Device> Gemma4Moe<D> {
         let m = MoeScratch::of(&mut s.moe)?;
         let wide = (&mut s.wide, &mut s.act);
         self.mlp.run(dev, &s.normed, wide, &mut m.shared)?;
-        dev.rms_norm(&m.shared, &self.mlp_norm, self.eps, &mut s.aux)?;
+        dev.norm(
+            &m.shared,
+            &self.mlp_norm,
+            RowNorm::rms(self.eps),
+            &mut s.aux,
+        )?;
         // The router's input, in f32 as transformers scales it, then the GEMM's dtype.
-        dev.rms_norm(&s.x, &self.router_scale, self.eps, &mut s.mid)?;
+        dev.norm(&s.x, &self.router_scale, RowNorm::rms(self.eps), &mut s.mid)?;
         dev.scale(&mut s.mid, self.router_factor)?;
         dev.cast(&s.mid, &mut s.normed)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let mut routing = dev.moe_route(&m.logits, self.top_k, true)?;
         routing.scale_by_expert(&self.expert_scale);
-        dev.rms_norm(&s.x, &self.experts_norm, self.eps, &mut s.normed)?;
+        dev.norm(
+            &s.x,
+            &self.experts_norm,
+            RowNorm::rms(self.eps),
+            &mut s.normed,
+        )?;
         let geglu = |d: &D, gate_up: &D::Buf, act: &mut D::Buf| d.gelu_tanh_mul(gate_up, act);
         let sizes = (self.inter, self.hidden);
         let act = ExpertAct::Other(geglu);
@@ -72,7 +82,12 @@ impl<D: Device> Gemma4Moe<D> {
             act,
         )?;
         dev.moe_combine(&m.out, &routing, None, &mut m.shared)?;
-        dev.rms_norm(&m.shared, &self.experts_out_norm, self.eps, &mut s.proj)?;
+        dev.norm(
+            &m.shared,
+            &self.experts_out_norm,
+            RowNorm::rms(self.eps),
+            &mut s.proj,
+        )?;
         // transformers: hidden_states_1 + hidden_states_2 (the same sum either way round).
         dev.add(&mut s.proj, &s.aux)
     }

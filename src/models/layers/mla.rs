@@ -12,7 +12,8 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature, SoftmaxVariant,
+    AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature, RowNorm,
+    SoftmaxVariant,
 };
 
 /// How q is made from the normed rows.
@@ -115,7 +116,7 @@ impl<D: Device> MlaAttention<D> {
             MlaQuery::Direct(w) => dev.matmul(&s.normed, w, &mut s.mid)?,
             MlaQuery::Lora { a, norm, b, .. } => {
                 dev.matmul(&s.normed, a, &mut s.conv)?;
-                dev.rms_norm(&s.conv, norm, self.latent_eps, &mut s.act)?;
+                dev.norm(&s.conv, norm, RowNorm::rms(self.latent_eps), &mut s.act)?;
                 dev.matmul(&s.act, b, &mut s.mid)?;
             }
         }
@@ -123,7 +124,12 @@ impl<D: Device> MlaAttention<D> {
             self.select(dev, ctx, s, sparse)?;
         }
         dev.matmul(&s.normed, &self.kv_latent, &mut s.conv)?;
-        dev.rms_norm(&s.conv, &self.kv_norm, self.latent_eps, &mut s.act)?;
+        dev.norm(
+            &s.conv,
+            &self.kv_norm,
+            RowNorm::rms(self.latent_eps),
+            &mut s.act,
+        )?;
         dev.matmul(&s.act, &self.kv_b, &mut s.aux)?;
         dev.matmul(&s.normed, &self.k_rope, &mut s.conv)?;
         dev.mla_heads(&s.mid, &s.aux, &s.conv, &self.dims, &mut s.wide)?;

@@ -64,6 +64,9 @@ pub struct Moe<D: Device> {
     pub weighs_input: bool,
     pub inter: usize,
     pub hidden: usize,
+    /// Multiplies the block's output (Cohere 2 MoE's `average` of routed and shared: ½;
+    /// 1 elsewhere, which changes no bit).
+    pub out_scale: f32,
 }
 
 impl<D: Device> Moe<D> {
@@ -79,6 +82,15 @@ impl<D: Device> Moe<D> {
     }
 
     pub(super) fn forward(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
+        self.routed_and_shared(dev, s)?;
+        match self.out_scale {
+            1.0 => Ok(()),
+            // Exact for ½: `(routed + shared) / 2` as transformers computes it.
+            f => dev.scale(&mut s.proj, f),
+        }
+    }
+
+    fn routed_and_shared(&self, dev: &D, s: &mut Scratch<D>) -> DevResult<()> {
         let m = MoeScratch::of(&mut s.moe)?;
         dev.matmul(&s.normed, &self.router, &mut m.logits)?;
         let mut routing = self.choice.route(dev, &m.logits)?;

@@ -6,7 +6,7 @@
 
 use super::Scratch;
 use crate::kernels::Device;
-use crate::kernels::device::{Cols, DevResult, DeviceError};
+use crate::kernels::device::{Cols, DevResult, DeviceError, RowNorm};
 
 /// The model-level half: the per-layer inputs of a step's tokens.
 pub struct PerLayerEmbedding<D: Device> {
@@ -45,7 +45,12 @@ impl<D: Device> PerLayerEmbedding<D> {
         dev.cast(&s.x, &mut s.normed)?;
         dev.matmul(&s.normed, &self.proj, &mut ple.tmp)?;
         dev.scale(&mut ple.tmp, self.proj_scale)?;
-        dev.rms_norm(&ple.tmp, &self.norm, self.eps, &mut ple.inputs)?;
+        dev.norm(
+            &ple.tmp,
+            &self.norm,
+            RowNorm::rms(self.eps),
+            &mut ple.inputs,
+        )?;
         dev.embed_table(step, &self.table, self.table_scale, &mut ple.tmp)?;
         dev.add(&mut ple.inputs, &ple.tmp)?;
         // transformers' `per_layer_input_scale`, 2^-½ (f32).

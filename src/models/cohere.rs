@@ -1,0 +1,43 @@
+//! Cohere (`CohereForCausalLM`: Command R, Aya Expanse), Cohere 2 (`Cohere2ForCausalLM`:
+//! Command R7B, Command A) and Cohere 2 MoE (`Cohere2MoeForCausalLM`), `model.*` names. Per
+//! layer one `input_layernorm` (a LayerNorm without bias; Cohere 2 MoE's an RMSNorm where its
+//! config says so) feeds the attention and the MLP in parallel, `x += attn(n) + mlp(n)`; RoPE
+//! on interleaved pairs (loaded de-interleaved, as GLM-4's), Cohere 2's sliding layers with
+//! RoPE and a window, its full layers without RoPE ([`super::cohere_config`]); Cohere 2 MoE's
+//! experts under `mlp` beside `shared_experts`, their sum halved where the config averages them.
+
+use super::decoder::Decoder;
+use super::dense::{load_attention, load_ffn, load_windowed_attention, load_with};
+use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
+use super::{Architecture, ModelError, ModelSpec};
+use crate::kernels::Device;
+
+pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
+    load_with(ld, spec, load_layer)
+}
+
+fn load_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+) -> Result<Layer<D>, ModelError> {
+    let p = format!("model.layers.{i}");
+    let attention = match spec.architecture {
+        Architecture::Cohere => load_attention(ld, spec, i, SoftmaxVariant::causal())?,
+        _ => load_windowed_attention(ld, spec, i)?,
+    };
+    let mut ffn = load_ffn(ld, spec, &p, i)?;
+    if let (Sublayer::Moe(moe), Some(c)) = (&mut ffn, &spec.cohere)
+        && c.moe_average
+    {
+        moe.out_scale = 0.5;
+    }
+    let norm = ld.vector(&format!("{p}.input_layernorm.weight"), spec.hidden_size)?;
+    // transformers: `residual + attention + mlp`; hsx adds the two outputs first (the sum of
+    // the same three values in another order: within f32 rounding).
+    let both = Sublayer::Parallel(Box::new([Sublayer::Attention(attention), ffn]));
+    Ok(Layer {
+        parts: vec![Part::new(norm, both)],
+        scale: 1.0,
+    })
+}
