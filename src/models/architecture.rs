@@ -159,11 +159,14 @@ pub enum Architecture {
     Cohere2,
     /// `Cohere2MoeForCausalLM`: Cohere 2's layers with routed experts after dense ones.
     Cohere2Moe,
+    /// `SolarOpenForCausalLM` (Solar Open): Llama's attention with GLM-4.5's experts in every
+    /// layer.
+    SolarOpen,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 54] = [
+    pub const ALL: [Self; 55] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -185,6 +188,7 @@ impl Architecture {
         Self::Qwen4Exp,
         Self::GptOss,
         Self::Glm4Moe,
+        Self::SolarOpen,
         Self::DeepseekV3,
         Self::Glm4MoeLite,
         Self::DeepseekV32,
@@ -281,6 +285,7 @@ impl Architecture {
             Self::Cohere => "CohereForCausalLM",
             Self::Cohere2 => "Cohere2ForCausalLM",
             Self::Cohere2Moe => "Cohere2MoeForCausalLM",
+            Self::SolarOpen => "SolarOpenForCausalLM",
         }
     }
 
@@ -353,6 +358,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
+        Architecture::SolarOpen => 131072,
         Architecture::MiMoV2Flash => 131072,
         Architecture::Glm4MoeLite | Architecture::GlmMoeDsa => 202752,
         Architecture::DeepseekV32 => 163840,
@@ -376,6 +382,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
+        Architecture::SolarOpen => 1e-5,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
@@ -394,7 +401,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
 /// `rope_theta` when the config names none (the config class's `default_theta`).
 pub(super) fn default_theta(arch: Architecture) -> f64 {
     match arch {
-        Architecture::Mixtral => 1e6,
+        Architecture::Mixtral | Architecture::SolarOpen => 1e6,
         Architecture::GptOss => 150000.0,
         // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,

@@ -63,7 +63,8 @@ pub(super) fn dense_spec(
         | Architecture::Ernie4_5Moe
         | Architecture::HyV3
         | Architecture::Afmoe
-        | Architecture::Cohere2Moe => 128,
+        | Architecture::Cohere2Moe
+        | Architecture::SolarOpen => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -95,6 +96,8 @@ pub(super) fn dense_spec(
         intermediate_size: match architecture {
             // Llama-4's dense MLPs (its `intermediate_size` is the experts').
             Architecture::Llama4 => cfg.usize_or("intermediate_size_mlp", 16384)?,
+            // SolarOpenConfig has none (no dense MLP): the experts' width.
+            Architecture::SolarOpen => cfg.usize_or("moe_intermediate_size", 1280)?,
             _ => cfg.usize_req("intermediate_size")?,
         },
         rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(architecture))?,
@@ -109,7 +112,7 @@ pub(super) fn dense_spec(
         // has its own `attention_out_bias`.
         o_bias: match architecture {
             Architecture::Qwen2 | Architecture::Glm4Moe | Architecture::Glm4 => false,
-            Architecture::Qwen2Moe => false,
+            Architecture::Qwen2Moe | Architecture::SolarOpen => false,
             Architecture::SeedOss => cfg.bool_or("attention_out_bias", false)?,
             _ => attention_bias,
         },

@@ -132,6 +132,8 @@ enum DenseLayers {
     /// Those `mlp_layer_types` names `"dense"`, else those below `first_k_dense_replace`
     /// (this default; `KimiLinearConfig`).
     LayerTypesElseFirstK(usize),
+    /// None (`SolarOpenConfig`, which has no `first_k_dense_replace`).
+    None,
 }
 
 /// `Glm4MoeConfig`'s.
@@ -145,6 +147,13 @@ pub(super) const GLM_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     dense: DenseLayers::FirstK(1),
     softmax: false,
     renorm: true,
+};
+
+/// `SolarOpenConfig`'s: GLM-4.5's router, experts in every layer.
+pub(super) const SOLAR_OPEN_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    inter: 1280,
+    dense: DenseLayers::None,
+    ..GLM_MOE
 };
 
 /// `GlmMoeDsaConfig`'s (GLM-5's).
@@ -279,6 +288,7 @@ pub(super) fn deepseek_moe(
             (0..num_layers).map(|i| i >= dense).collect()
         }
         DenseLayers::LayerTypes => mlp_layer_types(cfg, num_layers)?,
+        DenseLayers::None => vec![true; num_layers],
         DenseLayers::LayerTypesElseFirstK(k) => match cfg.get("mlp_layer_types") {
             Some(_) => mlp_layer_types(cfg, num_layers)?,
             None => {
@@ -307,6 +317,19 @@ pub(super) fn deepseek_moe(
             bias: !d.softmax,
         },
     })
+}
+
+/// Llama's RoPE over the whole head (Solar Open's attention): a `partial_rotary_factor` below
+/// 1, which transformers' Llama attention cannot apply (the tables are narrower than the
+/// heads), refused.
+fn whole_head_rotary(cfg: &Cfg<'_>, head_dim: usize) -> Result<usize, ModelError> {
+    match rotary_dim(cfg, head_dim, 1.0)? {
+        d if d == head_dim => Ok(d),
+        d => Err(cfg.err(
+            "partial_rotary_factor",
+            format!("rotates {d} of {head_dim} dims; Llama's attention rotates whole heads"),
+        )),
+    }
 }
 
 /// `mlp_layer_types` (`"dense"` / `"sparse"` per layer) as sparse flags; absent: layer 0
@@ -359,6 +382,10 @@ pub(super) fn attention_moe(
             minimax_rotary_dim(cfg, head_dim)?,
         ),
         Architecture::Dots1 => (Some(deepseek_moe(cfg, num_layers, &DOTS1_MOE)?), head_dim),
+        Architecture::SolarOpen => (
+            Some(deepseek_moe(cfg, num_layers, &SOLAR_OPEN_MOE)?),
+            whole_head_rotary(cfg, head_dim)?,
+        ),
         Architecture::ExaoneMoe => (Some(deepseek_moe(cfg, num_layers, &EXAONE_MOE)?), head_dim),
         Architecture::HyV3 => (
             Some(super::hunyuan_config::hy_v3_moe(cfg, num_layers)?),

@@ -295,3 +295,44 @@ fn flex_olmo_defaults() {
         (7, 5, 11008)
     );
 }
+
+/// SolarOpenConfig's defaults: Llama's attention (o_proj unbiased, whole heads rotated, theta
+/// 1e6), GLM-4.5's router with experts in every layer (a `first_k_dense_replace`, which the
+/// class does not have, changes nothing); a partial rotary factor refused.
+#[test]
+fn solar_open_defaults_every_layer_sparse() {
+    let mut v = json!({
+        "architectures": ["SolarOpenForCausalLM"], "hidden_size": 4096,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 48,
+        "vocab_size": 196608, "attention_bias": true, "first_k_dense_replace": 2
+    });
+    let s = parse(&v);
+    assert_eq!(s.architecture, Architecture::SolarOpen);
+    assert_eq!((s.head_dim, s.rope_theta, s.rms_norm_eps), (128, 1e6, 1e-5));
+    assert_eq!(
+        (s.qkv_bias, s.o_bias, s.qk_norm),
+        (true, false, QkNorm::None)
+    );
+    assert!(!s.tie_word_embeddings);
+    let h = s.hybrid.as_ref().unwrap();
+    assert_eq!(h.rotary_dim, 128);
+    let m = h.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_intermediate,
+            m.shared_intermediate
+        ),
+        (128, 8, 1280, Some(1280))
+    );
+    assert_eq!(m.sparse_layers, vec![true; 48]);
+    let g = m.grouped().unwrap();
+    assert_eq!(
+        (g.n_group, g.topk_group, g.renorm, g.scale),
+        (1, 1, true, 1.0)
+    );
+    v["partial_rotary_factor"] = json!(0.5);
+    let e = ModelSpec::from_json(&v, Path::new("config.json"), "m".into()).unwrap_err();
+    assert!(e.to_string().contains("partial_rotary_factor"), "{e}");
+}

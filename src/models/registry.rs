@@ -18,7 +18,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::Glm4Moe => {
             dense::load(ld, spec)
         }
-        Architecture::MiniMaxM2 => dense::load(ld, spec),
+        Architecture::MiniMaxM2 | Architecture::SolarOpen => dense::load(ld, spec),
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe | Architecture::Dots1 => {
             dense::load(ld, spec)
         }

@@ -250,4 +250,5 @@ matrix! {
     cohere2_bf16 => "cohere2_bf16",
     cohere2_moe => "cohere2_moe",
     cohere2_moe_rms => "cohere2_moe_rms",
+    solar_open => "solar_open",
 }
