@@ -162,11 +162,13 @@ pub enum Architecture {
     /// `SolarOpenForCausalLM` (Solar Open): Llama's attention with GLM-4.5's experts in every
     /// layer.
     SolarOpen,
+    /// `AXK1ForCausalLM` (A.X K1): DeepSeek-V3's layers, an RMSNorm on each MoE block's output.
+    Axk1,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 55] = [
+    pub const ALL: [Self; 56] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -190,6 +192,7 @@ impl Architecture {
         Self::Glm4Moe,
         Self::SolarOpen,
         Self::DeepseekV3,
+        Self::Axk1,
         Self::Glm4MoeLite,
         Self::DeepseekV32,
         Self::GlmMoeDsa,
@@ -286,6 +289,7 @@ impl Architecture {
             Self::Cohere2 => "Cohere2ForCausalLM",
             Self::Cohere2Moe => "Cohere2MoeForCausalLM",
             Self::SolarOpen => "SolarOpenForCausalLM",
+            Self::Axk1 => "AXK1ForCausalLM",
         }
     }
 
@@ -302,6 +306,7 @@ impl Architecture {
         matches!(
             self,
             Self::DeepseekV3
+                | Self::Axk1
                 | Self::Glm4MoeLite
                 | Self::Mistral4
                 | Self::DeepseekV32
@@ -327,6 +332,8 @@ impl Architecture {
             ],
             // Not transformers' renaming (its names are these): the router and its bias where
             // hsx's MoE loader reads a sigmoid router's.
+            // The MoE output norm, released beside the block.
+            Self::Axk1 => &[(".post_mlp_layernorm.", ".mlp.post_mlp_layernorm.")],
             Self::Afmoe => &[
                 ("mlp.router.gate.", "mlp.gate."),
                 ("mlp.expert_bias", "mlp.e_score_correction_bias"),
@@ -357,6 +364,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
+        Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
         Architecture::SolarOpen => 131072,
         Architecture::MiMoV2Flash => 131072,

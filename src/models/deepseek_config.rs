@@ -15,7 +15,7 @@ use super::config::{
 use super::dsa_config::{DsaSpec, dsa_spec};
 use super::hybrid_config::{HybridSpec, LayerKind, rotary_dim};
 use super::moe_config::{
-    DEEPSEEK_V3_MOE, DEEPSEEK_V32_MOE, DeepseekMoeDefaults, GLM_MOE_DSA, GLM_MOE_LITE,
+    AXK1_MOE, DEEPSEEK_V3_MOE, DEEPSEEK_V32_MOE, DeepseekMoeDefaults, GLM_MOE_DSA, GLM_MOE_LITE,
     KIMI_LINEAR_MOE, MISTRAL4_MOE, deepseek_moe,
 };
 use crate::kernels::device::MlaDims;
@@ -87,6 +87,14 @@ const DEEPSEEK_V32: MlaFamily = MlaFamily {
     ..DEEPSEEK_V3
 };
 
+/// `AXK1Config`'s (A.X K1's geometry).
+const AXK1: MlaFamily = MlaFamily {
+    vocab: 163840,
+    heads: 64,
+    moe: AXK1_MOE,
+    ..DEEPSEEK_V3
+};
+
 /// `GlmMoeDsaConfig`'s (GLM-5's geometry).
 const GLM_MOE_DSA_FAMILY: MlaFamily = MlaFamily {
     vocab: 154880,
@@ -145,6 +153,7 @@ pub(super) fn parse(
         Architecture::KimiLinear => &KIMI_LINEAR,
         Architecture::DeepseekV32 => &DEEPSEEK_V32,
         Architecture::GlmMoeDsa => &GLM_MOE_DSA_FAMILY,
+        Architecture::Axk1 => &AXK1,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -200,8 +209,9 @@ pub(super) fn parse(
     if mla.q_lora == Some(0) || mla.kv_lora == 0 {
         return Err(cfg.err("kv_lora_rank", "q_lora_rank and kv_lora_rank must be > 0"));
     }
-    if mla.dsa.is_some() && mla.q_lora.is_none() {
-        let msg = "null: DeepSeek Sparse Attention's classes always project q through q_a_proj";
+    if (mla.dsa.is_some() || architecture == Architecture::Axk1) && mla.q_lora.is_none() {
+        let msg = "null: DeepSeek Sparse Attention's classes and A.X K1's always project q \
+                   through q_a_proj";
         return Err(cfg.err("q_lora_rank", msg));
     }
     let max_position_embeddings =
@@ -483,5 +493,36 @@ mod tests {
         let v3 = json!({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
             "index_topk": 8});
         assert_eq!(mla(&v3).dsa, None);
+    }
+
+    /// AXK1Config's geometry; its MoE layers from `mlp_layer_types`, else from the legacy
+    /// `first_k_dense_replace` (1) and `moe_layer_freq` (1); q always through its latent.
+    #[test]
+    fn axk1_defaults_layer_pattern_and_q_latent() {
+        let mut v = json!({"architectures": ["AXK1ForCausalLM"], "num_hidden_layers": 6});
+        let s = parse(&v).unwrap();
+        assert_eq!(s.architecture, Architecture::Axk1);
+        assert_eq!((s.vocab_size, s.num_heads, s.head_dim), (163840, 64, 192));
+        assert_eq!(s.max_position_embeddings, 32768);
+        let h = s.hybrid.as_ref().unwrap();
+        assert_eq!(h.mla.as_ref().unwrap().q_lora, Some(1536));
+        let m = h.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.shared_intermediate),
+            (192, 8, Some(2048))
+        );
+        assert_eq!(m.sparse_layers, [false, true, true, true, true, true]);
+        v["first_k_dense_replace"] = json!(2);
+        v["moe_layer_freq"] = json!(2);
+        let sparse = |v: &Value| parse(v).unwrap().hybrid.unwrap().moe.unwrap().sparse_layers;
+        assert_eq!(sparse(&v), [false, false, true, false, true, false]);
+        v["mlp_layer_types"] = json!(["dense", "sparse", "dense", "sparse", "dense", "sparse"]);
+        assert_eq!(sparse(&v), [false, true, false, true, false, true]);
+        v["moe_layer_freq"] = json!(0);
+        v.as_object_mut().unwrap().remove("mlp_layer_types");
+        assert!(parse(&v).unwrap_err().contains("moe_layer_freq"));
+        v["moe_layer_freq"] = json!(1);
+        v["q_lora_rank"] = json!(null);
+        assert!(parse(&v).unwrap_err().contains("q_lora_rank"));
     }
 }

@@ -1,4 +1,5 @@
-//! `DeepseekV3ForCausalLM`, `Glm4MoeLiteForCausalLM`, `Mistral4ForCausalLM`,
+//! `DeepseekV3ForCausalLM`, `AXK1ForCausalLM` (an RMSNorm `mlp.post_mlp_layernorm` on each
+//! MoE block's output, released as `post_mlp_layernorm`), `Glm4MoeLiteForCausalLM`, `Mistral4ForCausalLM`,
 //! `DeepseekV32ForCausalLM` and `GlmMoeDsaForCausalLM` (`model.*` names; Mistral 4 adds the
 //! query scale and the softmax router, DeepSeek-V3.2 and GLM-5 the sparse-attention indexer
 //! `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`): per layer
@@ -42,7 +43,16 @@ fn load_layer<D: Device>(
         ));
     };
     let attention = Sublayer::Mla(load_mla(ld, spec, mla, (i, i))?);
-    attention_layer(ld, spec, &p, attention, load_ffn(ld, spec, &p, i)?)
+    let mut layer = attention_layer(ld, spec, &p, attention, load_ffn(ld, spec, &p, i)?)?;
+    if spec.architecture == Architecture::Axk1
+        && let Some(ffn) = layer.parts.get_mut(1)
+        && matches!(ffn.sublayer, Sublayer::Moe(_))
+    {
+        // A.X K1: `x += post_mlp_layernorm(moe(norm(x)))`; its dense layers' norm is not read.
+        let norm = format!("{p}.mlp.post_mlp_layernorm.weight");
+        ffn.post_norm = Some(ld.vector(&norm, spec.hidden_size)?);
+    }
+    Ok(layer)
 }
 
 /// Layer `i`'s `self_attn`, its KV cache layer `kv_layer`. Kimi Linear's rotates nothing.

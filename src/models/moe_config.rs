@@ -134,6 +134,10 @@ enum DenseLayers {
     LayerTypesElseFirstK(usize),
     /// None (`SolarOpenConfig`, which has no `first_k_dense_replace`).
     None,
+    /// Those `mlp_layer_types` names `"dense"`, else all but layers from
+    /// `first_k_dense_replace` (this default) on at multiples of `moe_layer_freq` (1):
+    /// `AXK1Config`.
+    LayerTypesElseFirstKEvery(usize),
 }
 
 /// `Glm4MoeConfig`'s.
@@ -214,6 +218,13 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     renorm: true,
 };
 
+/// `AXK1Config`'s (A.X K1's geometry).
+pub(super) const AXK1_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 192,
+    dense: DenseLayers::LayerTypesElseFirstKEvery(1),
+    ..DEEPSEEK_V3_MOE
+};
+
 /// `MiMoV2FlashConfig`'s (its dense layers are read by `mimo_config`).
 pub(super) const MIMO_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     experts: 256,
@@ -289,6 +300,19 @@ pub(super) fn deepseek_moe(
         }
         DenseLayers::LayerTypes => mlp_layer_types(cfg, num_layers)?,
         DenseLayers::None => vec![true; num_layers],
+        DenseLayers::LayerTypesElseFirstKEvery(k) => match cfg.get("mlp_layer_types") {
+            Some(_) => mlp_layer_types(cfg, num_layers)?,
+            None => {
+                let dense = cfg.usize_or("first_k_dense_replace", k)?;
+                let every = cfg.usize_or("moe_layer_freq", 1)?;
+                if every == 0 {
+                    return Err(cfg.err("moe_layer_freq", "must be at least 1"));
+                }
+                (0..num_layers)
+                    .map(|i| i >= dense && i.is_multiple_of(every))
+                    .collect()
+            }
+        },
         DenseLayers::LayerTypesElseFirstK(k) => match cfg.get("mlp_layer_types") {
             Some(_) => mlp_layer_types(cfg, num_layers)?,
             None => {

@@ -53,6 +53,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::NemotronH => nemotron_h::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
         Architecture::DeepseekV3
+        | Architecture::Axk1
         | Architecture::Glm4MoeLite
         | Architecture::Mistral4
         | Architecture::DeepseekV32
