@@ -164,11 +164,14 @@ pub enum Architecture {
     SolarOpen,
     /// `AXK1ForCausalLM` (A.X K1): DeepSeek-V3's layers, an RMSNorm on each MoE block's output.
     Axk1,
+    /// `HyperCLOVAXForCausalLM` (HyperCLOVA X SEED): Granite's layers with an RMSNorm on each
+    /// sublayer's output (Peri-LN).
+    HyperClovaX,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 56] = [
+    pub const ALL: [Self; 57] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -219,6 +222,7 @@ impl Architecture {
         Self::Gemma4,
         Self::Gemma4Unified,
         Self::Granite,
+        Self::HyperClovaX,
         Self::GraniteMoeHybrid,
         Self::Bamba,
         Self::FalconH1,
@@ -290,6 +294,7 @@ impl Architecture {
             Self::Cohere2Moe => "Cohere2MoeForCausalLM",
             Self::SolarOpen => "SolarOpenForCausalLM",
             Self::Axk1 => "AXK1ForCausalLM",
+            Self::HyperClovaX => "HyperCLOVAXForCausalLM",
         }
     }
 
@@ -351,6 +356,7 @@ impl Architecture {
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
+        Architecture::HyperClovaX => 2048,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,

@@ -153,6 +153,7 @@ pub(super) fn dense_spec(
         interleaved_rope: ernie || cohere || architecture == Architecture::Glm4,
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
+            Architecture::HyperClovaX => Some(super::granite_config::hyperclovax(cfg, head_dim)?),
             _ => None,
         },
         longrope: longrope.map(|(_, l)| l),

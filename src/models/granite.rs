@@ -2,7 +2,8 @@
 //! times `embedding_multiplier`, each sublayer's output times `residual_multiplier` before
 //! the residual add, attention scores times `attention_multiplier` (not `head_dim^-½`).
 //!
-//! - `GraniteForCausalLM` (Granite 3.x): Llama's layers and names.
+//! - `GraniteForCausalLM` (Granite 3.x): Llama's layers and names; `HyperCLOVAXForCausalLM`
+//!   adds an RMSNorm on each sublayer's output (`post_norm1`, `post_norm2`, Peri-LN).
 //! - `GraniteMoeHybridForCausalLM` (Granite 4.0): per layer (`model.layers.{i}`) a mixer after
 //!   `input_layernorm` — Mamba-2 (`mamba.*`, Nemotron-H's mixer) or attention (`self_attn.*`,
 //!   RoPE only when `position_embedding_type` is `rope`) — then after
@@ -55,7 +56,8 @@ fn scaled_scores<S>(g: &GraniteSpec, spec: &ModelSpec) -> SoftmaxVariant<S> {
     }
 }
 
-/// Granite 3.x's layer `i`: Llama's, its scores scaled by the attention multiplier.
+/// Granite 3.x's (and HyperCLOVA X's) layer `i`: Llama's, its scores scaled by the attention
+/// multiplier.
 fn dense_layer<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -65,7 +67,14 @@ fn dense_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let attention = dense::load_attention(ld, spec, i, scaled_scores(g, spec))?;
     let ffn = load_ffn(ld, spec, &p, i)?;
-    attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
+    let mut layer = attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)?;
+    if g.post_norms {
+        // HyperCLOVA X's Peri-LN: `x += r · post_norm(sublayer(norm(x)))`.
+        for (part, n) in layer.parts.iter_mut().zip(["post_norm1", "post_norm2"]) {
+            part.post_norm = Some(ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size)?);
+        }
+    }
+    Ok(layer)
 }
 
 /// Granite 4.0's layer `i` (`kinds[i]` its mixer).

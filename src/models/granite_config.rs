@@ -28,6 +28,9 @@ pub struct GraniteSpec {
     pub residual: f32,
     /// The attention's score scale, in place of `head_dim^-½`.
     pub attention: f64,
+    /// HyperCLOVA X's Peri-LN: an RMSNorm on each sublayer's output (`post_norm1`,
+    /// `post_norm2`) before the multiplier.
+    pub post_norms: bool,
 }
 
 impl GraniteSpec {
@@ -40,8 +43,13 @@ impl GraniteSpec {
 /// `embedding_multiplier`, `residual_multiplier`, `attention_multiplier` (finite; the
 /// attention's above 0).
 pub(super) fn multipliers(cfg: &Cfg<'_>) -> Result<GraniteSpec, ModelError> {
-    let read = |field: &str, positive: bool| {
-        let v = cfg.f64_or(field, 1.0)?;
+    multipliers_or(cfg, 1.0)
+}
+
+/// [`multipliers`] with the attention multiplier `attention` where the config names none.
+fn multipliers_or(cfg: &Cfg<'_>, attention: f64) -> Result<GraniteSpec, ModelError> {
+    let read = |field: &str, default: f64, positive: bool| {
+        let v = cfg.f64_or(field, default)?;
         match v.is_finite() && (!positive || v > 0.0) {
             true => Ok(v),
             false if positive => Err(cfg.err(field, format!("{v} (a finite value above 0)"))),
@@ -49,9 +57,19 @@ pub(super) fn multipliers(cfg: &Cfg<'_>) -> Result<GraniteSpec, ModelError> {
         }
     };
     Ok(GraniteSpec {
-        embedding: read("embedding_multiplier", false)? as f32,
-        residual: read("residual_multiplier", false)? as f32,
-        attention: read("attention_multiplier", true)?,
+        embedding: read("embedding_multiplier", 1.0, false)? as f32,
+        residual: read("residual_multiplier", 1.0, false)? as f32,
+        attention: read("attention_multiplier", attention, true)?,
+        post_norms: false,
+    })
+}
+
+/// HyperCLOVA X's (`HyperCLOVAXConfig`): Granite's multipliers, the attention's `head_dim^-½`
+/// by default, and Peri-LN's output norms where `use_post_norm` (its default).
+pub(super) fn hyperclovax(cfg: &Cfg<'_>, head_dim: usize) -> Result<GraniteSpec, ModelError> {
+    Ok(GraniteSpec {
+        post_norms: cfg.bool_or("use_post_norm", true)?,
+        ..multipliers_or(cfg, (head_dim as f64).powf(-0.5))?
     })
 }
 

@@ -216,6 +216,25 @@ fn granite_3_is_llama_with_multipliers() {
     assert!(bad("residual_multiplier", json!("x")).contains("residual_multiplier"));
 }
 
+/// HyperCLOVAXConfig: Granite's fields, the attention's head_dim^-½ where the multiplier is
+/// absent or null, Peri-LN's output norms unless `use_post_norm` is false.
+#[test]
+fn hyperclovax_defaults_the_attention_scale_and_post_norms() {
+    let v = json!({"architectures": ["HyperCLOVAXForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "vocab_size": 100, "embedding_multiplier": 2.0, "attention_multiplier": null});
+    let s = parse(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::HyperClovaX);
+    let g = s.granite.unwrap();
+    assert_eq!(
+        (g.embedding, g.residual, g.attention, g.post_norms),
+        (2.0, 1.0, 0.125, true)
+    );
+    assert_eq!(g.score_factor(s.head_dim), 1.0);
+    let s = parse(&with(v, "use_post_norm", json!(false))).unwrap();
+    assert!(!s.granite.unwrap().post_norms);
+}
+
 #[test]
 fn bamba_takes_its_class_defaults() {
     let s = parse(&released_config("bamba-9b.json")).unwrap();

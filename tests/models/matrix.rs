@@ -252,4 +252,5 @@ matrix! {
     cohere2_moe_rms => "cohere2_moe_rms",
     solar_open => "solar_open",
     axk1 => "axk1",
+    hyperclovax => "hyperclovax",
 }
