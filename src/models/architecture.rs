@@ -167,17 +167,26 @@ pub enum Architecture {
     /// `HyperCLOVAXForCausalLM` (HyperCLOVA X SEED): Granite's layers with an RMSNorm on each
     /// sublayer's output (Peri-LN).
     HyperClovaX,
+    /// `ArceeForCausalLM` (AFM-4.5B): Llama's layers with a non-gated relu² MLP.
+    Arcee,
+    /// `HeliumForCausalLM` (Helium 1): Llama's layers with RoPE on interleaved pairs.
+    Helium,
+    /// `CwmForCausalLM` (Code World Model): Llama's layers, three sliding layers of every four.
+    Cwm,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 57] = [
+    pub const ALL: [Self; 60] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
         Self::SmolLM3,
+        Self::Arcee,
+        Self::Helium,
+        Self::Cwm,
         Self::SeedOss,
         Self::Glm4,
         Self::Olmo2,
@@ -295,6 +304,9 @@ impl Architecture {
             Self::SolarOpen => "SolarOpenForCausalLM",
             Self::Axk1 => "AXK1ForCausalLM",
             Self::HyperClovaX => "HyperCLOVAXForCausalLM",
+            Self::Arcee => "ArceeForCausalLM",
+            Self::Helium => "HeliumForCausalLM",
+            Self::Cwm => "CwmForCausalLM",
         }
     }
 
@@ -356,7 +368,9 @@ impl Architecture {
 pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
-        Architecture::HyperClovaX => 2048,
+        Architecture::HyperClovaX | Architecture::Arcee => 2048,
+        Architecture::Helium => 4096,
+        Architecture::Cwm => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,
@@ -396,7 +410,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
 pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
-        Architecture::SolarOpen => 1e-5,
+        Architecture::SolarOpen | Architecture::Arcee | Architecture::Cwm => 1e-5,
+        Architecture::Helium => 1e-8,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
@@ -415,7 +430,8 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
 /// `rope_theta` when the config names none (the config class's `default_theta`).
 pub(super) fn default_theta(arch: Architecture) -> f64 {
     match arch {
-        Architecture::Mixtral | Architecture::SolarOpen => 1e6,
+        Architecture::Mixtral | Architecture::SolarOpen | Architecture::Cwm => 1e6,
+        Architecture::Helium => 1e5,
         Architecture::GptOss => 150000.0,
         // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,

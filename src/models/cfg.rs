@@ -38,6 +38,11 @@ impl<'a> Cfg<'a> {
         }
     }
 
+    /// The config's top-level fields.
+    pub(super) fn fields(&self) -> &'a Map<String, Value> {
+        self.map
+    }
+
     pub(super) fn path_buf(&self) -> PathBuf {
         self.path.to_path_buf()
     }
@@ -149,6 +154,18 @@ impl<'a> Cfg<'a> {
             Some(other) => Err(ModelError::Unsupported {
                 path: self.path_buf(),
                 what: format!("hidden_act `{other}` (only silu)"),
+            }),
+        }
+    }
+
+    /// `hidden_act` is `name` (or absent: the class's default is `name`).
+    pub(super) fn check_named_activation(&self, name: &str) -> Result<(), ModelError> {
+        match self.get("hidden_act").and_then(|v| v.as_str()) {
+            None => Ok(()),
+            Some(a) if a == name => Ok(()),
+            Some(other) => Err(ModelError::Unsupported {
+                path: self.path_buf(),
+                what: format!("hidden_act `{other}` (only {name} for this architecture)"),
             }),
         }
     }

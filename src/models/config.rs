@@ -286,6 +286,7 @@ impl ModelSpec {
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
+            Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
                 super::cohere_config::parse(&cfg, a, name)?
             }

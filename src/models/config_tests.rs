@@ -102,3 +102,29 @@ fn rejects_unknown_rope_arch_and_window() {
     let e = parse(&v).unwrap_err().to_string();
     assert!(e.contains("hidden_size"), "{e}");
 }
+
+/// Llama's one-change relatives: Arcee's relu² MLP (its default `hidden_act`; SiLU refused, as
+/// the class has no gate), Helium's defaults (heads of 128, eps 1e-8, theta 1e5, interleaved
+/// RoPE, o_proj unbiased).
+#[test]
+fn arcee_and_helium_defaults() {
+    let mut v = base();
+    v["architectures"] = json!(["ArceeForCausalLM"]);
+    let s = parse(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::Arcee);
+    v["hidden_act"] = json!("relu2");
+    assert!(parse(&v).is_ok());
+    v["hidden_act"] = json!("silu");
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(e.contains("relu2"), "{e}");
+    let v = json!({"architectures": ["HeliumForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 100, "attention_bias": true});
+    let s = parse(&v).unwrap();
+    assert_eq!((s.head_dim, s.rms_norm_eps, s.rope_theta), (128, 1e-8, 1e5));
+    assert_eq!(
+        (s.qkv_bias, s.o_bias, s.interleaved_rope),
+        (true, false, true)
+    );
+    assert!(!s.tie_word_embeddings);
+}

@@ -231,7 +231,11 @@ fn load_layer<D: Device>(
         temperature: spec.query_temperature,
         ..SoftmaxVariant::causal()
     };
-    let attention = load_attention(ld, spec, i, variant)?;
+    let attention = match spec.windows {
+        // Code World Model's sliding and full layers.
+        Some(_) => load_windowed_attention(ld, spec, i)?,
+        None => load_attention(ld, spec, i, variant)?,
+    };
     let ffn = load_ffn(ld, spec, &p, i)?;
     attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
 }
@@ -245,9 +249,13 @@ pub(super) fn load_ffn<D: Device>(
     i: usize,
 ) -> Result<Sublayer<D>, ModelError> {
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
+    let act = match spec.architecture {
+        Architecture::Arcee => Activation::Relu2,
+        _ => Activation::SwiGlu,
+    };
     Ok(match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, p, m)?),
-        _ => Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), Activation::SwiGlu)?),
+        _ => Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), act)?),
     })
 }
 
@@ -276,8 +284,8 @@ pub(super) fn attention_layer<D: Device>(
     })
 }
 
-/// The dense gated MLP under `px` (`{px}.{gate,up,down}_proj`, `intermediate_size`, the
-/// spec's `mlp_bias`): SwiGLU, or Gemma's GeGLU.
+/// The dense MLP under `px` (`{px}.{gate,up,down}_proj`, `intermediate_size`, the spec's
+/// `mlp_bias`): SwiGLU, Gemma's GeGLU, or relu² without a gate (`up_proj`, `down_proj`).
 pub(super) fn load_mlp<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -296,12 +304,14 @@ pub(super) fn load_mlp_of<D: Device>(
 ) -> Result<Mlp<D>, ModelError> {
     let h = spec.hidden_size;
     let mlp = |n: &str| format!("{px}.{n}");
+    let up = match act {
+        Activation::Relu2 => vec![(mlp("up_proj"), inter)],
+        Activation::SwiGlu | Activation::GeluTanhGlu => {
+            vec![(mlp("gate_proj"), inter), (mlp("up_proj"), inter)]
+        }
+    };
     Ok(Mlp {
-        up: ld.linear(
-            &[(mlp("gate_proj"), inter), (mlp("up_proj"), inter)],
-            h,
-            spec.mlp_bias,
-        )?,
+        up: ld.linear(&up, h, spec.mlp_bias)?,
         down: ld.linear1(&mlp("down_proj"), h, inter, spec.mlp_bias)?,
         act,
         inter,

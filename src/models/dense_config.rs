@@ -12,7 +12,11 @@ pub(super) fn dense_spec(
     architecture: Architecture,
     name: String,
 ) -> Result<ModelSpec, ModelError> {
-    cfg.check_activation()?;
+    match architecture {
+        // ArceeConfig's MLP is relu², without a gate.
+        Architecture::Arcee => cfg.check_named_activation("relu2")?,
+        _ => cfg.check_activation()?,
+    }
     let ernie = matches!(
         architecture,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe
@@ -64,7 +68,9 @@ pub(super) fn dense_spec(
         | Architecture::HyV3
         | Architecture::Afmoe
         | Architecture::Cohere2Moe
-        | Architecture::SolarOpen => 128,
+        | Architecture::SolarOpen
+        | Architecture::Helium
+        | Architecture::Cwm => 128,
         _ => hidden_size / num_heads.max(1),
     };
     // LongRoPE: the short factors' range (see `LongRope`).
@@ -112,7 +118,8 @@ pub(super) fn dense_spec(
         // has its own `attention_out_bias`.
         o_bias: match architecture {
             Architecture::Qwen2 | Architecture::Glm4Moe | Architecture::Glm4 => false,
-            Architecture::Qwen2Moe | Architecture::SolarOpen => false,
+            // Helium's o_proj has none, whatever `attention_bias` says.
+            Architecture::Qwen2Moe | Architecture::SolarOpen | Architecture::Helium => false,
             Architecture::SeedOss => cfg.bool_or("attention_out_bias", false)?,
             _ => attention_bias,
         },
@@ -150,7 +157,9 @@ pub(super) fn dense_spec(
             Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
             _ => None,
         },
-        interleaved_rope: ernie || cohere || architecture == Architecture::Glm4,
+        interleaved_rope: ernie
+            || cohere
+            || matches!(architecture, Architecture::Glm4 | Architecture::Helium),
         granite: match architecture {
             Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
             Architecture::HyperClovaX => Some(super::granite_config::hyperclovax(cfg, head_dim)?),

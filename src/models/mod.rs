@@ -23,6 +23,7 @@ mod cohere;
 mod cohere_config;
 mod compressed_tensors;
 pub mod config;
+mod cwm_config;
 pub mod decoder;
 mod deepseek_config;
 pub mod deepseek_v3;

@@ -8,8 +8,7 @@ use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::{LayerKind, MambaNorm, MambaSpec};
 use super::layers::mlp::Activation;
 use super::layers::{
-    Attention, CausalConv, Layer, Loader, Mamba2, Mlp, OutNorm, Part, SoftmaxVariant, Sublayer,
-    neg_exp,
+    Attention, CausalConv, Layer, Loader, Mamba2, OutNorm, Part, SoftmaxVariant, Sublayer, neg_exp,
 };
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -47,13 +46,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                 )?)
             }
             LayerKind::Mlp => {
-                let (inter, b) = (spec.intermediate_size, spec.mlp_bias);
-                Sublayer::Mlp(Mlp {
-                    up: ld.linear1(&format!("{px}.up_proj"), inter, h, b)?,
-                    down: ld.linear1(&format!("{px}.down_proj"), h, inter, b)?,
-                    act: Activation::Relu2,
-                    inter,
-                })
+                Sublayer::Mlp(super::dense::load_mlp(ld, &spec, &px, Activation::Relu2)?)
             }
             LayerKind::Moe => {
                 let m = hybrid.nemotron_moe.as_ref().ok_or_else(missing)?;

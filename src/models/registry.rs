@@ -19,6 +19,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             dense::load(ld, spec)
         }
         Architecture::MiniMaxM2 | Architecture::SolarOpen => dense::load(ld, spec),
+        Architecture::Arcee | Architecture::Helium | Architecture::Cwm => dense::load(ld, spec),
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe | Architecture::Dots1 => {
             dense::load(ld, spec)
         }

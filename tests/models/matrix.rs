@@ -253,4 +253,7 @@ matrix! {
     solar_open => "solar_open",
     axk1 => "axk1",
     hyperclovax => "hyperclovax",
+    arcee => "arcee",
+    helium => "helium",
+    cwm => "cwm",
 }

@@ -1,0 +1,92 @@
+//! Code World Model's config (`CwmConfig`): Llama's fields (heads of 128, eps 1e-5) with
+//! per-layer windows — `layer_types`, else every 4th layer from layer 0 full — of
+//! `sliding_window` (8192), every layer with the one RoPE: llama3 scaling (theta 10⁶, factor
+//! 16 over 8192 positions, low / high frequency factors 1 / 4) where the config names no RoPE.
+
+use serde_json::{Value, json};
+
+use super::config::{Architecture, Cfg, LayerWindows};
+use super::{ModelError, ModelSpec};
+
+pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let named = ["rope_parameters", "rope_scaling", "rope_theta"];
+    let spec = match named.iter().any(|f| cfg.get(f).is_some()) {
+        true => super::dense_config::dense_spec(cfg, Architecture::Cwm, name)?,
+        false => with_default_rope(cfg, name)?,
+    };
+    windowed(cfg, spec)
+}
+
+/// The spec of `cfg` with `CwmConfig`'s default `rope_parameters` filled in.
+fn with_default_rope(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut value = Value::Object(cfg.fields().clone());
+    value["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 1_000_000.0,
+        "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192});
+    let path = cfg.path_buf();
+    super::dense_config::dense_spec(&Cfg::new(&value, &path)?, Architecture::Cwm, name)
+}
+
+fn windowed(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, ModelError> {
+    let layers = spec.num_layers;
+    let sliding = match cfg.sliding_layer_types(layers)? {
+        Some(s) => s,
+        None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
+    };
+    let window = cfg.usize_or("sliding_window", 8192)?;
+    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
+        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
+    }
+    spec.windows = Some(LayerWindows {
+        sliding,
+        window,
+        local_rope: (spec.rope_theta, spec.rope_scaling),
+    });
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::{RopeScaling, parse_config as parse};
+
+    #[test]
+    fn cwm_defaults_windows_and_llama3_rope() {
+        let mut v = json!({"architectures": ["CwmForCausalLM"], "hidden_size": 256,
+            "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 6, "vocab_size": 100});
+        let s = parse(&v).unwrap();
+        assert_eq!((s.head_dim, s.rope_theta, s.rms_norm_eps), (128, 1e6, 1e-5));
+        assert!(matches!(
+            s.rope_scaling,
+            RopeScaling::Llama3 { factor, .. } if factor == 16.0
+        ));
+        let w = s.windows.unwrap();
+        assert_eq!(w.window, 8192);
+        assert_eq!(w.sliding, [false, true, true, true, false, true]);
+        assert_eq!(w.local_rope, (1e6, s.rope_scaling));
+        // A config's own RoPE and layer types.
+        v["rope_theta"] = json!(5e5);
+        v["layer_types"] = json!([
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention"
+        ]);
+        v["sliding_window"] = json!(64);
+        let s = parse(&v).unwrap();
+        assert_eq!((s.rope_theta, s.rope_scaling), (5e5, RopeScaling::None));
+        let w = s.windows.unwrap();
+        assert_eq!((w.window, w.sliding[..2].to_vec()), (64, vec![true, false]));
+        v["sliding_window"] = json!(null);
+        assert!(
+            parse(&v)
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window")
+        );
+    }
+}
