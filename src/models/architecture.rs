@@ -173,11 +173,13 @@ pub enum Architecture {
     Helium,
     /// `CwmForCausalLM` (Code World Model): Llama's layers, three sliding layers of every four.
     Cwm,
+    /// `YoutuForCausalLM` (Youtu-LLM): Llama's dense layers with DeepSeek-V3's latent attention.
+    Youtu,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 60] = [
+    pub const ALL: [Self; 61] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -205,6 +207,7 @@ impl Architecture {
         Self::SolarOpen,
         Self::DeepseekV3,
         Self::Axk1,
+        Self::Youtu,
         Self::Glm4MoeLite,
         Self::DeepseekV32,
         Self::GlmMoeDsa,
@@ -307,6 +310,7 @@ impl Architecture {
             Self::Arcee => "ArceeForCausalLM",
             Self::Helium => "HeliumForCausalLM",
             Self::Cwm => "CwmForCausalLM",
+            Self::Youtu => "YoutuForCausalLM",
         }
     }
 
@@ -324,6 +328,7 @@ impl Architecture {
             self,
             Self::DeepseekV3
                 | Self::Axk1
+                | Self::Youtu
                 | Self::Glm4MoeLite
                 | Self::Mistral4
                 | Self::DeepseekV32
@@ -370,7 +375,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium => 4096,
-        Architecture::Cwm => 131072,
+        Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,

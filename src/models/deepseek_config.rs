@@ -95,6 +95,15 @@ const AXK1: MlaFamily = MlaFamily {
     ..DEEPSEEK_V3
 };
 
+/// `YoutuConfig`'s (Youtu-LLM 2B's geometry; no experts).
+const YOUTU: MlaFamily = MlaFamily {
+    vocab: 128256,
+    hidden: 2048,
+    intermediate: 6144,
+    heads: 16,
+    ..DEEPSEEK_V3
+};
+
 /// `GlmMoeDsaConfig`'s (GLM-5's geometry).
 const GLM_MOE_DSA_FAMILY: MlaFamily = MlaFamily {
     vocab: 154880,
@@ -154,6 +163,7 @@ pub(super) fn parse(
         Architecture::DeepseekV32 => &DEEPSEEK_V32,
         Architecture::GlmMoeDsa => &GLM_MOE_DSA_FAMILY,
         Architecture::Axk1 => &AXK1,
+        Architecture::Youtu => &YOUTU,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -231,14 +241,19 @@ pub(super) fn parse(
         o_bias: false,
         mlp_bias: false,
         qk_norm: QkNorm::None,
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        tie_word_embeddings: cfg
+            .bool_or("tie_word_embeddings", architecture == Architecture::Youtu)?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         hybrid: Some(HybridSpec {
             layers: vec![LayerKind::Attention; num_layers],
             rotary_dim: dims.rope,
             gdn: None,
-            moe: Some(deepseek_moe(cfg, num_layers, &f.moe)?),
+            // Youtu's layers are all dense (`YoutuConfig` has no expert fields).
+            moe: match architecture {
+                Architecture::Youtu => None,
+                _ => Some(deepseek_moe(cfg, num_layers, &f.moe)?),
+            },
             mamba: None,
             nemotron_moe: None,
             mla: Some(mla),
@@ -524,5 +539,25 @@ mod tests {
         v["moe_layer_freq"] = json!(1);
         v["q_lora_rank"] = json!(null);
         assert!(parse(&v).unwrap_err().contains("q_lora_rank"));
+    }
+
+    /// YoutuConfig: DeepSeek-V3's attention fields in Llama's dense layers, tied by default.
+    #[test]
+    fn youtu_is_dense_with_latent_attention() {
+        let s =
+            parse(&json!({"architectures": ["YoutuForCausalLM"], "num_hidden_layers": 4})).unwrap();
+        assert_eq!(s.architecture, Architecture::Youtu);
+        assert_eq!(
+            (s.hidden_size, s.num_heads, s.intermediate_size),
+            (2048, 16, 6144)
+        );
+        assert!(s.tie_word_embeddings);
+        let h = s.hybrid.as_ref().unwrap();
+        assert!(h.moe.is_none());
+        let mla = h.mla.as_ref().unwrap();
+        assert_eq!(
+            (mla.q_lora, mla.kv_lora, mla.dims.rope),
+            (Some(1536), 512, 64)
+        );
     }
 }

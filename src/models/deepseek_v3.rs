@@ -1,5 +1,6 @@
 //! `DeepseekV3ForCausalLM`, `AXK1ForCausalLM` (an RMSNorm `mlp.post_mlp_layernorm` on each
-//! MoE block's output, released as `post_mlp_layernorm`), `Glm4MoeLiteForCausalLM`, `Mistral4ForCausalLM`,
+//! MoE block's output, released as `post_mlp_layernorm`), `YoutuForCausalLM` (dense SwiGLU
+//! MLPs in every layer), `Glm4MoeLiteForCausalLM`, `Mistral4ForCausalLM`,
 //! `DeepseekV32ForCausalLM` and `GlmMoeDsaForCausalLM` (`model.*` names; Mistral 4 adds the
 //! query scale and the softmax router, DeepSeek-V3.2 and GLM-5 the sparse-attention indexer
 //! `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`): per layer
@@ -33,13 +34,10 @@ fn load_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let hybrid = spec.hybrid.as_ref();
-    let (Some(mla), Some(_)) = (
-        hybrid.and_then(|h| h.mla.as_ref()),
-        hybrid.and_then(|h| h.moe.as_ref()),
-    ) else {
+    // Youtu's spec has no MoE: every layer's MLP is dense.
+    let Some(mla) = spec.hybrid.as_ref().and_then(|h| h.mla.as_ref()) else {
         return Err(ModelError::InvalidOptions(
-            "a DeepSeek-V3 spec without its attention or MoE geometry".into(),
+            "a DeepSeek-V3 spec without its attention geometry".into(),
         ));
     };
     let attention = Sublayer::Mla(load_mla(ld, spec, mla, (i, i))?);

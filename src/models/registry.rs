@@ -56,6 +56,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::GptOss => gpt_oss::load(ld, spec),
         Architecture::DeepseekV3
         | Architecture::Axk1
+        | Architecture::Youtu
         | Architecture::Glm4MoeLite
         | Architecture::Mistral4
         | Architecture::DeepseekV32

@@ -256,4 +256,5 @@ matrix! {
     arcee => "arcee",
     helium => "helium",
     cwm => "cwm",
+    youtu => "youtu",
 }
