@@ -285,8 +285,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Gemma's GeGLU: `out[t, i] = gelu_tanh(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`
     /// (torch's tanh-approximated GELU, f32).
     fn gelu_tanh_mul(&self, gate_up: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
-    /// `out = relu(x)²`.
-    fn relu2(&self, x: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
+    /// `out = f(x)` element by element (an MLP's activation without a gate).
+    fn unary(&self, x: &Self::Buf, f: UnaryAct, out: &mut Self::Buf) -> DevResult<()>;
     /// Causal depthwise conv1d + SiLU over `x`'s columns, the conv state carried per slot.
     #[allow(clippy::too_many_arguments)]
     fn conv1d_silu(

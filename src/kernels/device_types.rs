@@ -319,6 +319,38 @@ impl<D: Device> GdnParams<'_, D> {
     }
 }
 
+/// An element-wise activation between an MLP's two projections (no gate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryAct {
+    /// `relu(x)²` (Nemotron-H, Arcee).
+    Relu2,
+    /// Apertus' xIELU ([`Xielu`]).
+    Xielu(Xielu),
+}
+
+/// xIELU (arXiv 2411.13010) with its learned scalars as transformers applies them:
+/// `alpha_p · x · x + beta · x` where `x > 0`, else
+/// `(expm1(min(x, eps)) - x) · alpha_n + beta · x`, each product rounded to f32 in that order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Xielu {
+    /// `softplus(alpha_p)` of the checkpoint's parameter.
+    pub alpha_p: f32,
+    /// `beta + softplus(alpha_n)`.
+    pub alpha_n: f32,
+    pub beta: f32,
+    pub eps: f32,
+}
+
+impl Xielu {
+    #[inline]
+    pub fn apply(&self, x: f32) -> f32 {
+        match x > 0.0 {
+            true => self.alpha_p * x * x + self.beta * x,
+            false => (x.min(self.eps).exp_m1() - x) * self.alpha_n + self.beta * x,
+        }
+    }
+}
+
 /// A row norm: `w · normed(x)`, `eps` inside the root.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowNorm {

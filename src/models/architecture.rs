@@ -175,11 +175,14 @@ pub enum Architecture {
     Cwm,
     /// `YoutuForCausalLM` (Youtu-LLM): Llama's dense layers with DeepSeek-V3's latent attention.
     Youtu,
+    /// `ApertusForCausalLM` (Apertus): Llama's layers with per-head q / k norms and a
+    /// non-gated xIELU MLP.
+    Apertus,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 61] = [
+    pub const ALL: [Self; 62] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -189,6 +192,7 @@ impl Architecture {
         Self::Arcee,
         Self::Helium,
         Self::Cwm,
+        Self::Apertus,
         Self::SeedOss,
         Self::Glm4,
         Self::Olmo2,
@@ -311,6 +315,7 @@ impl Architecture {
             Self::Helium => "HeliumForCausalLM",
             Self::Cwm => "CwmForCausalLM",
             Self::Youtu => "YoutuForCausalLM",
+            Self::Apertus => "ApertusForCausalLM",
         }
     }
 
@@ -375,6 +380,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium => 4096,
+        Architecture::Apertus => 65536,
         Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
@@ -416,6 +422,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::SolarOpen | Architecture::Arcee | Architecture::Cwm => 1e-5,
+        Architecture::Apertus => 1e-5,
         Architecture::Helium => 1e-8,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,

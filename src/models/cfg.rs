@@ -158,14 +158,17 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    /// `hidden_act` is `name` (or absent: the class's default is `name`).
-    pub(super) fn check_named_activation(&self, name: &str) -> Result<(), ModelError> {
+    /// `hidden_act` is one of `names` (or absent: the class's default is the first).
+    pub(super) fn check_named_activation(&self, names: &[&str]) -> Result<(), ModelError> {
         match self.get("hidden_act").and_then(|v| v.as_str()) {
             None => Ok(()),
-            Some(a) if a == name => Ok(()),
+            Some(a) if names.contains(&a) => Ok(()),
             Some(other) => Err(ModelError::Unsupported {
                 path: self.path_buf(),
-                what: format!("hidden_act `{other}` (only {name} for this architecture)"),
+                what: format!(
+                    "hidden_act `{other}` (only {} for this architecture)",
+                    names.join(" / ")
+                ),
             }),
         }
     }

@@ -287,6 +287,7 @@ impl ModelSpec {
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
+            Architecture::Apertus => super::apertus::parse(&cfg, name)?,
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
                 super::cohere_config::parse(&cfg, a, name)?
             }

@@ -128,3 +128,25 @@ fn arcee_and_helium_defaults() {
     );
     assert!(!s.tie_word_embeddings);
 }
+
+/// ApertusConfig: per-head q / k norms, its llama3 RoPE where the config names none, xIELU or
+/// relu² only.
+#[test]
+fn apertus_defaults() {
+    let mut v = base();
+    v["architectures"] = json!(["ApertusForCausalLM"]);
+    v.as_object_mut().unwrap().remove("rms_norm_eps");
+    let s = parse(&v).unwrap();
+    assert_eq!(
+        (s.qk_norm, s.rms_norm_eps, s.rope_theta),
+        (QkNorm::PerHead, 1e-5, 1.2e7)
+    );
+    assert!(matches!(s.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    v["rope_theta"] = json!(5e5);
+    let s = parse(&v).unwrap();
+    assert_eq!((s.rope_theta, s.rope_scaling), (5e5, RopeScaling::None));
+    v["hidden_act"] = json!("relu2");
+    assert!(parse(&v).is_ok());
+    v["hidden_act"] = json!("silu");
+    assert!(parse(&v).unwrap_err().to_string().contains("xielu"));
+}

@@ -3,28 +3,16 @@
 //! `sliding_window` (8192), every layer with the one RoPE: llama3 scaling (theta 10⁶, factor
 //! 16 over 8192 positions, low / high frequency factors 1 / 4) where the config names no RoPE.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::config::{Architecture, Cfg, LayerWindows};
 use super::{ModelError, ModelSpec};
 
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let named = ["rope_parameters", "rope_scaling", "rope_theta"];
-    let spec = match named.iter().any(|f| cfg.get(f).is_some()) {
-        true => super::dense_config::dense_spec(cfg, Architecture::Cwm, name)?,
-        false => with_default_rope(cfg, name)?,
-    };
+    let rope = json!({"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let spec = super::dense_config::dense_spec_with_rope(cfg, Architecture::Cwm, name, rope)?;
     windowed(cfg, spec)
-}
-
-/// The spec of `cfg` with `CwmConfig`'s default `rope_parameters` filled in.
-fn with_default_rope(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let mut value = Value::Object(cfg.fields().clone());
-    value["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 1_000_000.0,
-        "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192});
-    let path = cfg.path_buf();
-    super::dense_config::dense_spec(&Cfg::new(&value, &path)?, Architecture::Cwm, name)
 }
 
 fn windowed(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, ModelError> {

@@ -305,7 +305,7 @@ pub(super) fn load_mlp_of<D: Device>(
     let h = spec.hidden_size;
     let mlp = |n: &str| format!("{px}.{n}");
     let up = match act {
-        Activation::Relu2 => vec![(mlp("up_proj"), inter)],
+        Activation::Relu2 | Activation::Xielu(_) => vec![(mlp("up_proj"), inter)],
         Activation::SwiGlu | Activation::GeluTanhGlu => {
             vec![(mlp("gate_proj"), inter), (mlp("up_proj"), inter)]
         }

@@ -14,7 +14,9 @@ pub(super) fn dense_spec(
 ) -> Result<ModelSpec, ModelError> {
     match architecture {
         // ArceeConfig's MLP is relu², without a gate.
-        Architecture::Arcee => cfg.check_named_activation("relu2")?,
+        Architecture::Arcee => cfg.check_named_activation(&["relu2"])?,
+        // ApertusConfig's is xIELU; its MLP (Nemotron's) takes relu² too.
+        Architecture::Apertus => cfg.check_named_activation(&["xielu", "relu2"])?,
         _ => cfg.check_activation()?,
     }
     let ernie = matches!(
@@ -127,7 +129,7 @@ pub(super) fn dense_spec(
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
             Architecture::Dots1 | Architecture::ExaoneMoe | Architecture::HyV3 => QkNorm::PerHead,
-            Architecture::Afmoe => QkNorm::PerHead,
+            Architecture::Afmoe | Architecture::Apertus => QkNorm::PerHead,
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,
@@ -169,6 +171,25 @@ pub(super) fn dense_spec(
         query_temperature: super::mistral_config::query_temperature(cfg, architecture)?,
         ..ModelSpec::base(name, architecture)
     })
+}
+
+/// [`dense_spec`] of `cfg`, or where it names no RoPE (`rope_parameters`, `rope_scaling`,
+/// `rope_theta`), of `cfg` with the config class's `rope_parameters` (Code World Model's and
+/// Apertus' llama3 ones) filled in.
+pub(super) fn dense_spec_with_rope(
+    cfg: &Cfg<'_>,
+    architecture: Architecture,
+    name: String,
+    class_rope: serde_json::Value,
+) -> Result<ModelSpec, ModelError> {
+    let named = ["rope_parameters", "rope_scaling", "rope_theta"];
+    if named.iter().any(|f| cfg.get(f).is_some()) {
+        return dense_spec(cfg, architecture, name);
+    }
+    let mut value = serde_json::Value::Object(cfg.fields().clone());
+    value["rope_parameters"] = class_rope;
+    let path = cfg.path_buf();
+    dense_spec(&Cfg::new(&value, &path)?, architecture, name)
 }
 
 /// SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none), else every

@@ -15,6 +15,7 @@
 
 pub mod afmoe;
 mod afmoe_config;
+mod apertus;
 mod architecture;
 pub mod backend;
 pub mod bamba;

@@ -28,6 +28,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         }
         Architecture::Qwen2Moe | Architecture::Olmoe => dense::load(ld, spec),
         Architecture::Afmoe => super::afmoe::load(ld, spec),
+        Architecture::Apertus => super::apertus::load(ld, spec),
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => {
             super::cohere::load(ld, spec)
         }

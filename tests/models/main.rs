@@ -16,7 +16,7 @@ mod fp8;
 mod gemma4_ple;
 mod golden;
 mod hybrid;
-mod layer_norm;
 mod matrix;
+mod norm_and_act;
 mod qwen4_exp;
 mod released_configs;

@@ -257,4 +257,6 @@ matrix! {
     helium => "helium",
     cwm => "cwm",
     youtu => "youtu",
+    apertus => "apertus",
+    apertus_bf16 => "apertus_bf16",
 }

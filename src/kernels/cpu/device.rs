@@ -18,7 +18,7 @@ use super::{norm, ops};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
     DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
-    NormGate, QsaCall, RowNorm, check_slot_copies, table_id_rows,
+    NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -389,19 +389,24 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn relu2(&self, x: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
+    fn unary(&self, x: &CpuBuf, f: UnaryAct, out: &mut CpuBuf) -> DevResult<()> {
         // Every element is written below: resizing zeroes only growth. In parallel: one
         // thread over `[T, intermediate]` was ~2% of a Nemotron-H-8B-shaped run.
         out.data.resize(x.data.len(), 0.0);
-        out.data
-            .par_chunks_mut(4096)
-            .zip(x.data.par_chunks(4096))
-            .for_each(|(o, x)| {
+        let chunks = out.data.par_chunks_mut(4096).zip(x.data.par_chunks(4096));
+        match f {
+            UnaryAct::Relu2 => chunks.for_each(|(o, x)| {
                 for (o, &v) in o.iter_mut().zip(x) {
                     let r = v.max(0.0);
                     *o = r * r;
                 }
-            });
+            }),
+            UnaryAct::Xielu(p) => chunks.for_each(|(o, x)| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = p.apply(v);
+                }
+            }),
+        }
         set(out, x.width);
         Ok(())
     }

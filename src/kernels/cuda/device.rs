@@ -27,7 +27,7 @@ use super::table::{CudaTable, HOST_TABLE_BYTES};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
     GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
-    QsaCall, RowNorm, check_slot_copies,
+    QsaCall, RowNorm, UnaryAct, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -421,16 +421,11 @@ impl Device for CudaDevice {
         )?)
     }
 
-    fn relu2(&self, x: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
-        x.f32("relu2 input")?;
-        out.set(x.rows(), x.width(), "relu2")?;
-        Ok(gated_norm::relu2(
-            &self.gpu,
-            x.ptr(),
-            out.ptr(),
-            out.dtype(),
-            x.len(),
-        )?)
+    fn unary(&self, x: &CudaBuf, f: UnaryAct, out: &mut CudaBuf) -> DevResult<()> {
+        x.f32("activation input")?;
+        out.set(x.rows(), x.width(), "activation")?;
+        let (g, dt) = (&self.gpu, out.dtype());
+        Ok(gated_norm::unary(g, (x.ptr(), out.ptr()), f, dt, x.len())?)
     }
 
     fn conv1d_silu(

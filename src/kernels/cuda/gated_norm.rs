@@ -4,7 +4,7 @@
 use super::context::{CudaError, CudaResult, Gpu, elems_cfg, launch};
 use super::ops::{i32_of, suffix};
 use super::recurrent::warps_cfg;
-use crate::kernels::device::NormGate;
+use crate::kernels::device::{NormGate, UnaryAct};
 use crate::kernels::dtype::WeightDtype;
 
 /// A gated RMSNorm over `t` rows: input `x` (f32), gate `z` (f32 rows `z_stride` apart),
@@ -102,11 +102,28 @@ pub fn mamba2_gated_norm(
     )
 }
 
-/// `out = relu(x)²` (Nemotron-H MLP), written in `dtype`.
-pub fn relu2(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
+/// `out = f(x)` (an MLP's activation without a gate: Nemotron-H's relu², Apertus' xIELU),
+/// written in `dtype`.
+pub fn unary(
+    gpu: &Gpu,
+    (x, out): (u64, u64),
+    f: UnaryAct,
+    dtype: WeightDtype,
+    total: usize,
+) -> CudaResult<()> {
     if total == 0 {
         return Ok(());
     }
-    let name = format!("relu2_{}", suffix(dtype));
-    launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, total as i64)
+    let n = total as i64;
+    match f {
+        UnaryAct::Relu2 => {
+            let name = format!("relu2_{}", suffix(dtype));
+            launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, n)
+        }
+        UnaryAct::Xielu(p) => {
+            let name = format!("xielu_{}", suffix(dtype));
+            let (ap, an, beta, eps) = (p.alpha_p, p.alpha_n, p.beta, p.eps);
+            launch!(gpu, &name => "xielu_f32", elems_cfg(total)?, x, out, n, ap, an, beta, eps)
+        }
+    }
 }

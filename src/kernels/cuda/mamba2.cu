@@ -166,3 +166,31 @@ extern "C" __global__ void relu2_bf16(const float* x, bf16_t* out, long long n) 
 extern "C" __global__ void relu2_f16(const float* x, f16_t* out, long long n) {
     relu2_t<f16_t>(x, out, n);
 }
+
+// Apertus' MLP activation, xIELU (and src/kernels/device_types.rs `Xielu::apply`):
+// ap·x·x + beta·x where x > 0, else (expm1(min(x, eps)) - x)·an + beta·x, each product rounded
+// (no contraction into fma). Launch: grid (ceil(n / 256)), block (256).
+template <typename OUT>
+__device__ void xielu_t(const float* x, OUT* out, long long n, float ap, float an, float beta,
+                        float eps) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float v = x[i];
+        const float lin = __fmul_rn(beta, v);
+        const float y = v > 0.0f ? __fadd_rn(__fmul_rn(__fmul_rn(ap, v), v), lin)
+                                 : __fadd_rn(__fmul_rn(__fsub_rn(expm1f(fminf(v, eps)), v), an), lin);
+        out[i] = from_f32<OUT>(y);
+    }
+}
+extern "C" __global__ void xielu_f32(const float* x, float* out, long long n, float ap, float an,
+                                     float beta, float eps) {
+    xielu_t<float>(x, out, n, ap, an, beta, eps);
+}
+extern "C" __global__ void xielu_bf16(const float* x, bf16_t* out, long long n, float ap,
+                                      float an, float beta, float eps) {
+    xielu_t<bf16_t>(x, out, n, ap, an, beta, eps);
+}
+extern "C" __global__ void xielu_f16(const float* x, f16_t* out, long long n, float ap, float an,
+                                     float beta, float eps) {
+    xielu_t<f16_t>(x, out, n, ap, an, beta, eps);
+}

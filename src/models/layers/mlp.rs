@@ -1,18 +1,20 @@
 //! The dense MLPs: SwiGLU `down(silu(gate(x)) · up(x))` and Gemma's GeGLU
-//! `down(gelu_tanh(gate(x)) · up(x))` (gate and up stacked into one projection), and
-//! Nemotron-H's `down(relu(up(x))²)`.
+//! `down(gelu_tanh(gate(x)) · up(x))` (gate and up stacked into one projection), and the
+//! ungated `down(f(up(x)))`: Nemotron-H's relu², Apertus' xIELU.
 
 use super::{Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::DevResult;
+use crate::kernels::device::{DevResult, UnaryAct, Xielu};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// The first projection is `[gate | up]`.
     SwiGlu,
     /// The first projection is `[gate | up]`.
     GeluTanhGlu,
     Relu2,
+    /// Apertus' xIELU with the layer's learned scalars.
+    Xielu(Xielu),
 }
 
 pub struct Mlp<D: Device> {
@@ -26,7 +28,7 @@ impl<D: Device> Mlp<D> {
     fn wide(&self) -> usize {
         match self.act {
             Activation::SwiGlu | Activation::GeluTanhGlu => 2 * self.inter,
-            Activation::Relu2 => self.inter,
+            Activation::Relu2 | Activation::Xielu(_) => self.inter,
         }
     }
 
@@ -53,9 +55,13 @@ impl<D: Device> Mlp<D> {
                 dev.gelu_tanh_mul(wide, act)?;
                 dev.matmul(act, &self.down, out)
             }
-            Activation::Relu2 => {
+            Activation::Relu2 | Activation::Xielu(_) => {
+                let f = match self.act {
+                    Activation::Xielu(p) => UnaryAct::Xielu(p),
+                    _ => UnaryAct::Relu2,
+                };
                 dev.matmul(x, &self.up, wide)?;
-                dev.relu2(wide, act)?;
+                dev.unary(wide, f, act)?;
                 dev.matmul(act, &self.down, out)
             }
         }

@@ -8,7 +8,7 @@ use super::mlp::Mlp;
 use super::moe::check_routing;
 use super::{MoeScratch, Scratch, Widths};
 use crate::kernels::Device;
-use crate::kernels::device::{DevResult, DeviceError};
+use crate::kernels::device::{DevResult, DeviceError, UnaryAct};
 use crate::kernels::routing::GroupedTopK;
 
 /// One routed expert: `up` `[inter, in]`, `down` `[in, inter]`.
@@ -74,7 +74,7 @@ impl<D: Device> NemotronMoe<D> {
                 dev.matmul_rows(&m.rows, rows, &expert.up, &mut m.gate_up)?;
             }
         }
-        dev.relu2(&m.gate_up, &mut m.act)?;
+        dev.unary(&m.gate_up, UnaryAct::Relu2, &mut m.act)?;
         dev.resize(&mut m.out, n, self.width)?;
         for (expert, rows) in self.experts.iter().zip(spans) {
             if !rows.is_empty() {

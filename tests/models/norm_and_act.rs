@@ -1,9 +1,9 @@
-//! Cohere's LayerNorm (no bias) as a device op: `norm` and the residual add fused with it, on
-//! the CPU and on CUDA, against an f64 reference, over rows whose mean is far from zero (which
-//! an RMSNorm would keep). The models end to end against transformers are the matrix's
-//! `cohere*` fixtures.
+//! Device ops of single architectures against f64 references, on the CPU and on CUDA: Cohere's
+//! LayerNorm (no bias), `norm` and the residual add fused with it, over rows whose mean is far
+//! from zero (which an RMSNorm would keep); Apertus' xIELU activation on both branches. The
+//! models end to end against transformers are the matrix's `cohere*` and `apertus*` fixtures.
 
-use hsx::kernels::device::{BufKind, NormKind, RowNorm};
+use hsx::kernels::device::{BufKind, NormKind, RowNorm, UnaryAct, Xielu};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device};
 
 const EPS: f64 = 1e-5;
@@ -93,5 +93,69 @@ fn layer_norm_on_cuda_matches_the_cpu() {
         for (a, b) in g.iter().zip(&c) {
             assert!((a - b).abs() <= 4e-6 * (1.0 + b.abs()), "{a} vs {b}");
         }
+    }
+}
+
+const XIELU: Xielu = Xielu {
+    alpha_p: 0.9,
+    alpha_n: 1.3,
+    beta: 0.5,
+    eps: -1e-6,
+};
+
+/// xIELU in f64: `ap·x² + β·x` for x > 0, `(expm1(min(x, eps)) − x)·an + β·x` otherwise.
+fn xielu_f64(x: f32) -> f64 {
+    let (x, p) = (x as f64, XIELU);
+    let (ap, an, b, eps) = (
+        p.alpha_p as f64,
+        p.alpha_n as f64,
+        p.beta as f64,
+        p.eps as f64,
+    );
+    match x > 0.0 {
+        true => ap * x * x + b * x,
+        false => (x.min(eps).exp_m1() - x) * an + b * x,
+    }
+}
+
+/// xIELU over values on both sides of zero (and within `eps` of it) on `dev`.
+fn check_xielu<D: Device>(dev: &D) -> Vec<f32> {
+    let x: Vec<f32> = (0..1000)
+        .map(|i| (i as f32 - 500.0) * 0.013)
+        .chain([0.0, -5e-7])
+        .collect();
+    let mut xb = dev.buffer(1, x.len(), BufKind::F32).unwrap();
+    dev.upload(&x, x.len(), &mut xb).unwrap();
+    let mut out = dev.buffer(1, x.len(), BufKind::F32).unwrap();
+    dev.unary(&xb, UnaryAct::Xielu(XIELU), &mut out).unwrap();
+    let got = dev.download(&out).unwrap();
+    for (&v, &g) in x.iter().zip(&got) {
+        let want = xielu_f64(v);
+        assert!(
+            (g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+            "xielu({v}): {g} vs {want}"
+        );
+    }
+    got
+}
+
+#[test]
+fn xielu_on_the_cpu() {
+    check_xielu(&CpuDevice::new(1, Bf16Kernel::F32).unwrap());
+}
+
+/// CUDA's `expm1f` is not the CPU's `exp_m1`: within an f32 ulp or two.
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+#[test]
+fn xielu_on_cuda_matches_the_cpu() {
+    use hsx::kernels::cuda::CudaDevice;
+    use hsx::models::WeightDtype;
+    if !crate::common::backends::cuda_usable() {
+        return;
+    }
+    let gpu = check_xielu(&CudaDevice::new(0, WeightDtype::F32).unwrap());
+    let cpu = check_xielu(&CpuDevice::new(1, Bf16Kernel::F32).unwrap());
+    for (a, b) in gpu.iter().zip(&cpu) {
+        assert!((a - b).abs() <= 2e-7 * (1.0 + b.abs()), "{a} vs {b}");
     }
 }
