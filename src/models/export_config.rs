@@ -6,6 +6,7 @@
 //!   `Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`,
 //!   `Gemma4UnifiedForConditionalGeneration`,
 //!   `Mistral3ForConditionalGeneration`, `KimiK25ForConditionalGeneration`,
+//!   `Exaone4_5_ForConditionalGeneration`,
 //!   `Qwen2VLForConditionalGeneration` and `Qwen2_5_VLForConditionalGeneration` (the text
 //!   fields under `text_config` — or, in Qwen2-VL's pre-v5 saves, at the top level — the
 //!   weights under `model.language_model.*`, Llama-4's, Gemma-3's and Mistral-3's releases'
@@ -58,6 +59,8 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     // text config (`model_type` `kimi_k2`, read as `deepseek_v3`).
     ("KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM"),
     ("Kimi_K25ForConditionalGeneration", "DeepseekV3ForCausalLM"),
+    // EXAONE 4.5: an `exaone4` text config (`exaone4_5_text`, which transformers reads as one).
+    ("Exaone4_5_ForConditionalGeneration", "Exaone4ForCausalLM"),
 ];
 
 /// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:

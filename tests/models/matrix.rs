@@ -259,4 +259,5 @@ matrix! {
     youtu => "youtu",
     apertus => "apertus",
     apertus_bf16 => "apertus_bf16",
+    exaone4_5_vl => "exaone4_5_vl",
 }
