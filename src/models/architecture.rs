@@ -178,11 +178,14 @@ pub enum Architecture {
     /// `ApertusForCausalLM` (Apertus): Llama's layers with per-head q / k norms and a
     /// non-gated xIELU MLP.
     Apertus,
+    /// `GraniteSWAForCausalLM` (Granite SWA): Granite's layers, sliding layers, attention sinks
+    /// and a RoPE theta per layer (0: NoPE).
+    GraniteSwa,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 62] = [
+    pub const ALL: [Self; 63] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -238,6 +241,7 @@ impl Architecture {
         Self::Gemma4,
         Self::Gemma4Unified,
         Self::Granite,
+        Self::GraniteSwa,
         Self::HyperClovaX,
         Self::GraniteMoeHybrid,
         Self::Bamba,
@@ -316,6 +320,7 @@ impl Architecture {
             Self::Cwm => "CwmForCausalLM",
             Self::Youtu => "YoutuForCausalLM",
             Self::Apertus => "ApertusForCausalLM",
+            Self::GraniteSwa => "GraniteSWAForCausalLM",
         }
     }
 
@@ -410,7 +415,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
-        Architecture::FalconH1 => 8192,
+        Architecture::FalconH1 | Architecture::GraniteSwa => 8192,
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
         Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,
@@ -422,7 +427,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::Glm4Moe | Architecture::Llama4 => 1e-5,
         Architecture::SolarOpen | Architecture::Arcee | Architecture::Cwm => 1e-5,
-        Architecture::Apertus => 1e-5,
+        Architecture::Apertus | Architecture::GraniteSwa => 1e-5,
         Architecture::Helium => 1e-8,
         Architecture::Bamba | Architecture::Phi3 | Architecture::Ministral3 => 1e-5,
         Architecture::FalconH1 | Architecture::MiMoV2Flash => 1e-5,

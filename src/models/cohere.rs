@@ -24,7 +24,7 @@ fn load_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let attention = match spec.architecture {
         Architecture::Cohere => load_attention(ld, spec, i, SoftmaxVariant::causal())?,
-        _ => load_windowed_attention(ld, spec, i)?,
+        _ => load_windowed_attention(ld, spec, i, SoftmaxVariant::causal())?,
     };
     let mut ffn = load_ffn(ld, spec, &p, i)?;
     if let (Sublayer::Moe(moe), Some(c)) = (&mut ffn, &spec.cohere)

@@ -87,6 +87,9 @@ pub struct ModelSpec {
     /// Per-layer windows and the sliding layers' RoPE (OLMo 2 / 3, EXAONE 4.0, Cohere 2); `None`:
     /// as `sliding_window` says for every layer.
     pub windows: Option<LayerWindows>,
+    /// Per layer: its RoPE theta (Granite SWA's `layer_rope_theta`; a layer whose theta is 0
+    /// is NoPE, in `nope_layers`); `None`: the spec's (the windows' own on sliding layers).
+    pub layer_thetas: Option<Vec<f64>>,
     /// GLM-4's rotated dims of each head (its `partial_rotary_factor`, ½ by default); `None`:
     /// as the hybrid spec says, else the whole head.
     pub rotary_dim: Option<usize>,
@@ -207,6 +210,7 @@ impl ModelSpec {
             gemma4: None,
             nope_layers: None,
             windows: None,
+            layer_thetas: None,
             rotary_dim: None,
             interleaved_rope: false,
             granite: None,
@@ -288,6 +292,7 @@ impl ModelSpec {
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::Apertus => super::apertus::parse(&cfg, name)?,
+            Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
                 super::cohere_config::parse(&cfg, a, name)?
             }

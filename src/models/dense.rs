@@ -61,11 +61,13 @@ pub(super) fn load_attention<D: Device>(
 
 /// Layer `i`'s attention as the spec's [`super::config::LayerWindows`] make it: a sliding
 /// layer's window and RoPE, a full layer's full causal attention with the spec's RoPE (none
-/// where `nope_layers` says so): OLMo 3, EXAONE 4.0, Cohere 2.
+/// where `nope_layers` says so; each layer's theta where the spec has `layer_thetas`), the rest
+/// of the softmax as `base` says: OLMo 3, EXAONE 4.0, Cohere 2, Code World Model, Granite SWA.
 pub(super) fn load_windowed_attention<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     i: usize,
+    base: SoftmaxVariant<D::Vector>,
 ) -> Result<Attention<D>, ModelError> {
     let w = spec.windows.as_ref().ok_or_else(|| {
         ModelError::InvalidOptions(format!("{:?} without its layer windows", spec.architecture))
@@ -73,11 +75,12 @@ pub(super) fn load_windowed_attention<D: Device>(
     let sliding = w.sliding[i];
     let variant = SoftmaxVariant {
         window: sliding.then_some(w.window),
-        ..SoftmaxVariant::causal()
+        ..base
     };
-    let rope = match sliding {
-        true => w.local_rope,
-        false => (spec.rope_theta, spec.rope_scaling),
+    let rope = match (&spec.layer_thetas, sliding) {
+        (Some(t), _) => (t[i], spec.rope_scaling),
+        (None, true) => w.local_rope,
+        (None, false) => (spec.rope_theta, spec.rope_scaling),
     };
     load_attention_roped(ld, spec, i, variant, rope)
 }
@@ -233,7 +236,7 @@ fn load_layer<D: Device>(
     };
     let attention = match spec.windows {
         // Code World Model's sliding and full layers.
-        Some(_) => load_windowed_attention(ld, spec, i)?,
+        Some(_) => load_windowed_attention(ld, spec, i, variant)?,
         None => load_attention(ld, spec, i, variant)?,
     };
     let ffn = load_ffn(ld, spec, &p, i)?;

@@ -138,10 +138,14 @@ pub(super) fn dense_spec(
             }
             _ => QkNorm::None,
         },
-        // SmolLM3Config, Ernie4_5Config and Cohere's configs tie by default.
+        // SmolLM3Config, Ernie4_5Config, Cohere's configs and GraniteSWAConfig tie by default.
         tie_word_embeddings: cfg.bool_or(
             "tie_word_embeddings",
-            architecture == Architecture::SmolLM3 || ernie || cohere,
+            matches!(
+                architecture,
+                Architecture::SmolLM3 | Architecture::GraniteSwa
+            ) || ernie
+                || cohere,
         )?,
         max_position_embeddings,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
@@ -163,7 +167,9 @@ pub(super) fn dense_spec(
             || cohere
             || matches!(architecture, Architecture::Glm4 | Architecture::Helium),
         granite: match architecture {
-            Architecture::Granite => Some(super::granite_config::multipliers(cfg)?),
+            Architecture::Granite | Architecture::GraniteSwa => {
+                Some(super::granite_config::multipliers(cfg)?)
+            }
             Architecture::HyperClovaX => Some(super::granite_config::hyperclovax(cfg, head_dim)?),
             _ => None,
         },

@@ -3,7 +3,9 @@
 //! the residual add, attention scores times `attention_multiplier` (not `head_dim^-½`).
 //!
 //! - `GraniteForCausalLM` (Granite 3.x): Llama's layers and names; `HyperCLOVAXForCausalLM`
-//!   adds an RMSNorm on each sublayer's output (`post_norm1`, `post_norm2`, Peri-LN).
+//!   adds an RMSNorm on each sublayer's output (`post_norm1`, `post_norm2`, Peri-LN);
+//!   `GraniteSWAForCausalLM` per-head attention sinks (`self_attn.sinks`), sliding layers and a
+//!   RoPE theta per layer.
 //! - `GraniteMoeHybridForCausalLM` (Granite 4.0): per layer (`model.layers.{i}`) a mixer after
 //!   `input_layernorm` — Mamba-2 (`mamba.*`, Nemotron-H's mixer) or attention (`self_attn.*`,
 //!   RoPE only when `position_embedding_type` is `rope`) — then after
@@ -65,7 +67,18 @@ fn dense_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let attention = dense::load_attention(ld, spec, i, scaled_scores(g, spec))?;
+    let attention = match spec.architecture {
+        // Granite SWA: per-head sinks, its layer's window and RoPE.
+        Architecture::GraniteSwa => {
+            let sinks = ld.vector(&format!("{p}.self_attn.sinks"), spec.num_heads)?;
+            let variant = SoftmaxVariant {
+                sinks: Some(sinks),
+                ..scaled_scores(g, spec)
+            };
+            dense::load_windowed_attention(ld, spec, i, variant)?
+        }
+        _ => dense::load_attention(ld, spec, i, scaled_scores(g, spec))?,
+    };
     let ffn = load_ffn(ld, spec, &p, i)?;
     let mut layer = attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)?;
     if g.post_norms {

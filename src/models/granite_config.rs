@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 
-use super::config::{Cfg, default_eps, default_max_pos, shown};
+use super::config::{Cfg, LayerWindows, default_eps, default_max_pos, shown};
 use super::hybrid_config::{HybridSpec, LayerKind, MambaNorm, MambaSpec, MoeRouter, MoeSpec};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, WeightDtype};
 
@@ -71,6 +71,37 @@ pub(super) fn hyperclovax(cfg: &Cfg<'_>, head_dim: usize) -> Result<GraniteSpec,
         post_norms: cfg.bool_or("use_post_norm", true)?,
         ..multipliers_or(cfg, (head_dim as f64).powf(-0.5))?
     })
+}
+
+/// `GraniteSWAConfig`'s: Granite 3.x's fields (eps 1e-5, tied) with `layer_types` (else every
+/// 4th layer from layer 0 full, the others sliding) of `sliding_window` (128) and a RoPE theta
+/// per layer (`layer_rope_theta`, else the one theta; 0: that layer NoPE).
+pub(super) fn parse_swa(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut spec = super::dense_config::dense_spec(cfg, Architecture::GraniteSwa, name)?;
+    let layers = spec.num_layers;
+    let sliding = match cfg.sliding_layer_types(layers)? {
+        Some(s) => s,
+        None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
+    };
+    let window = cfg.usize_or("sliding_window", 128)?;
+    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
+        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
+    }
+    let field = "layer_rope_theta";
+    let thetas = match cfg.get(field) {
+        None => vec![spec.rope_theta; layers],
+        Some(v) => (v.as_array().filter(|a| a.len() == layers))
+            .and_then(|a| a.iter().map(|t| t.as_f64().filter(|t| *t >= 0.0)).collect())
+            .ok_or_else(|| cfg.err(field, format!("expected {layers} thetas, each 0 or above")))?,
+    };
+    spec.nope_layers = Some(thetas.iter().map(|&t| t == 0.0).collect());
+    spec.windows = Some(LayerWindows {
+        sliding,
+        window,
+        local_rope: (spec.rope_theta, spec.rope_scaling),
+    });
+    spec.layer_thetas = Some(thetas);
+    Ok(spec)
 }
 
 /// The spec of a `GraniteMoeHybridConfig`.

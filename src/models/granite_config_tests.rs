@@ -235,6 +235,36 @@ fn hyperclovax_defaults_the_attention_scale_and_post_norms() {
     assert!(!s.granite.unwrap().post_norms);
 }
 
+/// GraniteSWAConfig: tied, eps 1e-5, every 4th layer from layer 0 full, window 128, the one
+/// theta per layer unless `layer_rope_theta` (0: NoPE) says otherwise.
+#[test]
+fn granite_swa_windows_and_layer_thetas() {
+    let mut v = json!({"architectures": ["GraniteSWAForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 5, "vocab_size": 100, "rope_theta": 10000.0});
+    let s = parse(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::GraniteSwa);
+    assert_eq!(
+        (s.tie_word_embeddings, s.rms_norm_eps, s.head_dim),
+        (true, 1e-5, 64)
+    );
+    let w = s.windows.as_ref().unwrap();
+    assert_eq!(
+        (w.window, w.sliding.clone()),
+        (128, vec![false, true, true, true, false])
+    );
+    assert_eq!(s.layer_thetas.unwrap(), vec![1e4; 5]);
+    assert_eq!(s.nope_layers.unwrap(), vec![false; 5]);
+    v["layer_rope_theta"] = json!([1e4, 0, 5e5, 1e4, 0.0]);
+    let s = parse(&v).unwrap();
+    assert_eq!(s.layer_thetas.unwrap(), [1e4, 0.0, 5e5, 1e4, 0.0]);
+    assert_eq!(s.nope_layers.unwrap(), [false, true, false, false, true]);
+    for bad in [json!([1e4]), json!([1e4, -1, 1e4, 1e4, 1e4]), json!("x")] {
+        v["layer_rope_theta"] = bad;
+        assert!(parse(&v).unwrap_err().contains("layer_rope_theta"));
+    }
+}
+
 #[test]
 fn bamba_takes_its_class_defaults() {
     let s = parse(&released_config("bamba-9b.json")).unwrap();

@@ -109,7 +109,7 @@ fn load_layer<D: Device>(
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
     let post = |n: &str| ld.vector(&format!("{p}.{n}.weight"), spec.hidden_size);
-    let attention = load_windowed_attention(ld, spec, i)?;
+    let attention = load_windowed_attention(ld, spec, i, SoftmaxVariant::causal())?;
     // K-EXAONE's and FlexOlmo's experts where the spec makes the layer sparse, else the MLP.
     let ffn = load_ffn(ld, spec, &p, i)?;
     if spec.architecture == Architecture::ExaoneMoe {

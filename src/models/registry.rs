@@ -45,7 +45,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::OlmoHybrid => super::olmo::load_hybrid(ld, spec),
         Architecture::KimiLinear => super::kimi_linear::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),
-        Architecture::HyperClovaX => super::granite::load(ld, spec),
+        Architecture::HyperClovaX | Architecture::GraniteSwa => super::granite::load(ld, spec),
         Architecture::GraniteMoe | Architecture::GraniteMoeShared => super::granite::load(ld, spec),
         Architecture::Bamba => super::bamba::load(ld, spec),
         Architecture::FalconH1 => super::falcon_h1::load(ld, spec),

@@ -260,4 +260,5 @@ matrix! {
     apertus => "apertus",
     apertus_bf16 => "apertus_bf16",
     exaone4_5_vl => "exaone4_5_vl",
+    granite_swa => "granite_swa",
 }
