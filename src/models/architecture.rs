@@ -181,11 +181,14 @@ pub enum Architecture {
     /// `GraniteSWAForCausalLM` (Granite SWA): Granite's layers, sliding layers, attention sinks
     /// and a RoPE theta per layer (0: NoPE).
     GraniteSwa,
+    /// `MellumForCausalLM` (Mellum): Qwen3-MoE's layers, sliding layers with their own RoPE,
+    /// dense layers where `mlp_layer_types` says.
+    Mellum,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 63] = [
+    pub const ALL: [Self; 64] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -206,6 +209,7 @@ impl Architecture {
         Self::Qwen3Next,
         Self::NemotronH,
         Self::Qwen3Moe,
+        Self::Mellum,
         Self::Mixtral,
         Self::Qwen3_5Moe,
         Self::Qwen4Exp,
@@ -321,6 +325,7 @@ impl Architecture {
             Self::Youtu => "YoutuForCausalLM",
             Self::Apertus => "ApertusForCausalLM",
             Self::GraniteSwa => "GraniteSWAForCausalLM",
+            Self::Mellum => "MellumForCausalLM",
         }
     }
 
@@ -402,7 +407,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
-        Architecture::SolarOpen => 131072,
+        Architecture::SolarOpen | Architecture::Mellum => 131072,
         Architecture::MiMoV2Flash => 131072,
         Architecture::Glm4MoeLite | Architecture::GlmMoeDsa => 202752,
         Architecture::DeepseekV32 => 163840,

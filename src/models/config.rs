@@ -293,6 +293,7 @@ impl ModelSpec {
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::Apertus => super::apertus::parse(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
+            Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
                 super::cohere_config::parse(&cfg, a, name)?
             }

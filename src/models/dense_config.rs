@@ -60,6 +60,7 @@ pub(super) fn dense_spec(
         // Qwen3Config's, MiniMaxM2Config's and Llama4TextConfig's head_dim default to 128,
         // not hidden/heads.
         Architecture::Qwen3
+        | Architecture::Mellum
         | Architecture::MiniMaxM2
         | Architecture::Llama4
         | Architecture::Ministral3
@@ -129,7 +130,7 @@ pub(super) fn dense_spec(
         qk_norm: match architecture {
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Exaone4 => QkNorm::PerHead,
             Architecture::Dots1 | Architecture::ExaoneMoe | Architecture::HyV3 => QkNorm::PerHead,
-            Architecture::Afmoe | Architecture::Apertus => QkNorm::PerHead,
+            Architecture::Afmoe | Architecture::Apertus | Architecture::Mellum => QkNorm::PerHead,
             _ if hunyuan => QkNorm::PerHeadAfterRope,
             Architecture::Glm4Moe if cfg.bool_or("use_qk_norm", false)? => QkNorm::PerHead,
             Architecture::MiniMaxM2 | Architecture::Olmo2 | Architecture::Olmo3 => QkNorm::Whole,

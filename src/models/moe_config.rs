@@ -24,6 +24,7 @@ pub(super) fn qwen_moe(
         Architecture::Qwen3_5Moe => (256, 8, 512, true),
         Architecture::Qwen4Exp => (512, 10, 512, true),
         Architecture::Qwen2Moe => (60, 4, 1408, false),
+        Architecture::Mellum => (64, 8, 896, true),
         _ => (128, 8, 768, false),
     };
     // Qwen3MoeConfig maps `num_experts` to `num_local_experts`, the name transformers 5 saves.
@@ -32,7 +33,7 @@ pub(super) fn qwen_moe(
         return Ok(None);
     }
     let shared = match arch {
-        Architecture::Qwen3Moe => None,
+        Architecture::Qwen3Moe | Architecture::Mellum => None,
         Architecture::Qwen2Moe => Some(cfg.usize_or("shared_expert_intermediate_size", 5632)?),
         _ => Some(cfg.usize_or("shared_expert_intermediate_size", 512)?),
     };
@@ -40,6 +41,14 @@ pub(super) fn qwen_moe(
     // field; transformers would ignore them).
     let (norm_topk_prob, sparse_layers) = match arch {
         Architecture::Qwen3_5Moe | Architecture::Qwen4Exp => (true, vec![true; num_layers]),
+        // MellumConfig: `mlp_layer_types`, else every layer sparse.
+        Architecture::Mellum => (
+            cfg.bool_or("norm_topk_prob", renorm)?,
+            match cfg.get("mlp_layer_types") {
+                Some(_) => mlp_layer_types(cfg, num_layers)?,
+                None => vec![true; num_layers],
+            },
+        ),
         _ => (
             cfg.bool_or("norm_topk_prob", renorm)?,
             sparse_layers(cfg, num_layers)?,
@@ -389,7 +398,7 @@ pub(super) fn attention_moe(
 ) -> Result<Option<HybridSpec>, ModelError> {
     let num_layers = cfg.num_layers()?;
     let (moe, rotary_dim) = match arch {
-        Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::Mellum => {
             (qwen_moe(cfg, arch, num_layers)?, head_dim)
         }
         Architecture::Olmoe => (Some(olmoe_moe(cfg, num_layers, (64, 8))?), head_dim),

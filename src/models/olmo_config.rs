@@ -196,20 +196,62 @@ type Ropes = ((f64, RopeScaling), (f64, RopeScaling));
 
 fn olmo3_ropes(cfg: &Cfg<'_>) -> Result<Ropes, ModelError> {
     let theta = cfg.f64_or("rope_theta", default_theta(Architecture::Olmo3))?;
+    match per_kind_ropes(cfg, theta)? {
+        Some(ropes) => Ok(ropes),
+        // The releases: one theta, the scaling on the full layers only.
+        None => Ok((cfg.rope(Architecture::Olmo3)?, (theta, RopeScaling::None))),
+    }
+}
+
+/// transformers 5's `rope_parameters.{full,sliding}_attention` (each kind's theta `theta`
+/// where it names none); `None` where the config has no such object.
+fn per_kind_ropes(cfg: &Cfg<'_>, theta: f64) -> Result<Option<Ropes>, ModelError> {
     let field = "rope_parameters";
     let per_kind = cfg
         .get(field)
         .and_then(Value::as_object)
         .filter(|o| !o.is_empty() && o.keys().all(|k| k == FULL || k == SLIDING));
     let Some(params) = per_kind else {
-        // The releases: one theta, the scaling on the full layers only.
-        return Ok((cfg.rope(Architecture::Olmo3)?, (theta, RopeScaling::None)));
+        return Ok(None);
     };
     let of = |kind: &str| match params.get(kind).filter(|v| !v.is_null()) {
         Some(p) => cfg.rope_params(&format!("{field}.{kind}"), p, theta),
         None => Ok((theta, RopeScaling::None)),
     };
-    Ok((of(FULL)?, of(SLIDING)?))
+    Ok(Some((of(FULL)?, of(SLIDING)?)))
+}
+
+/// `MellumConfig`'s: Qwen3-MoE's fields (heads of 128, 64 experts of 896, top-8, renormalised,
+/// eps 1e-6) with `layer_types` (else every layer full) of `sliding_window` (1024), each kind
+/// with its RoPE (`rope_parameters.{full,sliding}_attention`; by default theta 5·10⁵ on the full
+/// layers, 10⁴ on the sliding ones).
+pub(super) fn parse_mellum(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut spec = super::dense_config::dense_spec(cfg, Architecture::Mellum, name)?;
+    let layers = spec.num_layers;
+    let (full, local) = match cfg.get("rope_parameters") {
+        None => ((5e5, RopeScaling::None), (1e4, RopeScaling::None)),
+        Some(_) => match per_kind_ropes(cfg, default_theta(Architecture::Mellum))? {
+            Some(ropes) => ropes,
+            None => {
+                let one = cfg.rope(Architecture::Mellum)?;
+                (one, one)
+            }
+        },
+    };
+    (spec.rope_theta, spec.rope_scaling) = full;
+    let sliding = cfg
+        .sliding_layer_types(layers)?
+        .unwrap_or(vec![false; layers]);
+    let window = cfg.usize_or("sliding_window", 1024)?;
+    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
+        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
+    }
+    spec.windows = Some(LayerWindows {
+        sliding,
+        window,
+        local_rope: local,
+    });
+    Ok(spec)
 }
 
 #[cfg(test)]
@@ -429,5 +471,46 @@ mod tests {
             let e = spec(olmo3(json!({"sliding_window": window}))).unwrap_err();
             assert!(e.to_string().contains("sliding_window"), "{e}");
         }
+    }
+
+    /// MellumConfig: every layer full and sparse by default, the full layers' theta 5e5 and
+    /// the sliding ones' 1e4 unless `rope_parameters` names its kinds.
+    #[test]
+    fn mellum_defaults_and_per_kind_ropes() {
+        let mut v = json!({"architectures": ["MellumForCausalLM"], "hidden_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
+            "intermediate_size": 512, "vocab_size": 100});
+        let s = spec(v.clone()).unwrap();
+        assert_eq!((s.head_dim, s.rms_norm_eps, s.rope_theta), (128, 1e-6, 5e5));
+        let w = s.windows.as_ref().unwrap();
+        assert_eq!(
+            (w.sliding.clone(), w.window, w.local_rope.0),
+            (vec![false; 3], 1024, 1e4)
+        );
+        let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (64, 8, 896)
+        );
+        assert_eq!(
+            (
+                m.sparse_layers.clone(),
+                m.norm_topk_prob,
+                m.shared_intermediate
+            ),
+            (vec![true; 3], true, None)
+        );
+        v["rope_parameters"] = json!({"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}});
+        v["layer_types"] = json!(["sliding_attention", "full_attention", "sliding_attention"]);
+        v["mlp_layer_types"] = json!(["dense", "sparse", "dense"]);
+        let s = spec(v).unwrap();
+        let w = s.windows.as_ref().unwrap();
+        assert_eq!(
+            (s.rope_theta, w.local_rope.0, w.sliding.clone()),
+            (1e6, 2e4, vec![true, false, true])
+        );
+        let m = s.hybrid.as_ref().unwrap().moe.as_ref().unwrap();
+        assert_eq!(m.sparse_layers, [false, true, false]);
     }
 }

@@ -26,7 +26,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 | Architecture::HyV3 => {
             dense::load(ld, spec)
         }
-        Architecture::Qwen2Moe | Architecture::Olmoe => dense::load(ld, spec),
+        Architecture::Qwen2Moe | Architecture::Olmoe | Architecture::Mellum => {
+            dense::load(ld, spec)
+        }
         Architecture::Afmoe => super::afmoe::load(ld, spec),
         Architecture::Apertus => super::apertus::load(ld, spec),
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => {

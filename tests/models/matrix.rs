@@ -261,4 +261,5 @@ matrix! {
     apertus_bf16 => "apertus_bf16",
     exaone4_5_vl => "exaone4_5_vl",
     granite_swa => "granite_swa",
+    mellum => "mellum",
 }
