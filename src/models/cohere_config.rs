@@ -51,15 +51,7 @@ pub(super) fn parse(
     let layers = spec.num_layers;
     let dense = dense_layers(cfg, layers)?;
     let sliding = sliding_layers(cfg, layers)?;
-    if cfg.is_null("sliding_window") {
-        // transformers' sliding-window mask refuses a null window (and Cohere 2 would then
-        // rotate no layer at all).
-        return Err(cfg.err("sliding_window", "null with sliding layers"));
-    }
-    let window = cfg.usize_or("sliding_window", 4096)?;
-    if window == 0 {
-        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
-    }
+    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 4096)?;
     let force_rope = arch == Architecture::Cohere2Moe
         && cfg.usize_or("prefix_dense_sliding_window_pattern", 1)? == 1;
     let roped = (0..layers).map(|i| sliding[i] || (force_rope && dense[i]));

@@ -21,10 +21,7 @@ fn windowed(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, ModelError>
         Some(s) => s,
         None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
     };
-    let window = cfg.usize_or("sliding_window", 8192)?;
-    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
-        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
-    }
+    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 8192)?;
     spec.windows = Some(LayerWindows {
         sliding,
         window,

@@ -83,10 +83,7 @@ pub(super) fn parse_swa(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelE
         Some(s) => s,
         None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
     };
-    let window = cfg.usize_or("sliding_window", 128)?;
-    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
-        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
-    }
+    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 128)?;
     let field = "layer_rope_theta";
     let thetas = match cfg.get(field) {
         None => vec![spec.rope_theta; layers],

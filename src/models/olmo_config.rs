@@ -24,6 +24,21 @@ pub struct LayerWindows {
     pub local_rope: (f64, RopeScaling),
 }
 
+/// `sliding_window` (`default` where the config names none) over layers `sliding`: at least 1
+/// where a layer slides (a null one too is refused there, as transformers' sliding-window mask
+/// refuses it).
+pub(super) fn sliding_window_of(
+    cfg: &Cfg<'_>,
+    sliding: &[bool],
+    default: usize,
+) -> Result<usize, ModelError> {
+    let window = cfg.usize_or("sliding_window", default)?;
+    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
+        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
+    }
+    Ok(window)
+}
+
 const FULL: &str = "full_attention";
 const SLIDING: &str = "sliding_attention";
 
@@ -242,10 +257,7 @@ pub(super) fn parse_mellum(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
     let sliding = cfg
         .sliding_layer_types(layers)?
         .unwrap_or(vec![false; layers]);
-    let window = cfg.usize_or("sliding_window", 1024)?;
-    if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
-        return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
-    }
+    let window = sliding_window_of(cfg, &sliding, 1024)?;
     spec.windows = Some(LayerWindows {
         sliding,
         window,

@@ -50,54 +50,29 @@ __device__ void add_norm_t(float* x, const float* y, const float* w, OUT* out, i
     norm_body<OUT, CENTERED>(xr, w, out + row * n, n, eps);
 }
 
-extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* out, int n,
-                                        double eps) {
-    norm_t<float, false>(x, w, out, n, eps);
-}
-extern "C" __global__ void rms_norm_bf16(const float* x, const float* w, bf16_t* out, int n,
-                                        double eps) {
-    norm_t<bf16_t, false>(x, w, out, n, eps);
-}
-extern "C" __global__ void rms_norm_f16(const float* x, const float* w, f16_t* out, int n,
-                                        double eps) {
-    norm_t<f16_t, false>(x, w, out, n, eps);
-}
-extern "C" __global__ void add_rms_norm_f32(float* x, const float* y, const float* w,
-                                        float* out, int n, double eps) {
-    add_norm_t<float, false>(x, y, w, out, n, eps);
-}
-extern "C" __global__ void add_rms_norm_bf16(float* x, const float* y, const float* w,
-                                        bf16_t* out, int n, double eps) {
-    add_norm_t<bf16_t, false>(x, y, w, out, n, eps);
-}
-extern "C" __global__ void add_rms_norm_f16(float* x, const float* y, const float* w,
-                                        f16_t* out, int n, double eps) {
-    add_norm_t<f16_t, false>(x, y, w, out, n, eps);
-}
-extern "C" __global__ void layer_norm_f32(const float* x, const float* w, float* out, int n,
-                                        double eps) {
-    norm_t<float, true>(x, w, out, n, eps);
-}
-extern "C" __global__ void layer_norm_bf16(const float* x, const float* w, bf16_t* out, int n,
-                                        double eps) {
-    norm_t<bf16_t, true>(x, w, out, n, eps);
-}
-extern "C" __global__ void layer_norm_f16(const float* x, const float* w, f16_t* out, int n,
-                                        double eps) {
-    norm_t<f16_t, true>(x, w, out, n, eps);
-}
-extern "C" __global__ void add_layer_norm_f32(float* x, const float* y, const float* w,
-                                        float* out, int n, double eps) {
-    add_norm_t<float, true>(x, y, w, out, n, eps);
-}
-extern "C" __global__ void add_layer_norm_bf16(float* x, const float* y, const float* w,
-                                        bf16_t* out, int n, double eps) {
-    add_norm_t<bf16_t, true>(x, y, w, out, n, eps);
-}
-extern "C" __global__ void add_layer_norm_f16(float* x, const float* y, const float* w,
-                                        f16_t* out, int n, double eps) {
-    add_norm_t<f16_t, true>(x, y, w, out, n, eps);
-}
+// Entry points per kind (rms_norm / layer_norm: CENTERED) and output dtype, each named by its
+// first argument (what the loader finds them by): `{kind}_{dtype}`, `add_{kind}_{dtype}`.
+#define HSX_NORM(NAME, OUT, CENTERED)                                                             \
+    extern "C" __global__ void NAME(const float* x, const float* w, OUT* out, int n, double eps) { \
+        norm_t<OUT, CENTERED>(x, w, out, n, eps);                                                 \
+    }
+#define HSX_ADD_NORM(NAME, OUT, CENTERED)                                                         \
+    extern "C" __global__ void NAME(float* x, const float* y, const float* w, OUT* out, int n,    \
+                                    double eps) {                                                 \
+        add_norm_t<OUT, CENTERED>(x, y, w, out, n, eps);                                          \
+    }
+HSX_NORM(rms_norm_f32, float, false)
+HSX_NORM(rms_norm_bf16, bf16_t, false)
+HSX_NORM(rms_norm_f16, f16_t, false)
+HSX_ADD_NORM(add_rms_norm_f32, float, false)
+HSX_ADD_NORM(add_rms_norm_bf16, bf16_t, false)
+HSX_ADD_NORM(add_rms_norm_f16, f16_t, false)
+HSX_NORM(layer_norm_f32, float, true)
+HSX_NORM(layer_norm_bf16, bf16_t, true)
+HSX_NORM(layer_norm_f16, f16_t, true)
+HSX_ADD_NORM(add_layer_norm_f32, float, true)
+HSX_ADD_NORM(add_layer_norm_bf16, bf16_t, true)
+HSX_ADD_NORM(add_layer_norm_f16, f16_t, true)
 
 // Per-head RMSNorm in place (Qwen3 q_norm / k_norm; MiniMax-M2's over a whole projection is one
 // head of all its values): heads of `hd` values starting at column `col` of rows `stride` apart.
