@@ -149,7 +149,17 @@ struct Block {
 thread_local Block* tl_block = nullptr;
 thread_local Fiber* tl_fiber = nullptr;
 thread_local std::string tl_error;
-thread_local std::vector<char*> tl_stacks;  // mapped stacks (with a guard page), reused
+// The lanes' mapped stacks (each after a guard page), reused by this thread's launches and
+// unmapped when the thread exits: a process that launches from many short-lived threads (a
+// test harness: one per test) would otherwise keep every thread's stacks mapped, two
+// mappings each, until it hits the kernel's map count limit.
+struct LaneStacks {
+    std::vector<char*> stacks;
+    ~LaneStacks() {
+        for (char* s : stacks) munmap(s - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
+    }
+};
+thread_local LaneStacks tl_stacks;
 
 #if defined(HSX_EMU_ASAN)
 thread_local void* tl_fake_stack = nullptr;
@@ -170,16 +180,16 @@ void switch_to_sched(Fiber* f, Block* b, bool) { raw_switch(&f->ctx, &b->sched);
 #endif
 
 char* stack_at(size_t i) {
-    while (tl_stacks.size() <= i) {
+    while (tl_stacks.stacks.size() <= i) {
         void* m = mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED) return nullptr;
         // A lane that overflows its stack faults on the guard page instead of corrupting the
         // next one.
         mprotect(m, GUARD_BYTES, PROT_NONE);
-        tl_stacks.push_back(static_cast<char*>(m) + GUARD_BYTES);
+        tl_stacks.stacks.push_back(static_cast<char*>(m) + GUARD_BYTES);
     }
-    return tl_stacks[i];
+    return tl_stacks.stacks[i];
 }
 
 // Records the first error of the launch and parks the lane for good.
