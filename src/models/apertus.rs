@@ -3,11 +3,8 @@
 //! non-gated MLP `down(xielu(up(x)))` (or relu²), xIELU's learned scalars per layer
 //! (`mlp.act_fn.alpha_p`, `alpha_n`, and the buffers `beta`, `eps` where saved). Config:
 //! `ApertusConfig`'s defaults (eps 1e-5, untied), its llama3 RoPE (theta 1.2·10⁷, factor 8 over
-//! 8192 positions) where the config names none.
+//! 8192 positions) where the config names none (`mistral_config::with_class_rope`).
 
-use serde_json::json;
-
-use super::config::{Architecture, Cfg};
 use super::decoder::Decoder;
 use super::dense::{load_attention, load_mlp, load_with};
 use super::layers::mlp::Activation;
@@ -15,12 +12,6 @@ use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec, WeightDtype};
 use crate::kernels::Device;
 use crate::kernels::device::Xielu;
-
-pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let rope = json!({"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
-        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-    super::dense_config::dense_spec_with_rope(cfg, Architecture::Apertus, name, rope)
-}
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     load_with(ld, spec, load_layer)

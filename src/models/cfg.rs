@@ -38,11 +38,6 @@ impl<'a> Cfg<'a> {
         }
     }
 
-    /// The config's top-level fields.
-    pub(super) fn fields(&self) -> &'a Map<String, Value> {
-        self.map
-    }
-
     pub(super) fn path_buf(&self) -> PathBuf {
         self.path.to_path_buf()
     }

@@ -291,7 +291,6 @@ impl ModelSpec {
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
-            Architecture::Apertus => super::apertus::parse(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {

@@ -142,7 +142,10 @@ fn apertus_defaults() {
         (QkNorm::PerHead, 1e-5, 1.2e7)
     );
     assert!(matches!(s.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    // A `rope_theta` alone leaves the class's RoPE, as ApertusConfig does.
     v["rope_theta"] = json!(5e5);
+    assert_eq!(parse(&v).unwrap().rope_theta, 1.2e7);
+    v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
     let s = parse(&v).unwrap();
     assert_eq!((s.rope_theta, s.rope_scaling), (5e5, RopeScaling::None));
     v["hidden_act"] = json!("relu2");

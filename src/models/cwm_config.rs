@@ -3,15 +3,12 @@
 //! `sliding_window` (8192), every layer with the one RoPE: llama3 scaling (theta 10⁶, factor
 //! 16 over 8192 positions, low / high frequency factors 1 / 4) where the config names no RoPE.
 
-use serde_json::json;
-
 use super::config::{Architecture, Cfg, LayerWindows};
 use super::{ModelError, ModelSpec};
 
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let rope = json!({"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
-        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-    let spec = super::dense_config::dense_spec_with_rope(cfg, Architecture::Cwm, name, rope)?;
+    // Its class RoPE is filled in before (`mistral_config::with_class_rope`).
+    let spec = super::dense_config::dense_spec(cfg, Architecture::Cwm, name)?;
     windowed(cfg, spec)
 }
 
@@ -51,8 +48,11 @@ mod tests {
         assert_eq!(w.window, 8192);
         assert_eq!(w.sliding, [false, true, true, true, false, true]);
         assert_eq!(w.local_rope, (1e6, s.rope_scaling));
-        // A config's own RoPE and layer types.
+        // A `rope_theta` alone leaves the class's RoPE, as CwmConfig does.
         v["rope_theta"] = json!(5e5);
+        assert_eq!(parse(&v).unwrap().rope_theta, 1e6);
+        // A config's own RoPE and layer types.
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
         v["layer_types"] = json!([
             "sliding_attention",
             "full_attention",

@@ -180,25 +180,6 @@ pub(super) fn dense_spec(
     })
 }
 
-/// [`dense_spec`] of `cfg`, or where it names no RoPE (`rope_parameters`, `rope_scaling`,
-/// `rope_theta`), of `cfg` with the config class's `rope_parameters` (Code World Model's and
-/// Apertus' llama3 ones) filled in.
-pub(super) fn dense_spec_with_rope(
-    cfg: &Cfg<'_>,
-    architecture: Architecture,
-    name: String,
-    class_rope: serde_json::Value,
-) -> Result<ModelSpec, ModelError> {
-    let named = ["rope_parameters", "rope_scaling", "rope_theta"];
-    if named.iter().any(|f| cfg.get(f).is_some()) {
-        return dense_spec(cfg, architecture, name);
-    }
-    let mut value = serde_json::Value::Object(cfg.fields().clone());
-    value["rope_parameters"] = class_rope;
-    let path = cfg.path_buf();
-    dense_spec(&Cfg::new(&value, &path)?, architecture, name)
-}
-
 /// SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none), else every
 /// `no_rope_layer_interval`-th layer (4); its sliding window (`use_sliding_window`, on the
 /// NoPE layers only; off in the releases) refused.

@@ -3,7 +3,8 @@
 //! layers) and `Mistral4ForCausalLM` (Mistral Small 4: DeepSeek-V3's latent attention). Both
 //! scale every attention layer's query by its position past the original context
 //! (`rope_parameters.llama_4_scaling_beta`, transformers' `get_llama_4_attn_scale`) and default
-//! to a YaRN RoPE carrying it when the config names none.
+//! to a YaRN RoPE carrying it when the config names none — the class-RoPE defaults, which
+//! Code World Model's and Apertus' llama3 ones share ([`with_class_rope`]).
 
 use std::borrow::Cow;
 
@@ -15,11 +16,20 @@ use crate::kernels::device::QueryTemperature;
 
 /// The classes' `rope_parameters` where a config has neither it nor `rope_scaling`
 /// (`Ministral3Config` / `Mistral4Config.__post_init__`; Mistral 4's also names
-/// `partial_rotary_factor`, which `deepseek_config` reads from the heads).
+/// `partial_rotary_factor`, which `deepseek_config` reads from the heads). `CwmConfig` and
+/// `ApertusConfig` default to llama3 ones the same way (a top-level `rope_theta` alone does not
+/// replace them there either: transformers 5.24, checked).
 fn class_rope(arch: Architecture) -> Option<Value> {
+    let llama3 = |theta: f64, factor: f64| {
+        json!({"rope_type": "llama3", "rope_theta": theta, "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192})
+    };
     let (theta, factor, original) = match arch {
         Architecture::Ministral3 => (1e6, 16.0, 16384),
         Architecture::Mistral4 => (10000.0, 128.0, 8192),
+        Architecture::Cwm => return Some(llama3(1e6, 16.0)),
+        Architecture::Apertus => return Some(llama3(1.2e7, 8.0)),
         _ => return None,
     };
     Some(json!({
@@ -29,7 +39,8 @@ fn class_rope(arch: Architecture) -> Option<Value> {
     }))
 }
 
-/// `value` with its class's RoPE filled in where it names none (Ministral 3, Mistral 4).
+/// `value` with its class's RoPE filled in where it names none (Ministral 3, Mistral 4, Code
+/// World Model, Apertus).
 pub(super) fn with_class_rope(value: Cow<'_, Value>, arch: Architecture) -> Cow<'_, Value> {
     let has = |k: &str| value.get(k).is_some_and(|v| !v.is_null());
     match class_rope(arch) {
