@@ -7,7 +7,7 @@
 //! (`prefix_dense_intermediate_size` wide; full attention with RoPE where
 //! `prefix_dense_sliding_window_pattern` is 1), its experts as [`moe`] says.
 
-use super::config::{Architecture, Cfg, LayerWindows};
+use super::config::{Architecture, Cfg};
 use super::hybrid_config::{MoeRouter, MoeSpec};
 use super::{ModelError, ModelSpec};
 use crate::kernels::device::NormKind;
@@ -50,17 +50,13 @@ pub(super) fn parse(
     }
     let layers = spec.num_layers;
     let dense = dense_layers(cfg, layers)?;
-    let sliding = sliding_layers(cfg, layers)?;
-    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 4096)?;
+    let rope = (spec.rope_theta, spec.rope_scaling);
+    let w = super::olmo_config::layer_windows(cfg, sliding_pattern(cfg, layers)?, 4096, rope)?;
     let force_rope = arch == Architecture::Cohere2Moe
         && cfg.usize_or("prefix_dense_sliding_window_pattern", 1)? == 1;
-    let roped = (0..layers).map(|i| sliding[i] || (force_rope && dense[i]));
+    let roped = (0..layers).map(|i| w.sliding[i] || (force_rope && dense[i]));
     spec.nope_layers = Some(roped.map(|r| !r).collect());
-    spec.windows = Some(LayerWindows {
-        sliding,
-        window,
-        local_rope: (spec.rope_theta, spec.rope_scaling),
-    });
+    spec.windows = Some(w);
     if arch == Architecture::Cohere2Moe {
         let prefix = cfg.usize_opt("prefix_dense_intermediate_size")?;
         spec.intermediate_size = prefix.unwrap_or(spec.intermediate_size);
@@ -95,13 +91,11 @@ fn dense_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
     Ok(sparse.into_iter().map(|s| !s).collect())
 }
 
-/// The sliding layers: `layer_types`, else every `sliding_window_pattern`-th (4) layer full —
-/// Cohere 2 MoE's counted after its first `first_k_dense_replace` (0) layers, whose own pattern
-/// is `prefix_dense_sliding_window_pattern` (1: all full), as `Cohere2MoeConfig` makes them.
-fn sliding_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
-    if let Some(s) = cfg.sliding_layer_types(layers)? {
-        return Ok(s);
-    }
+/// The sliding layers where the config names no `layer_types`: every
+/// `sliding_window_pattern`-th (4) layer full — Cohere 2 MoE's counted after its first
+/// `first_k_dense_replace` (0) layers, whose own pattern is `prefix_dense_sliding_window_pattern`
+/// (1: all full), as `Cohere2MoeConfig` makes them.
+fn sliding_pattern(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
     let pattern = |field: &str, default: usize| -> Result<usize, ModelError> {
         match cfg.usize_or(field, default)? {
             0 => Err(cfg.err(field, "must be at least 1")),

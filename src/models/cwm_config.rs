@@ -3,7 +3,7 @@
 //! `sliding_window` (8192), every layer with the one RoPE: llama3 scaling (theta 10⁶, factor
 //! 16 over 8192 positions, low / high frequency factors 1 / 4) where the config names no RoPE.
 
-use super::config::{Architecture, Cfg, LayerWindows};
+use super::config::{Architecture, Cfg};
 use super::{ModelError, ModelSpec};
 
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
@@ -13,17 +13,10 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
 }
 
 fn windowed(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, ModelError> {
-    let layers = spec.num_layers;
-    let sliding = match cfg.sliding_layer_types(layers)? {
-        Some(s) => s,
-        None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
-    };
-    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 8192)?;
-    spec.windows = Some(LayerWindows {
-        sliding,
-        window,
-        local_rope: (spec.rope_theta, spec.rope_scaling),
-    });
+    let every_4th_full = (0..spec.num_layers).map(|i| !i.is_multiple_of(4)).collect();
+    let rope = (spec.rope_theta, spec.rope_scaling);
+    let windows = super::olmo_config::layer_windows(cfg, every_4th_full, 8192, rope)?;
+    spec.windows = Some(windows);
     Ok(spec)
 }
 

@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 
-use super::config::{Cfg, LayerWindows, default_eps, default_max_pos, shown};
+use super::config::{Cfg, default_eps, default_max_pos, shown};
 use super::hybrid_config::{HybridSpec, LayerKind, MambaNorm, MambaSpec, MoeRouter, MoeSpec};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, WeightDtype};
 
@@ -79,11 +79,9 @@ pub(super) fn hyperclovax(cfg: &Cfg<'_>, head_dim: usize) -> Result<GraniteSpec,
 pub(super) fn parse_swa(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
     let mut spec = super::dense_config::dense_spec(cfg, Architecture::GraniteSwa, name)?;
     let layers = spec.num_layers;
-    let sliding = match cfg.sliding_layer_types(layers)? {
-        Some(s) => s,
-        None => (0..layers).map(|i| !i.is_multiple_of(4)).collect(),
-    };
-    let window = super::olmo_config::sliding_window_of(cfg, &sliding, 128)?;
+    let every_4th_full = (0..layers).map(|i| !i.is_multiple_of(4)).collect();
+    let rope = (spec.rope_theta, spec.rope_scaling);
+    let windows = super::olmo_config::layer_windows(cfg, every_4th_full, 128, rope)?;
     let field = "layer_rope_theta";
     let thetas = match cfg.get(field) {
         None => vec![spec.rope_theta; layers],
@@ -92,11 +90,7 @@ pub(super) fn parse_swa(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelE
             .ok_or_else(|| cfg.err(field, format!("expected {layers} thetas, each 0 or above")))?,
     };
     spec.nope_layers = Some(thetas.iter().map(|&t| t == 0.0).collect());
-    spec.windows = Some(LayerWindows {
-        sliding,
-        window,
-        local_rope: (spec.rope_theta, spec.rope_scaling),
-    });
+    spec.windows = Some(windows);
     spec.layer_thetas = Some(thetas);
     Ok(spec)
 }

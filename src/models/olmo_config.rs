@@ -24,19 +24,26 @@ pub struct LayerWindows {
     pub local_rope: (f64, RopeScaling),
 }
 
-/// `sliding_window` (`default` where the config names none) over layers `sliding`: at least 1
-/// where a layer slides (a null one too is refused there, as transformers' sliding-window mask
-/// refuses it).
-pub(super) fn sliding_window_of(
+/// The per-layer windows of a config: `layer_types`, else `default_sliding`; a window of
+/// `sliding_window` (`default_window` where the config names none), at least 1 where a layer
+/// slides (a null one too is refused there, as transformers' sliding-window mask refuses it);
+/// `local_rope` on the sliding layers.
+pub(super) fn layer_windows(
     cfg: &Cfg<'_>,
-    sliding: &[bool],
-    default: usize,
-) -> Result<usize, ModelError> {
-    let window = cfg.usize_or("sliding_window", default)?;
+    default_sliding: Vec<bool>,
+    default_window: usize,
+    local_rope: (f64, RopeScaling),
+) -> Result<LayerWindows, ModelError> {
+    let sliding = (cfg.sliding_layer_types(default_sliding.len())?).unwrap_or(default_sliding);
+    let window = cfg.usize_or("sliding_window", default_window)?;
     if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
         return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
     }
-    Ok(window)
+    Ok(LayerWindows {
+        sliding,
+        window,
+        local_rope,
+    })
 }
 
 const FULL: &str = "full_attention";
@@ -254,15 +261,7 @@ pub(super) fn parse_mellum(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         },
     };
     (spec.rope_theta, spec.rope_scaling) = full;
-    let sliding = cfg
-        .sliding_layer_types(layers)?
-        .unwrap_or(vec![false; layers]);
-    let window = sliding_window_of(cfg, &sliding, 1024)?;
-    spec.windows = Some(LayerWindows {
-        sliding,
-        window,
-        local_rope: local,
-    });
+    spec.windows = Some(layer_windows(cfg, vec![false; layers], 1024, local)?);
     Ok(spec)
 }
 
