@@ -232,19 +232,14 @@ pub trait Device: Send + Sync + Sized + 'static {
         dims: &MlaDims,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
-    /// `out = x · sigmoid(gate)` (gated attention's output gate).
-    fn sigmoid_gate(
+    /// `out = f(x, g)` element by element over two column ranges of one width (of the same
+    /// rows), written in `out`'s dtype ([`GateFn`]: gated attention's `x · sigmoid(g)`, Gemma 4's
+    /// per-layer input gate `gelu_tanh(x) · g`, LFM2's short-conv gates `x · g`).
+    fn gate(
         &self,
-        x: &Self::Buf,
-        gate: Cols<'_, Self::Buf>,
-        out: &mut Self::Buf,
-    ) -> DevResult<()>;
-    /// `out = gelu_tanh(x) · up` (Gemma 4's per-layer input gate: torch's tanh-approximated
-    /// GELU, f32; `up` as wide as `x`).
-    fn gelu_tanh_gate(
-        &self,
-        x: &Self::Buf,
-        up: Cols<'_, Self::Buf>,
+        x: Cols<'_, Self::Buf>,
+        g: Cols<'_, Self::Buf>,
+        f: GateFn,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
     /// `out[t, i] = silu(gu[t, i]) · gu[t, I + i]` for `gu` `[T, 2I]`.
@@ -287,9 +282,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn gelu_tanh_mul(&self, gate_up: &Self::Buf, out: &mut Self::Buf) -> DevResult<()>;
     /// `out = f(x)` element by element (an MLP's activation without a gate).
     fn unary(&self, x: &Self::Buf, f: UnaryAct, out: &mut Self::Buf) -> DevResult<()>;
-    /// Causal depthwise conv1d + SiLU over `x`'s columns, the conv state carried per slot.
-    #[allow(clippy::too_many_arguments)]
-    fn conv1d_silu(
+    /// Causal depthwise conv1d over `x`'s columns (then SiLU where `call.silu`), the conv state
+    /// carried per slot.
+    fn conv1d(
         &self,
         step: &Self::Step<'_>,
         states: &mut Self::States,

@@ -319,6 +319,18 @@ impl<D: Device> GdnParams<'_, D> {
     }
 }
 
+/// The function of [`Device::gate`](super::Device::gate): `out = f(x, g)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateFn {
+    /// `x · sigmoid(g)` (gated attention's output gate).
+    Sigmoid,
+    /// `gelu_tanh(x) · g` (Gemma 4's per-layer input gate: torch's tanh-approximated GELU,
+    /// f32).
+    GeluTanh,
+    /// `x · g` (LFM2's short convolution: its input and output gates).
+    Product,
+}
+
 /// An element-wise activation between an MLP's two projections (no gate).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum UnaryAct {
@@ -411,6 +423,8 @@ pub struct ConvCall<'a, D: Device> {
     pub weight: &'a D::Vector,
     pub bias: Option<&'a D::Vector>,
     pub kernel: usize,
+    /// SiLU after the conv (Gated DeltaNet, Mamba-2); none in LFM2's short convolution.
+    pub silu: bool,
 }
 
 /// Shape of a paged KV cache: `layers` attention layers of `num_blocks × block_size` slots of

@@ -11,7 +11,7 @@ fn index(v: usize) -> Result<i32, String> {
 /// `s` of the logits ([`RouterScore`]); the choice ranks `s + e_score_correction_bias`, only
 /// inside the `topk_group` groups (of `n_group` equal expert ranges) with the largest sum of
 /// their two best choice values; the weights are the chosen experts' uncorrected `s`, divided
-/// by their sum (+1e-20) when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the
+/// by their sum plus `renorm_eps` when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the
 /// lower group / expert index.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupedTopK {
@@ -19,9 +19,15 @@ pub struct GroupedTopK {
     pub n_group: usize,
     pub topk_group: usize,
     pub renorm: bool,
+    /// Added to the renormalising sum: [`DEFAULT_RENORM_EPS`] (DeepSeek-V3's 1e-20), LFM2-MoE's
+    /// 1e-6.
+    pub renorm_eps: f32,
     pub scale: f32,
     pub score: RouterScore,
 }
+
+/// The renormalising sum's epsilon of DeepSeek-V3's router and those written after it.
+pub const DEFAULT_RENORM_EPS: f32 = 1e-20;
 
 /// A grouped router's scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -184,11 +184,16 @@ pub enum Architecture {
     /// `MellumForCausalLM` (Mellum): Qwen3-MoE's layers, sliding layers with their own RoPE,
     /// dense layers where `mlp_layer_types` says.
     Mellum,
+    /// `Lfm2ForCausalLM` (LFM2): gated short-convolution layers (a conv window their only
+    /// state) and attention layers with per-head q / k norms, each followed by a SwiGLU MLP.
+    Lfm2,
+    /// `Lfm2MoeForCausalLM` (LFM2-MoE): LFM2's layers, dense MLPs then sigmoid-routed experts.
+    Lfm2Moe,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 64] = [
+    pub const ALL: [Self; 66] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -205,6 +210,8 @@ impl Architecture {
         Self::Olmo3,
         Self::Exaone4,
         Self::OlmoHybrid,
+        Self::Lfm2,
+        Self::Lfm2Moe,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -324,6 +331,8 @@ impl Architecture {
             Self::Cwm => "CwmForCausalLM",
             Self::Youtu => "YoutuForCausalLM",
             Self::Apertus => "ApertusForCausalLM",
+            Self::Lfm2 => "Lfm2ForCausalLM",
+            Self::Lfm2Moe => "Lfm2MoeForCausalLM",
             Self::GraniteSwa => "GraniteSWAForCausalLM",
             Self::Mellum => "MellumForCausalLM",
         }
@@ -391,6 +400,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium => 4096,
         Architecture::Apertus => 65536,
+        Architecture::Lfm2 | Architecture::Lfm2Moe => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
@@ -439,6 +449,8 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 1e-5,
         Architecture::ExaoneMoe | Architecture::HyV3 | Architecture::Olmoe => 1e-5,
         Architecture::Afmoe => 1e-5,
+        // Lfm2Config's `norm_eps` (read under that name).
+        Architecture::Lfm2 | Architecture::Lfm2Moe => 1e-5,
         // CohereConfig's `layer_norm_eps` (read under that name).
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
@@ -454,6 +466,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::SolarOpen | Architecture::Cwm => 1e6,
         Architecture::Helium => 1e5,
+        Architecture::Lfm2 | Architecture::Lfm2Moe => 1e6,
         Architecture::GptOss => 150000.0,
         // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,

@@ -119,6 +119,7 @@ fn cohere2_moe_defaults_softmax_experts_in_every_layer() {
         scale: 1.0,
         softmax: true,
         bias: false,
+        renorm_eps: DEFAULT_RENORM_EPS,
     };
     assert_eq!(m.router, softmax);
     // No shared experts: nothing to average.

@@ -118,6 +118,8 @@ pub struct ModelSpec {
     pub afmoe: Option<super::afmoe_config::AfmoeSpec>,
     /// Cohere 2 MoE's shared-expert combination; `None` for other architectures.
     pub cohere: Option<super::cohere_config::CohereSpec>,
+    /// LFM2's short convolutions.
+    pub lfm2: Option<super::lfm2_config::Lfm2Spec>,
 }
 
 /// Qwen4-Exp's QSA indexer (`crate::kernels::qsa`): per query past `budget + ratio - 1`
@@ -223,6 +225,7 @@ impl ModelSpec {
             mimo: None,
             afmoe: None,
             cohere: None,
+            lfm2: None,
         }
     }
 
@@ -293,6 +296,9 @@ impl ModelSpec {
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
+            a @ (Architecture::Lfm2 | Architecture::Lfm2Moe) => {
+                super::lfm2_config::parse(&cfg, a, name)?
+            }
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {
                 super::cohere_config::parse(&cfg, a, name)?
             }

@@ -4,7 +4,7 @@
 
 use super::ModelError;
 use super::config::Cfg;
-use super::hybrid_config::{MoeRouter, MoeSpec};
+use super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
 
 /// ERNIE 4.5's MoE (`Ernie4_5_MoeConfig`): `moe_num_experts` of `moe_intermediate_size`, top
 /// `moe_k` of the softmax of the logits ranked with `moe_statics.e_score_correction_bias`, their
@@ -47,6 +47,7 @@ pub(super) fn moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelErro
             scale: 1.0,
             softmax: true,
             bias: true,
+            renorm_eps: DEFAULT_RENORM_EPS,
         },
     })
 }
@@ -101,6 +102,7 @@ mod tests {
             scale: 1.0,
             softmax: true,
             bias: true,
+            renorm_eps: DEFAULT_RENORM_EPS,
         };
         assert_eq!(m.router, router);
     }
@@ -191,6 +193,7 @@ mod tests {
             scale: 2.5,
             softmax: false,
             bias: true,
+            renorm_eps: DEFAULT_RENORM_EPS,
         };
         assert_eq!(m.router, router);
         // Dots1Config's default: not renormalised.

@@ -16,7 +16,7 @@ use super::ModelError;
 use super::config::{
     Architecture, Cfg, MAX_LAYERS, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
-pub use super::moe_spec::{MoeRouter, MoeSpec};
+pub use super::moe_spec::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
 pub use crate::kernels::device::NormGate;
 
 /// What one decoder layer (block) of a hybrid model is.
@@ -38,6 +38,8 @@ pub enum LayerKind {
     /// Falcon-H1's layer: a Mamba-2 mixer and attention side by side (both a recurrent-state
     /// layer and a KV cache layer).
     MambaAttention,
+    /// LFM2's gated short convolution (`conv`): a conv window is its only state.
+    ShortConv,
 }
 
 impl LayerKind {
@@ -45,7 +47,11 @@ impl LayerKind {
     pub fn is_recurrent(self) -> bool {
         matches!(
             self,
-            Self::GatedDeltaNet | Self::KimiDelta | Self::Mamba2 | Self::MambaAttention
+            Self::GatedDeltaNet
+                | Self::KimiDelta
+                | Self::Mamba2
+                | Self::MambaAttention
+                | Self::ShortConv
         )
     }
 

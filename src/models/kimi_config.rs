@@ -187,7 +187,7 @@ mod tests {
 
     use super::*;
     use crate::models::RopeScaling;
-    use crate::models::hybrid_config::MoeRouter;
+    use crate::models::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter};
 
     fn spec(v: Value) -> Result<ModelSpec, ModelError> {
         ModelSpec::from_json(&v, Path::new("c.json"), "m".into())
@@ -252,6 +252,7 @@ mod tests {
             scale: 2.446,
             softmax: false,
             bias: true,
+            renorm_eps: DEFAULT_RENORM_EPS,
         };
         assert_eq!(m.router, grouped);
         let mla = h.mla.unwrap();

@@ -115,6 +115,7 @@ fn load_kda<D: Device>(
             bias: None,
             kernel: k,
             state_layer,
+            silu: true,
         },
         forget: low_rank("f")?,
         gate: low_rank("g")?,

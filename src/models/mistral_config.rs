@@ -100,7 +100,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::hybrid_config::MoeRouter;
+    use super::super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter};
     use super::super::{Architecture, ModelSpec, RopeScaling};
     use crate::kernels::device::QueryTemperature;
 
@@ -247,6 +247,7 @@ mod tests {
             scale: 1.0,
             softmax: true,
             bias: false,
+            renorm_eps: DEFAULT_RENORM_EPS,
         };
         assert_eq!(moe.router, router);
         assert!(moe.sparse_layers.iter().all(|&s| s));

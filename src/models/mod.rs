@@ -53,6 +53,8 @@ mod kimi_config;
 pub mod kimi_linear;
 mod layer_types;
 pub mod layers;
+mod lfm2;
+mod lfm2_config;
 pub mod llama4;
 mod llama4_config;
 mod longrope_config;

@@ -7,7 +7,9 @@
 
 use super::ModelError;
 use super::config::{Architecture, Cfg};
-use super::hybrid_config::{HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize, rotary_dim};
+use super::hybrid_config::{
+    DEFAULT_RENORM_EPS, HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize, rotary_dim,
+};
 use super::minimax_config::{minimax_moe, minimax_rotary_dim};
 
 /// Qwen-style MoE fields (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
@@ -348,6 +350,7 @@ pub(super) fn deepseek_moe(
             scale: cfg.f64_or("routed_scaling_factor", d.scale)? as f32,
             softmax: d.softmax,
             bias: !d.softmax,
+            renorm_eps: DEFAULT_RENORM_EPS,
         },
     })
 }

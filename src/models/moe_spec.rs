@@ -1,6 +1,7 @@
 //! A MoE block's geometry and router ([`MoeSpec`], [`MoeRouter`]), as every MoE family's
 //! config parser fills it in and `moe_weights` / the layers read it.
 
+pub use crate::kernels::routing::DEFAULT_RENORM_EPS;
 use crate::kernels::routing::{GroupedTopK, RouterScore};
 
 /// Sparse MoE block: top-k routed SwiGLU experts, and for Qwen3-Next / Qwen3.5-MoE a
@@ -37,6 +38,8 @@ pub enum MoeRouter {
         /// The choice ranks the scores plus a correction bias (every sigmoid router; ERNIE
         /// 4.5's softmax one).
         bias: bool,
+        /// Added to the renormalising sum ([`DEFAULT_RENORM_EPS`]; LFM2-MoE's 1e-6).
+        renorm_eps: f32,
     },
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
@@ -56,6 +59,7 @@ impl MoeRouter {
             scale,
             softmax: false,
             bias: true,
+            renorm_eps: DEFAULT_RENORM_EPS,
         }
     }
 }
@@ -70,12 +74,14 @@ impl MoeSpec {
                 topk_group,
                 scale,
                 softmax,
+                renorm_eps,
                 ..
             } => Some(GroupedTopK {
                 top_k: self.top_k,
                 n_group,
                 topk_group,
                 renorm: self.norm_topk_prob,
+                renorm_eps,
                 scale,
                 score: match softmax {
                     true => RouterScore::Softmax,
@@ -88,6 +94,7 @@ impl MoeSpec {
                 n_group: 1,
                 topk_group: 1,
                 renorm: false,
+                renorm_eps: DEFAULT_RENORM_EPS,
                 scale: 1.0,
                 score: RouterScore::SigmoidByLogit,
             }),

@@ -52,7 +52,10 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
                 let m = hybrid.nemotron_moe.as_ref().ok_or_else(missing)?;
                 Sublayer::NemotronMoe(super::nemotron_moe::load(ld, &px, &spec, m)?)
             }
-            LayerKind::GatedDeltaNet | LayerKind::KimiDelta | LayerKind::MambaAttention => {
+            LayerKind::GatedDeltaNet
+            | LayerKind::KimiDelta
+            | LayerKind::MambaAttention
+            | LayerKind::ShortConv => {
                 return Err(ModelError::Unsupported {
                     path: ld.w.dir().join("config.json"),
                     what: format!("block {i}: {kind:?} in a Nemotron-H model"),
@@ -175,6 +178,7 @@ pub(super) fn mamba_with<D: Device>(
             bias,
             kernel: k,
             state_layer,
+            silu: true,
         },
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         d: ld.vector(&n("D"), nh)?,

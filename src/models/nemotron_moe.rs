@@ -44,6 +44,7 @@ pub(super) fn parse(
             n_group: cfg.usize_or("n_group", 1)?,
             topk_group: cfg.usize_or("topk_group", 1)?,
             renorm: cfg.bool_or("norm_topk_prob", true)?,
+            renorm_eps: crate::kernels::routing::DEFAULT_RENORM_EPS,
             scale: scale as f32,
             score: RouterScore::Sigmoid,
         },

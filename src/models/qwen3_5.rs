@@ -235,6 +235,7 @@ pub(super) fn load_gdn<D: Device>(
             bias: None,
             kernel: k,
             state_layer,
+            silu: true,
         },
         neg_a: ld.dev.vector(&neg_exp(&a_log))?,
         dt_bias: ld.vector(&n("dt_bias"), nv)?,

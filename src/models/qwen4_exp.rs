@@ -161,6 +161,7 @@ fn load_ngram<D: Device>(
             bias: None,
             kernel: taps,
             state_layer,
+            silu: true,
         },
         embed_dim: embed,
         streams,

@@ -209,6 +209,12 @@ async fn mamba2_model_restores_state_snapshots_exactly() {
     hybrid_conversation("nemotron_h").await;
 }
 
+/// LFM2: the short convolutions' windows are the whole recurrent state (no recurrence state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_conv_model_restores_state_snapshots_exactly() {
+    hybrid_conversation("lfm2").await;
+}
+
 /// Falcon-H1: every layer keeps its KV cache and its Mamba-2 state side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_hybrid_model_restores_state_snapshots_exactly() {

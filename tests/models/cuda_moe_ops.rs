@@ -4,7 +4,7 @@
 //! weights; and the experts' weighted sum and the latent cast, in f32 and written as bf16 (read
 //! back through an identity GEMM, exact) against the CPU's values rounded to bf16; Llama-4's
 //! router (the logits ranked) and its scaled gather of the experts' input rows; Mistral 4's
-//! router (softmax scores, grouped).
+//! router (softmax scores, grouped); LFM2-MoE's (its renormalising epsilon 1e-6).
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 use crate::common::backends::{cuda_usable, read_gemm_in};
@@ -20,6 +20,7 @@ fn router(top_k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
         n_group,
         topk_group,
         renorm: true,
+        renorm_eps: hsx::kernels::routing::DEFAULT_RENORM_EPS,
         scale: 2.5,
         score: RouterScore::Sigmoid,
     }
@@ -90,6 +91,12 @@ fn grouped_routing_matches_the_cpu() {
         score: RouterScore::Softmax,
         ..router(4, 4, 2)
     };
+    // LFM2-MoE's: one group, the weights over their sum + 1e-6.
+    let lfm2_moe = GroupedTopK {
+        renorm_eps: 1e-6,
+        scale: 1.0,
+        ..router(4, 1, 1)
+    };
     let ties = vec![1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, -1.0];
     cases.push(("mistral4 ties", 8, mistral4, ties, vec![0.0; 8]));
     let saturated = vec![20.0, 21.0, -1.0, 0.5, 0.0, 1.0, 1.0, 3.0];
@@ -101,6 +108,7 @@ fn grouped_routing_matches_the_cpu() {
         ("widest", 5, 1024, router(8, 32, 4)),
         ("llama4", 29, 16, llama4),
         ("mistral4", 31, 128, mistral4),
+        ("lfm2_moe", 17, 32, lfm2_moe),
     ] {
         let bias = match r.score {
             RouterScore::Softmax => vec![0.0; e],

@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::backends::{cpu_backend, cpu_options};
-use hsx::kernels::device::{BufKind, Cols, RowNorm};
+use hsx::kernels::device::{BufKind, Cols, GateFn, RowNorm};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device};
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -61,7 +61,8 @@ fn check_ops<D: Device>(dev: &D, read: impl Fn(&D, &D::Buf) -> Vec<f32>) {
     dev.upload(&g, d, &mut gate).unwrap();
     let mut act = dev.buffer(t, d, BufKind::GemmIn).unwrap();
     let up = Cols::new(&buf, 2 * d, d);
-    dev.gelu_tanh_gate(&gate, up, &mut act).unwrap();
+    let gate_cols = Cols::new(&gate, 0, d);
+    dev.gate(gate_cols, up, GateFn::GeluTanh, &mut act).unwrap();
     let got = read(dev, &act);
     for (i, v) in got.iter().enumerate() {
         let (row, c) = (i / d, i % d);
@@ -71,7 +72,10 @@ fn check_ops<D: Device>(dev: &D, read: impl Fn(&D, &D::Buf) -> Vec<f32>) {
         assert!((*v as f64 - want).abs() <= tol, "gate [{i}]: {v} vs {want}");
     }
     let past = Cols::new(&buf, width - d + 1, d);
-    assert!(dev.gelu_tanh_gate(&gate, past, &mut act).is_err());
+    assert!(
+        dev.gate(gate_cols, past, GateFn::GeluTanh, &mut act)
+            .is_err()
+    );
 }
 
 #[test]

@@ -262,4 +262,7 @@ matrix! {
     exaone4_5_vl => "exaone4_5_vl",
     granite_swa => "granite_swa",
     mellum => "mellum",
+    lfm2 => "lfm2",
+    lfm2_bf16 => "lfm2_bf16",
+    lfm2_moe => "lfm2_moe",
 }

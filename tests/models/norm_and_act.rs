@@ -1,9 +1,10 @@
 //! Device ops of single architectures against f64 references, on the CPU and on CUDA: Cohere's
 //! LayerNorm (no bias), `norm` and the residual add fused with it, over rows whose mean is far
-//! from zero (which an RMSNorm would keep); Apertus' xIELU activation on both branches. The
-//! models end to end against transformers are the matrix's `cohere*` and `apertus*` fixtures.
+//! from zero (which an RMSNorm would keep); Apertus' xIELU activation on both branches; LFM2's
+//! product gate of two column ranges of one buffer. The models end to end against
+//! transformers are the matrix's `cohere*`, `apertus*` and `lfm*` fixtures.
 
-use hsx::kernels::device::{BufKind, NormKind, RowNorm, UnaryAct, Xielu};
+use hsx::kernels::device::{BufKind, Cols, GateFn, NormKind, RowNorm, UnaryAct, Xielu};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device};
 
 const EPS: f64 = 1e-5;
@@ -158,4 +159,41 @@ fn xielu_on_cuda_matches_the_cpu() {
     for (a, b) in gpu.iter().zip(&cpu) {
         assert!((a - b).abs() <= 2e-7 * (1.0 + b.abs()), "{a} vs {b}");
     }
+}
+
+/// `x · g` of columns 30..90 and 150..210 of 7 rows of 240 on `dev`: each product rounded
+/// once, so every device gives the same bits; ranges of different widths are refused.
+fn check_product_gate<D: Device>(dev: &D) {
+    let (t, w) = (7, 240);
+    let x = values(t * w, 5, 0.25);
+    let mut xb = dev.buffer(t, w, BufKind::F32).unwrap();
+    dev.upload(&x, w, &mut xb).unwrap();
+    let mut out = dev.buffer(t, 60, BufKind::F32).unwrap();
+    let (a, b) = (Cols::new(&xb, 30, 60), Cols::new(&xb, 150, 60));
+    dev.gate(a, b, GateFn::Product, &mut out).unwrap();
+    let want: Vec<f32> = (0..t)
+        .flat_map(|r| (0..60).map(move |c| (r, c)))
+        .map(|(r, c)| x[r * w + 30 + c] * x[r * w + 150 + c])
+        .collect();
+    assert_eq!(dev.download(&out).unwrap(), want);
+    let narrow = Cols::new(&xb, 150, 59);
+    assert!(dev.gate(a, narrow, GateFn::Product, &mut out).is_err());
+    let past = Cols::new(&xb, 200, 60);
+    assert!(dev.gate(a, past, GateFn::Product, &mut out).is_err());
+}
+
+#[test]
+fn product_gate_on_the_cpu() {
+    check_product_gate(&CpuDevice::new(1, Bf16Kernel::F32).unwrap());
+}
+
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+#[test]
+fn product_gate_on_cuda() {
+    use hsx::kernels::cuda::CudaDevice;
+    use hsx::models::WeightDtype;
+    if !crate::common::backends::cuda_usable() {
+        return;
+    }
+    check_product_gate(&CudaDevice::new(0, WeightDtype::F32).unwrap());
 }

@@ -182,6 +182,7 @@ fn pattern(spec: &ModelSpec) -> Option<String> {
         LayerKind::Mlp => '-',
         LayerKind::Moe => 'E',
         LayerKind::MambaAttention => 'H',
+        LayerKind::ShortConv => 'C',
     };
     Some(h.layers.iter().map(kind).collect())
 }

@@ -17,8 +17,8 @@ use super::recurrent::sigmoid;
 use super::{norm, ops};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    DsaCall, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims,
-    NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies, table_id_rows,
+    DsaCall, GateFn, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams,
+    MlaDims, NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -325,12 +325,18 @@ impl Device for CpuDevice {
         device_attention::mla_heads(q, kv, k_rope, dims, out)
     }
 
-    fn sigmoid_gate(&self, x: &CpuBuf, gate: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        gate_rows("sigmoid_gate", x, gate, out, |a, g| a * sigmoid(g))
-    }
-
-    fn gelu_tanh_gate(&self, x: &CpuBuf, up: Cols<'_, CpuBuf>, out: &mut CpuBuf) -> DevResult<()> {
-        gate_rows("gelu_tanh_gate", x, up, out, gelu_tanh_times)
+    fn gate(
+        &self,
+        x: Cols<'_, CpuBuf>,
+        g: Cols<'_, CpuBuf>,
+        f: GateFn,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        match f {
+            GateFn::Sigmoid => gate_rows("sigmoid gate", x, g, out, |a, g| a * sigmoid(g)),
+            GateFn::GeluTanh => gate_rows("gelu_tanh gate", x, g, out, gelu_tanh_times),
+            GateFn::Product => gate_rows("product gate", x, g, out, |a, g| a * g),
+        }
     }
 
     fn silu_mul(&self, gate_up: &CpuBuf, out: &mut CpuBuf) -> DevResult<()> {
@@ -411,7 +417,7 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn conv1d_silu(
+    fn conv1d(
         &self,
         step: &CpuStep<'_>,
         states: &mut CpuStates,
@@ -419,7 +425,7 @@ impl Device for CpuDevice {
         call: &ConvCall<'_, Self>,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        device_hybrid::conv1d_silu(step, states, x, call, out)
+        device_hybrid::conv1d(step, states, x, call, out)
     }
 
     fn gated_delta_rule(

@@ -8,7 +8,7 @@ use crate::kernels::device::{
     Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaGate, MambaParams, NormGate,
 };
 
-pub(super) fn conv1d_silu(
+pub(super) fn conv1d(
     step: &CpuStep<'_>,
     states: &mut CpuStates,
     x: Cols<'_, CpuBuf>,
@@ -17,12 +17,12 @@ pub(super) fn conv1d_silu(
 ) -> DevResult<()> {
     gather_cols(x, &mut states.first);
     let st = states.cache.layer_mut(call.state_layer);
-    recurrent::causal_conv_silu(
+    recurrent::causal_conv(
         &states.first,
         x.width,
         call.weight,
         call.bias.map(|b| b.as_slice()),
-        call.kernel,
+        (call.kernel, call.silu),
         step.seqs,
         &mut st.conv,
         &mut out.data,

@@ -98,21 +98,31 @@ pub(super) fn check_gate(what: &str, x: &CpuBuf, c: &Cols<'_, CpuBuf>) -> DevRes
     Ok(())
 }
 
-/// `out[t, i] = f(x[t, i], c[t, i])` for columns `c` as wide as `x` (checked: `what` names the
-/// op in the error).
+/// `out[t, i] = f(x[t, i], c[t, i])` for columns `x` and `c` of one width (checked: `what`
+/// names the op in the error).
 pub(super) fn gate_rows(
     what: &str,
-    x: &CpuBuf,
+    x: Cols<'_, CpuBuf>,
     c: Cols<'_, CpuBuf>,
     out: &mut CpuBuf,
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) -> DevResult<()> {
-    check_gate(what, x, &c)?;
+    check_cols(what, &x)?;
+    check_cols(what, &c)?;
+    if c.width != x.width || c.buf.rows() != x.buf.rows() {
+        return Err(DeviceError::Invalid(format!(
+            "{what}: gate [{}, {}] for input [{}, {}]",
+            c.buf.rows(),
+            c.width,
+            x.buf.rows(),
+            x.width
+        )));
+    }
     // Every element is written below: resizing zeroes only growth.
-    out.data.resize(x.data.len(), 0.0);
+    out.data.resize(x.buf.rows() * x.width, 0.0);
     out.data
         .par_chunks_mut(x.width.max(1))
-        .zip(x.data.par_chunks(x.width.max(1)))
+        .zip(col_rows(x))
         .zip(col_rows(c))
         .for_each(|((o, x), g)| {
             for ((o, &a), &g) in o.iter_mut().zip(x).zip(g) {
@@ -120,6 +130,19 @@ pub(super) fn gate_rows(
             }
         });
     set(out, x.width);
+    Ok(())
+}
+
+/// Checks that columns `c` lie inside their buffer.
+fn check_cols(what: &str, c: &Cols<'_, CpuBuf>) -> DevResult<()> {
+    if c.col + c.width > c.buf.width {
+        return Err(DeviceError::Invalid(format!(
+            "{what}: columns {}..{} of {}-wide rows",
+            c.col,
+            c.col + c.width,
+            c.buf.width
+        )));
+    }
     Ok(())
 }
 
@@ -229,6 +252,7 @@ mod tests {
     use crate::kernels::Bf16Kernel;
     use crate::kernels::cpu::CpuDevice;
     use crate::kernels::device::Device;
+    use crate::kernels::device::GateFn;
 
     fn buf(rows: usize, width: usize) -> CpuBuf {
         let data = (0..rows * width).map(|i| i as f32).collect();
@@ -254,15 +278,33 @@ mod tests {
         }
         let dev = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
         let mut out = CpuBuf::default();
-        dev.sigmoid_gate(&x, Cols::new(&wide, 1, 2), &mut out)
+        let sig = GateFn::Sigmoid;
+        dev.gate(Cols::new(&x, 0, 2), Cols::new(&wide, 1, 2), sig, &mut out)
             .unwrap();
         let sigmoid = crate::kernels::cpu::recurrent::sigmoid;
         let want: Vec<f32> = (0..3)
             .flat_map(|r| (0..2).map(move |c| (r * 2 + c) as f32 * sigmoid((r * 5 + 1 + c) as f32)))
             .collect();
         assert_eq!(out.data, want);
+        let x_cols = Cols::new(&x, 0, 2);
         assert!(
-            dev.sigmoid_gate(&x, Cols::new(&short, 1, 2), &mut out)
+            dev.gate(x_cols, Cols::new(&short, 1, 2), sig, &mut out)
+                .is_err()
+        );
+        // Two column ranges of one buffer, as LFM2's short convolution gates them.
+        dev.gate(
+            Cols::new(&wide, 0, 2),
+            Cols::new(&wide, 3, 2),
+            GateFn::Product,
+            &mut out,
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..3)
+            .flat_map(|r| (0..2).map(move |c| ((r * 5 + c) * (r * 5 + 3 + c)) as f32))
+            .collect();
+        assert_eq!(out.data, want);
+        assert!(
+            dev.gate(Cols::new(&wide, 4, 2), x_cols, sig, &mut out)
                 .is_err()
         );
     }

@@ -59,7 +59,7 @@ pub fn route_grouped(
             ids.push(e as i32);
             weights.push(scores[e]);
         }
-        let denom = sum + 1e-20;
+        let denom = sum + r.renorm_eps;
         for w in &mut weights[first..] {
             if r.renorm {
                 *w /= denom;
@@ -133,6 +133,7 @@ mod tests {
             n_group,
             topk_group,
             renorm,
+            renorm_eps: crate::kernels::routing::DEFAULT_RENORM_EPS,
             scale: 2.0,
             score: RouterScore::Sigmoid,
         }

@@ -116,16 +116,17 @@ pub fn softplus(v: f32) -> f32 {
     if v > 20.0 { v } else { v.exp().ln_1p() }
 }
 
-/// Causal depthwise conv1d (kernel `k`, weight `[ch, k]`, optional bias) followed by SiLU, over
-/// `x` (`[T, ch]`, rows of the chunks in `seqs`). Positions before a chunk come from the slot's
-/// conv state (`[k - 1, ch]` per slot, oldest first), which is then advanced.
+/// Causal depthwise conv1d (kernel `k`, weight `[ch, k]`, optional bias) followed by SiLU
+/// where `silu`, over `x` (`[T, ch]`, rows of the chunks in `seqs`). Positions before a chunk
+/// come from the slot's conv state (`[k - 1, ch]` per slot, oldest first), which is then
+/// advanced.
 #[allow(clippy::too_many_arguments)]
-pub fn causal_conv_silu(
+pub fn causal_conv(
     x: &[f32],
     ch: usize,
     w: &[f32],
     bias: Option<&[f32]>,
-    k: usize,
+    (k, silu): (usize, bool),
     seqs: &[SeqState],
     state: &mut [f32],
     out: &mut Vec<f32>,
@@ -157,7 +158,9 @@ pub fn causal_conv_silu(
             #[inline(always)]
             || conv_row(o, &taps, bias, input),
         );
-        super::exp::silu_inplace(o);
+        if silu {
+            super::exp::silu_inplace(o);
+        }
     });
     // Advance each slot's window to the last k-1 inputs.
     for s in seqs {

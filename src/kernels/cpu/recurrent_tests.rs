@@ -23,7 +23,8 @@ fn per_head_checks_the_chunks_rows() {
     }
 }
 
-/// Conv over one 10-token chunk == conv over chunks 3 + 1 + 6 (state carried), bit for bit.
+/// Conv over one 10-token chunk == conv over chunks 3 + 1 + 6 (state carried), bit for bit,
+/// with SiLU and without (LFM2's short convolution); SiLU of the plain conv is the SiLU conv.
 #[test]
 fn conv_carries_state_across_chunks() {
     let (ch, k, t) = (3, 4, 10);
@@ -32,39 +33,49 @@ fn conv_carries_state_across_chunks() {
         .collect();
     let w: Vec<f32> = (0..ch * k).map(|i| (i as f32 - 4.0) * 0.1).collect();
     let bias = vec![0.1, -0.2, 0.3];
-    let mut state = vec![0.0; 2 * (k - 1) * ch];
-    let mut whole = Vec::new();
-    causal_conv_silu(
-        &x,
-        ch,
-        &w,
-        Some(&bias),
-        k,
-        &[seq(0..t, 1, true)],
-        &mut state,
-        &mut whole,
-    );
-    let mut state2 = vec![0.0; 2 * (k - 1) * ch];
-    let mut parts = Vec::new();
-    let mut start = 0;
-    for len in [3, 1, 6] {
-        let mut o = Vec::new();
-        let xs = &x[start * ch..(start + len) * ch];
-        causal_conv_silu(
-            xs,
+    let mut outputs = Vec::new();
+    for silu in [true, false] {
+        let mut state = vec![0.0; 2 * (k - 1) * ch];
+        let mut whole = Vec::new();
+        let whole_seq = [seq(0..t, 1, true)];
+        causal_conv(
+            &x,
             ch,
             &w,
             Some(&bias),
-            k,
-            &[seq(0..len, 0, start == 0)],
-            &mut state2,
-            &mut o,
+            (k, silu),
+            &whole_seq,
+            &mut state,
+            &mut whole,
         );
-        parts.extend(o);
-        start += len;
+        let mut state2 = vec![0.0; 2 * (k - 1) * ch];
+        let mut parts = Vec::new();
+        let mut start = 0;
+        for len in [3, 1, 6] {
+            let mut o = Vec::new();
+            let xs = &x[start * ch..(start + len) * ch];
+            let part = [seq(0..len, 0, start == 0)];
+            causal_conv(
+                xs,
+                ch,
+                &w,
+                Some(&bias),
+                (k, silu),
+                &part,
+                &mut state2,
+                &mut o,
+            );
+            parts.extend(o);
+            start += len;
+        }
+        assert_eq!(whole, parts);
+        assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
+        outputs.push(whole);
     }
-    assert_eq!(whole, parts);
-    assert_eq!(&state[(k - 1) * ch..], &state2[..(k - 1) * ch]);
+    let mut plain = outputs[1].clone();
+    crate::kernels::cpu::exp::silu_inplace(&mut plain);
+    assert_eq!(plain, outputs[0]);
+    assert_ne!(outputs[0], outputs[1]);
 }
 
 /// The conv row gives the bits of the scalar per-channel loop on every vector unit this CPU

@@ -1,5 +1,6 @@
-// Causal depthwise conv1d + SiLU over a packed varlen batch, with the last `k - 1` inputs of
-// every request carried in its recurrent-state slot (Gated DeltaNet q|k|v, Mamba-2 x|B|C).
+// Causal depthwise conv1d (+ SiLU where `silu`) over a packed varlen batch, with the last
+// `k - 1` inputs of every request carried in its recurrent-state slot (with SiLU: Gated
+// DeltaNet q|k|v, Mamba-2 x|B|C; without: LFM2's gated input B*x).
 //
 // Layout (all f32, row-major):
 //   x      [T, x_stride]       conv input; channels 0..ch of each row (a column range of the
@@ -12,16 +13,16 @@
 // and uses slot seq_slot[s]. A chunk starting at position 0 must have its slot zeroed first
 // (zero_state_slots below), exactly like the CPU backend.
 //
-// Arithmetic per output (same order as kernels::cpu::recurrent::causal_conv_silu):
+// Arithmetic per output (same order as kernels::cpu::recurrent::causal_conv):
 //   acc = sum_{j=0..k-1} w[c,j] * in[p - (k-1) + j]   (from 0, j ascending), acc += bias[c],
-//   out = acc / (1 + exp(-acc)).
+//   out = silu ? acc / (1 + exp(-acc)) : acc.
 // Each token's result is independent of the batch and of the chunking: the inputs before the
 // chunk come from the state, in the same order.
 //
-// conv1d_silu_f32 reads the state and must run (same stream) before conv1d_state_update_f32
+// conv1d_f32 reads the state and must run (same stream) before conv1d_state_update_f32
 // advances it. Launch: grid (T, ceil(ch / 256)), block (256); the others: grid-stride.
 
-extern "C" __global__ void conv1d_silu_f32(
+extern "C" __global__ void conv1d_f32(
     const float* __restrict__ x, int x_stride,
     const float* __restrict__ w,
     const float* __restrict__ bias,
@@ -30,7 +31,7 @@ extern "C" __global__ void conv1d_silu_f32(
     const int* __restrict__ seq_start,
     const int* __restrict__ seq_slot,
     float* __restrict__ out,
-    int num_tokens, int ch, int k)
+    int num_tokens, int ch, int k, int silu)
 {
     const int hist = k - 1;
     const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -50,7 +51,7 @@ extern "C" __global__ void conv1d_silu_f32(
         if (bias != nullptr) {
             acc = __fadd_rn(acc, bias[c]);
         }
-        out[(size_t)t * ch + c] = acc / (1.0f + expf(-acc));
+        out[(size_t)t * ch + c] = silu ? acc / (1.0f + expf(-acc)) : acc;
     }
 }
 

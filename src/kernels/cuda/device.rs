@@ -25,7 +25,7 @@ use super::ops::{self, i32_of};
 use super::recurrent::{DevSeqs, StateSlots};
 use super::table::{CudaTable, HOST_TABLE_BYTES};
 use crate::kernels::device::{
-    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall,
+    AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall, GateFn,
     GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
     QsaCall, RowNorm, UnaryAct, check_slot_copies,
 };
@@ -374,22 +374,14 @@ impl Device for CudaDevice {
         )?)
     }
 
-    fn sigmoid_gate(
+    fn gate(
         &self,
-        x: &CudaBuf,
-        gate: Cols<'_, CudaBuf>,
+        x: Cols<'_, CudaBuf>,
+        g: Cols<'_, CudaBuf>,
+        f: GateFn,
         out: &mut CudaBuf,
     ) -> DevResult<()> {
-        self.gate_op(x, gate, out, false)
-    }
-
-    fn gelu_tanh_gate(
-        &self,
-        x: &CudaBuf,
-        up: Cols<'_, CudaBuf>,
-        out: &mut CudaBuf,
-    ) -> DevResult<()> {
-        self.gate_op(x, up, out, true)
+        self.gate_op(x, g, f, out)
     }
 
     fn silu_mul(&self, gate_up: &CudaBuf, out: &mut CudaBuf) -> DevResult<()> {
@@ -428,7 +420,7 @@ impl Device for CudaDevice {
         Ok(gated_norm::unary(g, (x.ptr(), out.ptr()), f, dt, x.len())?)
     }
 
-    fn conv1d_silu(
+    fn conv1d(
         &self,
         step: &CudaStep<'_>,
         states: &mut StateSlots,

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::context::DevBuf;
 use super::device::CudaDevice;
-use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_gate, check_len, cols, invalid};
+use super::device_types::{CudaBuf, CudaLinear, CudaStep, check_len, cols, invalid};
 use super::gated_norm::{self, GatedNormIo};
 use super::gemm;
 use super::kv_cache::{DevKvCache, DevSoftmax, QkvRows};
@@ -18,7 +18,7 @@ use super::ops;
 use super::recurrent::{self, ConvIo, GdnIo, MambaIo, StateSlots};
 use super::recurrent_chunked::Recurrence;
 use crate::kernels::device::{
-    AttnCall, Cols, ConvCall, DevResult, GdnParams, MambaGate, MambaParams, NormGate,
+    AttnCall, Cols, ConvCall, DevResult, GateFn, GdnParams, MambaGate, MambaParams, NormGate,
 };
 use crate::kernels::routing::Routing;
 
@@ -138,28 +138,34 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// [`Device::sigmoid_gate`], or with `gelu` [`Device::gelu_tanh_gate`].
+    /// [`Device::gate`].
     pub(super) fn gate_op(
         &self,
-        x: &CudaBuf,
-        gate: Cols<'_, CudaBuf>,
+        x: Cols<'_, CudaBuf>,
+        g: Cols<'_, CudaBuf>,
+        f: GateFn,
         out: &mut CudaBuf,
-        gelu: bool,
     ) -> DevResult<()> {
-        let what = ["sigmoid_gate", "gelu_tanh_gate"][gelu as usize];
-        check_gate(what, x, gate)?;
-        out.set(x.rows(), x.width(), what)?;
-        // The kernel takes the gate as (rows' base, row stride, first column).
-        let g = (gate.buf.ptr(), gate.buf.width(), gate.col);
-        let (io, dtype) = ((x.rows(), x.width()), out.dtype());
-        Ok(ops::attn_gate(
+        let what = "gate";
+        let (xa, ga) = (cols(x, what)?, cols(g, what)?);
+        if g.width != x.width || g.buf.rows() != x.buf.rows() {
+            return invalid(format!(
+                "{what}: gate [{}, {}] for input [{}, {}]",
+                g.buf.rows(),
+                g.width,
+                x.buf.rows(),
+                x.width
+            ));
+        }
+        out.set(x.buf.rows(), x.width, what)?;
+        let io = (x.buf.rows(), x.width);
+        Ok(ops::gate(
             &self.gpu,
-            x.ptr(),
-            g,
-            out.ptr(),
-            dtype,
+            xa,
+            ga,
+            (out.ptr(), out.dtype()),
             io,
-            gelu,
+            f,
         )?)
     }
 
@@ -200,8 +206,9 @@ impl CudaDevice {
             bias: call.bias.map_or(0, |b| b.ptr()),
             state: states.conv(call.state_layer)?,
             out: out.ptr(),
+            silu: call.silu,
         };
-        Ok(recurrent::conv_silu(&self.gpu, io, seqs)?)
+        Ok(recurrent::conv(&self.gpu, io, seqs)?)
     }
 
     #[allow(clippy::too_many_arguments)]

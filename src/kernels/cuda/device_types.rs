@@ -132,23 +132,6 @@ pub(super) fn cols(c: Cols<'_, CudaBuf>, what: &str) -> DevResult<(u64, usize)> 
     Ok((b.ptr() + (c.col * 4) as u64, b.width))
 }
 
-/// Checks an element-wise gate's input `x` (f32) and its `gate` columns: as wide as `x`, as
-/// many rows, inside their buffer.
-pub(super) fn check_gate(what: &str, x: &CudaBuf, gate: Cols<'_, CudaBuf>) -> DevResult<()> {
-    x.f32(what)?;
-    cols(gate, what)?;
-    if gate.width != x.width() || gate.buf.rows() != x.rows() {
-        return invalid(format!(
-            "{what}: gate [{}, {}] for input [{}, {}]",
-            gate.buf.rows(),
-            gate.width,
-            x.rows(),
-            x.width()
-        ));
-    }
-    Ok(())
-}
-
 /// Checks a gated activation's input `gate_up` (f32 `[T, 2I]`, gate then up) and sizes its
 /// output `out` `[T, I]`: (T, I).
 pub(super) fn glu_shape(

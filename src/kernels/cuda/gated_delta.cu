@@ -16,7 +16,7 @@
 // value columns; a token's arithmetic does not depend on the batch or on where its request
 // was split, so results are identical across chunkings (DESIGN.md §7 c).
 //
-// Layout (f32, row-major), after conv1d_silu_f32:
+// Layout (f32, row-major), after conv1d_f32 (with SiLU):
 //   qkv   [T, qkv_stride]: q [nk * dk] | k [nk * dk] | v [nv * dv] (q, k normalised in place by
 //         gdn_qk_l2norm_f32 first)
 //   b, a  [T, ba_stride] each (column h = value head h; the caller passes offset pointers)

@@ -14,7 +14,7 @@
 // (d_state <= 256); the dot product ends with a fixed 3-step xor-shuffle tree. Parallel over
 // chunks x heads x rows; results do not depend on the batch or the chunking.
 //
-// Layout (f32, row-major), after conv1d_silu_f32:
+// Layout (f32, row-major), after conv1d_f32 (with SiLU):
 //   xbc    [T, xbc_stride]: x [heads * head_dim] | B [groups * d_state] | C [groups * d_state]
 //   dt     [T, dt_stride] (column h; offset pointer into the in_proj output)
 //   neg_a, d, dt_bias [heads]

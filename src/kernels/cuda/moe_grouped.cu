@@ -19,14 +19,14 @@ __device__ __forceinline__ void moeg_top2_merge(float& a, float& b, float oa, fl
 // score 1: Llama-4);
 // groups of E / n_group experts ranked by the sum of their two best choice values, the best
 // topk_group kept; top_k experts by choice inside them; weights s, divided by their sum
-// (+ 1e-20) when renorm != 0, times scale.
+// (+ renorm_eps) when renorm != 0, times scale.
 extern "C" __global__ void moe_route_grouped_f32(
     const float* __restrict__ logits,
     const float* __restrict__ bias,
     int* __restrict__ ids,
     float* __restrict__ weights,
     int num_tokens, int num_experts, int top_k, int n_group, int topk_group, int renorm,
-    float scale, int score)
+    float renorm_eps, float scale, int score)
 {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -107,7 +107,7 @@ extern "C" __global__ void moe_route_grouped_f32(
         }
     }
     if (lane == 0) {
-        const float denom = __fadd_rn(chosen_sum, 1e-20f);
+        const float denom = __fadd_rn(chosen_sum, renorm_eps);
         for (int i = 0; i < top_k; ++i) {
             float w = weights[(size_t)t * top_k + i];
             if (renorm != 0) {

@@ -50,6 +50,7 @@ pub fn route_grouped(
         i32_of(r.n_group, "n_group")?,
         i32_of(r.topk_group, "topk_group")?,
         i32::from(r.renorm),
+        r.renorm_eps,
         r.scale,
         r.score.code()
     )

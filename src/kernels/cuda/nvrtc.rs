@@ -303,7 +303,7 @@ mod tests {
                 "gelu_tanh_mul",
                 "embed",
                 "kv_write",
-                "attn_gate",
+                "gate",
                 "capture_rows",
                 "scale",
             ] {

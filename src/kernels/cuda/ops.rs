@@ -10,7 +10,7 @@ use super::context::{
     CudaError, CudaResult, Gpu, LaunchConfig, elems_cfg, launch, row_tiles_cfg, rows_cfg,
 };
 use super::gemm::DevWeight;
-use crate::kernels::device::{NormKind, RowNorm};
+use crate::kernels::device::{GateFn, NormKind, RowNorm};
 use crate::kernels::dtype::WeightDtype;
 
 /// Kernel-name suffix of a dtype.
@@ -324,37 +324,37 @@ pub fn embed(
     )
 }
 
-/// `out[t, i] = attn[t, i] · sigmoid(gate[t, gate_col + i])` (Qwen3.5 / Qwen3-Next gated
-/// attention), or with `gelu` `gelu_tanh(attn[t, i]) · gate[t, gate_col + i]` (Gemma 4's
-/// per-layer input), for `rows` rows of `qd`, the gate read from rows `gate_stride` apart
-/// starting at `gate` (row 0, column 0), out in `dtype`.
-#[allow(clippy::too_many_arguments)]
-pub fn attn_gate(
+/// [`Device::gate`](crate::kernels::device::Device::gate) (gated_attn.cu): `out [rows, w]`
+/// in `dtype` from columns of `x` and `g`, each given as (column 0's address, row stride).
+pub fn gate(
     gpu: &Gpu,
-    attn: u64,
-    (gate, gate_stride, gate_col): (u64, usize, usize),
-    out: u64,
-    dtype: WeightDtype,
-    (rows, qd): (usize, usize),
-    gelu: bool,
+    (x, x_stride): (u64, usize),
+    (g, g_stride): (u64, usize),
+    (out, dtype): (u64, WeightDtype),
+    (rows, w): (usize, usize),
+    f: GateFn,
 ) -> CudaResult<()> {
-    if rows * qd == 0 {
+    if rows * w == 0 {
         return Ok(());
     }
-    let name = format!("attn_gate_{}", suffix(dtype));
-    let cfg = row_tiles_cfg(rows, qd, 256)?;
-    let (col, qd) = (i32_of(gate_col, "gate column")?, i32_of(qd, "q dim")?);
+    let name = format!("gate_{}", suffix(dtype));
+    let cfg = row_tiles_cfg(rows, w, 256)?;
+    let kind: i32 = match f {
+        GateFn::Sigmoid => 0,
+        GateFn::GeluTanh => 1,
+        GateFn::Product => 2,
+    };
     launch!(
         gpu,
-        &name => "attn_gate_f32",
+        &name => "gate_f32",
         cfg,
-        attn,
-        gate,
-        i64_of(gate_stride),
-        col,
+        x,
+        i64_of(x_stride),
+        g,
+        i64_of(g_stride),
         out,
-        qd,
-        gelu as i32
+        i32_of(w, "gate width")?,
+        kind
     )
 }
 

@@ -306,10 +306,12 @@ pub struct ConvIo {
     pub state: u64,
     /// `[T, ch]` output.
     pub out: u64,
+    /// SiLU after the conv.
+    pub silu: bool,
 }
 
-/// Causal conv + SiLU of every token, then the slots' windows advance.
-pub fn conv_silu(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
+/// Causal conv (+ SiLU where `c.silu`) of every token, then the slots' windows advance.
+pub fn conv(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
     let t = seqs.num_tokens;
     if t == 0 {
         return Ok(());
@@ -322,7 +324,7 @@ pub fn conv_silu(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
     let ti = i32_of(t, "tokens")?;
     launch!(
         gpu,
-        "conv1d_silu_f32",
+        "conv1d_f32",
         row_tiles_cfg(t, c.ch, 256)?,
         c.x,
         stride,
@@ -335,7 +337,8 @@ pub fn conv_silu(gpu: &Gpu, c: ConvIo, seqs: &DevSeqs) -> CudaResult<()> {
         c.out,
         ti,
         ch,
-        k
+        k,
+        c.silu as i32
     )?;
     if c.k < 2 {
         return Ok(());
@@ -554,7 +557,7 @@ mod tests {
         let mut wanted: Vec<String> = [
             "zero_state_slots_f32",
             "copy_state_slots_f32",
-            "conv1d_silu_f32",
+            "conv1d_f32",
             "conv1d_state_update_f32",
             "gdn_qk_l2norm_f32",
             "gated_delta_rule_f32",

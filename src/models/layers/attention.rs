@@ -8,7 +8,7 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, Cols, DevResult, DeviceError, QkvLayout, QsaCall, SoftmaxVariant,
+    AttnCall, Cols, DevResult, DeviceError, GateFn, QkvLayout, QsaCall, SoftmaxVariant,
 };
 
 /// One attention sublayer's weights on the device.
@@ -117,7 +117,8 @@ impl<D: Device> Attention<D> {
                 col: qd,
                 width: qd,
             };
-            dev.sigmoid_gate(&s.mid, gate, &mut s.act)?;
+            let x = Cols::new(&s.mid, 0, qd);
+            dev.gate(x, gate, GateFn::Sigmoid, &mut s.act)?;
         } else {
             dev.attention(ctx.step, ctx.kv, &mut s.wide, &call, &mut s.act)?;
             self.scale_values(dev, &mut s.act)?;

@@ -19,6 +19,7 @@ pub mod moe;
 pub mod nemotron_moe;
 pub mod ngram;
 pub mod per_layer_input;
+pub mod short_conv;
 
 use super::decoder::Vocab;
 use super::{ModelError, Weights};
@@ -39,6 +40,7 @@ pub use moe::Moe;
 pub use nemotron_moe::NemotronMoe;
 pub use ngram::{NgramEmbedding, NgramScratch};
 pub use per_layer_input::{PerLayerEmbedding, PerLayerInput, PleScratch};
+pub use short_conv::ShortConv;
 
 /// What a sublayer needs of one forward beyond its scratch: the device's plan, the KV cache
 /// and the recurrent-state slots.
@@ -68,6 +70,9 @@ pub struct CausalConv<D: Device> {
     pub kernel: usize,
     /// The layer's index among the recurrent layers.
     pub state_layer: usize,
+    /// SiLU after the conv (Gated DeltaNet, Mamba-2, Qwen4-Exp's n-grams); none in LFM2's
+    /// short convolution.
+    pub silu: bool,
 }
 
 impl<D: Device> CausalConv<D> {
@@ -103,8 +108,9 @@ impl<D: Device> CausalConv<D> {
             weight: &self.weight,
             bias: self.bias.as_ref(),
             kernel: self.kernel,
+            silu: self.silu,
         };
-        dev.conv1d_silu(ctx.step, ctx.states()?, x, &call, out)
+        dev.conv1d(ctx.step, ctx.states()?, x, &call, out)
     }
 }
 
@@ -124,6 +130,8 @@ pub enum Sublayer<D: Device> {
     /// Kimi Linear's Kimi Delta Attention.
     Kda(KimiDeltaAttention<D>),
     Mamba2(Mamba2<D>),
+    /// LFM2's gated short convolution.
+    ShortConv(ShortConv<D>),
     /// Two sublayers reading the same normed rows, their outputs summed (first + second):
     /// Falcon-H1's Mamba-2 beside its attention.
     Parallel(Box<[Sublayer<D>; 2]>),
@@ -159,6 +167,7 @@ impl<D: Device> Sublayer<D> {
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Kda(k) => k.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
+            Self::ShortConv(c) => c.forward(dev, ctx, s),
             Self::PerLayerInput(p) => p.forward(dev, s),
             Self::Ngram(n) => n.forward(dev, ctx, s),
         }
@@ -176,6 +185,7 @@ impl<D: Device> Sublayer<D> {
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Kda(k) => k.widths(),
             Self::Mamba2(m) => m.widths(),
+            Self::ShortConv(c) => c.widths(),
             Self::PerLayerInput(p) => p.widths(),
             Self::Ngram(n) => n.widths(),
             Self::Parallel(pair) => Widths {

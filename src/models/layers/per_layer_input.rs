@@ -6,7 +6,7 @@
 
 use super::Scratch;
 use crate::kernels::Device;
-use crate::kernels::device::{Cols, DevResult, DeviceError, RowNorm};
+use crate::kernels::device::{Cols, DevResult, DeviceError, GateFn, RowNorm};
 
 /// The model-level half: the per-layer inputs of a step's tokens.
 pub struct PerLayerEmbedding<D: Device> {
@@ -81,7 +81,8 @@ impl<D: Device> PerLayerInput<D> {
         dev.matmul(&s.normed, &self.gate, &mut s.mid)?;
         let ple = ple_scratch(&mut s.ple)?;
         let piece = Cols::new(&ple.inputs, self.layer * self.dim, self.dim);
-        dev.gelu_tanh_gate(&s.mid, piece, &mut s.act)?;
+        let x = Cols::new(&s.mid, 0, self.dim);
+        dev.gate(x, piece, GateFn::GeluTanh, &mut s.act)?;
         dev.matmul(&s.act, &self.proj, &mut s.proj)
     }
 }
