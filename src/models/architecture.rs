@@ -189,11 +189,14 @@ pub enum Architecture {
     Lfm2,
     /// `Lfm2MoeForCausalLM` (LFM2-MoE): LFM2's layers, dense MLPs then sigmoid-routed experts.
     Lfm2Moe,
+    /// `Lfm3ForCausalLM` (LFM3): LFM2's layers with sliding attention layers, each kind's RoPE,
+    /// a sigmoid gate per attention head and sandwich norms.
+    Lfm3,
 }
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 66] = [
+    pub const ALL: [Self; 67] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -212,6 +215,7 @@ impl Architecture {
         Self::OlmoHybrid,
         Self::Lfm2,
         Self::Lfm2Moe,
+        Self::Lfm3,
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
@@ -333,6 +337,7 @@ impl Architecture {
             Self::Apertus => "ApertusForCausalLM",
             Self::Lfm2 => "Lfm2ForCausalLM",
             Self::Lfm2Moe => "Lfm2MoeForCausalLM",
+            Self::Lfm3 => "Lfm3ForCausalLM",
             Self::GraniteSwa => "GraniteSWAForCausalLM",
             Self::Mellum => "MellumForCausalLM",
         }
@@ -400,7 +405,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium => 4096,
         Architecture::Apertus => 65536,
-        Architecture::Lfm2 | Architecture::Lfm2Moe => 128000,
+        Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::ExaoneMoe => 2048,
@@ -450,7 +455,7 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::ExaoneMoe | Architecture::HyV3 | Architecture::Olmoe => 1e-5,
         Architecture::Afmoe => 1e-5,
         // Lfm2Config's `norm_eps` (read under that name).
-        Architecture::Lfm2 | Architecture::Lfm2Moe => 1e-5,
+        Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 1e-5,
         // CohereConfig's `layer_norm_eps` (read under that name).
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
@@ -466,7 +471,7 @@ pub(super) fn default_theta(arch: Architecture) -> f64 {
     match arch {
         Architecture::Mixtral | Architecture::SolarOpen | Architecture::Cwm => 1e6,
         Architecture::Helium => 1e5,
-        Architecture::Lfm2 | Architecture::Lfm2Moe => 1e6,
+        Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 1e6,
         Architecture::GptOss => 150000.0,
         // MiMoV2FlashConfig's full-attention layers (its sliding ones: 1e4).
         Architecture::MiniMaxM2 | Architecture::MiMoV2Flash => 5e6,

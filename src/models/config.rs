@@ -296,7 +296,7 @@ impl ModelSpec {
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
-            a @ (Architecture::Lfm2 | Architecture::Lfm2Moe) => {
+            a @ (Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3) => {
                 super::lfm2_config::parse(&cfg, a, name)?
             }
             a @ (Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe) => {

@@ -61,6 +61,8 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Kimi_K25ForConditionalGeneration", "DeepseekV3ForCausalLM"),
     // EXAONE 4.5: an `exaone4` text config (`exaone4_5_text`, which transformers reads as one).
     ("Exaone4_5_ForConditionalGeneration", "Exaone4ForCausalLM"),
+    // LFM2-VL / LFM2.5-VL: an `lfm2` text config.
+    ("Lfm2VlForConditionalGeneration", "Lfm2ForCausalLM"),
 ];
 
 /// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:

@@ -29,10 +29,9 @@ use super::layers::{
     Sublayer,
 };
 use super::moe_weights::fused_experts;
-use super::{Gemma4Ple, Gemma4Rope, Gemma4Spec, ModelError, ModelSpec};
+use super::{Gemma4Ple, Gemma4Spec, ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::HostMatrix;
-use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
     let g = spec.gemma4.clone().ok_or_else(|| {
@@ -185,14 +184,7 @@ fn load_attention<D: Device>(
     };
     let qkv = HostMatrix::stack(mats).map_err(ModelError::Device)?;
     let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
-    let rope = match if sliding { g.local_rope } else { g.global_rope } {
-        Gemma4Rope::Default { theta } => Rope::new(hd, theta, super::RopeScaling::None),
-        Gemma4Rope::Proportional {
-            theta,
-            partial,
-            factor,
-        } => Rope::proportional(hd, theta, partial, factor),
-    };
+    let rope = (if sliding { g.local_rope } else { g.global_rope }).table(hd);
     Ok(Attention {
         qkv,
         o: ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,

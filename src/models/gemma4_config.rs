@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::config::{Cfg, default_eps, default_max_pos, shown};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling, WeightDtype};
+use crate::kernels::rope::Rope;
 
 /// Gemma 4's per-layer attention and MoE block.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +50,7 @@ pub struct Gemma4Ple {
     pub vocab: usize,
 }
 
-/// One layer kind's RoPE over its whole head.
+/// One layer kind's RoPE over its whole head (Gemma 4's, LFM3's).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Gemma4Rope {
     Default {
@@ -62,6 +63,20 @@ pub enum Gemma4Rope {
         partial: f64,
         factor: f64,
     },
+}
+
+impl Gemma4Rope {
+    /// Its table for heads of `head_dim`.
+    pub fn table(self, head_dim: usize) -> Rope {
+        match self {
+            Self::Default { theta } => Rope::new(head_dim, theta, RopeScaling::None),
+            Self::Proportional {
+                theta,
+                partial,
+                factor,
+            } => Rope::proportional(head_dim, theta, partial, factor),
+        }
+    }
 }
 
 /// The routed experts of a Gemma 4 MoE layer.
@@ -130,7 +145,12 @@ pub(super) fn parse(
     if window == 0 || cfg.is_null("sliding_window") {
         return Err(cfg.err("sliding_window", "must be at least 1"));
     }
-    let (local_rope, global_rope) = ropes(cfg)?;
+    let global = Gemma4Rope::Proportional {
+        theta: 1e6,
+        partial: 0.25,
+        factor: 1.0,
+    };
+    let (local_rope, global_rope) = kind_ropes(cfg, (Gemma4Rope::Default { theta: 1e4 }, global))?;
     let vocab = cfg.usize_or("vocab_size", 262_144)?;
     let kv_from = kv_sharing(cfg, &sliding)?;
     let g = Gemma4Spec {
@@ -339,16 +359,14 @@ fn check_geometry(cfg: &Cfg<'_>, g: &Gemma4Spec, heads: usize) -> Result<(), Mod
     Ok(())
 }
 
-/// (sliding layers', full layers') RoPE from `rope_parameters.{sliding,full}_attention`
-/// (`Gemma4TextConfig`'s defaults where absent: theta 1e4; proportional over 0.25, theta 1e6).
-fn ropes(cfg: &Cfg<'_>) -> Result<(Gemma4Rope, Gemma4Rope), ModelError> {
+/// (sliding layers', full layers') RoPE from `rope_parameters.{sliding,full}_attention`, the
+/// config class's `(local, global)` where absent (`Gemma4TextConfig`'s: theta 1e4; proportional
+/// over 0.25, theta 1e6; `Lfm3Config`'s the same over 0.5).
+pub(super) fn kind_ropes(
+    cfg: &Cfg<'_>,
+    (local, global): (Gemma4Rope, Gemma4Rope),
+) -> Result<(Gemma4Rope, Gemma4Rope), ModelError> {
     let field = "rope_parameters";
-    let local = Gemma4Rope::Default { theta: 1e4 };
-    let global = Gemma4Rope::Proportional {
-        theta: 1e6,
-        partial: 0.25,
-        factor: 1.0,
-    };
     let Some(params) = cfg.get(field) else {
         return Ok((local, global));
     };
@@ -397,7 +415,7 @@ fn rope_of(cfg: &Cfg<'_>, field: &str, p: &Value) -> Result<Gemma4Rope, ModelErr
         }),
         other => Err(ModelError::Unsupported {
             path: cfg.path_buf(),
-            what: format!("{field}: rope type `{other}` (Gemma 4: `default`, `proportional`)"),
+            what: format!("{field}: rope type `{other}` (`default`, `proportional`)"),
         }),
     }
 }

@@ -1,6 +1,6 @@
 use serde_json::{Value, json};
 
-use super::super::{Architecture, QkNorm, parse_config as parse};
+use super::super::{Architecture, Gemma4Rope, QkNorm, parse_config as parse};
 use super::*;
 
 /// Shaped as LFM2-1.2B's config.json (the fields transformers reads, and release fields it
@@ -67,6 +67,7 @@ fn lfm2_layers_mlp_width_and_convs() {
     let conv = Lfm2Spec {
         conv_kernel: 3,
         conv_bias: false,
+        lfm3: None,
     };
     assert_eq!(s.lfm2, Some(conv));
 }
@@ -184,4 +185,90 @@ fn lfm2_moe_dense_layers_and_router() {
         panic!("{:?}", m.router)
     };
     assert_eq!((bias, scale), (false, 2.5));
+}
+
+/// Shaped as LFM3-1.7B's config (`Lfm3Config`'s defaults, the fields written out).
+fn lfm3_1_7b() -> Value {
+    json!({
+        "architectures": ["Lfm3ForCausalLM"], "model_type": "lfm3", "conv_L_cache": 7,
+        "conv_bias": false, "head_dim": 128, "hidden_size": 2048, "intermediate_size": 7680,
+        "max_position_embeddings": 128000, "norm_eps": 1e-5, "num_attention_heads": 16,
+        "num_hidden_layers": 24, "num_key_value_heads": 4, "sliding_window": 256,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_attention_gate": true,
+        "use_sandwich_norm": true, "vocab_size": 128000
+    })
+}
+
+#[test]
+fn lfm3_kinds_windows_ropes_gate_and_sandwich() {
+    let s = parse(&lfm3_1_7b()).unwrap();
+    assert_eq!(s.architecture, Architecture::Lfm3);
+    let k = kinds(&s);
+    let (c, a) = (LayerKind::ShortConv, LayerKind::Attention);
+    assert_eq!(k[..9], [c, c, a, c, a, c, a, c, a]);
+    let l = s.lfm2.clone().unwrap();
+    assert_eq!(l.conv_kernel, 7);
+    let a3 = l.lfm3.unwrap();
+    // Layer i: full where i % 4 == 2, sliding where i % 4 == 0 past layer 0.
+    let sliding: Vec<usize> = (0..24).filter(|&i| a3.sliding[i]).collect();
+    assert_eq!(sliding, [4, 8, 12, 16, 20]);
+    assert!(!a3.sliding[0] && !a3.sliding[2]);
+    assert_eq!(a3.window, 256);
+    let full = Gemma4Rope::Proportional {
+        theta: 1e6,
+        partial: 0.5,
+        factor: 1.0,
+    };
+    assert_eq!(a3.ropes, (Gemma4Rope::Default { theta: 1e4 }, full));
+    assert!(a3.gate && a3.sandwich);
+    assert_eq!(
+        (s.head_dim, s.intermediate_size, s.num_kv_heads),
+        (128, 7680, 4)
+    );
+    assert!(!s.qkv_bias && !s.o_bias && s.tie_word_embeddings);
+}
+
+/// Explicit kinds and RoPE, `rms_norm_eps` mapped onto `norm_eps`, the biases; `tie_embedding`
+/// is not LFM3's; sliding kinds need a window; sliding kinds are LFM3's only.
+#[test]
+fn lfm3_fields_and_refusals() {
+    let mut v = lfm3_1_7b();
+    v["num_hidden_layers"] = json!(3);
+    v["layer_types"] = json!(["conv", "sliding_attention", "full_attention"]);
+    v["rope_parameters"] = json!({
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 2e6}
+    });
+    v.as_object_mut().unwrap().remove("norm_eps");
+    v["rms_norm_eps"] = json!(1e-6);
+    v["attention_bias"] = json!(true);
+    v["tie_embedding"] = json!(false);
+    v["use_attention_gate"] = json!(false);
+    let s = parse(&v).unwrap();
+    let a3 = s.lfm2.clone().unwrap().lfm3.unwrap();
+    assert_eq!(a3.sliding, [false, true, false]);
+    let ropes = (
+        Gemma4Rope::Default { theta: 5e4 },
+        Gemma4Rope::Default { theta: 2e6 },
+    );
+    assert_eq!(a3.ropes, ropes);
+    assert!(!a3.gate && a3.sandwich);
+    assert_eq!(s.rms_norm_eps, 1e-6);
+    assert!(s.qkv_bias && s.o_bias && s.tie_word_embeddings);
+    v["sliding_window"] = json!(null);
+    assert!(
+        parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("sliding_window")
+    );
+    let mut lfm2 = lfm2_1_2b();
+    lfm2["num_hidden_layers"] = json!(3);
+    lfm2["layer_types"] = json!(["conv", "sliding_attention", "full_attention"]);
+    assert!(
+        parse(&lfm2)
+            .unwrap_err()
+            .to_string()
+            .contains("layer_types")
+    );
 }

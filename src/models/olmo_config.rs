@@ -35,15 +35,25 @@ pub(super) fn layer_windows(
     local_rope: (f64, RopeScaling),
 ) -> Result<LayerWindows, ModelError> {
     let sliding = (cfg.sliding_layer_types(default_sliding.len())?).unwrap_or(default_sliding);
-    let window = cfg.usize_or("sliding_window", default_window)?;
+    Ok(LayerWindows {
+        window: window_of(cfg, default_window, &sliding)?,
+        sliding,
+        local_rope,
+    })
+}
+
+/// `sliding_window` (`default` where the config names none), at least 1 where a layer slides
+/// (a null one too is refused there).
+pub(super) fn window_of(
+    cfg: &Cfg<'_>,
+    default: usize,
+    sliding: &[bool],
+) -> Result<usize, ModelError> {
+    let window = cfg.usize_or("sliding_window", default)?;
     if (cfg.is_null("sliding_window") || window == 0) && sliding.contains(&true) {
         return Err(cfg.err("sliding_window", "must be at least 1 with sliding layers"));
     }
-    Ok(LayerWindows {
-        sliding,
-        window,
-        local_rope,
-    })
+    Ok(window)
 }
 
 const FULL: &str = "full_attention";

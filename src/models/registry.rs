@@ -31,7 +31,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         }
         Architecture::Afmoe => super::afmoe::load(ld, spec),
         Architecture::Apertus => super::apertus::load(ld, spec),
-        Architecture::Lfm2 | Architecture::Lfm2Moe => super::lfm2::load(ld, spec),
+        Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => {
+            super::lfm2::load(ld, spec)
+        }
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => {
             super::cohere::load(ld, spec)
         }

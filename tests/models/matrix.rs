@@ -265,4 +265,7 @@ matrix! {
     lfm2 => "lfm2",
     lfm2_bf16 => "lfm2_bf16",
     lfm2_moe => "lfm2_moe",
+    lfm3 => "lfm3",
+    lfm3_bf16 => "lfm3_bf16",
+    lfm2_vl => "lfm2_vl",
 }

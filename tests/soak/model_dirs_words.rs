@@ -51,6 +51,8 @@ pub const FIXTURES: &[&str] = &[
     "mellum",
     "lfm2",
     "lfm2_moe",
+    "lfm3",
+    "lfm2_vl",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",
@@ -277,6 +279,8 @@ pub const FIELDS: &[&str] = &[
     "tie_embedding",
     "use_expert_bias",
     "num_dense_layers",
+    "use_attention_gate",
+    "use_sandwich_norm",
 ];
 
 pub const WORDS: &[&str] = &[
@@ -361,6 +365,8 @@ pub const WORDS: &[&str] = &[
     "MellumForCausalLM",
     "Lfm2ForCausalLM",
     "Lfm2MoeForCausalLM",
+    "Lfm3ForCausalLM",
+    "Lfm2VlForConditionalGeneration",
     "conv",
     "layer_rope_theta",
     "xielu",

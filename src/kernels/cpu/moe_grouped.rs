@@ -162,6 +162,24 @@ mod tests {
         );
     }
 
+    /// LFM2-MoE renormalises over the sum + 1e-6: small scores move visibly (a sum of ~0.04
+    /// here, so ~2.5e-5 relative), and differ from DeepSeek-V3's + 1e-20.
+    #[test]
+    fn renormalising_epsilon_is_the_routers() {
+        let logits = [-4.0f32, -3.5, -6.0, -5.0];
+        let lfm2 = GroupedTopK {
+            renorm_eps: 1e-6,
+            ..router(2, 1, 1, true)
+        };
+        let (ids, w) = route_grouped(&logits, &[0.0; 4], 4, &lfm2).unwrap();
+        assert_eq!(ids, vec![1, 0]);
+        let s = sigmoid(-3.5) + sigmoid(-4.0);
+        let d = s + 1e-6;
+        assert_eq!(w, vec![sigmoid(-3.5) / d * 2.0, sigmoid(-4.0) / d * 2.0]);
+        let (_, deepseek) = route_grouped(&logits, &[0.0; 4], 4, &router(2, 1, 1, true)).unwrap();
+        assert!((deepseek[0] - w[0]) / w[0] > 2e-5, "{deepseek:?} vs {w:?}");
+    }
+
     /// Mistral 4's scores are the softmax over all the token's experts (not just the kept
     /// group's), the weights those probabilities renormalised over the chosen ones.
     #[test]
