@@ -63,6 +63,8 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Exaone4_5_ForConditionalGeneration", "Exaone4ForCausalLM"),
     // LFM2-VL / LFM2.5-VL: an `lfm2` text config.
     ("Lfm2VlForConditionalGeneration", "Lfm2ForCausalLM"),
+    // LFM3-VL: an `lfm3` text config.
+    ("Lfm3VlForConditionalGeneration", "Lfm3ForCausalLM"),
 ];
 
 /// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:

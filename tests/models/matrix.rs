@@ -268,4 +268,5 @@ matrix! {
     lfm3 => "lfm3",
     lfm3_bf16 => "lfm3_bf16",
     lfm2_vl => "lfm2_vl",
+    lfm3_vl => "lfm3_vl",
 }
