@@ -55,10 +55,9 @@ fn load_layer<D: Device>(
 ) -> Result<Layer<D>, ModelError> {
     let (p, h) = (format!("model.layers.{i}"), spec.hidden_size);
     let index = hybrid.index_in_kind(i);
-    let mixer = match (hybrid.layers[i], &lfm2.lfm3) {
-        (LayerKind::ShortConv, _) => Sublayer::ShortConv(load_short_conv(ld, &p, h, lfm2, index)?),
-        (_, None) => Sublayer::Attention(load_attention(ld, spec, &p, index)?),
-        (_, Some(a)) => Sublayer::Attention(load_lfm3_attention(ld, spec, a, (i, index))?),
+    let mixer = match hybrid.layers[i] {
+        LayerKind::ShortConv => Sublayer::ShortConv(load_short_conv(ld, &p, h, lfm2, index)?),
+        _ => Sublayer::Attention(load_attention(ld, spec, lfm2.lfm3.as_ref(), (i, index))?),
     };
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
     let ffn = load_ffn(ld, spec, hybrid, &p, i)?;
@@ -103,59 +102,28 @@ fn load_short_conv<D: Device>(
     })
 }
 
-/// Layer `p`'s attention, its cache in KV layer `kv_layer`.
+/// Layer `i`'s attention, its cache in KV layer `kv_layer`: LFM2's (`out_proj`,
+/// `q_layernorm` / `k_layernorm`, full, one RoPE), or LFM3's (`a`: `o_proj`, `q_norm` /
+/// `k_norm`, biases where `attention_bias`; `[q | gate | k | v]` with the gate's row of each head
+/// repeated `head_dim` times where it is gated; the window and RoPE of its kind).
 fn load_attention<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
-    p: &str,
-    kv_layer: usize,
-) -> Result<Attention<D>, ModelError> {
-    let n = |s: &str| format!("{p}.self_attn.{s}");
-    let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let qkv = [(n("q_proj"), qd), (n("k_proj"), kvd), (n("v_proj"), kvd)];
-    let norm = |s: &str| ld.vector(&n(&format!("{s}.weight")), hd);
-    let rope = Rope::new(hd, spec.rope_theta, spec.rope_scaling);
-    Ok(Attention {
-        qkv: ld.linear(&qkv, h, false)?,
-        o: ld.linear1(&n("out_proj"), h, qd, false)?,
-        qk_norm: Some((norm("q_layernorm")?, Some(norm("k_layernorm")?))),
-        v_norm: None,
-        rope: Some((ld.dev.rope_table(&rope)?, hd)),
-        gated: false,
-        heads: spec.num_heads,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer,
-        shared_kv: false,
-        variant: SoftmaxVariant::causal(),
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
-    })
-}
-
-/// LFM3's attention of layer `i`, its cache in KV layer `kv_layer`: `[q | gate | k | v]` (the
-/// gate's row of each head repeated `head_dim` times) where it is gated, the window and RoPE
-/// of its kind.
-fn load_lfm3_attention<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    a: &Lfm3Attention,
+    lfm3: Option<&Lfm3Attention>,
     (i, kv_layer): (usize, usize),
 ) -> Result<Attention<D>, ModelError> {
     let n = |s: &str| format!("model.layers.{i}.self_attn.{s}");
     let (h, hd, nh) = (spec.hidden_size, spec.head_dim, spec.num_heads);
     let (qd, kvd, bias) = (nh * hd, spec.num_kv_heads * hd, spec.qkv_bias);
+    let gated = lfm3.is_some_and(|a| a.gate);
     let mut mats = vec![ld.matrix(&n("q_proj.weight"), qd, h)?];
     let mut b = match bias {
         true => ld.f32s(&n("q_proj.bias"), &[qd])?,
         false => Vec::new(),
     };
-    if a.gate {
-        // No bias of its own: zeros beside the others'.
-        // Released (and saved by transformers) as `gate_proj`, `g_proj` in its memory.
+    if gated {
+        // Released (and saved by transformers) as `gate_proj`, `g_proj` in its memory; no bias
+        // of its own: zeros beside the others'.
         let g = match ld.w.contains(&n("g_proj.weight")) {
             true => n("g_proj"),
             false => n("gate_proj"),
@@ -170,16 +138,23 @@ fn load_lfm3_attention<D: Device>(
         }
     }
     let qkv = HostMatrix::stack(mats).map_err(ModelError::Device)?;
-    let sliding = a.sliding[i];
-    let rope = (if sliding { a.ropes.0 } else { a.ropes.1 }).table(hd);
+    let (o, q_norm, k_norm) = match lfm3 {
+        Some(_) => ("o_proj", "q_norm", "k_norm"),
+        None => ("out_proj", "q_layernorm", "k_layernorm"),
+    };
+    let sliding = lfm3.is_some_and(|a| a.sliding[i]);
+    let rope = match lfm3 {
+        Some(a) => (if sliding { a.ropes.0 } else { a.ropes.1 }).table(hd),
+        None => Rope::new(hd, spec.rope_theta, spec.rope_scaling),
+    };
     let norm = |s: &str| ld.vector(&n(&format!("{s}.weight")), hd);
     Ok(Attention {
         qkv: ld.dev.linear(qkv, bias.then_some(b))?,
-        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
-        qk_norm: Some((norm("q_norm")?, Some(norm("k_norm")?))),
+        o: ld.linear1(&n(o), h, qd, spec.o_bias)?,
+        qk_norm: Some((norm(q_norm)?, Some(norm(k_norm)?))),
         v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, hd)),
-        gated: a.gate,
+        gated,
         heads: nh,
         kv_heads: spec.num_kv_heads,
         head_dim: hd,
@@ -187,7 +162,7 @@ fn load_lfm3_attention<D: Device>(
         kv_layer,
         shared_kv: false,
         variant: SoftmaxVariant {
-            window: sliding.then_some(a.window),
+            window: lfm3.filter(|_| sliding).map(|a| a.window),
             ..SoftmaxVariant::causal()
         },
         qsa: None,
