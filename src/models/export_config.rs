@@ -111,10 +111,12 @@ fn text_class(
 /// to untied — but `Mistral3Config`, whose default is tied too: its releases name no tie and
 /// carry their own `language_model.lm_head`, which transformers 5.24 keeps, finding two
 /// tensors to tie).
-const TIED_BY_DEFAULT: [&str; 3] = [
+const TIED_BY_DEFAULT: [&str; 5] = [
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
     "Gemma4UnifiedForConditionalGeneration",
+    "Lfm2VlForConditionalGeneration",
+    "Lfm3VlForConditionalGeneration",
 ];
 
 /// Exports whose pre-v5 saves (every released checkpoint) keep the text fields at the top
@@ -213,12 +215,21 @@ pub(super) fn text_model_config<'a>(
     let tie = |v: &serde_json::Map<String, Value>| {
         v.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true)
     };
-    let top = match value.get("tie_word_embeddings").and_then(Value::as_bool) {
+    // `Lfm2VlConfig` pops `tie_embedding` over `tie_word_embeddings`.
+    let lfm2_tie = (arch == "Lfm2VlForConditionalGeneration")
+        .then(|| value.get("tie_embedding"))
+        .flatten();
+    let top = match lfm2_tie
+        .or(value.get("tie_word_embeddings"))
+        .and_then(Value::as_bool)
+    {
         Some(t) => t,
         None => TIED_BY_DEFAULT.contains(&arch),
     };
     let tied = top || (QWEN2_VL.contains(&arch) && tie(&text));
     text.insert("tie_word_embeddings".into(), Value::from(tied));
+    // LFM2's own alias, which its text class would read over the export's decision.
+    text.remove("tie_embedding");
     if QWEN2_VL.contains(&arch) {
         plain_mrope(&mut text);
     }
@@ -468,6 +479,38 @@ mod tests {
             (gemma(None), gemma(Some(false))),
             (json!(true), json!(false))
         );
+    }
+
+    /// LFM2-VL and LFM3-VL tie by default; LFM2-VL's top-level `tie_embedding` wins over
+    /// `tie_word_embeddings`; the text config's own tie (LFM2's `tie_embedding` too) is not
+    /// read (transformers 5.24, checked on each combination).
+    #[test]
+    fn lfm_exports_tie_by_their_top_level() {
+        let lfm = |arch: &str, top: Value, text_tie: Value| {
+            let mut v = json!({"architectures": [arch],
+                "text_config": {"model_type": "lfm2", "hidden_size": 64}});
+            for (k, x) in top.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            for (k, x) in text_tie.as_object().unwrap() {
+                v["text_config"][k] = x.clone();
+            }
+            let t = text_of(&v).unwrap();
+            assert!(t.get("tie_embedding").is_none());
+            t["tie_word_embeddings"].as_bool().unwrap()
+        };
+        let (l2, l3) = (
+            "Lfm2VlForConditionalGeneration",
+            "Lfm3VlForConditionalGeneration",
+        );
+        assert!(lfm(l2, json!({}), json!({"tie_embedding": false})));
+        assert!(lfm(l3, json!({}), json!({"tie_word_embeddings": false})));
+        assert!(!lfm(l2, json!({"tie_word_embeddings": false}), json!({})));
+        assert!(!lfm(l2, json!({"tie_embedding": false}), json!({})));
+        let both = json!({"tie_embedding": true, "tie_word_embeddings": false});
+        assert!(lfm(l2, both.clone(), json!({})));
+        // Not LFM3-VL's field.
+        assert!(!lfm(l3, both, json!({})));
     }
 
     /// Mistral-Small-3.1 as released: its `mistral` text config as `MistralForCausalLM`, the
