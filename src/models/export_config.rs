@@ -65,6 +65,9 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     ("Lfm2VlForConditionalGeneration", "Lfm2ForCausalLM"),
     // LFM3-VL: an `lfm3` text config.
     ("Lfm3VlForConditionalGeneration", "Lfm3ForCausalLM"),
+    // GLM-4.5V / 4.6V: GLM-4.5's layers (`glm4v_moe_text`), no q/k norm; MRoPE over text-only
+    // positions is GLM-4.5's partial rotate-half RoPE.
+    ("Glm4vMoeForConditionalGeneration", "Glm4MoeForCausalLM"),
 ];
 
 /// `Mistral3ForConditionalGeneration`'s text classes by `text_config.model_type` (absent:
@@ -135,6 +138,14 @@ fn text_class_fields(export: &str) -> Vec<(&'static [&'static str], Value, bool)
     let theta = (&["rope_theta"][..], json!(500000.0), false);
     match export {
         "Qwen3VLForConditionalGeneration" => vec![theta],
+        // Glm4vMoeTextConfig's defaults where Glm4MoeConfig's differ; its attention has no q/k
+        // norm whatever the config says.
+        "Glm4vMoeForConditionalGeneration" => vec![
+            (&["vocab_size"][..], json!(151424), false),
+            (&["max_position_embeddings"], json!(65536), false),
+            (&["attention_bias"], json!(true), false),
+            (&["use_qk_norm"], json!(false), true),
+        ],
         a if QWEN2_VL.contains(&a) => vec![
             (&["rope_theta"][..], json!(1000000.0), false),
             (&["rms_norm_eps"], json!(1e-5), false),
@@ -383,6 +394,44 @@ mod tests {
         assert_eq!(h.rotary_dim, 64);
         assert_eq!(h.gdn.as_ref().unwrap().num_v_heads, 48);
         assert_eq!(s.rope_theta, 1e7);
+    }
+
+    /// Shaped as GLM-4.5V's config: GLM-4.5's layers, MRoPE sections in the RoPE object
+    /// (plain RoPE over text positions), no q/k norm even where a config names one, and
+    /// Glm4vMoeTextConfig's defaults where fields are absent.
+    #[test]
+    fn glm4v_moe_export_runs_as_glm4_moe() {
+        let mut v = json!({
+            "architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe",
+            "vision_config": {"depth": 24, "hidden_size": 1536},
+            "text_config": {
+                "model_type": "glm4v_moe_text", "attention_bias": true,
+                "first_k_dense_replace": 1, "head_dim": 128, "hidden_size": 4096,
+                "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_group": 1,
+                "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": true,
+                "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+                "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]},
+                "routed_scaling_factor": 1.0, "topk_group": 1, "torch_dtype": "bfloat16",
+                "use_qk_norm": true
+            }
+        });
+        let spec =
+            |v: &Value| super::super::ModelSpec::from_json(v, Path::new("config.json"), "m".into());
+        let s = spec(&v).unwrap();
+        assert_eq!(s.architecture.hf_name(), "Glm4MoeForCausalLM");
+        assert_eq!((s.head_dim, s.rotated_dims(), s.rope_theta), (128, 64, 1e4));
+        assert_eq!(s.qk_norm, super::super::QkNorm::None);
+        assert!(s.qkv_bias && !s.o_bias && !s.tie_word_embeddings);
+        assert_eq!((s.vocab_size, s.max_position_embeddings), (151424, 65536));
+        let m = s.hybrid.unwrap().moe.unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.sparse_layers[..2].to_vec()),
+            (128, 8, vec![false, true])
+        );
+        v["text_config"]["vocab_size"] = json!(151552);
+        assert_eq!(spec(&v).unwrap().vocab_size, 151552);
     }
 
     /// Qwen3-VL-MoE as released (tests/fixtures/released_configs): Qwen3-MoE layers whose

@@ -269,4 +269,5 @@ matrix! {
     lfm3_bf16 => "lfm3_bf16",
     lfm2_vl => "lfm2_vl",
     lfm3_vl => "lfm3_vl",
+    glm4v_moe_vl => "glm4v_moe_vl",
 }
