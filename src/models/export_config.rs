@@ -68,6 +68,9 @@ pub(super) const TEXT_OF_MULTIMODAL: &[(&str, &str)] = &[
     // GLM-4.5V / 4.6V: GLM-4.5's layers (`glm4v_moe_text`), no q/k norm; MRoPE over text-only
     // positions is GLM-4.5's partial rotate-half RoPE.
     ("Glm4vMoeForConditionalGeneration", "Glm4MoeForCausalLM"),
+    // GLM-4.1V / GLM-4.6V-Flash: GLM-4-0414's layers (`glm4v_text`); MRoPE over text-only
+    // positions is GLM-4's interleaved partial RoPE.
+    ("Glm4vForConditionalGeneration", "Glm4ForCausalLM"),
     // Their text classes by `model_type` ([`TEXT_BY_MODEL_TYPE`]); here the default's.
     ("InternVLForConditionalGeneration", "Qwen2ForCausalLM"),
     ("LlavaOnevisionForConditionalGeneration", "Qwen2ForCausalLM"),
@@ -206,6 +209,14 @@ fn text_class_fields(export: &str) -> Vec<(&'static [&'static str], Value, bool)
         "Qwen3VLForConditionalGeneration" => vec![theta],
         // Glm4vMoeTextConfig's defaults where Glm4MoeConfig's differ; its attention has no q/k
         // norm whatever the config says.
+        // Glm4vTextConfig's defaults; its attention biases q / k / v whatever the config says
+        // (`head_dim`: [`glm4v_head_dim`]).
+        "Glm4vForConditionalGeneration" => vec![
+            (&["rms_norm_eps"][..], json!(1e-5), false),
+            (&["max_position_embeddings"], json!(32768), false),
+            (&["partial_rotary_factor"], json!(1.0), false),
+            (&["attention_bias"], json!(true), true),
+        ],
         "Glm4vMoeForConditionalGeneration" => vec![
             (&["vocab_size"][..], json!(151424), false),
             (&["max_position_embeddings"], json!(65536), false),
@@ -310,6 +321,9 @@ pub(super) fn text_model_config<'a>(
     if QWEN2_VL.contains(&arch) {
         plain_mrope(&mut text);
     }
+    if arch == "Glm4vForConditionalGeneration" {
+        glm4v_head_dim(&mut text);
+    }
     for (names, v, forced) in text_class_fields(arch) {
         if forced
             || !names
@@ -326,6 +340,16 @@ pub(super) fn text_model_config<'a>(
         "{arch}: running its language model only ({text_arch}); the vision tower is not read"
     );
     Ok(Cow::Owned(Value::Object(text)))
+}
+
+/// GLM-4.1V's text attention takes heads of `hidden_size / num_attention_heads` whatever
+/// `head_dim` says (`Glm4vTextConfig`'s 4096 and 32 where absent), and so does its RoPE.
+fn glm4v_head_dim(text: &mut serde_json::Map<String, Value>) {
+    let of = |k: &str, default: u64| text.get(k).and_then(Value::as_u64).unwrap_or(default);
+    let (hidden, heads) = (of("hidden_size", 4096), of("num_attention_heads", 32));
+    if let Some(hd) = hidden.checked_div(heads) {
+        text.insert("head_dim".into(), Value::from(hd));
+    }
 }
 
 /// A pre-v5 Qwen2-VL / Qwen2.5-VL config: the text fields are the top level's (transformers

@@ -341,3 +341,33 @@ fn exports_by_text_model_type_and_their_ties() {
     assert!(tied(llava, None, Some(true)) && tied(llava, Some(true), Some(false)));
     assert!(!tied(llava, Some(false), Some(false)));
 }
+
+/// Shaped as GLM-4.1V-9B's config: GLM-4's layers with heads of hidden / heads (whatever
+/// `head_dim` says), RoPE over `partial_rotary_factor` of each head (1 where none is named:
+/// `Glm4vTextConfig`'s), q / k / v always biased.
+#[test]
+fn glm4v_export_runs_as_glm4() {
+    let mut v = json!({
+        "architectures": ["Glm4vForConditionalGeneration"], "model_type": "glm4v",
+        "vision_config": {"depth": 24},
+        "text_config": {
+            "model_type": "glm4v_text", "hidden_size": 4096, "intermediate_size": 13696,
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2,
+            "head_dim": 96, "attention_bias": false, "vocab_size": 151552,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}
+        }
+    });
+    let spec =
+        |v: &Value| super::super::ModelSpec::from_json(v, Path::new("config.json"), "m".into());
+    let s = spec(&v).unwrap();
+    assert_eq!(s.architecture.hf_name(), "Glm4ForCausalLM");
+    assert_eq!((s.head_dim, s.rotated_dims()), (128, 64));
+    assert!(s.qkv_bias && !s.o_bias && s.interleaved_rope);
+    assert_eq!((s.rms_norm_eps, s.max_position_embeddings), (1e-5, 32768));
+    v["text_config"]["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("partial_rotary_factor");
+    assert_eq!(spec(&v).unwrap().rotated_dims(), 128);
+}

@@ -270,6 +270,7 @@ matrix! {
     lfm2_vl => "lfm2_vl",
     lfm3_vl => "lfm3_vl",
     glm4v_moe_vl => "glm4v_moe_vl",
+    glm4v_vl => "glm4v_vl",
     internvl_vl => "internvl_vl",
     llava_onevision_vl => "llava_onevision_vl",
     aya_vision_vl => "aya_vision_vl",
