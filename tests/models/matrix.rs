@@ -274,4 +274,5 @@ matrix! {
     internvl_vl => "internvl_vl",
     llava_onevision_vl => "llava_onevision_vl",
     aya_vision_vl => "aya_vision_vl",
+    cohere2_vision_vl => "cohere2_vision_vl",
 }

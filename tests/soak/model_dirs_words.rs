@@ -59,6 +59,7 @@ pub const FIXTURES: &[&str] = &[
     "internvl_vl",
     "llava_onevision_vl",
     "aya_vision_vl",
+    "cohere2_vision_vl",
     "glm4_moe_lite",
     "deepseek_v32",
     "glm_moe_dsa",
