@@ -434,7 +434,11 @@ pub fn cuda_peer_options(layers: Vec<usize>, num_blocks: usize, slots: usize) ->
 /// 6.14e-2 (p2 layer 4), CUDA (emulated) 5.37e-2 (p2 layer 3), the f32-compute paths 6.6e-7;
 /// of the four seeds tried (323, 325-327) every draw flipped an expert choice somewhere in
 /// transformers' own bf16 run (1.26e-1 to 2.44e-1) and in hsx's bf16 paths (5.4e-2 to
-/// 2.14e-1); 325 kept (2026-11-30).
+/// 2.14e-1); 325 kept (2026-11-30). lfm2_bf16 / lfm3_bf16 (short convolutions: products of
+/// three projections, `C · conv(B · x)`): transformers' own bf16 run is off by 2.88e-2 / 2.79e-2
+/// (p3 / p2 layer 4), hsx's portable and (emulated) amx paths 1.59e-2 / 1.14e-2, CUDA (emulated)
+/// 1.71e-2 / 1.09e-2, the f32-compute paths 1.4e-6 / 1.1e-6 (2026-11-30): bounded at 4e-2, the
+/// default's 2e-2 being under the peer's own error.
 pub fn bf16_tol(name: &str) -> f32 {
     if name.starts_with("llama4") {
         1.7e-1
@@ -464,6 +468,8 @@ pub fn bf16_tol(name: &str) -> f32 {
         3.6e-1
     } else if name == "ernie4_5_moe_bf16" || name == "hunyuan_moe_bf16" {
         1.8e-1
+    } else if name == "lfm2_bf16" || name == "lfm3_bf16" {
+        4e-2
     } else {
         2e-2
     }
