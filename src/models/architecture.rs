@@ -189,6 +189,9 @@ pub enum Architecture {
     Lfm2,
     /// `Lfm2MoeForCausalLM` (LFM2-MoE): LFM2's layers, dense MLPs then sigmoid-routed experts.
     Lfm2Moe,
+    /// `DeepseekV2ForCausalLM` (DeepSeek-V2-Lite, DeepSeek-Coder-V2-Lite): multi-head latent
+    /// attention, softmax-routed experts (greedy top-k, never renormalised) beside shared ones.
+    DeepseekV2,
     /// `Lfm3ForCausalLM` (LFM3): LFM2's layers with sliding attention layers, each kind's RoPE,
     /// a sigmoid gate per attention head and sandwich norms.
     Lfm3,
@@ -196,7 +199,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 67] = [
+    pub const ALL: [Self; 68] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -227,6 +230,7 @@ impl Architecture {
         Self::GptOss,
         Self::Glm4Moe,
         Self::SolarOpen,
+        Self::DeepseekV2,
         Self::DeepseekV3,
         Self::Axk1,
         Self::Youtu,
@@ -294,6 +298,7 @@ impl Architecture {
             Self::Qwen4Exp => "Qwen4ExpForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::DeepseekV2 => "DeepseekV2ForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Self::DeepseekV32 => "DeepseekV32ForCausalLM",
@@ -356,6 +361,7 @@ impl Architecture {
         matches!(
             self,
             Self::DeepseekV3
+                | Self::DeepseekV2
                 | Self::Axk1
                 | Self::Youtu
                 | Self::Glm4MoeLite
@@ -420,6 +426,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
+        Architecture::DeepseekV2 => 2048,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
         Architecture::SolarOpen | Architecture::Mellum => 131072,

@@ -229,6 +229,20 @@ pub(super) const DEEPSEEK_V3_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     renorm: true,
 };
 
+/// `DeepseekV2Config`'s: softmax scores, no groups (`topk_method` `greedy`: what
+/// `deepseek_config` accepts), never renormalised; `num_experts_per_tok` has no default.
+pub(super) const DEEPSEEK_V2_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
+    experts: 64,
+    top_k: 0,
+    inter: 1407,
+    scale: 1.0,
+    n_group: 1,
+    topk_group: 1,
+    dense: DenseLayers::FirstK(0),
+    softmax: true,
+    renorm: false,
+};
+
 /// `AXK1Config`'s (A.X K1's geometry).
 pub(super) const AXK1_MOE: DeepseekMoeDefaults = DeepseekMoeDefaults {
     experts: 192,

@@ -61,6 +61,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::NemotronH => nemotron_h::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
         Architecture::DeepseekV3
+        | Architecture::DeepseekV2
         | Architecture::Axk1
         | Architecture::Youtu
         | Architecture::Glm4MoeLite

@@ -257,6 +257,7 @@ matrix! {
     helium => "helium",
     cwm => "cwm",
     youtu => "youtu",
+    deepseek_v2 => "deepseek_v2",
     apertus => "apertus",
     apertus_bf16 => "apertus_bf16",
     exaone4_5_vl => "exaone4_5_vl",

@@ -19,6 +19,7 @@ pub const FIXTURES: &[&str] = &[
     "glm4_moe",
     "mimo_v2_flash_bf16",
     "deepseek_v3",
+    "deepseek_v2",
     "kimi_k2_int4",
     "kimi_k25_vl",
     "qwen3_fp8_dynamic",
@@ -288,6 +289,7 @@ pub const FIELDS: &[&str] = &[
     "num_dense_layers",
     "use_attention_gate",
     "use_sandwich_norm",
+    "topk_method",
 ];
 
 pub const WORDS: &[&str] = &[
@@ -373,6 +375,9 @@ pub const WORDS: &[&str] = &[
     "Lfm2ForCausalLM",
     "Lfm2MoeForCausalLM",
     "Lfm3ForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "greedy",
+    "group_limited_greedy",
     "Lfm2VlForConditionalGeneration",
     "Lfm3VlForConditionalGeneration",
     "Glm4vMoeForConditionalGeneration",
