@@ -4,12 +4,13 @@
 use crate::kernels::device::{AttnShape, QueryTemperature, first_key};
 
 /// What the naive attention's softmax sees: a sliding window or chunks of keys, a query
-/// temperature.
+/// temperature, a soft cap on the scores.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Variant {
     pub window: Option<usize>,
     pub chunk: Option<usize>,
     pub temperature: Option<QueryTemperature>,
+    pub softcap: Option<f32>,
 }
 
 /// `n` values uniform in [-2, 2) from a 64-bit LCG advanced in `seed`.
@@ -27,7 +28,7 @@ pub fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
 /// Causal GQA attention of q `[len, heads, hd]` over k, v `[len, kv_heads, hd]`, in f64:
 /// `[len, heads, hd]`. The softmax runs over the keys in the variant's window or chunk (or
 /// all) and the head's sink logit, whose weight is dropped; each query times its position's
-/// temperature factor (f32) first.
+/// temperature factor (f32) first; each score soft-capped where the variant says.
 pub fn naive(
     shape: AttnShape,
     variant: Variant,
@@ -55,6 +56,11 @@ pub fn naive(
                         .map(|(a, b)| *a as f64 * *b as f64)
                         .sum::<f64>()
                         * shape.scale as f64
+                })
+                .map(|s| {
+                    variant
+                        .softcap
+                        .map_or(s, |c| (s / c as f64).tanh() * c as f64)
                 })
                 .collect();
             let sink = sinks.map(|s| s[head] as f64);

@@ -123,7 +123,8 @@ impl<D: Device> AttnCall<'_, D> {
 /// factor on the scores on top of `head_dim^-0.5` (Gemma-3's `query_pre_attn_scalar`, Granite's
 /// attention multiplier, MLA's YaRN mscale²; YaRN's attention factor is on the RoPE table), and
 /// a per-position query temperature (Llama-4's NoPE layers; every layer of Ministral 3 and
-/// Mistral 4). `S`: how the sinks are held, owned by a model's layer
+/// Mistral 4), and a tanh soft cap on the scaled scores (Gemma-2's `attn_logit_softcapping`:
+/// `cap · tanh(s / cap)`, before the mask and the softmax). `S`: how the sinks are held, owned by a model's layer
 /// (`SoftmaxVariant<D::Vector>`) or borrowed into a call ([`AttnSoftmax`]).
 pub struct SoftmaxVariant<S> {
     pub window: Option<usize>,
@@ -132,6 +133,8 @@ pub struct SoftmaxVariant<S> {
     pub sinks: Option<S>,
     pub score_factor: f64,
     pub temperature: Option<QueryTemperature>,
+    /// `cap`: each scaled score `s` becomes `cap · tanh(s / cap)` (f32).
+    pub softcap: Option<f32>,
     /// DeepSeek Sparse Attention's `index_topk`: a token at a position ≥ it (more keys than
     /// it) attends over the keys the last [`Device::dsa_select`] chose, the rest densely.
     pub sparse: Option<usize>,
@@ -182,22 +185,26 @@ impl<S> SoftmaxVariant<S> {
             sinks: None,
             score_factor: 1.0,
             temperature: None,
+            softcap: None,
             sparse: None,
         }
     }
 
     /// The variant's sizes make sense: a window or a chunk of at least one key (not both), a
-    /// positive floor scale; sparse attention with none of the others (its kernels take none).
+    /// positive floor scale, a finite positive soft cap; sparse attention with none of the
+    /// others (its kernels take none).
     pub fn check(&self) -> Result<(), DeviceError> {
         let cold =
             (self.temperature).is_some_and(|t| t.floor_scale.is_nan() || t.floor_scale < 1.0);
-        let other = self.sinks.is_some() || self.temperature.is_some();
+        let bad_cap = self.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0));
+        let other = self.sinks.is_some() || self.temperature.is_some() || self.softcap.is_some();
         let bad = match (self.window, self.chunk) {
             (Some(0), _) | (_, Some(0)) => Some("attention window or chunk of 0 keys"),
             (Some(_), Some(_)) => Some("attention with both a sliding window and chunks"),
             _ if cold => Some("temperature floor_scale below 1"),
+            _ if bad_cap => Some("attention soft cap not a finite value above 0"),
             (w, c) if self.sparse.is_some() && (w.is_some() || c.is_some() || other) => {
-                Some("sparse attention with a window, chunks, sinks or a temperature")
+                Some("sparse attention with a window, chunks, sinks, a temperature or a soft cap")
             }
             _ => None,
         };
@@ -212,6 +219,7 @@ impl<S> SoftmaxVariant<S> {
             sinks: self.sinks.as_ref(),
             score_factor: self.score_factor,
             temperature: self.temperature,
+            softcap: self.softcap,
             sparse: self.sparse,
         }
     }

@@ -263,7 +263,7 @@ mod tests {
     /// Sparse attention refuses what its kernels do not apply, before any device runs it; the
     /// same variants are fine without it.
     #[test]
-    fn sparse_attention_takes_no_window_chunks_sinks_or_temperature() {
+    fn sparse_attention_takes_no_window_chunks_sinks_temperature_or_cap() {
         use crate::kernels::CpuDevice;
         use crate::kernels::device::{AttnSoftmax, QueryTemperature, SoftmaxVariant};
         let sinks = vec![0.0f32; 4];
@@ -277,14 +277,22 @@ mod tests {
             chunk: (v == 2).then_some(4),
             sinks: (v == 3).then_some(&sinks),
             temperature: (v == 4).then_some(temperature),
+            softcap: (v == 5).then_some(50.0),
             sparse,
             ..SoftmaxVariant::causal()
         };
         assert!(variant(Some(8), 0).check().is_ok());
-        for v in 1..=4 {
+        for v in 1..=5 {
             assert!(variant(None, v).check().is_ok(), "variant {v}");
             let err = variant(Some(8), v).check().unwrap_err().to_string();
             assert!(err.contains("sparse attention"), "variant {v}: {err}");
+        }
+        for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let capped = AttnSoftmax::<CpuDevice> {
+                softcap: Some(cap),
+                ..SoftmaxVariant::causal()
+            };
+            assert!(capped.check().is_err(), "soft cap {cap}");
         }
     }
 }

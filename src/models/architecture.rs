@@ -59,6 +59,9 @@ pub enum Architecture {
     /// temperature), dense MLPs and / or routed experts (top-k of the logits, their sigmoid
     /// scaling each expert's input) + a shared expert.
     Llama4,
+    /// `Gemma2ForCausalLM`: Gemma-3's layers with no q/k norms, one RoPE, alternating
+    /// sliding / full attention and tanh soft-capped scores.
+    Gemma2,
     /// `Gemma3ForCausalLM` (Gemma-3's language model): sliding-window and full attention
     /// layers with their own RoPE, `(1 + w)` RMSNorms around each sublayer (sandwich), per-head
     /// q/k norms, GeGLU MLPs, embeddings scaled by `√hidden`.
@@ -199,7 +202,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 68] = [
+    pub const ALL: [Self; 69] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -256,6 +259,7 @@ impl Architecture {
         Self::GraniteMoeShared,
         Self::Cohere2Moe,
         Self::Llama4,
+        Self::Gemma2,
         Self::Gemma3,
         Self::Gemma4,
         Self::Gemma4Unified,
@@ -307,6 +311,7 @@ impl Architecture {
             Self::KimiLinear => "KimiLinearForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
+            Self::Gemma2 => "Gemma2ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Gemma4 => "Gemma4ForCausalLM",
             Self::Gemma4Unified => "Gemma4UnifiedForCausalLM",
@@ -442,7 +447,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
-        Architecture::FalconH1 | Architecture::GraniteSwa => 8192,
+        Architecture::FalconH1 | Architecture::GraniteSwa | Architecture::Gemma2 => 8192,
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
         Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,

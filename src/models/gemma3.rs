@@ -1,10 +1,13 @@
-//! Gemma-3 (`Gemma3ForCausalLM`; the language model of `Gemma3ForConditionalGeneration`
+//! Gemma-3 and Gemma-2 (`Gemma2ForCausalLM`: no q/k norms, soft-capped scores; RoPE and
+//! windows from its config as parsed). Gemma-3 (`Gemma3ForCausalLM`; the language model of
+//! `Gemma3ForConditionalGeneration`
 //! exports, whose `language_model.model.*` / `model.language_model.*` answer to `model.*`:
 //! `Weights`). Per layer, each sublayer between two `(1 + w)` RMSNorms (Gemma's sandwich):
 //! `x += post_attention_layernorm(attention(input_layernorm(x)))`, then
 //! `x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`. The attention has
 //! per-head `(1 + w)` q/k norms, scores scaled by `query_pre_attn_scalar^-½`, and per layer a
-//! sliding window with the local RoPE or full attention with the global one; the MLP is a
+//! sliding window with the local RoPE or full attention with the global one (scores
+//! soft-capped where the config says); the MLP is a
 //! GeGLU. The embedding rows are scaled by `√hidden` rounded to the weights' dtype (the LM head
 //! is the unscaled, tied embedding).
 
@@ -12,7 +15,7 @@ use super::decoder::{Decoder, FinalNorm};
 use super::dense::{attention_of, load_mlp};
 use super::layers::mlp::Activation;
 use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
-use super::{Gemma3Spec, ModelError, ModelSpec, WeightDtype};
+use super::{Gemma3Spec, ModelError, ModelSpec, QkNorm, WeightDtype};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -91,10 +94,14 @@ fn load_attention<D: Device>(
         (attn("v_proj"), kvd),
     ];
     let qkv = ld.linear(&parts, h, spec.qkv_bias)?;
-    let qk_norm = Some((
-        ld.norm_one_plus(&attn("q_norm"), hd)?,
-        Some(ld.norm_one_plus(&attn("k_norm"), hd)?),
-    ));
+    let qk_norm = match spec.qk_norm {
+        // Gemma-2 has none.
+        QkNorm::None => None,
+        _ => Some((
+            ld.norm_one_plus(&attn("q_norm"), hd)?,
+            Some(ld.norm_one_plus(&attn("k_norm"), hd)?),
+        )),
+    };
     let sliding = g.sliding[i];
     let (theta, scaling) = match sliding {
         true => g.local_rope,
@@ -104,6 +111,7 @@ fn load_attention<D: Device>(
     let variant = SoftmaxVariant {
         window: sliding.then_some(g.window),
         score_factor: g.score_factor,
+        softcap: g.softcap,
         ..SoftmaxVariant::causal()
     };
     attention_of(ld, spec, i, (qkv, qk_norm, rope), variant)

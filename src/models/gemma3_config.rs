@@ -1,11 +1,13 @@
 //! Gemma-3's text config (`Gemma3TextConfig`, `gemma3_text`: `Gemma3ForCausalLM` and the
-//! language model of `Gemma3ForConditionalGeneration` exports). Released multimodal configs
-//! write only what differs from the class (4B: hidden and MLP sizes, layers, RoPE scaling,
-//! window), so every field has the class's default. Per layer: sliding-window or full
-//! attention (`layer_types`, or the older `sliding_window_pattern`), each kind with its own
-//! RoPE (`rope_parameters.{full,sliding}_attention`, or the older `rope_theta` + `rope_scaling`
-//! and `rope_local_base_freq`). Refused: attention logit soft-capping (Gemma-2's) and
-//! bidirectional attention (EmbeddingGemma).
+//! language model of `Gemma3ForConditionalGeneration` exports) and Gemma-2's (`Gemma2Config`,
+//! `Gemma2ForCausalLM`), which Gemma-3's layers run with no q/k norms, one RoPE for both kinds
+//! and the scores soft-capped (`attn_logit_softcapping`, 50 by default). Released multimodal
+//! configs write only what differs from the class (4B: hidden and MLP sizes, layers, RoPE
+//! scaling, window), so every field has the class's default. Per layer: sliding-window or full
+//! attention (`layer_types`, or Gemma-3's older `sliding_window_pattern`; Gemma-2's default
+//! alternates, sliding first), each kind with its own RoPE on Gemma-3
+//! (`rope_parameters.{full,sliding}_attention`, or the older `rope_theta` + `rope_scaling` and
+//! `rope_local_base_freq`). Refused: bidirectional attention (EmbeddingGemma).
 
 use serde_json::Value;
 
@@ -23,6 +25,8 @@ pub struct Gemma3Spec {
     pub local_rope: (f64, RopeScaling),
     /// Scores are scaled by `query_pre_attn_scalar^-½`: this times `head_dim^-½`.
     pub score_factor: f64,
+    /// `attn_logit_softcapping`: scaled scores become `cap · tanh(s / cap)`.
+    pub softcap: Option<f32>,
 }
 
 const FULL: &str = "full_attention";
@@ -30,11 +34,46 @@ const SLIDING: &str = "sliding_attention";
 
 /// The spec of a Gemma-3 text config, with `Gemma3TextConfig`'s defaults.
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let arch = Architecture::Gemma3;
+    let ((rope_theta, rope_scaling), local_rope) = ropes(cfg)?;
+    let family = Family {
+        arch: Architecture::Gemma3,
+        vocab: 262_208,
+        qk_norm: QkNorm::PerHead,
+        ropes: ((rope_theta, rope_scaling), local_rope),
+        softcap: None,
+    };
+    parse_family(cfg, name, family)
+}
+
+/// The spec of a Gemma-2 config, with `Gemma2Config`'s defaults.
+pub(super) fn parse_gemma2(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let rope = cfg.rope(Architecture::Gemma2)?;
+    let family = Family {
+        arch: Architecture::Gemma2,
+        vocab: 256_000,
+        qk_norm: QkNorm::None,
+        ropes: (rope, rope),
+        softcap: Some(50.0),
+    };
+    parse_family(cfg, name, family)
+}
+
+/// What Gemma-2's and Gemma-3's configs do not share: the class, its vocabulary's default
+/// size, its q/k norms, the (full, sliding) layers' RoPE, the default soft cap.
+struct Family {
+    arch: Architecture,
+    vocab: usize,
+    qk_norm: QkNorm,
+    ropes: Ropes,
+    softcap: Option<f64>,
+}
+
+fn parse_family(cfg: &Cfg<'_>, name: String, family: Family) -> Result<ModelSpec, ModelError> {
+    let arch = family.arch;
     refuse_unsupported(cfg)?;
     let layers = cfg.num_layers_or(26)?;
     let head_dim = cfg.usize_or("head_dim", 256)?;
-    let ((rope_theta, rope_scaling), local_rope) = ropes(cfg)?;
+    let ((rope_theta, rope_scaling), local_rope) = family.ropes;
     let scalar = cfg.f64_or("query_pre_attn_scalar", 256.0)?;
     if !(scalar.is_finite() && scalar > 0.0) {
         return Err(cfg.err("query_pre_attn_scalar", format!("{scalar} (above 0)")));
@@ -45,7 +84,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     }
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
-        vocab_size: cfg.usize_or("vocab_size", 262_208)?,
+        vocab_size: cfg.usize_or("vocab_size", family.vocab)?,
         hidden_size: cfg.usize_or("hidden_size", 2304)?,
         num_layers: layers,
         num_heads: cfg.usize_or("num_attention_heads", 8)?,
@@ -58,37 +97,48 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         qkv_bias: bias,
         o_bias: bias,
         mlp_bias: false,
-        qk_norm: QkNorm::PerHead,
+        qk_norm: family.qk_norm,
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
         max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
         gemma3: Some(Gemma3Spec {
-            sliding: sliding_layers(cfg, layers)?,
+            sliding: sliding_layers(cfg, arch, layers)?,
             window,
             local_rope,
             score_factor: (head_dim as f64 / scalar).sqrt(),
+            softcap: softcap(cfg, family.softcap)?,
         }),
         ..ModelSpec::base(name, arch)
     })
 }
 
-/// What Gemma-3's class allows but hsx does not run.
+/// `attn_logit_softcapping` (null: none), finite and above 0; the class's default where the
+/// config names none.
+fn softcap(cfg: &Cfg<'_>, default: Option<f64>) -> Result<Option<f32>, ModelError> {
+    const FIELD: &str = "attn_logit_softcapping";
+    let cap = match (cfg.has(FIELD), cfg.get(FIELD)) {
+        (false, _) => default,
+        (true, None) => None,
+        (true, Some(_)) => Some(cfg.f64_or(FIELD, 0.0)?),
+    };
+    match cap {
+        Some(c) if !(c.is_finite() && c > 0.0) => Err(cfg.err(FIELD, format!("{c} (above 0)"))),
+        _ => Ok(cap.map(|c| c as f32)),
+    }
+}
+
+/// What Gemma-2's and Gemma-3's classes allow but hsx does not run.
 fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
     let unsupported = |what: String| ModelError::Unsupported {
         path: cfg.path_buf(),
         what,
     };
-    if let Some(cap) = cfg.get("attn_logit_softcapping") {
-        return Err(unsupported(format!(
-            "attention logit soft-capping (attn_logit_softcapping {cap})"
-        )));
-    }
     if cfg.bool_or("use_bidirectional_attention", false)? {
         return Err(unsupported(
             "bidirectional attention (use_bidirectional_attention)".into(),
         ));
     }
-    // Only `hidden_activation` counts: Gemma3TextConfig ignores a `hidden_act`.
+    // Only `hidden_activation` counts: both classes ignore a `hidden_act`.
     match cfg.get("hidden_activation") {
         None => {}
         Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => {}
@@ -102,12 +152,20 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// `layer_types`, else every `sliding_window_pattern`-th layer full (default 6).
-fn sliding_layers(cfg: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+/// `layer_types`, else every `sliding_window_pattern`-th layer full (Gemma-3: default 6;
+/// Gemma-2 reads no pattern, every second layer is full).
+fn sliding_layers(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    layers: usize,
+) -> Result<Vec<bool>, ModelError> {
     if let Some(sliding) = cfg.sliding_layer_types(layers)? {
         return Ok(sliding);
     }
-    let pattern = cfg.usize_or("sliding_window_pattern", 6)?;
+    let pattern = match arch {
+        Architecture::Gemma2 => 2,
+        _ => cfg.usize_or("sliding_window_pattern", 6)?,
+    };
     if pattern == 0 {
         return Err(cfg.err("sliding_window_pattern", "must be at least 1"));
     }

@@ -125,7 +125,16 @@ fn export_tie_follows_the_top_level_else_the_class() {
 fn what_hsx_does_not_run_is_refused_by_name() {
     let base = released_config("gemma-3-1b-it.json");
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("attn_logit_softcapping", json!(50.0), "soft-capping"),
+        (
+            "attn_logit_softcapping",
+            json!(0.0),
+            "attn_logit_softcapping",
+        ),
+        (
+            "attn_logit_softcapping",
+            json!("50"),
+            "attn_logit_softcapping",
+        ),
         ("use_bidirectional_attention", json!(true), "bidirectional"),
         (
             "hidden_activation",
@@ -187,4 +196,48 @@ fn what_hsx_does_not_run_is_refused_by_name() {
     cfg["final_logit_softcapping"] = json!(30.0);
     cfg["hidden_act"] = json!("silu");
     assert!(parse(&cfg).is_ok());
+    // Gemma3TextConfig's soft cap (None by default) caps the scores as Gemma-2's does.
+    cfg["attn_logit_softcapping"] = json!(30.0);
+    assert_eq!(gemma3(&parse(&cfg).unwrap()).softcap, Some(30.0));
+}
+
+/// Every second layer full from layer 1, one RoPE, no q/k norms, scores capped at 50; the
+/// 27B's heads of 128 scaled by 144^-½.
+#[test]
+fn gemma_2_9b_and_27b_as_released() {
+    let alternating = |n: usize| (0..n).map(|i| i % 2 == 0).collect::<Vec<_>>();
+    for (file, layers, head_dim, factor) in [
+        ("gemma-2-9b.json", 42, 256, 1.0),
+        ("gemma-2-27b.json", 46, 128, (128.0f64 / 144.0).sqrt()),
+    ] {
+        let s = parse(&released_config(file)).unwrap();
+        assert_eq!(s.architecture, Architecture::Gemma2, "{file}");
+        assert_eq!(
+            (s.num_layers, s.head_dim, s.vocab_size),
+            (layers, head_dim, 256_000)
+        );
+        assert_eq!((s.qk_norm, s.tie_word_embeddings), (QkNorm::None, true));
+        assert_eq!((s.rope_theta, s.rope_scaling), (1e4, RopeScaling::None));
+        let g = gemma3(&s);
+        assert_eq!(g.sliding, alternating(layers), "{file}");
+        assert_eq!((g.window, g.local_rope), (4096, (1e4, RopeScaling::None)));
+        assert_eq!((g.score_factor, g.softcap), (factor, Some(50.0)), "{file}");
+    }
+}
+
+/// A config naming nothing takes Gemma2Config's defaults; a null cap is none.
+#[test]
+fn gemma_2_class_defaults_and_a_null_cap() {
+    let mut cfg = json!({"architectures": ["Gemma2ForCausalLM"]});
+    let s = parse(&cfg).unwrap();
+    assert_eq!((s.num_layers, s.hidden_size, s.head_dim), (26, 2304, 256));
+    assert_eq!((s.vocab_size, s.max_position_embeddings), (256_000, 8192));
+    let g = gemma3(&s);
+    assert_eq!(g.sliding, (0..26).map(|i| i % 2 == 0).collect::<Vec<_>>());
+    assert_eq!((g.window, g.softcap), (4096, Some(50.0)));
+    // Gemma-3's older pattern field is not Gemma-2's.
+    cfg["sliding_window_pattern"] = json!(6);
+    assert_eq!(gemma3(&parse(&cfg).unwrap()).sliding, g.sliding);
+    cfg["attn_logit_softcapping"] = Value::Null;
+    assert_eq!(gemma3(&parse(&cfg).unwrap()).softcap, None);
 }

@@ -107,6 +107,9 @@ const CASES: &[(&str, Expect)] = &[
         "llama-4-scout-17b-16e.json",
         Accepted("Llama4ForCausalLM", 48, Some("*")),
     ),
+    // Every second layer full attention, the others a window of 4096; scores soft-capped at 50.
+    ("gemma-2-9b.json", Accepted("Gemma2ForCausalLM", 42, None)),
+    ("gemma-2-27b.json", Accepted("Gemma2ForCausalLM", 46, None)),
     // Every 6th layer full attention, the others a window of 512 (1B) or 1024 keys.
     (
         "gemma-3-1b-it.json",

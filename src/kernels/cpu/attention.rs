@@ -21,7 +21,8 @@
 //! row's `lo` on. With sinks, `m_r` also takes the head's sink logit and `sum_r` ends with
 //! `+ exp(sink - m_r)` (after the keys). With a query temperature (Llama-4, Mistral), `q_r` is
 //! multiplied by its position's factor (f32) as it is transposed (or, on the bf16 tasks,
-//! packed), before any score.
+//! packed), before any score. With a soft cap (Gemma-2), every score of the task becomes
+//! `cap · tanh(s / cap)` ([`soft_cap`], scalar on every path) before the max.
 //!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
@@ -166,6 +167,8 @@ pub struct Softmax<'a> {
     pub chunk: Option<usize>,
     pub sinks: Option<&'a [f32]>,
     pub temperature: Option<QueryTemperature>,
+    /// Gemma-2's `attn_logit_softcapping`: scores become `cap · tanh(s / cap)`.
+    pub softcap: Option<f32>,
     /// Only the queries at positions below it (DeepSeek Sparse Attention's `index_topk`: the
     /// sparse pass writes the others' rows); `None`: every query.
     pub dense_below: Option<usize>,
@@ -454,6 +457,9 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             s.st[j * rp + r] = acc * ctx.shape.scale;
         }
     }
+    if let Some(cap) = ctx.softmax.softcap {
+        soft_cap(&mut s.st[..len * rp], 1.0, cap);
+    }
     let sinks = ctx.softmax.sinks.is_some();
     for r in 0..rp {
         let (lo, lr) = (s.starts[r] as usize, s.lens[r] as usize);
@@ -492,6 +498,16 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
             // SAFETY: row r of this task, column d < hd: inside `out`, written by this task only.
             unsafe { *o.add(d) = acc * s.inv[r] };
         }
+    }
+}
+
+/// Each score `x` (times `scale` first, where the kernel has not scaled it) becomes
+/// `cap · tanh(x / cap)`, as transformers' eager attention computes it (a division, tanh, a
+/// product, in f32). Scalar (libm's tanh) on every path, so a path's scores have the same
+/// bits whatever the batch.
+fn soft_cap(scores: &mut [f32], scale: f32, cap: f32) {
+    for x in scores {
+        *x = (*x * scale / cap).tanh() * cap;
     }
 }
 

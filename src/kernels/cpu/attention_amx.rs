@@ -29,7 +29,9 @@ use std::arch::x86_64::*;
 
 // A `Line` holds a tile row: a tile row straddling two lines loads at a third of the rate
 // (see `bf16::Tile`).
-use super::{AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, lines, out_row, prepare};
+use super::{
+    AMX_KEY_ALIGN as KEY_ALIGN, Ctx, Line, Scratch, Task, lines, out_row, prepare, soft_cap,
+};
 use crate::kernels::cpu::bf16::{
     AmxEmulated, AmxHardware, Bf16Kernel, TileUnit, amx_hardware, pairs_native, round_into,
     round_native, round32_native,
@@ -147,7 +149,12 @@ unsafe fn run_tiles(
         // Keys len..keys (zero keys, or later keys of the chain) get probability 0, as masked
         // keys do; their values add exact zeros.
         let p = lines(&mut a.p, rp / T * keys / KEY_ALIGN * T);
-        let (scale, sinks) = (ctx.shape.scale, ctx.softmax.sinks.is_some());
+        let (mut scale, sinks) = (ctx.shape.scale, ctx.softmax.sinks.is_some());
+        if let Some(cap) = ctx.softmax.softcap {
+            // Scaled and capped here, the softmax takes them as they are.
+            soft_cap(std::slice::from_raw_parts_mut(st, keys * rp), scale, cap);
+            scale = 1.0;
+        }
         softmax_into_tiles(st, (rp, len, keys), scale, s, sinks, p);
         match engine {
             Engine::Amx { emulated: false } => values::<AmxHardware>(ctx, task, s, a, keys, rp),

@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 
 use super::softmax::softmax_avx2;
-use super::{Ctx, LINE, Scratch, Task, out_row};
+use super::{Ctx, LINE, Scratch, Task, out_row, soft_cap};
 use vector::{Vector, Ymm, Zmm};
 
 #[path = "attention_simd_vector.rs"]
@@ -87,6 +87,9 @@ unsafe fn run<const Z: bool, const SK: usize, const VD: usize>(
                 scores_chunk::<Z, SK>(rows, kp, at, (rp, hd, nk), scale);
             }
             j += nk;
+        }
+        if let Some(cap) = ctx.softmax.softcap {
+            soft_cap(std::slice::from_raw_parts_mut(st, len * rp), 1.0, cap);
         }
         softmax_avx2(st, rp, len, s, ctx.softmax.sinks.is_some());
         weighted_values::<Z, VD>(ctx, task, s, &chunks);

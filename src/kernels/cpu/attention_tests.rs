@@ -236,11 +236,32 @@ fn chunks_and_temperature_match_naive_and_are_invariant() {
     }
 }
 
+/// Gemma-2's soft cap on the scores (caps near and far below the scores' range, so tanh is
+/// both nearly linear and saturated), alone, with its sliding window, with sinks.
+#[test]
+fn soft_cap_matches_naive_and_is_invariant() {
+    let sinks: Vec<f32> = (0..40).map(|h| (h as f32 * 0.77).sin() * 3.0).collect();
+    for (seed, softcap, window, with_sinks) in [
+        (51, 50.0, None, false),
+        (52, 0.5, None, false),
+        (53, 2.0, Some(6), false),
+        (54, 1.0, None, true),
+    ] {
+        check_variant(seed, |heads| Softmax {
+            softcap: Some(softcap),
+            window,
+            sinks: with_sinks.then(|| &sinks[..heads]),
+            ..Softmax::default()
+        });
+    }
+}
+
 fn variant(sm: &Softmax<'_>) -> Variant {
     Variant {
         window: sm.window,
         chunk: sm.chunk,
         temperature: sm.temperature,
+        softcap: sm.softcap,
     }
 }
 
@@ -329,7 +350,7 @@ fn bf16_tiles_case(path: Path) {
             offset,
         })
     };
-    for (heads, kv_heads, hd, len, window, with_sinks, temperature) in [
+    for (heads, kv_heads, hd, len, window, with_sinks, temperature, softcap) in [
         (16, 4, 64, 70, None, false, None),
         (8, 2, 64, 300, None, false, warm(64.0, 0.0)),
         (4, 4, 32, 37, Some(7), true, None),
@@ -339,12 +360,20 @@ fn bf16_tiles_case(path: Path) {
         (12, 4, 96, 75, Some(8), false, warm(30.0, 0.0)),
         // 80 query heads per kv head: tasks of 80 rows, more than 4 row tiles.
         (80, 1, 32, 9, None, false, None),
-    ] {
+    ]
+    .into_iter()
+    .map(|(h, kvh, hd, len, window, sinks, temp)| (h, kvh, hd, len, window, sinks, temp, None))
+    // Gemma-2's soft cap, alone and with its window.
+    .chain([
+        (8, 2, 64, 100, None, false, None, Some(1.0)),
+        (4, 2, 32, 50, Some(9), false, None, Some(0.5)),
+    ]) {
         let (shape, q, k, v) = inputs((heads, kv_heads, hd), len, &mut seed);
         let sm = Softmax {
             window,
             sinks: with_sinks.then(|| &sinks[..heads]),
             temperature,
+            softcap,
             ..Softmax::default()
         };
         let want = naive(shape, variant(&sm), sm.sinks, len, (&q, &k, &v));

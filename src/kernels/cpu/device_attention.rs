@@ -72,6 +72,7 @@ pub(super) fn attention(
         chunk: sm.chunk,
         sinks: sm.sinks.map(|s| &s[..]),
         temperature: sm.temperature,
+        softcap: sm.softcap,
         dense_below: sm.sparse,
     };
     attend(&kv.q, kc, vc, plan, shape, softmax, &mut out.data, bf16);

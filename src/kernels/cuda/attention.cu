@@ -78,6 +78,7 @@ struct AttnArgs {
     float temp_offset;       //   and offset (QueryTemperature)
     int dense_below;         // only queries at positions below it (DeepSeek Sparse Attention's
                              // index_topk: its sparse pass writes the rest), or 0 for all
+    float softcap;           // Gemma-2's attn_logit_softcapping, or 0 for none
 };
 
 // The tile's rows this pass computes: its first n, or (dense_below) those at positions below
@@ -100,6 +101,12 @@ __device__ __forceinline__ float attn_temp(const AttnArgs& a, int p) {
         __fmul_rn(log1pf(floorf(__fdiv_rn(__fadd_rn((float)p, a.temp_offset), a.temp_floor))),
                   a.temp_scale),
         1.0f);
+}
+
+// A scaled score soft-capped, cap * tanh(s / cap), as the CPU and transformers compute it (s
+// itself without a cap).
+__device__ __forceinline__ float attn_cap(const AttnArgs& a, float s) {
+    return a.softcap > 0.f ? __fmul_rn(tanhf(__fdiv_rn(s, a.softcap)), a.softcap) : s;
 }
 
 // The query at position p times its temperature factor.
@@ -173,7 +180,7 @@ __device__ void attention_t(const AttnArgs a, const C* kc, const C* vc, OUT* out
                 float dot = 0.f;
                 const float* kr = ks + lane * (hd + 1);
                 for (int d = 0; d < hd; ++d) dot = fmaf(kr[d], qr[d], dot);
-                s = __fmul_rn(dot, a.scale);
+                s = attn_cap(a, __fmul_rn(dot, a.scale));
             }
             const float m_new = fmaxf(m[ri], warp_max(s));
             const float alpha = expf(m[ri] - m_new);  // exp(-inf) = 0 on the first block
@@ -382,7 +389,7 @@ __device__ void attn_mma_t(const AttnArgs a, const bf16_t* kc, const bf16_t* vc,
                 for (int e = 0; e < 4; ++e) {
                     const int key = kb + nt * 8 + 2 * qd + (e & 1);
                     const bool valid = key < (e < 2 ? len0 : len1);
-                    s[nt][e] = valid ? __fmul_rn(s[nt][e], a.scale) : -HSX_INF;
+                    s[nt][e] = valid ? attn_cap(a, __fmul_rn(s[nt][e], a.scale)) : -HSX_INF;
                 }
                 mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
                 mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));

@@ -132,6 +132,7 @@ impl Setup {
             chunk: self.variant.chunk.unwrap_or(0),
             temperature: self.variant.temperature,
             dense_below,
+            softcap: self.variant.softcap.unwrap_or(0.0),
         };
         kv.attend(
             gpu,
@@ -271,6 +272,26 @@ fn both_kernels_apply_the_query_temperature() {
         both_kernels_match(
             &gpu,
             &Setup::with_variant(hd, [230, 90], hd as u64 + 3, variant),
+        );
+    }
+}
+
+/// Gemma-2's soft cap on both kernels: a cap inside the scores' range (tanh bends) and one far
+/// below it (saturated).
+#[test]
+fn both_kernels_apply_the_soft_cap() {
+    let Some(gpu) = test_gpu() else { return };
+    if gpu.info.compute_capability < (8, 0) {
+        return eprintln!("skipping: no bf16 mma on this GPU");
+    }
+    for (hd, cap) in [(64, 2.0), (128, 0.5)] {
+        let variant = Variant {
+            softcap: Some(cap),
+            ..Variant::default()
+        };
+        both_kernels_match(
+            &gpu,
+            &Setup::with_variant(hd, [230, 90], hd as u64 + 5, variant),
         );
     }
 }

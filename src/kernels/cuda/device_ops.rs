@@ -119,6 +119,7 @@ impl CudaDevice {
             chunk: sm.chunk.unwrap_or(0),
             temperature: sm.temperature,
             dense_below: sm.sparse.unwrap_or(0),
+            softcap: sm.softcap.unwrap_or(0.0),
         };
         let o = (out.ptr(), out.dtype());
         kv.attend(

@@ -147,7 +147,7 @@ pub struct QkvRows {
 
 /// The softmax's variant as the kernel takes it: scale and head geometry, the sinks' device
 /// address (0 = none), the sliding window or the chunk in keys (0 = none), the query
-/// temperature.
+/// temperature, the scores' soft cap (0 = none).
 #[derive(Debug, Clone, Copy)]
 pub struct DevSoftmax {
     pub shape: AttnShape,
@@ -158,6 +158,8 @@ pub struct DevSoftmax {
     /// Only the queries at positions below it (DeepSeek Sparse Attention's `index_topk`), or
     /// 0 for all.
     pub dense_below: usize,
+    /// Gemma-2's `attn_logit_softcapping` (scores become `cap · tanh(s / cap)`), or 0.
+    pub softcap: f32,
 }
 
 impl DevSoftmax {
@@ -170,6 +172,7 @@ impl DevSoftmax {
             chunk: 0,
             temperature: None,
             dense_below: 0,
+            softcap: 0.0,
         }
     }
 }
@@ -198,6 +201,7 @@ pub struct AttnArgs {
     temp_scale: f32,
     temp_offset: f32,
     dense_below: i32,
+    softcap: f32,
 }
 
 /// K and V of every attention layer.
@@ -429,6 +433,7 @@ impl DevKvCache {
             temp_scale,
             temp_offset,
             dense_below: keys(softmax.dense_below)?,
+            softcap: softmax.softcap,
         };
         let mma = self
             .tensor_cores
