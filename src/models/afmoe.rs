@@ -75,24 +75,13 @@ fn load_attention<D: Device>(
         false => None,
     };
     Ok(Attention {
-        qkv,
-        o: ld.linear1(&attn("o_proj"), h, qd, false)?,
         qk_norm: Some((norm("q_norm")?, Some(norm("k_norm")?))),
-        v_norm: None,
         rope,
         gated: true,
-        heads: spec.num_heads,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer: i,
-        shared_kv: false,
         variant: SoftmaxVariant {
             window: sliding.then_some(a.window),
             ..SoftmaxVariant::causal()
         },
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
+        ..Attention::plain((qkv, ld.linear1(&attn("o_proj"), h, qd, false)?), spec, i)
     })
 }

@@ -204,22 +204,11 @@ pub(super) fn attention_of<D: Device>(
     let (h, qd) = (spec.hidden_size, spec.num_heads * spec.head_dim);
     let o = format!("model.layers.{i}.self_attn.o_proj");
     Ok(Attention {
-        qkv,
-        o: ld.linear1(&o, h, qd, spec.o_bias)?,
         qk_norm,
-        v_norm: None,
         rope,
-        gated: false,
-        heads: spec.num_heads,
-        kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
-        eps: spec.rms_norm_eps,
-        kv_layer: i,
-        shared_kv: false,
         variant,
-        qsa: None,
-        value_scale: None,
         qk_norm_after_rope: spec.qk_norm == QkNorm::PerHeadAfterRope,
+        ..Attention::plain((qkv, ld.linear1(&o, h, qd, spec.o_bias)?), spec, i)
     })
 }
 

@@ -186,17 +186,12 @@ fn load_attention<D: Device>(
     let qkv = ld.dev.linear(qkv, spec.qkv_bias.then_some(bias))?;
     let rope = (if sliding { g.local_rope } else { g.global_rope }).table(hd);
     Ok(Attention {
-        qkv,
-        o: ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,
         qk_norm: Some((ld.vector(&attn("q_norm.weight"), hd)?, k_norm)),
         v_norm: Some(ld.dev.vector(&vec![1.0; hd])?),
         rope: Some((ld.dev.rope_table(&rope)?, hd)),
-        gated: false,
         heads,
         kv_heads: kv * repeat,
         head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer: g.kv_layer(i),
         shared_kv,
         variant: SoftmaxVariant {
             window: sliding.then_some(g.window),
@@ -204,8 +199,13 @@ fn load_attention<D: Device>(
             score_factor: (hd as f64).sqrt(),
             ..SoftmaxVariant::causal()
         },
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
+        ..Attention::plain(
+            (
+                qkv,
+                ld.linear1(&attn("o_proj"), h, heads * hd, spec.o_bias)?,
+            ),
+            spec,
+            g.kv_layer(i),
+        )
     })
 }

@@ -149,25 +149,21 @@ fn load_attention<D: Device>(
     };
     let norm = |s: &str| ld.vector(&n(&format!("{s}.weight")), hd);
     Ok(Attention {
-        qkv: ld.dev.linear(qkv, bias.then_some(b))?,
-        o: ld.linear1(&n(o), h, qd, spec.o_bias)?,
         qk_norm: Some((norm(q_norm)?, Some(norm(k_norm)?))),
-        v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, hd)),
         gated,
-        heads: nh,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer,
-        shared_kv: false,
         variant: SoftmaxVariant {
             window: lfm3.filter(|_| sliding).map(|a| a.window),
             ..SoftmaxVariant::causal()
         },
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
+        ..Attention::plain(
+            (
+                ld.dev.linear(qkv, bias.then_some(b))?,
+                ld.linear1(&n(o), h, qd, spec.o_bias)?,
+            ),
+            spec,
+            kv_layer,
+        )
     })
 }
 

@@ -72,25 +72,20 @@ fn load_attention<D: Device>(
         false => None,
     };
     Ok(Attention {
-        qkv,
-        o: ld.dev.linear(o.pad_col_groups(heads, vd, hd), None)?,
-        qk_norm: None,
-        v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, rot)),
-        gated: false,
         heads,
         kv_heads: kv * repeat,
         head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer: i,
-        shared_kv: false,
         variant: SoftmaxVariant {
             window: m.sliding[i].then_some(m.window),
             sinks,
             ..SoftmaxVariant::causal()
         },
-        qsa: None,
         value_scale: Some(m.value_scale),
-        qk_norm_after_rope: false,
+        ..Attention::plain(
+            (qkv, ld.dev.linear(o.pad_col_groups(heads, vd, hd), None)?),
+            spec,
+            i,
+        )
     })
 }

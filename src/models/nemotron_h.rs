@@ -114,22 +114,9 @@ pub(super) fn attention_with<D: Device>(
         }
     };
     Ok(Attention {
-        qkv,
-        o,
-        qk_norm: None,
-        v_norm: None,
         rope,
-        gated: false,
-        heads: spec.num_heads,
-        kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
-        eps: spec.rms_norm_eps,
-        kv_layer,
-        shared_kv: false,
         variant,
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
+        ..Attention::plain((qkv, o), spec, kv_layer)
     })
 }
 

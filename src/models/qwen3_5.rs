@@ -11,9 +11,7 @@
 
 use super::decoder::{Decoder, FinalNorm};
 use super::hybrid_config::{GdnSpec, HybridSpec, LayerKind};
-use super::layers::{
-    Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, SoftmaxVariant, Sublayer, neg_exp,
-};
+use super::layers::{Attention, CausalConv, GatedDeltaNet, Layer, Loader, Part, Sublayer, neg_exp};
 use super::moe_weights::{self, GATE_BIAS, QWEN_EXPERTS, swiglu};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -144,22 +142,17 @@ pub(super) fn load_attention<D: Device>(
     let norm = |s: &str| ld.norm_one_plus(&n(s), hd);
     let rope = Rope::new(rotary_dim, spec.rope_theta, spec.rope_scaling);
     Ok(Attention {
-        qkv: ld.dev.linear(qkv, bias)?,
-        o: ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
         qk_norm: Some((norm("q_norm")?, Some(norm("k_norm")?))),
-        v_norm: None,
         rope: Some((ld.dev.rope_table(&rope)?, rotary_dim)),
         gated: true,
-        heads: nh,
-        kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        eps: spec.rms_norm_eps,
-        kv_layer,
-        shared_kv: false,
-        variant: SoftmaxVariant::causal(),
-        qsa: None,
-        value_scale: None,
-        qk_norm_after_rope: false,
+        ..Attention::plain(
+            (
+                ld.dev.linear(qkv, bias)?,
+                ld.linear1(&n("o_proj"), h, qd, spec.o_bias)?,
+            ),
+            spec,
+            kv_layer,
+        )
     })
 }
 

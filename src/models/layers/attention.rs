@@ -61,6 +61,33 @@ pub struct QsaIndexer<D: Device> {
 }
 
 impl<D: Device> Attention<D> {
+    /// The plain layer of `spec`'s heads and eps: causal softmax, no norms, no RoPE, no gate,
+    /// keys of its own in cache layer `kv_layer`. Loaders set what differs by struct update.
+    pub fn plain(
+        (qkv, o): (D::Linear, D::Linear),
+        spec: &crate::models::ModelSpec,
+        kv_layer: usize,
+    ) -> Self {
+        Self {
+            qkv,
+            o,
+            qk_norm: None,
+            qk_norm_after_rope: false,
+            v_norm: None,
+            rope: None,
+            gated: false,
+            heads: spec.num_heads,
+            kv_heads: spec.num_kv_heads,
+            head_dim: spec.head_dim,
+            eps: spec.rms_norm_eps,
+            kv_layer,
+            shared_kv: false,
+            variant: SoftmaxVariant::causal(),
+            qsa: None,
+            value_scale: None,
+        }
+    }
+
     fn q_dim(&self) -> usize {
         self.heads * self.head_dim
     }
