@@ -79,7 +79,7 @@ pub(super) fn gdn_gated_norm(
     norm: (f64, NormGate),
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    check_gate("gdn_gated_norm", x, &z)?;
+    check_gate("gdn_gated_norm", &Cols::new(x, 0, x.width), &z)?;
     out.data.clear();
     out.data.extend_from_slice(&x.data);
     recurrent::gated_rms_norm_then_gate(&mut out.data, col_rows(z), w, norm);
@@ -127,7 +127,7 @@ pub(super) fn mamba2_gated_norm(
     gate: MambaGate<'_, Vec<f32>>,
     out: &mut CpuBuf,
 ) -> DevResult<()> {
-    check_gate("mamba2_gated_norm", y, &z)?;
+    check_gate("mamba2_gated_norm", &Cols::new(y, 0, y.width), &z)?;
     out.data.clear();
     out.data.extend_from_slice(&y.data);
     match gate {

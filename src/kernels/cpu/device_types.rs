@@ -81,18 +81,26 @@ pub struct CpuStep<'a> {
     pub(super) seqs: &'a [SeqState],
 }
 
-/// An error unless the gate columns `c` of an op `what` are as wide as `x` and have its rows
-/// (the ops zip them row by row: a shorter gate would leave rows unwritten).
-pub(super) fn check_gate(what: &str, x: &CpuBuf, c: &Cols<'_, CpuBuf>) -> DevResult<()> {
-    if c.width != x.width || c.buf.rows() != x.rows() || c.col + c.width > c.buf.width {
+/// An error unless the columns `x` and the gate columns `c` of an op `what` each lie inside
+/// their buffer and have one width and one row count (the ops zip them row by row: a shorter
+/// gate would leave rows unwritten).
+pub(super) fn check_gate(what: &str, x: &Cols<'_, CpuBuf>, c: &Cols<'_, CpuBuf>) -> DevResult<()> {
+    let inside = |c: &Cols<'_, CpuBuf>| c.col + c.width <= c.buf.width;
+    let same = c.width == x.width && c.buf.rows() == x.buf.rows();
+    if !(inside(x) && inside(c) && same) {
+        let shown = |c: &Cols<'_, CpuBuf>| {
+            let (b, end) = (c.buf, c.col + c.width);
+            format!(
+                "columns {}..{end} of a {}-wide, {}-row buffer",
+                c.col,
+                b.width,
+                b.rows()
+            )
+        };
         return Err(DeviceError::Invalid(format!(
-            "{what}: gate columns {}..{} of a {}-wide, {}-row buffer for {} rows of {}",
-            c.col,
-            c.col + c.width,
-            c.buf.width,
-            c.buf.rows(),
-            x.rows(),
-            x.width
+            "{what}: gate {} for input {}",
+            shown(c),
+            shown(x)
         )));
     }
     Ok(())
@@ -107,17 +115,7 @@ pub(super) fn gate_rows(
     out: &mut CpuBuf,
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) -> DevResult<()> {
-    check_cols(what, &x)?;
-    check_cols(what, &c)?;
-    if c.width != x.width || c.buf.rows() != x.buf.rows() {
-        return Err(DeviceError::Invalid(format!(
-            "{what}: gate [{}, {}] for input [{}, {}]",
-            c.buf.rows(),
-            c.width,
-            x.buf.rows(),
-            x.width
-        )));
-    }
+    check_gate(what, &x, &c)?;
     // Every element is written below: resizing zeroes only growth.
     out.data.resize(x.buf.rows() * x.width, 0.0);
     out.data
@@ -130,19 +128,6 @@ pub(super) fn gate_rows(
             }
         });
     set(out, x.width);
-    Ok(())
-}
-
-/// Checks that columns `c` lie inside their buffer.
-fn check_cols(what: &str, c: &Cols<'_, CpuBuf>) -> DevResult<()> {
-    if c.col + c.width > c.buf.width {
-        return Err(DeviceError::Invalid(format!(
-            "{what}: columns {}..{} of {}-wide rows",
-            c.col,
-            c.col + c.width,
-            c.buf.width
-        )));
-    }
     Ok(())
 }
 
@@ -265,7 +250,8 @@ mod tests {
     fn gate_columns_are_read_in_place_and_checked() {
         let (x, wide) = (buf(3, 2), buf(3, 5));
         let gate = Cols::new(&wide, 1, 2);
-        check_gate("t", &x, &gate).unwrap();
+        let whole = Cols::new(&x, 0, 2);
+        check_gate("t", &whole, &gate).unwrap();
         let rows: Vec<&[f32]> = col_rows(gate).collect();
         assert_eq!(rows, [&[1.0, 2.0][..], &[6.0, 7.0], &[11.0, 12.0]]);
         let short = buf(2, 5);
@@ -274,7 +260,11 @@ mod tests {
             Cols::new(&wide, 4, 2),
             Cols::new(&short, 1, 2),
         ] {
-            assert!(check_gate("t", &x, &bad).is_err());
+            assert!(check_gate("t", &whole, &bad).is_err());
+            assert!(
+                check_gate("t", &bad, &whole).is_err(),
+                "x checked as the gate is"
+            );
         }
         let dev = CpuDevice::new(1, Bf16Kernel::F32).unwrap();
         let mut out = CpuBuf::default();
