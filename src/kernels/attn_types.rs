@@ -32,8 +32,23 @@ impl QkvLayout {
     /// projection (OLMo-2, MiniMax-M2: `heads · head_dim`); an error for any other length. A
     /// layer with no k weights (it shares an earlier layer's keys) has no k pieces: `(0, 0)`.
     pub fn norm_pieces(&self, lens: (usize, Option<usize>)) -> Result<[(usize, usize); 2], String> {
+        self.norm_pieces_of(QkNormForm::Rms, lens)
+    }
+
+    /// [`Self::norm_pieces`] of weights applied as `form` says: with
+    /// [`QkNormForm::HeadLayerNorm`] every head, its weights a row of `heads · head_dim`.
+    pub fn norm_pieces_of(
+        &self,
+        form: QkNormForm,
+        lens: (usize, Option<usize>),
+    ) -> Result<[(usize, usize); 2], String> {
         let hd = self.head_dim;
+        let per_head = form == QkNormForm::HeadLayerNorm;
         let piece = |len: usize, heads: usize, what: &str| match len {
+            _ if per_head && len == heads * hd => Ok((heads, hd)),
+            _ if per_head => Err(format!(
+                "{what} of {len} values for {heads} heads of {hd}: not a row per head"
+            )),
             _ if len == hd => Ok((heads, hd)),
             _ if len == heads * hd => Ok((1, len)),
             _ => Err(format!(
@@ -74,6 +89,26 @@ impl AttnShape {
 /// q's RMSNorm weights, k's where the layer has keys of its own, and eps.
 pub type QkNormWeights<'a, V> = (&'a V, Option<&'a V>, f64);
 
+/// How an attention layer's q / k norm weights apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QkNormForm {
+    /// RMSNorm of pieces as wide as the weights (each head: Qwen3; the whole projection:
+    /// MiniMax-M2), before RoPE.
+    #[default]
+    Rms,
+    /// The same after RoPE (HunYuan's).
+    RmsAfterRope,
+    /// LayerNorm without a bias (centred) of each head, its weights the head's row of
+    /// `[heads, head_dim]`, before RoPE: Cohere's `use_qk_norm` (Command R+).
+    HeadLayerNorm,
+}
+
+impl QkNormForm {
+    pub fn after_rope(self) -> bool {
+        self == Self::RmsAfterRope
+    }
+}
+
 /// One attention layer's call: its KV cache layer, the qkv layout, optional q/k RMSNorm
 /// weights (per head or over the whole projection: [`QkvLayout::norm_pieces`]), an optional
 /// per-head RMSNorm of v (Gemma 4's, unweighted: its weights are ones) and RoPE (table, rotary
@@ -83,8 +118,8 @@ pub struct AttnCall<'a, D: Device> {
     pub layout: QkvLayout,
     /// q's weights, k's (none exactly where the layer shares keys: `shared_kv`), and eps.
     pub qk_norm: Option<QkNormWeights<'a, D::Vector>>,
-    /// The q / k norms apply after RoPE (HunYuan's), not before.
-    pub norm_after_rope: bool,
+    /// How the q / k norm weights apply.
+    pub norm_form: QkNormForm,
     /// `[head_dim]` weights and eps.
     pub v_norm: Option<(&'a D::Vector, f64)>,
     pub rope: Option<(&'a D::Rope, usize)>,
@@ -112,7 +147,9 @@ impl<D: Device> AttnCall<'_, D> {
                 false => "q_norm without k_norm weights on a layer with keys".into(),
             }));
         }
-        let pieces = self.layout.norm_pieces((len(q), k.map(len)));
+        let pieces = self
+            .layout
+            .norm_pieces_of(self.norm_form, (len(q), k.map(len)));
         pieces.map(Some).map_err(DeviceError::Invalid)
     }
 }
@@ -235,7 +272,7 @@ impl<S> SoftmaxVariant<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{AttnCall, QkvLayout, SoftmaxVariant};
+    use super::{AttnCall, QkNormForm, QkvLayout, SoftmaxVariant};
     use crate::kernels::CpuDevice;
 
     const LAYOUT: QkvLayout = QkvLayout {
@@ -275,7 +312,7 @@ mod tests {
             kv_layer: 0,
             layout: LAYOUT,
             qk_norm: Some((q, k, 1e-6)),
-            norm_after_rope: false,
+            norm_form: QkNormForm::Rms,
             v_norm: None,
             rope: None,
             softmax: SoftmaxVariant::causal(),
@@ -306,10 +343,24 @@ mod tests {
         assert!(err.contains("q_norm without k_norm"), "{err}");
         let none = AttnCall {
             qk_norm: None,
-            norm_after_rope: false,
+            norm_form: QkNormForm::Rms,
             ..call_with(&q, None, true)
         };
         assert_eq!(pieces(none), Ok(None));
+        // Cohere's: a row of weights per head, any other length refused.
+        let (q, k) = (vec![1.0; 48], vec![1.0; 16]);
+        let rows = AttnCall {
+            norm_form: QkNormForm::HeadLayerNorm,
+            ..call_with(&q, Some(&k), false)
+        };
+        assert_eq!(pieces(rows), Ok(Some([(6, 8), (2, 8)])));
+        let short = vec![1.0; 8];
+        let one_head = AttnCall {
+            norm_form: QkNormForm::HeadLayerNorm,
+            ..call_with(&short, Some(&k), false)
+        };
+        let err = pieces(one_head).unwrap_err();
+        assert!(err.contains("not a row per head"), "{err}");
     }
 
     /// A KV-sharing layer's rows end where k would start.

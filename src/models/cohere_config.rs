@@ -9,7 +9,7 @@
 
 use super::config::{Architecture, Cfg};
 use super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
-use super::{ModelError, ModelSpec};
+use super::{ModelError, ModelSpec, QkNorm};
 use crate::kernels::device::NormKind;
 
 /// What only Cohere's families have.
@@ -25,14 +25,12 @@ pub(super) fn parse(
     arch: Architecture,
     name: String,
 ) -> Result<ModelSpec, ModelError> {
-    if arch == Architecture::Cohere && cfg.bool_or("use_qk_norm", false)? {
-        // Per-head LayerNorms with a weight per head (Command R+): no kernel for them.
-        return Err(ModelError::Unsupported {
-            path: cfg.path_buf(),
-            what: "Cohere's use_qk_norm (per-head q / k LayerNorms, Command R+)".into(),
-        });
-    }
     let mut spec = super::dense_config::dense_spec(cfg, arch, name)?;
+    // Command R+: q and k LayerNormed per head, each head with its own weights (Cohere 2's
+    // classes have no such field).
+    if arch == Architecture::Cohere && cfg.bool_or("use_qk_norm", false)? {
+        spec.qk_norm = QkNorm::HeadLayerNorm;
+    }
     let rms_eps = (arch == Architecture::Cohere2Moe)
         .then(|| cfg.get("rms_norm_eps").filter(|v| !v.is_null()))
         .flatten();

@@ -48,10 +48,14 @@ fn cohere_layer_norms_tied_interleaved_rope_every_layer() {
         (128, 8e6, QkNorm::None)
     );
     assert!(s.windows.is_none() && s.nope_layers.is_none() && s.sliding_window.is_none());
+    // Command R+: q / k LayerNormed per head, each head with its own weights.
     let mut v = command_r();
     v["use_qk_norm"] = json!(true);
-    let err = parse(&v).unwrap_err().to_string();
-    assert!(err.contains("use_qk_norm"), "{err}");
+    assert_eq!(parse(&v).unwrap().qk_norm, QkNorm::HeadLayerNorm);
+    // Cohere 2's classes read no such field.
+    let mut v = command_r7b();
+    v["use_qk_norm"] = json!(true);
+    assert_eq!(parse(&v).unwrap().qk_norm, QkNorm::None);
 }
 
 #[test]

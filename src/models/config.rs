@@ -338,7 +338,7 @@ impl ModelSpec {
     }
 }
 
-/// Where the attention's q / k RMSNorm applies.
+/// Where and how the attention's q / k norm applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QkNorm {
     None,
@@ -349,6 +349,9 @@ pub enum QkNorm {
     Whole,
     /// Each head on its own after RoPE (`query_layernorm` / `key_layernorm`: HunYuan).
     PerHeadAfterRope,
+    /// Each head LayerNormed (no bias) with its own weights, `q_norm` / `k_norm` of
+    /// `[heads, head_dim]`: Cohere's `use_qk_norm` (Command R+).
+    HeadLayerNorm,
 }
 
 fn model_name(dir: &Path) -> String {

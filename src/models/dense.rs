@@ -17,7 +17,7 @@ use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Su
 use super::moe_weights::{self, GATE_BIAS, MIXTRAL_EXPERTS, QWEN_EXPERTS};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling};
 use crate::kernels::Device;
-use crate::kernels::device::HostMatrix;
+use crate::kernels::device::{HostMatrix, QkNormForm};
 use crate::kernels::rope::Rope;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
@@ -108,6 +108,9 @@ pub(super) fn load_attention_roped<D: Device>(
         (QkNorm::PerHead, false) => norms((hd, hd), ("q_norm", "k_norm"))?,
         (QkNorm::Whole, false) => norms((qd, kvd), ("q_norm", "k_norm"))?,
         (QkNorm::PerHeadAfterRope, false) => norms((hd, hd), ("query_layernorm", "key_layernorm"))?,
+        (QkNorm::HeadLayerNorm, interleaved) => {
+            head_layer_norms(ld, spec, i, interleaved.then_some(rot))?
+        }
         (QkNorm::None, _) => None,
         (_, true) => {
             let what = "q / k norms with interleaved RoPE".into();
@@ -176,6 +179,36 @@ fn deinterleaved_qkv<D: Device>(
     Ok(ld.dev.linear(qkv, bias)?)
 }
 
+/// Cohere's per-head q / k LayerNorm weights (`q_norm` / `k_norm` of `[heads, head_dim]`),
+/// each head's in the order of its projection rows (`rot`: de-interleaved as
+/// [`deinterleaved_qkv`] reorders them).
+fn head_layer_norms<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    i: usize,
+    rot: Option<usize>,
+) -> Result<QkNormOf<D>, ModelError> {
+    let hd = spec.head_dim;
+    let norm = |n: &str, heads: usize| {
+        let w = ld.f32s(
+            &format!("model.layers.{i}.self_attn.{n}.weight"),
+            &[heads, hd],
+        )?;
+        let w = match rot {
+            Some(rot) => (deinterleaved(heads, hd, rot).iter())
+                .map(|&(r, _)| w[r])
+                .collect(),
+            None => w,
+        };
+        Ok::<_, ModelError>(ld.dev.vector(&w)?)
+    };
+    let (q, k) = (
+        norm("q_norm", spec.num_heads)?,
+        norm("k_norm", spec.num_kv_heads)?,
+    );
+    Ok(Some((q, Some(k))))
+}
+
 /// The rows of `heads` heads of `hd` with each head's first `rot` rows de-interleaved.
 fn deinterleaved(heads: usize, hd: usize, rot: usize) -> Vec<(usize, usize)> {
     let order = (0..rot / 2)
@@ -207,7 +240,11 @@ pub(super) fn attention_of<D: Device>(
         qk_norm,
         rope,
         variant,
-        qk_norm_after_rope: spec.qk_norm == QkNorm::PerHeadAfterRope,
+        qk_norm_form: match spec.qk_norm {
+            QkNorm::PerHeadAfterRope => QkNormForm::RmsAfterRope,
+            QkNorm::HeadLayerNorm => QkNormForm::HeadLayerNorm,
+            QkNorm::None | QkNorm::PerHead | QkNorm::Whole => QkNormForm::Rms,
+        },
         ..Attention::plain((qkv, ld.linear1(&o, h, qd, spec.o_bias)?), spec, i)
     })
 }

@@ -248,6 +248,7 @@ matrix! {
     granite_moe => "granite_moe",
     granite_moe_shared => "granite_moe_shared",
     cohere => "cohere",
+    cohere_qk_norm => "cohere_qk_norm",
     cohere2 => "cohere2",
     cohere2_bf16 => "cohere2_bf16",
     cohere2_moe => "cohere2_moe",

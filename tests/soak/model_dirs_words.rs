@@ -36,6 +36,7 @@ pub const FIXTURES: &[&str] = &[
     "granite_moe",
     "granite_moe_shared",
     "cohere",
+    "cohere_qk_norm",
     "cohere2_bf16",
     "cohere2_moe",
     "cohere2_moe_rms",

@@ -44,7 +44,7 @@ pub(super) fn attention(
         norm: call
             .qk_norm
             .map(|(qn, kn, eps)| (&qn[..], kn.map(|k| &k[..]), eps)),
-        norm_after_rope: call.norm_after_rope,
+        norm_form: call.norm_form,
         v_norm: call.v_norm.map(|(vn, eps)| (&vn[..], eps)),
         rope: call.rope,
         positions: &plan.positions,

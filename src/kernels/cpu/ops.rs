@@ -5,8 +5,8 @@
 
 use rayon::prelude::*;
 
-use super::norm::rms_norm_row;
-use crate::kernels::device::QkNormWeights;
+use super::norm::{layer_norm_row, rms_norm_row};
+use crate::kernels::device::{QkNormForm, QkNormWeights};
 use crate::kernels::rope::{Rope, rotate_half};
 
 /// `x += y`, element-wise (the plain residual add, so a captured row is exactly
@@ -101,10 +101,11 @@ pub struct QkvSplit<'a> {
     pub v_col: usize,
     pub kv_dim: usize,
     pub head_dim: usize,
-    /// RMSNorm weights of q and k (each row cut into pieces as wide as its weight), and eps.
+    /// Norm weights of q and k, and eps: RMSNorm of pieces as wide as the weights, or (with
+    /// `norm_form` `HeadLayerNorm`) LayerNorm of each head with its own row of them.
     pub norm: Option<QkNormWeights<'a, [f32]>>,
-    /// `norm` applies after RoPE (HunYuan's), not before.
-    pub norm_after_rope: bool,
+    /// How `norm` applies (before or after RoPE, which norm).
+    pub norm_form: QkNormForm,
     /// Per-head RMSNorm weights of v (Gemma 4's, all ones) and eps.
     pub v_norm: Option<(&'a [f32], f64)>,
     /// RoPE on the first `rotary_dim` dims of every head, at each row's position.
@@ -175,8 +176,8 @@ fn scratch(half: usize) -> RowScratch {
     (vec![0.0; half], vec![0.0; half], Vec::new())
 }
 
-/// One row's q (and k, v): gathered from `row`, normed, rotated at `pos` (`norm_after_rope`:
-/// rotated, then normed; `cs`: scratch of `rot / 2` cos and sin and a norm piece).
+/// One row's q (and k, v): gathered from `row`, normed, rotated at `pos` (a norm form after
+/// RoPE: rotated, then normed; `cs`: scratch of `rot / 2` cos and sin and a norm piece).
 fn prepare_row(
     s: &QkvSplit<'_>,
     row: &[f32],
@@ -184,25 +185,26 @@ fn prepare_row(
     (qr, kv): (&mut [f32], KvRow<'_>),
     (cos, sin, tmp): &mut RowScratch,
 ) {
-    let piece = |dst: &mut [f32], src: &[f32], w: Option<&[f32]>, eps: f64| match w {
-        Some(w) => {
-            for (d, x) in dst.chunks_exact_mut(w.len()).zip(src.chunks_exact(w.len())) {
-                rms_norm_row(x, w, eps, d);
-            }
-        }
+    let hd = s.head_dim;
+    let norm_form = s.norm_form;
+    let piece = |form, dst: &mut [f32], src: &[f32], w: Option<&[f32]>, eps: f64| match w {
+        Some(w) => norm_pieces(form, hd, (src, w, eps), dst),
         None => dst.copy_from_slice(src),
     };
     let eps = s.norm.map_or(0.0, |n| n.2);
     // Before RoPE the norms apply while gathering; after it, in place below.
-    let (before, after) = match s.norm_after_rope {
+    let (before, after) = match s.norm_form.after_rope() {
         false => (s.norm, None),
         true => (None, s.norm),
     };
     let mut kr = None;
     if let Some((k, v)) = kv {
         let (vn, v_eps) = s.v_norm.map_or((None, 0.0), |(w, eps)| (Some(w), eps));
-        piece(v, &row[s.v_col..s.v_col + s.kv_dim], vn, v_eps);
+        // Gemma 4's v norm is an RMSNorm of each head whatever q's and k's are.
+        let v_cols = &row[s.v_col..s.v_col + s.kv_dim];
+        piece(QkNormForm::Rms, v, v_cols, vn, v_eps);
         piece(
+            norm_form,
             k,
             &row[s.k_col..s.k_col + s.kv_dim],
             before.and_then(|n| n.1),
@@ -210,7 +212,7 @@ fn prepare_row(
         );
         kr = Some(k);
     }
-    piece(qr, &row[..s.q_dim], before.map(|n| n.0), eps);
+    piece(norm_form, qr, &row[..s.q_dim], before.map(|n| n.0), eps);
     if let Some((rope, rot)) = s.rope {
         rope.cos_sin(pos, cos, sin);
         let k_heads = kr.iter_mut().flat_map(|k| k.chunks_exact_mut(s.head_dim));
@@ -220,15 +222,31 @@ fn prepare_row(
     }
     if let Some((qn, kn, eps)) = after {
         let mut in_place = |x: &mut [f32], w: &[f32]| {
-            for d in x.chunks_exact_mut(w.len()) {
-                tmp.clear();
-                tmp.extend_from_slice(d);
-                rms_norm_row(tmp, w, eps, d);
-            }
+            tmp.clear();
+            tmp.extend_from_slice(x);
+            norm_pieces(norm_form, hd, (tmp, w, eps), x);
         };
         in_place(qr, qn);
         if let (Some(k), Some(kn)) = (kr, kn) {
             in_place(k, kn);
+        }
+    }
+}
+
+/// `src`'s pieces normed into `dst`: RMSNorm of pieces as wide as `w`, or (`HeadLayerNorm`)
+/// LayerNorm of each head of `hd` with its own `hd` values of `w`.
+fn norm_pieces(form: QkNormForm, hd: usize, (src, w, eps): (&[f32], &[f32], f64), dst: &mut [f32]) {
+    match form {
+        QkNormForm::HeadLayerNorm => {
+            let heads = dst.chunks_exact_mut(hd).zip(src.chunks_exact(hd));
+            for ((d, x), w) in heads.zip(w.chunks_exact(hd)) {
+                layer_norm_row(x, w, eps, d);
+            }
+        }
+        QkNormForm::Rms | QkNormForm::RmsAfterRope => {
+            for (d, x) in dst.chunks_exact_mut(w.len()).zip(src.chunks_exact(w.len())) {
+                rms_norm_row(x, w, eps, d);
+            }
         }
     }
 }
@@ -401,7 +419,10 @@ mod tests {
                     kv_dim: kvd,
                     head_dim: hd,
                     norm: norm.map(|(qn, kn, eps)| (qn, Some(kn), eps)),
-                    norm_after_rope: after,
+                    norm_form: match after {
+                        true => QkNormForm::RmsAfterRope,
+                        false => QkNormForm::Rms,
+                    },
                     v_norm,
                     rope,
                     positions: &positions,
@@ -417,6 +438,68 @@ mod tests {
                 assert_eq!((b(&q2), b(&k2), b(&v2)), (b(&q), b(&k), b(&v)), "{what}");
             }
         }
+    }
+
+    /// Cohere's q / k norm: each head LayerNormed with its own row of the weights, then RoPE;
+    /// v as it is (or RMS-normed where a v norm is given, whatever q's and k's norm is).
+    #[test]
+    fn split_qkv_head_layer_norm_is_a_layer_norm_per_head() {
+        let (hd, heads, kv_heads, rows) = (8, 3, 1, 5);
+        let (qd, kvd) = (heads * hd, kv_heads * hd);
+        let width = qd + 2 * kvd;
+        let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) * 0.3;
+        let qkv: Vec<f32> = (0..rows * width).map(value).collect();
+        let (qw, kw): (Vec<f32>, Vec<f32>) = (
+            (0..qd).map(|i| 0.5 + i as f32 * 0.1).collect(),
+            (0..kvd).map(|i| 1.5 - i as f32 * 0.1).collect(),
+        );
+        let positions: Vec<usize> = (0..rows).collect();
+        let rope = Rope::new(hd, 10000.0, RopeScaling::None);
+        let ones = vec![1.0f32; hd];
+        let split = QkvSplit {
+            width,
+            q_dim: qd,
+            k_col: qd,
+            v_col: qd + kvd,
+            kv_dim: kvd,
+            head_dim: hd,
+            norm: Some((&qw[..], Some(&kw[..]), 1e-5)),
+            norm_form: QkNormForm::HeadLayerNorm,
+            v_norm: Some((&ones[..], 1e-6)),
+            rope: Some((&rope, hd)),
+            positions: &positions,
+        };
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        split_qkv(&qkv, &split, (&mut q, &mut k, &mut v));
+        let normed = |x: &[f32], w: &[f32]| -> Vec<f32> {
+            let mut out = vec![0.0; x.len()];
+            for ((o, x), w) in out
+                .chunks_exact_mut(hd)
+                .zip(x.chunks_exact(hd))
+                .zip(w.chunks_exact(hd))
+            {
+                layer_norm_row(x, w, 1e-5, o);
+            }
+            out
+        };
+        let (mut want_q, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+        for r in qkv.chunks_exact(width) {
+            want_q.extend(normed(&r[..qd], &qw));
+            want_k.extend(normed(&r[qd..qd + kvd], &kw));
+            want_v.extend(r[qd + kvd..].to_vec());
+        }
+        rms_norm_inplace(&mut want_v, &ones, 1e-6);
+        apply_rope(&rope, (&mut want_q, &mut want_k), &positions, hd, hd);
+        let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!((b(&q), b(&k), b(&v)), (b(&want_q), b(&want_k), b(&want_v)));
+        // Not an RMSNorm: the heads' means are not zero.
+        let rms = QkvSplit {
+            norm_form: QkNormForm::Rms,
+            ..split
+        };
+        let (mut q_rms, mut k_rms) = (Vec::new(), Vec::new());
+        split_qkv(&qkv, &rms, (&mut q_rms, &mut k_rms, &mut v));
+        assert_ne!(b(&q_rms), b(&q));
     }
 
     #[test]

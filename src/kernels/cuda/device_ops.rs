@@ -76,7 +76,7 @@ impl CudaDevice {
         let norms = match (call.qk_norm, call.norm_pieces(|w| w.len())?) {
             (Some((q, k, eps)), Some(pieces)) => {
                 let k = k.map_or(0, |k| k.ptr());
-                Some((q.ptr(), k, eps, pieces, call.norm_after_rope))
+                Some((q.ptr(), k, eps, pieces, call.norm_form))
             }
             _ => None,
         };

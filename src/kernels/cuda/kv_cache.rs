@@ -121,12 +121,12 @@ fn tiles_of(plan: &BatchPlan<'_>, tile: usize) -> Vec<i32> {
 }
 
 pub use crate::kernels::device::AttnShape;
-use crate::kernels::device::{KvShape, QueryTemperature};
+use crate::kernels::device::{KvShape, QkNormForm, QueryTemperature};
 
-/// q/k RMSNorm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, the
-/// (count, width) of the pieces of q and of k each normalises, and whether they apply after
-/// RoPE (HunYuan's) rather than before.
-pub type QkNorms = (u64, u64, f64, [(usize, usize); 2], bool);
+/// q/k norm of [`DevKvCache::attend`]: the q and k weights' addresses, eps, the
+/// (count, width) of the pieces of q and of k each normalises, and how they apply (RMSNorm
+/// before or after RoPE, or a LayerNorm of each head with its own weights).
+pub type QkNorms = (u64, u64, f64, [(usize, usize); 2], QkNormForm);
 
 /// The per-head RMSNorm of v (weights `[head_dim]`, eps): Gemma 4's.
 pub type VNorm = (u64, f64);
@@ -355,7 +355,8 @@ impl DevKvCache {
             ops::head_rms_norm(gpu, heads(v_col, rows.kv_heads), vn, eps)?;
         }
         let qk_norm = |after: bool| -> CudaResult<()> {
-            let Some((qn, kn, eps, [(qc, qw), (kc, kw)], _)) = norms.0.filter(|n| n.4 == after)
+            let Some((qn, kn, eps, [(qc, qw), (kc, kw)], form)) =
+                norms.0.filter(|n| n.4.after_rope() == after)
             else {
                 return Ok(());
             };
@@ -364,9 +365,13 @@ impl DevKvCache {
                 head_dim,
                 ..x
             };
-            ops::head_rms_norm(gpu, pieces(q, qc, qw), qn, eps)?;
+            let norm = match form {
+                QkNormForm::HeadLayerNorm => ops::head_layer_norm,
+                QkNormForm::Rms | QkNormForm::RmsAfterRope => ops::head_rms_norm,
+            };
+            norm(gpu, pieces(q, qc, qw), qn, eps)?;
             if let Some(k) = k {
-                ops::head_rms_norm(gpu, pieces(k, kc, kw), kn, eps)?;
+                norm(gpu, pieces(k, kc, kw), kn, eps)?;
             }
             Ok(())
         };

@@ -74,21 +74,32 @@ HSX_ADD_NORM(add_layer_norm_f32, float, true)
 HSX_ADD_NORM(add_layer_norm_bf16, bf16_t, true)
 HSX_ADD_NORM(add_layer_norm_f16, f16_t, true)
 
-// Per-head RMSNorm in place (Qwen3 q_norm / k_norm; MiniMax-M2's over a whole projection is one
-// head of all its values): heads of `hd` values starting at column `col` of rows `stride` apart.
+// Per-head norm in place: RMSNorm (Qwen3 q_norm / k_norm; MiniMax-M2's over a whole projection
+// is one head of all its values) or, `centred`, LayerNorm without a bias (Cohere's use_qk_norm),
+// as norm_body computes them. Heads of `hd` values start at column `col` of rows `stride` apart;
+// head h's weights start at w + h * w_stride (0: one weight vector for every head).
 // Launch: grid (rows, heads), block (32), one warp per head.
-extern "C" __global__ void head_rms_norm(float* x, long long stride, int col, int hd,
-                                         const float* w, double eps) {
+extern "C" __global__ void head_norm(float* x, long long stride, int col, int hd, const float* w,
+                                     long long w_stride, int centred, double eps) {
     float* h = x + (size_t)blockIdx.x * stride + col + (size_t)blockIdx.y * hd;
+    const float* wh = w + (size_t)blockIdx.y * w_stride;
+    float mean = 0.0f;
+    if (centred) {
+        double acc = 0.0;
+        for (int i = threadIdx.x; i < hd; i += 32) acc += (double)h[i];
+        mean = (float)(warp_sum_f64(acc) / (double)hd);
+    }
     double acc = 0.0;
     for (int i = threadIdx.x; i < hd; i += 32) {
-        double v = (double)h[i];
+        double v = (double)__fsub_rn(h[i], mean);
         acc += v * v;
     }
     const double sum = warp_sum_f64(acc);
     const float var = (float)(sum / (double)hd);
     const float r = (float)(1.0 / sqrt((double)var + eps));
-    for (int i = threadIdx.x; i < hd; i += 32) h[i] = __fmul_rn(w[i], __fmul_rn(h[i], r));
+    for (int i = threadIdx.x; i < hd; i += 32) {
+        h[i] = __fmul_rn(wh[i], __fmul_rn(__fsub_rn(h[i], mean), r));
+    }
 }
 
 // Hyper-connections' norm (Qwen4-Exp's `hc_norm`): rows of `groups · n` values, each group of

@@ -283,7 +283,7 @@ mod tests {
             .flat_map(|(_, src)| super::super::context::kernel_names_for_test(src))
             .collect();
         let mut wanted = vec![
-            "head_rms_norm".to_string(),
+            "head_norm".to_string(),
             "rope".into(),
             "bias_add".into(),
             "add_f32".into(),

@@ -104,6 +104,23 @@ pub struct Heads {
 /// RMSNorm in place of each of `x`'s heads, `w` of `head_dim` values: Qwen3's per-head q_norm /
 /// k_norm, or (one head as wide as the projection) MiniMax-M2's over all of q or k.
 pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
+    head_norm(gpu, x, (w, 0), false, eps)
+}
+
+/// LayerNorm without a bias in place of each of `x`'s heads, each with its own `head_dim`
+/// values of `w` (`[heads, head_dim]`): Cohere's `use_qk_norm`.
+pub fn head_layer_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
+    head_norm(gpu, x, (w, x.head_dim), true, eps)
+}
+
+/// [`head_rms_norm`] / [`head_layer_norm`]: head h's weights at `w + h · w_stride` floats.
+fn head_norm(
+    gpu: &Gpu,
+    x: Heads,
+    (w, w_stride): (u64, usize),
+    centred: bool,
+    eps: f64,
+) -> CudaResult<()> {
     if x.rows == 0 {
         return Ok(());
     }
@@ -121,7 +138,20 @@ pub fn head_rms_norm(gpu: &Gpu, x: Heads, w: u64, eps: f64) -> CudaResult<()> {
         i32_of(x.col, "col")?,
         i32_of(x.head_dim, "hd")?,
     );
-    launch!(gpu, "head_rms_norm", cfg, x.base, stride, col, hd, w, eps)
+    let (w_stride, centred) = (i64_of(w_stride), i32::from(centred));
+    launch!(
+        gpu,
+        "head_norm",
+        cfg,
+        x.base,
+        stride,
+        col,
+        hd,
+        w,
+        w_stride,
+        centred,
+        eps
+    )
 }
 
 /// A RoPE table on the device: `inv_freq` (rot / 2 f32) and the scale of cos and sin.

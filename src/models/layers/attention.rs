@@ -8,7 +8,7 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, Cols, DevResult, DeviceError, GateFn, QkvLayout, QsaCall, SoftmaxVariant,
+    AttnCall, Cols, DevResult, DeviceError, GateFn, QkNormForm, QkvLayout, QsaCall, SoftmaxVariant,
 };
 
 /// One attention sublayer's weights on the device.
@@ -19,8 +19,9 @@ pub struct Attention<D: Device> {
     /// q and k RMSNorm weights (per head or whole); no k weights on a layer that shares an
     /// earlier layer's keys (`shared_kv`).
     pub qk_norm: Option<(D::Vector, Option<D::Vector>)>,
-    /// The q / k norms apply after RoPE (HunYuan's), not before.
-    pub qk_norm_after_rope: bool,
+    /// How the q / k norm weights apply (RMSNorm before or after RoPE, Cohere's LayerNorm of
+    /// each head).
+    pub qk_norm_form: QkNormForm,
     /// Per-head v RMSNorm weights (Gemma 4's unweighted norm: ones).
     pub v_norm: Option<D::Vector>,
     /// RoPE table and rotary dims of each head.
@@ -72,7 +73,7 @@ impl<D: Device> Attention<D> {
             qkv,
             o,
             qk_norm: None,
-            qk_norm_after_rope: false,
+            qk_norm_form: QkNormForm::Rms,
             v_norm: None,
             rope: None,
             gated: false,
@@ -129,7 +130,7 @@ impl<D: Device> Attention<D> {
             kv_layer: self.kv_layer,
             layout: self.layout(),
             qk_norm: (self.qk_norm.as_ref()).map(|(q, k)| (q, k.as_ref(), self.eps)),
-            norm_after_rope: self.qk_norm_after_rope,
+            norm_form: self.qk_norm_form,
             v_norm: (self.v_norm.as_ref()).map(|v| (v, self.eps)),
             rope: (self.rope.as_ref()).map(|(r, rot)| (r, *rot)),
             softmax: self.variant.as_ref(),

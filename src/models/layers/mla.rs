@@ -12,8 +12,8 @@
 use super::{Ctx, Scratch, Widths};
 use crate::kernels::Device;
 use crate::kernels::device::{
-    AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QkvLayout, QueryTemperature, RowNorm,
-    SoftmaxVariant,
+    AttnCall, DevResult, DeviceError, DsaCall, MlaDims, QkNormForm, QkvLayout, QueryTemperature,
+    RowNorm, SoftmaxVariant,
 };
 
 /// How q is made from the normed rows.
@@ -143,7 +143,7 @@ impl<D: Device> MlaAttention<D> {
                 head_dim: d.head_dim(),
             },
             qk_norm: None,
-            norm_after_rope: false,
+            norm_form: QkNormForm::Rms,
             v_norm: None,
             rope: Some((&self.rope, d.rope)),
             softmax: SoftmaxVariant {
