@@ -10,7 +10,7 @@ fn index(v: usize) -> Result<i32, String> {
 /// Group-limited top-k (transformers' `NemotronHTopkRouter`, DeepSeek-V3's scheme): scores
 /// `s` of the logits ([`RouterScore`]); the choice ranks `s + e_score_correction_bias`, only
 /// inside the `topk_group` groups (of `n_group` equal expert ranges) with the largest sum of
-/// their two best choice values; the weights are the chosen experts' uncorrected `s`, divided
+/// their two best choice values (or their best one: [`GroupRank`]); the weights are the chosen experts' uncorrected `s`, divided
 /// by their sum plus `renorm_eps` when `renorm`, times `scale` (`routed_scaling_factor`). Ties go to the
 /// lower group / expert index.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,8 +22,19 @@ pub struct GroupedTopK {
     /// Added to the renormalising sum: [`DEFAULT_RENORM_EPS`] (DeepSeek-V3's 1e-20), LFM2-MoE's
     /// 1e-6.
     pub renorm_eps: f32,
+    /// What ranks the groups.
+    pub group_rank: GroupRank,
     pub scale: f32,
     pub score: RouterScore,
+}
+
+/// What a grouped router ranks its groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupRank {
+    /// The sum of the group's two best choice values (DeepSeek-V3 and those after it).
+    TopTwoSum,
+    /// The group's best choice value (DeepSeek-V2's `group_limited_greedy`).
+    Best,
 }
 
 /// The renormalising sum's epsilon of DeepSeek-V3's router and those written after it.

@@ -8,7 +8,7 @@
 //! `prefix_dense_sliding_window_pattern` is 1), its experts as [`moe`] says.
 
 use super::config::{Architecture, Cfg};
-use super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
+use super::hybrid_config::{DEFAULT_RENORM_EPS, GroupRank, MoeRouter, MoeSpec};
 use super::{ModelError, ModelSpec, QkNorm};
 use crate::kernels::device::NormKind;
 
@@ -151,6 +151,7 @@ pub(super) fn moe(cfg: &Cfg<'_>, layers: usize) -> Result<MoeSpec, ModelError> {
             softmax: !sigmoid,
             bias: false,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         },
     })
 }

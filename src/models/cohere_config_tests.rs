@@ -124,6 +124,7 @@ fn cohere2_moe_defaults_softmax_experts_in_every_layer() {
         softmax: true,
         bias: false,
         renorm_eps: DEFAULT_RENORM_EPS,
+        group_rank: GroupRank::TopTwoSum,
     };
     assert_eq!(m.router, softmax);
     // No shared experts: nothing to average.

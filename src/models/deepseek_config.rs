@@ -13,7 +13,7 @@ use super::config::{
     Architecture, Cfg, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
 use super::dsa_config::{DsaSpec, dsa_spec};
-use super::hybrid_config::{HybridSpec, LayerKind, MoeRouter, MoeSpec, rotary_dim};
+use super::hybrid_config::{GroupRank, HybridSpec, LayerKind, MoeRouter, MoeSpec, rotary_dim};
 use super::moe_config::{
     AXK1_MOE, DEEPSEEK_V2_MOE, DEEPSEEK_V3_MOE, DEEPSEEK_V32_MOE, DeepseekMoeDefaults, GLM_MOE_DSA,
     GLM_MOE_LITE, KIMI_LINEAR_MOE, MISTRAL4_MOE, deepseek_moe,
@@ -274,9 +274,10 @@ pub(super) fn parse(
             // Youtu's layers are all dense (`YoutuConfig` has no expert fields).
             moe: match architecture {
                 Architecture::Youtu => None,
-                Architecture::DeepseekV2 => {
-                    Some(deepseek_v2_moe(deepseek_moe(cfg, num_layers, &f.moe)?))
-                }
+                Architecture::DeepseekV2 => Some(deepseek_v2_moe(
+                    cfg,
+                    deepseek_moe(cfg, num_layers, &f.moe)?,
+                )?),
                 _ => Some(deepseek_moe(cfg, num_layers, &f.moe)?),
             },
             mamba: None,
@@ -289,22 +290,18 @@ pub(super) fn parse(
     })
 }
 
-/// What `DeepseekV2TopkRouter` runs that hsx does: `topk_method` `greedy` (the top-k of the
-/// softmax over every expert; `group_limited_greedy` ranks groups by their best score, not by
-/// DeepSeek-V3's two best, and is refused unless it keeps every group), a
-/// `num_experts_per_tok` (the class has none), unbiased MLPs.
+/// What `DeepseekV2TopkRouter` runs: `topk_method` `greedy` (the top-k of the softmax over
+/// every expert) or `group_limited_greedy` (the top-k inside the `topk_group` groups with the
+/// best single scores: V2 / V2.5), a `num_experts_per_tok` (the class has none), unbiased MLPs.
 fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<(), ModelError> {
     let field = "topk_method";
     match cfg.str_or(field, "greedy")? {
-        "greedy" => {}
-        "group_limited_greedy"
-            if cfg.usize_or("topk_group", 1)? >= cfg.usize_or("n_group", 1)? => {}
+        "greedy" | "group_limited_greedy" => {}
         other => {
             return Err(ModelError::Unsupported {
                 path: cfg.path_buf(),
                 what: format!(
-                    "DeepSeek-V2's topk_method `{other}` with topk_group < n_group (groups \
-                     ranked by their best expert)"
+                    "DeepSeek-V2's topk_method `{other}` (greedy or group_limited_greedy)"
                 ),
             });
         }
@@ -319,19 +316,25 @@ fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// DeepSeek-V2's router as it runs: every group kept (what [`deepseek_v2_router`] accepts),
-/// the top-k weights never renormalised, whatever `n_group` / `norm_topk_prob` say.
-fn deepseek_v2_moe(mut m: MoeSpec) -> MoeSpec {
+/// DeepSeek-V2's router as it runs: never renormalised whatever `norm_topk_prob` says; the
+/// greedy one over every expert whatever `n_group` says, the group-limited one ranking the
+/// groups by their best expert.
+fn deepseek_v2_moe(cfg: &Cfg<'_>, mut m: MoeSpec) -> Result<MoeSpec, ModelError> {
+    let group_limited = cfg.str_or("topk_method", "greedy")? == "group_limited_greedy";
     m.norm_topk_prob = false;
     if let MoeRouter::Grouped {
         n_group,
         topk_group,
+        group_rank,
         ..
     } = &mut m.router
     {
-        (*n_group, *topk_group) = (1, 1);
+        match group_limited {
+            true => *group_rank = GroupRank::Best,
+            false => (*n_group, *topk_group) = (1, 1),
+        }
     }
-    m
+    Ok(m)
 }
 
 /// `q_lora_rank`: the config class's default when absent, `None` (q through `q_proj`) when

@@ -2,8 +2,10 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::super::hybrid_config::GroupRank;
 use super::super::{Architecture, ModelSpec, WeightDtype};
 use super::MlaSpec;
+use crate::kernels::routing::RouterScore;
 
 fn parse(v: &Value) -> Result<ModelSpec, String> {
     ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
@@ -256,8 +258,8 @@ fn youtu_is_dense_with_latent_attention() {
 
 /// Shaped as DeepSeek-V2-Lite's config: q through `q_proj`, interleaved (complex) RoPE
 /// whatever `rope_interleave` says, the greedy top-6 of 64 softmax-scored experts never
-/// renormalised and every group kept; `group_limited_greedy` that drops groups, a missing
-/// `num_experts_per_tok` and `mlp_bias` are refused.
+/// renormalised and every group kept; `group_limited_greedy` keeps the groups with the best
+/// single scores; another method, a missing `num_experts_per_tok` and `mlp_bias` are refused.
 #[test]
 fn deepseek_v2_lite_greedy_router() {
     let mut v = json!({
@@ -302,10 +304,24 @@ fn deepseek_v2_lite_greedy_router() {
     let g = m.grouped().unwrap();
     assert_eq!((g.n_group, g.topk_group, g.renorm), (1, 1, false));
     assert!(s.hybrid.unwrap().mla.unwrap().dims.interleave);
+    // V2 / V2.5 236B: the top-k inside the 3 of 8 groups with the best single scores.
     v["topk_method"] = json!("group_limited_greedy");
-    assert!(parse(&v).unwrap_err().contains("group_limited_greedy"));
-    v["topk_group"] = json!(8);
-    assert!(parse(&v).is_ok());
+    let g = parse(&v)
+        .unwrap()
+        .hybrid
+        .unwrap()
+        .moe
+        .unwrap()
+        .grouped()
+        .unwrap();
+    assert_eq!((g.n_group, g.topk_group, g.renorm), (8, 3, false));
+    assert_eq!(
+        (g.group_rank, g.score),
+        (GroupRank::Best, RouterScore::Softmax)
+    );
+    let mut other = v.clone();
+    other["topk_method"] = json!("noaux_tc");
+    assert!(parse(&other).unwrap_err().contains("noaux_tc"));
     for (field, bad) in [
         ("num_experts_per_tok", json!(null)),
         ("mlp_bias", json!(true)),

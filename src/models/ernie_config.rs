@@ -4,7 +4,7 @@
 
 use super::ModelError;
 use super::config::Cfg;
-use super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
+use super::hybrid_config::{DEFAULT_RENORM_EPS, GroupRank, MoeRouter, MoeSpec};
 
 /// ERNIE 4.5's MoE (`Ernie4_5_MoeConfig`): `moe_num_experts` of `moe_intermediate_size`, top
 /// `moe_k` of the softmax of the logits ranked with `moe_statics.e_score_correction_bias`, their
@@ -48,6 +48,7 @@ pub(super) fn moe(cfg: &Cfg<'_>, num_layers: usize) -> Result<MoeSpec, ModelErro
             softmax: true,
             bias: true,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         },
     })
 }
@@ -103,6 +104,7 @@ mod tests {
             softmax: true,
             bias: true,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         };
         assert_eq!(m.router, router);
     }
@@ -194,6 +196,7 @@ mod tests {
             softmax: false,
             bias: true,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         };
         assert_eq!(m.router, router);
         // Dots1Config's default: not renormalised.

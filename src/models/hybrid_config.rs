@@ -16,7 +16,7 @@ use super::ModelError;
 use super::config::{
     Architecture, Cfg, MAX_LAYERS, ModelSpec, QkNorm, RopeScaling, WeightDtype, default_max_pos,
 };
-pub use super::moe_spec::{DEFAULT_RENORM_EPS, MoeRouter, MoeSpec};
+pub use super::moe_spec::{DEFAULT_RENORM_EPS, GroupRank, MoeRouter, MoeSpec};
 pub use crate::kernels::device::NormGate;
 
 /// What one decoder layer (block) of a hybrid model is.

@@ -187,7 +187,7 @@ mod tests {
 
     use super::*;
     use crate::models::RopeScaling;
-    use crate::models::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter};
+    use crate::models::hybrid_config::{DEFAULT_RENORM_EPS, GroupRank, MoeRouter};
 
     fn spec(v: Value) -> Result<ModelSpec, ModelError> {
         ModelSpec::from_json(&v, Path::new("c.json"), "m".into())
@@ -253,6 +253,7 @@ mod tests {
             softmax: false,
             bias: true,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         };
         assert_eq!(m.router, grouped);
         let mla = h.mla.unwrap();

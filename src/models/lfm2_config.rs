@@ -20,7 +20,7 @@
 
 use super::config::{Architecture, Cfg};
 use super::gemma4_config::kind_ropes;
-use super::hybrid_config::{HybridSpec, LayerKind, MoeRouter, MoeSpec};
+use super::hybrid_config::{GroupRank, HybridSpec, LayerKind, MoeRouter, MoeSpec};
 use super::{Gemma4Rope, ModelError, ModelSpec, QkNorm};
 
 /// What only LFM2's families have: the short convolutions' geometry, LFM3's attention.
@@ -280,6 +280,7 @@ fn moe(cfg: &Cfg<'_>, layers: usize) -> Result<MoeSpec, ModelError> {
             softmax: false,
             bias: cfg.bool_or("use_expert_bias", true)?,
             renorm_eps: MOE_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         },
     })
 }

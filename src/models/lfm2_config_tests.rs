@@ -169,6 +169,7 @@ fn lfm2_moe_dense_layers_and_router() {
         softmax: false,
         bias: true,
         renorm_eps: 1e-6,
+        group_rank: GroupRank::TopTwoSum,
     };
     assert_eq!(m.router, router);
     assert!(m.norm_topk_prob && s.tie_word_embeddings);

@@ -100,7 +100,7 @@ mod tests {
 
     use serde_json::{Value, json};
 
-    use super::super::hybrid_config::{DEFAULT_RENORM_EPS, MoeRouter};
+    use super::super::hybrid_config::{DEFAULT_RENORM_EPS, GroupRank, MoeRouter};
     use super::super::{Architecture, ModelSpec, RopeScaling};
     use crate::kernels::device::QueryTemperature;
 
@@ -248,6 +248,7 @@ mod tests {
             softmax: true,
             bias: false,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         };
         assert_eq!(moe.router, router);
         assert!(moe.sparse_layers.iter().all(|&s| s));

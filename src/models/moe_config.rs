@@ -8,7 +8,8 @@
 use super::ModelError;
 use super::config::{Architecture, Cfg};
 use super::hybrid_config::{
-    DEFAULT_RENORM_EPS, HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize, rotary_dim,
+    DEFAULT_RENORM_EPS, GroupRank, HybridSpec, LayerKind, MoeRouter, MoeSpec, first_usize,
+    rotary_dim,
 };
 use super::minimax_config::{minimax_moe, minimax_rotary_dim};
 
@@ -365,6 +366,7 @@ pub(super) fn deepseek_moe(
             softmax: d.softmax,
             bias: !d.softmax,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         },
     })
 }

@@ -2,6 +2,7 @@
 //! config parser fills it in and `moe_weights` / the layers read it.
 
 pub use crate::kernels::routing::DEFAULT_RENORM_EPS;
+pub use crate::kernels::routing::GroupRank;
 use crate::kernels::routing::{GroupedTopK, RouterScore};
 
 /// Sparse MoE block: top-k routed SwiGLU experts, and for Qwen3-Next / Qwen3.5-MoE a
@@ -40,6 +41,8 @@ pub enum MoeRouter {
         bias: bool,
         /// Added to the renormalising sum ([`DEFAULT_RENORM_EPS`]; LFM2-MoE's 1e-6).
         renorm_eps: f32,
+        /// What ranks the groups (DeepSeek-V2's best expert, else the best two's sum).
+        group_rank: GroupRank,
     },
     /// Llama-4's: the top-k of the logits, weighted by their sigmoid (not renormalised), the
     /// weights scaling each expert's input; the shared expert `shared_expert` added as it is.
@@ -60,6 +63,7 @@ impl MoeRouter {
             softmax: false,
             bias: true,
             renorm_eps: DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
         }
     }
 }
@@ -75,6 +79,7 @@ impl MoeSpec {
                 scale,
                 softmax,
                 renorm_eps,
+                group_rank,
                 ..
             } => Some(GroupedTopK {
                 top_k: self.top_k,
@@ -82,6 +87,7 @@ impl MoeSpec {
                 topk_group,
                 renorm: self.norm_topk_prob,
                 renorm_eps,
+                group_rank,
                 scale,
                 score: match softmax {
                     true => RouterScore::Softmax,
@@ -95,6 +101,7 @@ impl MoeSpec {
                 topk_group: 1,
                 renorm: false,
                 renorm_eps: DEFAULT_RENORM_EPS,
+                group_rank: GroupRank::TopTwoSum,
                 scale: 1.0,
                 score: RouterScore::SigmoidByLogit,
             }),

@@ -11,7 +11,7 @@ use super::layers::nemotron_moe::Relu2Expert;
 use super::layers::{Loader, Mlp, NemotronMoe};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
-use crate::kernels::routing::{GroupedTopK, RouterScore};
+use crate::kernels::routing::{GroupRank, GroupedTopK, RouterScore};
 
 /// The MoE geometry and router of a Nemotron 3 model.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +45,7 @@ pub(super) fn parse(
             topk_group: cfg.usize_or("topk_group", 1)?,
             renorm: cfg.bool_or("norm_topk_prob", true)?,
             renorm_eps: crate::kernels::routing::DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
             scale: scale as f32,
             score: RouterScore::Sigmoid,
         },

@@ -10,7 +10,7 @@
 use crate::common::backends::{cuda_usable, read_gemm_in};
 use hsx::kernels::cuda::CudaDevice;
 use hsx::kernels::device::{BufKind, HostMatrix};
-use hsx::kernels::routing::{GroupedTopK, RouterScore, Routing};
+use hsx::kernels::routing::{GroupRank, GroupedTopK, RouterScore, Routing};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device, WeightDtype};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -21,6 +21,7 @@ fn router(top_k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
         topk_group,
         renorm: true,
         renorm_eps: hsx::kernels::routing::DEFAULT_RENORM_EPS,
+        group_rank: GroupRank::TopTwoSum,
         scale: 2.5,
         score: RouterScore::Sigmoid,
     }
@@ -97,6 +98,15 @@ fn grouped_routing_matches_the_cpu() {
         scale: 1.0,
         ..router(4, 1, 1)
     };
+    // DeepSeek-V2's group_limited_greedy: softmax scores, groups ranked by their best expert,
+    // never renormalised, x 16 (V2 / V2.5 236B: top-6 of 160 in 3 of 8 groups).
+    let deepseek_v2 = GroupedTopK {
+        renorm: false,
+        scale: 16.0,
+        score: RouterScore::Softmax,
+        group_rank: GroupRank::Best,
+        ..router(6, 8, 3)
+    };
     let ties = vec![1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, -1.0];
     cases.push(("mistral4 ties", 8, mistral4, ties, vec![0.0; 8]));
     let saturated = vec![20.0, 21.0, -1.0, 0.5, 0.0, 1.0, 1.0, 3.0];
@@ -109,6 +119,7 @@ fn grouped_routing_matches_the_cpu() {
         ("llama4", 29, 16, llama4),
         ("mistral4", 31, 128, mistral4),
         ("lfm2_moe", 17, 32, lfm2_moe),
+        ("deepseek_v2", 23, 160, deepseek_v2),
     ] {
         let bias = match r.score {
             RouterScore::Softmax => vec![0.0; e],

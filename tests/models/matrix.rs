@@ -261,6 +261,7 @@ matrix! {
     cwm => "cwm",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
+    deepseek_v2_grouped => "deepseek_v2_grouped",
     apertus => "apertus",
     apertus_bf16 => "apertus_bf16",
     exaone4_5_vl => "exaone4_5_vl",

@@ -20,6 +20,7 @@ pub const FIXTURES: &[&str] = &[
     "mimo_v2_flash_bf16",
     "deepseek_v3",
     "deepseek_v2",
+    "deepseek_v2_grouped",
     "kimi_k2_int4",
     "kimi_k25_vl",
     "qwen3_fp8_dynamic",

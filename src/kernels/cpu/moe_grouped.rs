@@ -6,7 +6,7 @@
 
 use super::moe::softmax_into;
 use super::recurrent::sigmoid;
-use crate::kernels::routing::{GroupedTopK, RouterScore, Routing};
+use crate::kernels::routing::{GroupRank, GroupedTopK, RouterScore, Routing};
 
 /// For router logits `[T, experts]` and the choice bias `[experts]`: each token's `top_k`
 /// expert ids in choice order and their weights (`[T, top_k]` each).
@@ -42,7 +42,10 @@ pub fn route_grouped(
             } + b;
         }
         for (g, group) in group_scores.iter_mut().zip(choice.chunks_exact(size)) {
-            *g = top2_sum(group);
+            *g = match r.group_rank {
+                GroupRank::TopTwoSum => top2_sum(group),
+                GroupRank::Best => group[best(group, |_| true)],
+            };
         }
         kept.fill(false);
         for _ in 0..r.topk_group {
@@ -134,6 +137,7 @@ mod tests {
             topk_group,
             renorm,
             renorm_eps: crate::kernels::routing::DEFAULT_RENORM_EPS,
+            group_rank: GroupRank::TopTwoSum,
             scale: 2.0,
             score: RouterScore::Sigmoid,
         }
@@ -160,6 +164,36 @@ mod tests {
                 sigmoid(1.0) / (s + 1e-20) * 2.0
             ]
         );
+    }
+
+    /// DeepSeek-V2's `group_limited_greedy` keeps the group with the best expert, where
+    /// DeepSeek-V3's ranking keeps the one with the best pair.
+    #[test]
+    fn groups_ranked_by_their_best_expert() {
+        let logits = [3.0, -2.0, -2.5, -2.0, 1.0, 1.0, 0.5, -2.0];
+        let best = GroupedTopK {
+            group_rank: GroupRank::Best,
+            score: RouterScore::Softmax,
+            ..router(2, 2, 1, false)
+        };
+        let pair = GroupedTopK {
+            group_rank: GroupRank::TopTwoSum,
+            ..best
+        };
+        let (ids, _) = route_grouped(&logits, &[0.0; 8], 8, &best).unwrap();
+        assert_eq!(ids, vec![0, 1]);
+        // Softmax: group 0's pair (3, -2) still beats group 1's (1, 1) as a sum of
+        // probabilities; on sigmoid scores the pair ranking keeps group 1.
+        let (ids, _) = route_grouped(&logits, &[0.0; 8], 8, &pair).unwrap();
+        assert_eq!(ids, vec![0, 1]);
+        let sigmoid = |r: GroupedTopK| GroupedTopK {
+            score: RouterScore::Sigmoid,
+            ..r
+        };
+        let (ids, _) = route_grouped(&logits, &[0.0; 8], 8, &sigmoid(pair)).unwrap();
+        assert_eq!(ids, vec![4, 5]);
+        let (ids, _) = route_grouped(&logits, &[0.0; 8], 8, &sigmoid(best)).unwrap();
+        assert_eq!(ids, vec![0, 1]);
     }
 
     /// LFM2-MoE renormalises over the sum + 1e-6: small scores move visibly (a sum of ~0.04

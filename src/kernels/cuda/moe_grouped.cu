@@ -17,8 +17,8 @@ __device__ __forceinline__ void moeg_top2_merge(float& a, float& b, float oa, fl
 // ids [T, top_k] (choice order) and weights [T, top_k]: s = sigmoid(logit) (score 0, 1) or the
 // softmax of the token's logits (score 2: Mistral 4), choice = s + bias (logit + bias for
 // score 1: Llama-4);
-// groups of E / n_group experts ranked by the sum of their two best choice values, the best
-// topk_group kept; top_k experts by choice inside them; weights s, divided by their sum
+// groups of E / n_group experts ranked by the sum of their two best choice values (by the best
+// one where group_best != 0: DeepSeek-V2's group_limited_greedy), the best topk_group kept; top_k experts by choice inside them; weights s, divided by their sum
 // (+ renorm_eps) when renorm != 0, times scale.
 extern "C" __global__ void moe_route_grouped_f32(
     const float* __restrict__ logits,
@@ -26,7 +26,7 @@ extern "C" __global__ void moe_route_grouped_f32(
     int* __restrict__ ids,
     float* __restrict__ weights,
     int num_tokens, int num_experts, int top_k, int n_group, int topk_group, int renorm,
-    float renorm_eps, float scale, int score)
+    float renorm_eps, float scale, int score, int group_best)
 {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -68,7 +68,7 @@ extern "C" __global__ void moe_route_grouped_f32(
             const float ob = __shfl_xor_sync(HSX_FULL_MASK, b, off);
             moeg_top2_merge(a, b, oa, ob);
         }
-        gsc[g] = __fadd_rn(a, b);
+        gsc[g] = group_best ? a : __fadd_rn(a, b);
     }
     unsigned kept = 0u;  // bit g: group g kept
     for (int i = 0; i < topk_group; ++i) {

@@ -10,7 +10,7 @@ use super::ops::{self, i32_of, suffix};
 use super::recurrent::warps_cfg;
 use crate::kernels::device::{DevResult, DeviceError};
 use crate::kernels::dtype::WeightDtype;
-use crate::kernels::routing::{GroupedTopK, Routing};
+use crate::kernels::routing::{GroupRank, GroupedTopK, Routing};
 
 /// Largest expert count of `moe_route_grouped_f32` (32 lanes × 32 registers).
 pub const MAX_EXPERTS: usize = super::limits::MAX_EXPERTS;
@@ -52,7 +52,8 @@ pub fn route_grouped(
         i32::from(r.renorm),
         r.renorm_eps,
         r.scale,
-        r.score.code()
+        r.score.code(),
+        i32::from(r.group_rank == GroupRank::Best)
     )
 }
 
