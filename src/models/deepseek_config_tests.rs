@@ -331,3 +331,22 @@ fn deepseek_v2_lite_greedy_router() {
         assert!(parse(&b).unwrap_err().contains(field), "{field}");
     }
 }
+
+/// DeepSeek-V2.5 (236B) as released: q through its LoRA, YaRN ×40, the top-6 of 160
+/// softmax-scored experts inside the 3 of 8 groups with the best single expert, × 16.
+#[test]
+fn deepseek_v2_5_as_released() {
+    let v = super::super::released_config("deepseek-v2.5.json");
+    let s = parse(&v).unwrap();
+    assert_eq!(
+        (s.architecture, s.num_layers),
+        (Architecture::DeepseekV2, 60)
+    );
+    let h = s.hybrid.unwrap();
+    assert_eq!(h.mla.unwrap().q_lora, Some(1536));
+    let m = h.moe.unwrap();
+    assert_eq!((m.num_experts, m.top_k), (160, 6));
+    let g = m.grouped().unwrap();
+    assert_eq!((g.n_group, g.topk_group, g.scale), (8, 3, 16.0));
+    assert_eq!((g.group_rank, g.renorm), (GroupRank::Best, false));
+}

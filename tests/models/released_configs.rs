@@ -87,6 +87,11 @@ const CASES: &[(&str, Expect)] = &[
         "deepseek-v3.json",
         Accepted("DeepseekV3ForCausalLM", 61, Some("*")),
     ),
+    // Multi-head latent attention (q through its LoRA), DeepSeek-V2's group-limited router.
+    (
+        "deepseek-v2.5.json",
+        Accepted("DeepseekV2ForCausalLM", 60, Some("*")),
+    ),
     // Multi-head latent attention; its MTP layer (47 on disk) is not a decoder layer either.
     (
         "glm-4.7-flash.json",
