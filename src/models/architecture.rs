@@ -93,6 +93,9 @@ pub enum Architecture {
     /// `Glm4ForCausalLM` (GLM-4-0414, GLM-Z1): q / k / v biases, RoPE on half of each head in
     /// interleaved pairs, each sublayer between two RMSNorms, a fused gate / up projection.
     Glm4,
+    /// `GlmForCausalLM` (GLM-4-9B / -chat, the 2024 release in transformers' format): GLM-4's
+    /// layers without the sandwich's output norms.
+    Glm,
     /// `SeedOssForCausalLM` (Seed-OSS-36B): Llama's layers with q / k / v biases and an
     /// optional o_proj bias of its own.
     SeedOss,
@@ -202,7 +205,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 69] = [
+    pub const ALL: [Self; 70] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -215,6 +218,7 @@ impl Architecture {
         Self::Apertus,
         Self::SeedOss,
         Self::Glm4,
+        Self::Glm,
         Self::Olmo2,
         Self::Olmo3,
         Self::Exaone4,
@@ -289,6 +293,7 @@ impl Architecture {
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
+            Self::Glm => "GlmForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
@@ -434,6 +439,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::DeepseekV2 => 2048,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,
+        Architecture::Glm => 131072,
         Architecture::SolarOpen | Architecture::Mellum => 131072,
         Architecture::MiMoV2Flash => 131072,
         Architecture::Glm4MoeLite | Architecture::GlmMoeDsa => 202752,
@@ -472,8 +478,8 @@ pub(super) fn default_eps(arch: Architecture) -> f64 {
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 1e-5,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 1e-5,
         Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 1e-5,
-        // Glm4Config's 1.5625e-7.
-        Architecture::Glm4 => 0.00000015625,
+        // Glm4Config's and GlmConfig's 1.5625e-7.
+        Architecture::Glm4 | Architecture::Glm => 0.00000015625,
         _ => 1e-6,
     }
 }

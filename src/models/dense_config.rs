@@ -66,6 +66,7 @@ pub(super) fn dense_spec(
         | Architecture::Ministral3
         | Architecture::SeedOss
         | Architecture::Glm4
+        | Architecture::Glm
         | Architecture::Ernie4_5
         | Architecture::Ernie4_5Moe
         | Architecture::HyV3
@@ -92,7 +93,10 @@ pub(super) fn dense_spec(
     };
     // MiniMax-M2's projections never carry a bias (MiniMaxM2Config has no such field).
     // SeedOssConfig and Glm4Config bias q / k / v by default.
-    let biased = matches!(architecture, Architecture::SeedOss | Architecture::Glm4);
+    let biased = matches!(
+        architecture,
+        Architecture::SeedOss | Architecture::Glm4 | Architecture::Glm
+    );
     let attention_bias =
         architecture != Architecture::MiniMaxM2 && cfg.bool_or("attention_bias", biased)?;
     Ok(ModelSpec {
@@ -120,7 +124,10 @@ pub(super) fn dense_spec(
         // Qwen2's and GLM-4 / 4.5's `attention_bias` leaves o_proj without one; Seed-OSS's o_proj
         // has its own `attention_out_bias`.
         o_bias: match architecture {
-            Architecture::Qwen2 | Architecture::Glm4Moe | Architecture::Glm4 => false,
+            Architecture::Qwen2
+            | Architecture::Glm4Moe
+            | Architecture::Glm4
+            | Architecture::Glm => false,
             // Helium's o_proj has none, whatever `attention_bias` says.
             Architecture::Qwen2Moe | Architecture::SolarOpen | Architecture::Helium => false,
             Architecture::SeedOss => cfg.bool_or("attention_out_bias", false)?,
@@ -161,12 +168,17 @@ pub(super) fn dense_spec(
             _ => None,
         },
         rotary_dim: match architecture {
-            Architecture::Glm4 => Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?),
+            Architecture::Glm4 | Architecture::Glm => {
+                Some(super::hybrid_config::rotary_dim(cfg, head_dim, 0.5)?)
+            }
             _ => None,
         },
         interleaved_rope: ernie
             || cohere
-            || matches!(architecture, Architecture::Glm4 | Architecture::Helium),
+            || matches!(
+                architecture,
+                Architecture::Glm4 | Architecture::Glm | Architecture::Helium
+            ),
         granite: match architecture {
             Architecture::Granite | Architecture::GraniteSwa => {
                 Some(super::granite_config::multipliers(cfg)?)
@@ -253,6 +265,29 @@ mod tests {
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
+    }
+
+    /// Shaped as GLM-4-9B-chat-hf's config: GLM-4's attention (q / k / v biased, o not; half of
+    /// each 128-dim head rotated in interleaved pairs) with `GlmConfig`'s defaults.
+    #[test]
+    fn glm_4_9b_reads_glm_4s_attention() {
+        let v = json!({
+            "architectures": ["GlmForCausalLM"], "model_type": "glm", "attention_bias": true,
+            "head_dim": 128, "hidden_size": 4096, "intermediate_size": 13696,
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2,
+            "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "vocab_size": 151552
+        });
+        let s = parse(&v).unwrap();
+        assert_eq!(s.architecture, Architecture::Glm);
+        assert_eq!(
+            (s.head_dim, s.rotary_dim, s.interleaved_rope),
+            (128, Some(64), true)
+        );
+        assert_eq!(
+            (s.qkv_bias, s.o_bias, s.rms_norm_eps),
+            (true, false, 1.5625e-7)
+        );
+        assert_eq!(s.max_position_embeddings, 131072);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! interleaved pairs `(2i, 2i + 1)`, and a sandwich: each sublayer's input normed
 //! (`input_layernorm`, `post_attention_layernorm`) and its output too
 //! (`post_self_attn_layernorm`, `post_mlp_layernorm`) before the add; a fused
-//! `mlp.gate_up_proj`.
+//! `mlp.gate_up_proj`. GLM-4-9B (`GlmForCausalLM`, the 2024 release) is the same without the
+//! output norms.
 //!
 //! The interleaved pairs are loaded de-interleaved (`ModelSpec::interleaved_rope`, read by
 //! `dense::load_attention`).
@@ -12,7 +13,7 @@ use super::decoder::Decoder;
 use super::dense::{load_attention, load_with};
 use super::layers::mlp::Activation;
 use super::layers::{Layer, Loader, Mlp, Part, SoftmaxVariant, Sublayer};
-use super::{ModelError, ModelSpec};
+use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
@@ -27,8 +28,12 @@ fn load_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let (h, inter) = (spec.hidden_size, spec.intermediate_size);
     let norm = |n: &str| ld.vector(&format!("{p}.{n}.weight"), h);
+    // GLM-4-9B (`GlmForCausalLM`) norms each sublayer's input only.
     let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
+        Ok::<_, ModelError>(match spec.architecture {
+            Architecture::Glm => Part::new(norm(pre)?, sublayer),
+            _ => Part::sandwich(norm(pre)?, sublayer, norm(post)?),
+        })
     };
     let mlp = Mlp {
         up: ld.linear1(&format!("{p}.mlp.gate_up_proj"), 2 * inter, h, false)?,

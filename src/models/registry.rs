@@ -41,7 +41,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama4 => super::llama4::load(ld, spec),
         Architecture::Gemma2 | Architecture::Gemma3 => super::gemma3::load(ld, spec),
         Architecture::Gemma4 | Architecture::Gemma4Unified => super::gemma4::load(ld, spec),
-        Architecture::Glm4 => super::glm4::load(ld, spec),
+        Architecture::Glm4 | Architecture::Glm => super::glm4::load(ld, spec),
         Architecture::Olmo2
         | Architecture::Olmo3
         | Architecture::Exaone4

@@ -222,6 +222,7 @@ matrix! {
     exaone4 => "exaone4",
     seed_oss => "seed_oss",
     glm4 => "glm4",
+    glm => "glm",
     olmo_hybrid => "olmo_hybrid",
     olmo_hybrid_rope => "olmo_hybrid_rope",
     kimi_linear => "kimi_linear",
