@@ -59,6 +59,9 @@ pub enum Architecture {
     /// temperature), dense MLPs and / or routed experts (top-k of the logits, their sigmoid
     /// scaling each expert's input) + a shared expert.
     Llama4,
+    /// `GemmaForCausalLM` (Gemma 1 / 1.1, CodeGemma): Gemma-2's layers without the sandwich's
+    /// output norms, windows or soft cap.
+    Gemma,
     /// `Gemma2ForCausalLM`: Gemma-3's layers with no q/k norms, one RoPE, alternating
     /// sliding / full attention and tanh soft-capped scores.
     Gemma2,
@@ -205,7 +208,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 70] = [
+    pub const ALL: [Self; 71] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -263,6 +266,7 @@ impl Architecture {
         Self::GraniteMoeShared,
         Self::Cohere2Moe,
         Self::Llama4,
+        Self::Gemma,
         Self::Gemma2,
         Self::Gemma3,
         Self::Gemma4,
@@ -316,6 +320,7 @@ impl Architecture {
             Self::KimiLinear => "KimiLinearForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
+            Self::Gemma => "GemmaForCausalLM",
             Self::Gemma2 => "Gemma2ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Gemma4 => "Gemma4ForCausalLM",
@@ -453,7 +458,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::OlmoHybrid => 65536,
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
-        Architecture::FalconH1 | Architecture::GraniteSwa | Architecture::Gemma2 => 8192,
+        Architecture::FalconH1 | Architecture::GraniteSwa => 8192,
+        Architecture::Gemma | Architecture::Gemma2 => 8192,
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
         Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,

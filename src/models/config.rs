@@ -272,7 +272,9 @@ impl ModelSpec {
         let cfg = Cfg::new(&value, path)?;
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
-            Architecture::Gemma2 => super::gemma3_config::parse_gemma2(&cfg, name)?,
+            a @ (Architecture::Gemma | Architecture::Gemma2) => {
+                super::gemma3_config::parse_gemma1_2(&cfg, a, name)?
+            }
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,
             a @ (Architecture::Gemma4 | Architecture::Gemma4Unified) => {
                 super::gemma4_config::parse(&cfg, a, name)?

@@ -1,5 +1,6 @@
-//! Gemma-3 and Gemma-2 (`Gemma2ForCausalLM`: no q/k norms, soft-capped scores; RoPE and
-//! windows from its config as parsed). Gemma-3 (`Gemma3ForCausalLM`; the language model of
+//! Gemma-3, Gemma-2 (`Gemma2ForCausalLM`: no q/k norms, soft-capped scores; RoPE and
+//! windows from its config as parsed) and Gemma 1 (`GemmaForCausalLM`: Gemma-2's without
+//! the sublayers' output norms, every layer full, no cap). Gemma-3 (`Gemma3ForCausalLM`; the language model of
 //! `Gemma3ForConditionalGeneration`
 //! exports, whose `language_model.model.*` / `model.language_model.*` answer to `model.*`:
 //! `Weights`). Per layer, each sublayer between two `(1 + w)` RMSNorms (Gemma's sandwich):
@@ -60,7 +61,11 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     let norm = |n: &str| ld.norm_one_plus(&format!("{p}.{n}"), h);
     let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(Part::sandwich(norm(pre)?, sublayer, norm(post)?))
+        Ok::<_, ModelError>(match g.sandwich {
+            true => Part::sandwich(norm(pre)?, sublayer, norm(post)?),
+            // Gemma (1): `post_attention_layernorm` is the MLP's input norm.
+            false => Part::new(norm(pre)?, sublayer),
+        })
     };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;
@@ -68,11 +73,14 @@ fn load_layer<D: Device>(
     Ok(Layer {
         parts: vec![
             part("input_layernorm", attention, "post_attention_layernorm")?,
-            part(
-                "pre_feedforward_layernorm",
-                mlp,
-                "post_feedforward_layernorm",
-            )?,
+            match g.sandwich {
+                true => part(
+                    "pre_feedforward_layernorm",
+                    mlp,
+                    "post_feedforward_layernorm",
+                )?,
+                false => part("post_attention_layernorm", mlp, "")?,
+            },
         ],
         scale: 1.0,
     })

@@ -27,6 +27,8 @@ pub struct Gemma3Spec {
     pub score_factor: f64,
     /// `attn_logit_softcapping`: scaled scores become `cap · tanh(s / cap)`.
     pub softcap: Option<f32>,
+    /// Each sublayer's output normed too (Gemma 2 and 3), not only its input (Gemma 1).
+    pub sandwich: bool,
 }
 
 const FULL: &str = "full_attention";
@@ -37,6 +39,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     let ((rope_theta, rope_scaling), local_rope) = ropes(cfg)?;
     let family = Family {
         arch: Architecture::Gemma3,
+        sizes: GEMMA2_3_SIZES,
         vocab: 262_208,
         qk_norm: QkNorm::PerHead,
         ropes: ((rope_theta, rope_scaling), local_rope),
@@ -45,52 +48,77 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     parse_family(cfg, name, family)
 }
 
-/// The spec of a Gemma-2 config, with `Gemma2Config`'s defaults.
-pub(super) fn parse_gemma2(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let rope = cfg.rope(Architecture::Gemma2)?;
+/// The spec of a Gemma-2 config (`Gemma2Config`'s defaults) or a Gemma (1) one
+/// (`GemmaConfig`'s: every layer full attention, no sandwich, no score scalar).
+pub(super) fn parse_gemma1_2(
+    cfg: &Cfg<'_>,
+    arch: Architecture,
+    name: String,
+) -> Result<ModelSpec, ModelError> {
+    let rope = cfg.rope(arch)?;
+    let (sizes, softcap) = match arch {
+        Architecture::Gemma => (GEMMA1_SIZES, None),
+        _ => (GEMMA2_3_SIZES, Some(50.0)),
+    };
     let family = Family {
-        arch: Architecture::Gemma2,
+        arch,
+        sizes,
         vocab: 256_000,
         qk_norm: QkNorm::None,
         ropes: (rope, rope),
-        softcap: Some(50.0),
+        softcap,
     };
     parse_family(cfg, name, family)
 }
 
-/// What Gemma-2's and Gemma-3's configs do not share: the class, its vocabulary's default
-/// size, its q/k norms, the (full, sliding) layers' RoPE, the default soft cap.
+/// What the Gemma classes' configs do not share: the class, its default sizes and
+/// vocabulary, its q/k norms, the (full, sliding) layers' RoPE, the default soft cap.
 struct Family {
     arch: Architecture,
+    sizes: Sizes,
     vocab: usize,
     qk_norm: QkNorm,
     ropes: Ropes,
     softcap: Option<f64>,
 }
 
+/// A class's default (hidden, intermediate, layers, heads, kv heads).
+type Sizes = (usize, usize, usize, usize, usize);
+const GEMMA1_SIZES: Sizes = (3072, 24576, 28, 16, 16);
+const GEMMA2_3_SIZES: Sizes = (2304, 9216, 26, 8, 4);
+
 fn parse_family(cfg: &Cfg<'_>, name: String, family: Family) -> Result<ModelSpec, ModelError> {
     let arch = family.arch;
-    refuse_unsupported(cfg)?;
-    let layers = cfg.num_layers_or(26)?;
+    let gemma1 = arch == Architecture::Gemma;
+    refuse_unsupported(cfg, arch)?;
+    let (hidden, inter, layers, heads, kv_heads) = family.sizes;
+    let layers = cfg.num_layers_or(layers)?;
     let head_dim = cfg.usize_or("head_dim", 256)?;
     let ((rope_theta, rope_scaling), local_rope) = family.ropes;
-    let scalar = cfg.f64_or("query_pre_attn_scalar", 256.0)?;
+    // GemmaConfig has no score scalar (scores × head_dim^-½) and no window.
+    let scalar = match gemma1 {
+        true => head_dim as f64,
+        false => cfg.f64_or("query_pre_attn_scalar", 256.0)?,
+    };
     if !(scalar.is_finite() && scalar > 0.0) {
         return Err(cfg.err("query_pre_attn_scalar", format!("{scalar} (above 0)")));
     }
-    let window = cfg.usize_or("sliding_window", 4096)?;
+    let window = match gemma1 {
+        true => usize::MAX,
+        false => cfg.usize_or("sliding_window", 4096)?,
+    };
     if window == 0 {
         return Err(cfg.err("sliding_window", "must be at least 1"));
     }
     let bias = cfg.bool_or("attention_bias", false)?;
     Ok(ModelSpec {
         vocab_size: cfg.usize_or("vocab_size", family.vocab)?,
-        hidden_size: cfg.usize_or("hidden_size", 2304)?,
+        hidden_size: cfg.usize_or("hidden_size", hidden)?,
         num_layers: layers,
-        num_heads: cfg.usize_or("num_attention_heads", 8)?,
-        num_kv_heads: cfg.usize_or("num_key_value_heads", 4)?,
+        num_heads: cfg.usize_or("num_attention_heads", heads)?,
+        num_kv_heads: cfg.usize_or("num_key_value_heads", kv_heads)?,
         head_dim,
-        intermediate_size: cfg.usize_or("intermediate_size", 9216)?,
+        intermediate_size: cfg.usize_or("intermediate_size", inter)?,
         rms_norm_eps: cfg.f64_or("rms_norm_eps", default_eps(arch))?,
         rope_theta,
         rope_scaling,
@@ -106,7 +134,12 @@ fn parse_family(cfg: &Cfg<'_>, name: String, family: Family) -> Result<ModelSpec
             window,
             local_rope,
             score_factor: (head_dim as f64 / scalar).sqrt(),
-            softcap: softcap(cfg, family.softcap)?,
+            // GemmaConfig has no soft cap to read.
+            softcap: match gemma1 {
+                true => None,
+                false => softcap(cfg, family.softcap)?,
+            },
+            sandwich: !gemma1,
         }),
         ..ModelSpec::base(name, arch)
     })
@@ -127,8 +160,8 @@ fn softcap(cfg: &Cfg<'_>, default: Option<f64>) -> Result<Option<f32>, ModelErro
     }
 }
 
-/// What Gemma-2's and Gemma-3's classes allow but hsx does not run.
-fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
+/// What the Gemma classes allow but hsx does not run.
+fn refuse_unsupported(cfg: &Cfg<'_>, arch: Architecture) -> Result<(), ModelError> {
     let unsupported = |what: String| ModelError::Unsupported {
         path: cfg.path_buf(),
         what,
@@ -138,14 +171,20 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
             "bidirectional attention (use_bidirectional_attention)".into(),
         ));
     }
-    // Only `hidden_activation` counts: both classes ignore a `hidden_act`.
-    match cfg.get("hidden_activation") {
+    // Gemma 2 / 3 read only `hidden_activation` (a `hidden_act` is ignored); Gemma (1) only
+    // `hidden_act`, its releases' legacy `gelu` meaning the tanh approximation.
+    let (field, legacy) = match arch {
+        Architecture::Gemma => ("hidden_act", Some("gelu")),
+        _ => ("hidden_activation", None),
+    };
+    match cfg.get(field) {
         None => {}
         Some(v) if v.as_str() == Some("gelu_pytorch_tanh") => {}
+        Some(v) if legacy.is_some() && v.as_str() == legacy => {}
         Some(v) => {
             let shown = v.as_str().map_or_else(|| shown(v), String::from);
             return Err(unsupported(format!(
-                "hidden_activation `{shown}` (only gelu_pytorch_tanh)"
+                "{field} `{shown}` (only gelu_pytorch_tanh)"
             )));
         }
     }
@@ -153,12 +192,16 @@ fn refuse_unsupported(cfg: &Cfg<'_>) -> Result<(), ModelError> {
 }
 
 /// `layer_types`, else every `sliding_window_pattern`-th layer full (Gemma-3: default 6;
-/// Gemma-2 reads no pattern, every second layer is full).
+/// Gemma-2 reads no pattern, every second layer is full); Gemma (1): every layer full.
 fn sliding_layers(
     cfg: &Cfg<'_>,
     arch: Architecture,
     layers: usize,
 ) -> Result<Vec<bool>, ModelError> {
+    if arch == Architecture::Gemma {
+        // GemmaConfig reads no layer types: every layer full.
+        return Ok(vec![false; layers]);
+    }
     if let Some(sliding) = cfg.sliding_layer_types(layers)? {
         return Ok(sliding);
     }

@@ -241,3 +241,31 @@ fn gemma_2_class_defaults_and_a_null_cap() {
     cfg["attn_logit_softcapping"] = Value::Null;
     assert_eq!(gemma3(&parse(&cfg).unwrap()).softcap, None);
 }
+
+/// Shaped as gemma-7b's config: every layer full, scores × head_dim^-½, no sandwich, no cap,
+/// the legacy `hidden_act` `gelu` read as the tanh approximation; another activation refused.
+#[test]
+fn gemma_1_reads_its_own_fields() {
+    let mut cfg = json!({
+        "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "head_dim": 256,
+        "hidden_act": "gelu", "hidden_size": 3072, "intermediate_size": 24576,
+        "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "vocab_size": 256000, "sliding_window": 0, "query_pre_attn_scalar": 0,
+        "attn_logit_softcapping": 50.0
+    });
+    let s = parse(&cfg).unwrap();
+    assert_eq!(s.architecture, Architecture::Gemma);
+    assert_eq!(
+        (s.qk_norm, s.num_kv_heads, s.vocab_size),
+        (QkNorm::None, 16, 256_000)
+    );
+    let g = gemma3(&s);
+    assert_eq!(g.sliding, vec![false; 28]);
+    assert_eq!((g.score_factor, g.softcap, g.sandwich), (1.0, None, false));
+    cfg["hidden_act"] = json!("silu");
+    assert!(parse(&cfg).unwrap_err().contains("hidden_act `silu`"));
+    // GemmaConfig's defaults where the config names nothing.
+    let s = parse(&json!({"architectures": ["GemmaForCausalLM"]})).unwrap();
+    assert_eq!((s.hidden_size, s.num_layers, s.num_heads), (3072, 28, 16));
+}

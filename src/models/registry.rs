@@ -39,7 +39,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         }
         Architecture::MiMoV2Flash => super::mimo_v2_flash::load(ld, spec),
         Architecture::Llama4 => super::llama4::load(ld, spec),
-        Architecture::Gemma2 | Architecture::Gemma3 => super::gemma3::load(ld, spec),
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
+            super::gemma3::load(ld, spec)
+        }
         Architecture::Gemma4 | Architecture::Gemma4Unified => super::gemma4::load(ld, spec),
         Architecture::Glm4 | Architecture::Glm => super::glm4::load(ld, spec),
         Architecture::Olmo2

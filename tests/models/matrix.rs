@@ -186,6 +186,7 @@ matrix! {
     llama4 => "llama4",
     llama4_vl => "llama4_vl",
     qwen2_5_vl => "qwen2_5_vl",
+    gemma => "gemma",
     gemma2 => "gemma2",
     gemma2_bf16 => "gemma2_bf16",
     gemma3 => "gemma3",
