@@ -224,8 +224,8 @@ fn unsupported_variants_fail_with_clear_messages() {
         ),
         (
             "qwen3_5",
-            Box::new(|c| c["architectures"] = serde_json::json!(["Gemma2ForCausalLM"])),
-            "unsupported architecture `Gemma2ForCausalLM`",
+            Box::new(|c| c["architectures"] = serde_json::json!(["JambaForCausalLM"])),
+            "unsupported architecture `JambaForCausalLM`",
         ),
         // A MoE class on dense weights: names the first expert tensor it lacks.
         (
