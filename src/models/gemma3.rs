@@ -60,30 +60,29 @@ fn load_layer<D: Device>(
     let p = format!("model.layers.{i}");
     let h = spec.hidden_size;
     let norm = |n: &str| ld.norm_one_plus(&format!("{p}.{n}"), h);
-    let part = |pre: &str, sublayer, post: &str| {
-        Ok::<_, ModelError>(match g.sandwich {
-            true => Part::sandwich(norm(pre)?, sublayer, norm(post)?),
-            // Gemma (1): `post_attention_layernorm` is the MLP's input norm.
-            false => Part::new(norm(pre)?, sublayer),
-        })
-    };
     let attention = Sublayer::Attention(load_attention(ld, spec, g, i)?);
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::GeluTanhGlu)?;
     let mlp = Sublayer::Mlp(mlp);
-    Ok(Layer {
-        parts: vec![
-            part("input_layernorm", attention, "post_attention_layernorm")?,
-            match g.sandwich {
-                true => part(
-                    "pre_feedforward_layernorm",
-                    mlp,
-                    "post_feedforward_layernorm",
-                )?,
-                false => part("post_attention_layernorm", mlp, "")?,
-            },
+    let parts = match g.sandwich {
+        true => vec![
+            Part::sandwich(
+                norm("input_layernorm")?,
+                attention,
+                norm("post_attention_layernorm")?,
+            ),
+            Part::sandwich(
+                norm("pre_feedforward_layernorm")?,
+                mlp,
+                norm("post_feedforward_layernorm")?,
+            ),
         ],
-        scale: 1.0,
-    })
+        // Gemma (1): `post_attention_layernorm` is the MLP's input norm.
+        false => vec![
+            Part::new(norm("input_layernorm")?, attention),
+            Part::new(norm("post_attention_layernorm")?, mlp),
+        ],
+    };
+    Ok(Layer { parts, scale: 1.0 })
 }
 
 /// Layer `i`'s attention: a sliding window and the local RoPE, or full with the global one.
