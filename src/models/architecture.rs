@@ -8,6 +8,9 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Mistral,
+    /// `MinistralForCausalLM` (Ministral-8B-Instruct-2410 as transformers' class has it):
+    /// Mistral's layers, each sliding or full as `layer_types` says.
+    Ministral,
     /// `Ministral3ForCausalLM` (Ministral 3, Devstral 2, Devstral Small 2): Mistral's layers,
     /// each query scaled by its position past the original context.
     Ministral3,
@@ -208,12 +211,13 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 71] = [
+    pub const ALL: [Self; 72] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
+        Self::Ministral,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -294,6 +298,7 @@ impl Architecture {
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Ministral3 => "Ministral3ForCausalLM",
+            Self::Ministral => "MinistralForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -436,7 +441,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Afmoe => 16384,
         Architecture::GraniteMoe | Architecture::GraniteMoeShared => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
-        Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
+        Architecture::Mistral | Architecture::Mixtral | Architecture::Ministral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,
         Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use super::config::{Architecture, Cfg};
-use super::{ModelError, pyjson};
+use super::{ModelError, ModelSpec, pyjson};
 use crate::kernels::device::QueryTemperature;
 
 /// The classes' `rope_parameters` where a config has neither it nor `rope_scaling`
@@ -92,6 +92,20 @@ pub(super) fn query_temperature(
         attn_scale: beta as f32,
         offset: 0.0,
     }))
+}
+
+/// `MinistralForCausalLM`'s config (`MinistralConfig`): Mistral's fields with per-layer
+/// windows — `layer_types`, else every layer sliding where `sliding_window` (4096) is not
+/// null — one RoPE for both kinds. Its projections have no biases, whatever the config says
+/// (as Mistral's).
+pub(super) fn parse_ministral(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut spec = super::dense_config::dense_spec(cfg, Architecture::Ministral, name)?;
+    let all_sliding = !cfg.is_null("sliding_window");
+    let rope = (spec.rope_theta, spec.rope_scaling);
+    let sliding = vec![all_sliding; spec.num_layers];
+    spec.windows = Some(super::olmo_config::layer_windows(cfg, sliding, 4096, rope)?);
+    (spec.qkv_bias, spec.o_bias, spec.mlp_bias) = (false, false, false);
+    Ok(spec)
 }
 
 #[cfg(test)]
@@ -260,5 +274,36 @@ mod tests {
             "original_max_position_embeddings": 8192});
         let err = parse(&v).unwrap_err();
         assert!(err.contains("partial_rotary_factor"), "{err}");
+    }
+
+    /// Ministral-8B-Instruct-2410's shape under transformers' own class: every layer sliding
+    /// by default, `layer_types` where named, the window refused null with sliding layers.
+    #[test]
+    fn ministral_windows_per_layer() {
+        let mut v = json!({
+            "architectures": ["MinistralForCausalLM"], "model_type": "ministral",
+            "head_dim": 128, "hidden_size": 4096, "intermediate_size": 12288,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 100000000.0, "sliding_window": 32768,
+            "vocab_size": 131072, "attention_bias": true
+        });
+        let s = parse(&v).unwrap();
+        assert_eq!(s.architecture, Architecture::Ministral);
+        assert_eq!((s.head_dim, s.rope_theta, s.rms_norm_eps), (128, 1e8, 1e-5));
+        assert!(!s.qkv_bias && !s.o_bias && s.sliding_window.is_none());
+        let w = s.windows.unwrap();
+        assert_eq!((w.window, w.sliding), (32768, vec![true; 4]));
+        assert_eq!(w.local_rope, (1e8, RopeScaling::None));
+        let types = ["full_attention", "sliding_attention"];
+        v["layer_types"] = json!([types[1], types[1], types[1], types[0]]);
+        v["sliding_window"] = json!(64);
+        let w = parse(&v).unwrap().windows.unwrap();
+        assert_eq!((w.window, w.sliding), (64, vec![true, true, true, false]));
+        v["sliding_window"] = json!(null);
+        let err = parse(&v).unwrap_err();
+        assert!(err.contains("sliding_window"), "{err}");
+        v.as_object_mut().unwrap().remove("layer_types");
+        let w = parse(&v).unwrap().windows.unwrap();
+        assert_eq!(w.sliding, vec![false; 4]);
     }
 }

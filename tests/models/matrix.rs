@@ -261,6 +261,7 @@ matrix! {
     arcee => "arcee",
     helium => "helium",
     cwm => "cwm",
+    ministral => "ministral",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
