@@ -338,6 +338,9 @@ pub enum UnaryAct {
     Relu2,
     /// Apertus' xIELU ([`Xielu`]).
     Xielu(Xielu),
+    /// The tanh GELU (StarCoder2's `gelu_pytorch_tanh`): `x · sigmoid(2 · √(2/π) · (x + 0.044715
+    /// x³))`, the GeGLU's arithmetic with a unit gate.
+    GeluTanh,
 }
 
 /// xIELU (arXiv 2411.13010) with its learned scalars as transformers applies them:
@@ -378,6 +381,19 @@ pub enum NormKind {
     Rms,
     /// `(x - mean(x)) · rsqrt(var(x) + eps)`: LayerNorm without a bias (Cohere's).
     Layer,
+    /// `Layer` then `+ b` (`nn.LayerNorm`: StarCoder2's): the weight vector holds the weight
+    /// then the bias, `[w | b]`, twice the normed width.
+    LayerBias,
+}
+
+impl NormKind {
+    /// Weight-vector values per normed value: 2 where the vector also holds the bias.
+    pub fn weights_per_value(self) -> usize {
+        match self {
+            Self::Rms | Self::Layer => 1,
+            Self::LayerBias => 2,
+        }
+    }
 }
 
 impl RowNorm {

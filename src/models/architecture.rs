@@ -8,6 +8,9 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Mistral,
+    /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
+    /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
+    Starcoder2,
     /// `MinistralForCausalLM` (Ministral-8B-Instruct-2410 as transformers' class has it):
     /// Mistral's layers, each sliding or full as `layer_types` says.
     Ministral,
@@ -211,13 +214,14 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 72] = [
+    pub const ALL: [Self; 73] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Ministral3,
         Self::Ministral,
+        Self::Starcoder2,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -299,6 +303,7 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Ministral3 => "Ministral3ForCausalLM",
             Self::Ministral => "MinistralForCausalLM",
+            Self::Starcoder2 => "Starcoder2ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -429,7 +434,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
-        Architecture::Helium => 4096,
+        Architecture::Helium | Architecture::Starcoder2 => 4096,
         Architecture::Apertus => 65536,
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,

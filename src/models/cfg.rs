@@ -204,7 +204,8 @@ impl<'a> Cfg<'a> {
             Architecture::Mistral
             | Architecture::Ministral3
             | Architecture::Mixtral
-            | Architecture::Phi3 => {
+            | Architecture::Phi3
+            | Architecture::Starcoder2 => {
                 if window == Some(0) {
                     return Err(self.err("sliding_window", "must be at least 1"));
                 }

@@ -298,6 +298,7 @@ impl ModelSpec {
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::Ministral => super::mistral_config::parse_ministral(&cfg, name)?,
+            Architecture::Starcoder2 => super::starcoder2::parse(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
             a @ (Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3) => {

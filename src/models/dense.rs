@@ -36,7 +36,7 @@ pub fn load_with<D: Device>(
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Norm(ld.vector("model.norm.weight", h)?);
+    let final_norm = FinalNorm::Norm(ld.norm("model.norm", h, spec.norm)?);
     Ok(Decoder {
         embed_scale: 1.0,
         spec,
@@ -297,17 +297,11 @@ pub(super) fn attention_layer<D: Device>(
     attention: Sublayer<D>,
     ffn: Sublayer<D>,
 ) -> Result<Layer<D>, ModelError> {
-    let h = spec.hidden_size;
+    let norm = |n: &str| ld.norm(&format!("{p}.{n}"), spec.hidden_size, spec.norm);
     Ok(Layer {
         parts: vec![
-            Part::new(
-                ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                attention,
-            ),
-            Part::new(
-                ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                ffn,
-            ),
+            Part::new(norm("input_layernorm")?, attention),
+            Part::new(norm("post_attention_layernorm")?, ffn),
         ],
         scale: 1.0,
     })
@@ -334,7 +328,9 @@ pub(super) fn load_mlp_of<D: Device>(
     let h = spec.hidden_size;
     let mlp = |n: &str| format!("{px}.{n}");
     let up = match act {
-        Activation::Relu2 | Activation::Xielu(_) => vec![(mlp("up_proj"), inter)],
+        Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => {
+            vec![(mlp("up_proj"), inter)]
+        }
         Activation::SwiGlu | Activation::GeluTanhGlu => {
             vec![(mlp("gate_proj"), inter), (mlp("up_proj"), inter)]
         }

@@ -262,6 +262,8 @@ matrix! {
     helium => "helium",
     cwm => "cwm",
     ministral => "ministral",
+    starcoder2 => "starcoder2",
+    starcoder2_bf16 => "starcoder2_bf16",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",

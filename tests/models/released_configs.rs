@@ -113,6 +113,15 @@ const CASES: &[(&str, Expect)] = &[
         Accepted("Llama4ForCausalLM", 48, Some("*")),
     ),
     // Every second layer full attention, the others a window of 4096; scores soft-capped at 50.
+    // Biased projections and LayerNorms, a window of 4096 keys on every layer.
+    (
+        "starcoder2-3b.json",
+        Accepted("Starcoder2ForCausalLM", 30, None),
+    ),
+    (
+        "starcoder2-15b.json",
+        Accepted("Starcoder2ForCausalLM", 40, None),
+    ),
     ("gemma-2-9b.json", Accepted("Gemma2ForCausalLM", 42, None)),
     ("gemma-2-27b.json", Accepted("Gemma2ForCausalLM", 46, None)),
     // Every 6th layer full attention, the others a window of 512 (1B) or 1024 keys.

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::bf16::{Bf16Kernel, Half};
 use super::capture::CpuCapture;
-use super::exp::gelu_tanh_times;
+use super::exp::{gelu_tanh_mul_into, gelu_tanh_times};
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
@@ -44,6 +44,9 @@ mod device_setup;
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
 use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, gather_scaled, set};
+
+/// The unit gate [`Device::unary`]'s tanh GELU multiplies by (a chunk's width of ones).
+static UNIT_GATE: [f32; 4096] = [1.0; 4096];
 
 #[path = "device_attention.rs"]
 mod device_attention;
@@ -231,7 +234,8 @@ impl Device for CpuDevice {
     }
 
     fn norm(&self, x: &CpuBuf, w: &Vec<f32>, op: RowNorm, out: &mut CpuBuf) -> DevResult<()> {
-        if w.is_empty() || !x.width.is_multiple_of(w.len()) {
+        let per = op.kind.weights_per_value();
+        if w.is_empty() || !w.len().is_multiple_of(per) || !x.width.is_multiple_of(w.len() / per) {
             return Err(DeviceError::Invalid(format!(
                 "norm: weight of {} for rows of {}",
                 w.len(),
@@ -251,7 +255,7 @@ impl Device for CpuDevice {
         op: RowNorm,
         out: &mut CpuBuf,
     ) -> DevResult<()> {
-        if x.data.len() != y.data.len() || x.width != w.len() {
+        if x.data.len() != y.data.len() || x.width * op.kind.weights_per_value() != w.len() {
             return Err(DeviceError::Invalid(format!(
                 "add_norm: x [{}, {}], y [{}, {}], weight {}",
                 x.rows(),
@@ -399,7 +403,8 @@ impl Device for CpuDevice {
         // Every element is written below: resizing zeroes only growth. In parallel: one
         // thread over `[T, intermediate]` was ~2% of a Nemotron-H-8B-shaped run.
         out.data.resize(x.data.len(), 0.0);
-        let chunks = out.data.par_chunks_mut(4096).zip(x.data.par_chunks(4096));
+        let chunks =
+            (out.data.par_chunks_mut(UNIT_GATE.len())).zip(x.data.par_chunks(UNIT_GATE.len()));
         match f {
             UnaryAct::Relu2 => chunks.for_each(|(o, x)| {
                 for (o, &v) in o.iter_mut().zip(x) {
@@ -411,6 +416,10 @@ impl Device for CpuDevice {
                 for (o, &v) in o.iter_mut().zip(x) {
                     *o = p.apply(v);
                 }
+            }),
+            // The GeGLU's lanes with a unit gate (times 1 is exact: the same bits).
+            UnaryAct::GeluTanh => chunks.for_each(|(o, x)| {
+                gelu_tanh_mul_into(x, &UNIT_GATE[..x.len()], o);
             }),
         }
         set(out, x.width);

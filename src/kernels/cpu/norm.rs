@@ -1,5 +1,5 @@
-//! Row norms as transformers computes them: RMSNorm and LayerNorm without a bias (Cohere's),
-//! each `w · normed`, the sums in f64 in a fixed order per row, so a row's result never
+//! Row norms as transformers computes them: RMSNorm, LayerNorm without a bias (Cohere's) and
+//! with one (`nn.LayerNorm`), each `w · normed` (`+ b`), the sums in f64 in a fixed order per row, so a row's result never
 //! depends on the other rows of the batch.
 
 use rayon::prelude::*;
@@ -67,18 +67,39 @@ pub fn layer_norm_row(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
     }
 }
 
-/// The row function of `kind`.
-fn row_fn(kind: NormKind) -> fn(&[f32], &[f32], f64, &mut [f32]) {
-    match kind {
-        NormKind::Rms => rms_norm_row,
-        NormKind::Layer => layer_norm_row,
+/// LayerNorm with a bias of one row (`nn.LayerNorm`): [`layer_norm_row`]'s value plus `b`,
+/// `wb` holding `[w | b]`.
+#[inline]
+pub fn layer_norm_bias_row(x: &[f32], wb: &[f32], eps: f64, out: &mut [f32]) {
+    let (w, b) = wb.split_at(x.len());
+    layer_norm_row(x, w, eps, out);
+    for (o, &bi) in out.iter_mut().zip(b) {
+        *o += bi;
     }
 }
 
-/// `norm` of every `w.len()`-wide row of `x` into `out` (resized; every element is written,
+/// A row norm: `(x, w, eps, out)`.
+type RowFn = fn(&[f32], &[f32], f64, &mut [f32]);
+
+/// The row function of `kind`.
+fn row_fn(kind: NormKind) -> RowFn {
+    match kind {
+        NormKind::Rms => rms_norm_row,
+        NormKind::Layer => layer_norm_row,
+        NormKind::LayerBias => layer_norm_bias_row,
+    }
+}
+
+/// The normed width of the weight vector `w` of `kind`, and the row function.
+fn width_and_row(w: &[f32], kind: NormKind) -> (usize, RowFn) {
+    (w.len() / kind.weights_per_value(), row_fn(kind))
+}
+
+/// `norm` of every row of `x` as wide as `w` holds weights for (`w.len()`, half of it with a
+/// bias) into `out` (resized; every element is written,
 /// so the reused part is not cleared first).
 pub fn norm(x: &[f32], w: &[f32], norm: RowNorm, out: &mut Vec<f32>) {
-    let (d, row) = (w.len(), row_fn(norm.kind));
+    let (d, row) = width_and_row(w, norm.kind);
     out.resize(x.len(), 0.0);
     out.par_chunks_mut(d * ROWS_PER_TASK)
         .zip(x.par_chunks(d * ROWS_PER_TASK))
@@ -92,7 +113,7 @@ pub fn norm(x: &[f32], w: &[f32], norm: RowNorm, out: &mut Vec<f32>) {
 /// `x += y`, then [`norm`] of the sum into `out`, row chunk by row chunk: each chunk is
 /// normed while it is still in cache (the same bits as the add then [`norm`]).
 pub fn add_norm(x: &mut [f32], y: &[f32], w: &[f32], norm: RowNorm, out: &mut Vec<f32>) {
-    let (d, row) = (w.len(), row_fn(norm.kind));
+    let (d, row) = width_and_row(w, norm.kind);
     assert_eq!(x.len(), y.len(), "add_norm: x and y differ in size");
     out.resize(x.len(), 0.0);
     out.par_chunks_mut(d * ROWS_PER_TASK)
@@ -135,17 +156,18 @@ mod tests {
                 let got = inv_rms(row, 1e-6) as f64;
                 assert!((got - want).abs() <= 1e-7 * want, "d {d}: {got} vs {want}");
             }
-            let (y, w): (Vec<f32>, Vec<f32>) = (
+            let (y, wb): (Vec<f32>, Vec<f32>) = (
                 (0..3 * d).map(|_| rnd()).collect(),
-                (0..d).map(|_| rnd()).collect(),
+                (0..2 * d).map(|_| rnd()).collect(),
             );
-            for kind in [NormKind::Rms, NormKind::Layer] {
+            for kind in [NormKind::Rms, NormKind::Layer, NormKind::LayerBias] {
                 let op = RowNorm { kind, eps: 1e-6 };
+                let w = &wb[..d * kind.weights_per_value()];
                 let (mut x1, mut x2) = (x.clone(), x.clone());
                 let (mut two, mut fused) = (Vec::new(), vec![f32::NAN; 5]);
                 add_inplace(&mut x1, &y);
-                norm(&x1, &w, op, &mut two);
-                add_norm(&mut x2, &y, &w, op, &mut fused);
+                norm(&x1, w, op, &mut two);
+                add_norm(&mut x2, &y, w, op, &mut fused);
                 let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!((b(&x2), b(&fused)), (b(&x1), b(&two)), "d {d} {kind:?}");
             }
@@ -153,23 +175,23 @@ mod tests {
     }
 
     /// LayerNorm against an f64 reference: a mean far from zero (which RMSNorm would keep)
-    /// leaves rows of mean 0 and variance 1 before the weight.
+    /// leaves rows of mean 0 and variance 1 before the weight; its bias is added last.
     #[test]
     fn layer_norm_centres_and_scales_like_f64() {
         let mut rnd = rnd_fn(11);
         for d in [1usize, 5, 8, 17, 256] {
             let x: Vec<f32> = (0..d).map(|_| rnd() + 100.0).collect();
             let w: Vec<f32> = (0..d).map(|_| rnd()).collect();
-            let mut out = Vec::new();
-            norm(
-                &x,
-                &w,
-                RowNorm {
-                    kind: NormKind::Layer,
-                    eps: 1e-5,
-                },
-                &mut out,
-            );
+            let (mut out, mut biased) = (Vec::new(), Vec::new());
+            let op = |kind| RowNorm { kind, eps: 1e-5 };
+            norm(&x, &w, op(NormKind::Layer), &mut out);
+            // With a bias: the same values plus it (`[w | b]`).
+            let b: Vec<f32> = (0..d).map(|_| rnd()).collect();
+            let wb = [w.clone(), b.clone()].concat();
+            norm(&x, &wb, op(NormKind::LayerBias), &mut biased);
+            for ((&o, &ob), &bi) in out.iter().zip(&biased).zip(&b) {
+                assert_eq!(ob.to_bits(), (o + bi).to_bits(), "d {d}");
+            }
             let mean = x.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
             let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
             for ((&o, &v), &wi) in out.iter().zip(&x).zip(&w) {

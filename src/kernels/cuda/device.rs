@@ -266,9 +266,11 @@ impl Device for CudaDevice {
 
     fn norm(&self, x: &CudaBuf, w: &DevBuf<f32>, op: RowNorm, out: &mut CudaBuf) -> DevResult<()> {
         x.f32("norm input")?;
-        let n = w.len();
-        if n == 0 || !x.width().is_multiple_of(n) {
-            return invalid(format!("norm: weight of {n} for rows of {}", x.width()));
+        let per = op.kind.weights_per_value();
+        let n = w.len() / per;
+        if n == 0 || n * per != w.len() || !x.width().is_multiple_of(n) {
+            let what = format!("norm: weight of {} for rows of {}", w.len(), x.width());
+            return invalid(what);
         }
         out.set(x.rows(), x.width(), "norm")?;
         // Dense rows: each row's `width / n` pieces are rows of `n` one after another.
@@ -286,7 +288,11 @@ impl Device for CudaDevice {
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         same_f32(x, y, "add_norm")?;
-        check_len(w, x.width(), "add_norm weight")?;
+        check_len(
+            w,
+            x.width() * norm.kind.weights_per_value(),
+            "add_norm weight",
+        )?;
         out.set(x.rows(), x.width(), "add_norm")?;
         let (g, rows, n) = (&self.gpu, x.rows(), x.width());
         let (xp, yp, op) = (x.ptr(), y.ptr(), out.ptr());

@@ -50,6 +50,23 @@ extern "C" __global__ void gelu_tanh_mul_f16(const float* gu, f16_t* out, int in
     gelu_tanh_mul_t<f16_t>(gu, out, inter);
 }
 
+// StarCoder2's ungated MLP activation: gelu_tanh(x) = gelu_tanh_times(x, 1) (times 1: exact,
+// so the GeGLU's bits). Launch: grid (ceil(n / 256)), block (256).
+template <typename OUT>
+__device__ void gelu_tanh_t(const float* x, OUT* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f32<OUT>(gelu_tanh_times(x[i], 1.0f));
+}
+extern "C" __global__ void gelu_tanh_f32(const float* x, float* out, long long n) {
+    gelu_tanh_t<float>(x, out, n);
+}
+extern "C" __global__ void gelu_tanh_bf16(const float* x, bf16_t* out, long long n) {
+    gelu_tanh_t<bf16_t>(x, out, n);
+}
+extern "C" __global__ void gelu_tanh_f16(const float* x, f16_t* out, long long n) {
+    gelu_tanh_t<f16_t>(x, out, n);
+}
+
 // gpt-oss's experts (transformers GptOssExperts._apply_gate):
 // g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g).
 template <typename OUT>

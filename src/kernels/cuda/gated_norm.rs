@@ -102,7 +102,8 @@ pub fn mamba2_gated_norm(
     )
 }
 
-/// `out = f(x)` (an MLP's activation without a gate: Nemotron-H's relu², Apertus' xIELU),
+/// `out = f(x)` (an MLP's activation without a gate: Nemotron-H's relu², Apertus' xIELU,
+/// StarCoder2's tanh GELU),
 /// written in `dtype`.
 pub fn unary(
     gpu: &Gpu,
@@ -119,6 +120,10 @@ pub fn unary(
         UnaryAct::Relu2 => {
             let name = format!("relu2_{}", suffix(dtype));
             launch!(gpu, &name => "relu2_f32", elems_cfg(total)?, x, out, n)
+        }
+        UnaryAct::GeluTanh => {
+            let name = format!("gelu_tanh_{}", suffix(dtype));
+            launch!(gpu, &name => "gelu_tanh_f32", elems_cfg(total)?, x, out, n)
         }
         UnaryAct::Xielu(p) => {
             let name = format!("xielu_{}", suffix(dtype));

@@ -56,6 +56,7 @@ fn norm_kernel(kind: NormKind) -> &'static str {
     match kind {
         NormKind::Rms => "rms_norm",
         NormKind::Layer => "layer_norm",
+        NormKind::LayerBias => "layer_norm_bias",
     }
 }
 

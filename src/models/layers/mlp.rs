@@ -1,6 +1,6 @@
 //! The dense MLPs: SwiGLU `down(silu(gate(x)) · up(x))` and Gemma's GeGLU
 //! `down(gelu_tanh(gate(x)) · up(x))` (gate and up stacked into one projection), and the
-//! ungated `down(f(up(x)))`: Nemotron-H's relu², Apertus' xIELU.
+//! ungated `down(f(up(x)))`: Nemotron-H's relu², Apertus' xIELU, StarCoder2's tanh GELU.
 
 use super::{Scratch, Widths};
 use crate::kernels::Device;
@@ -15,6 +15,8 @@ pub enum Activation {
     Relu2,
     /// Apertus' xIELU with the layer's learned scalars.
     Xielu(Xielu),
+    /// StarCoder2's tanh GELU, without a gate.
+    GeluTanh,
 }
 
 pub struct Mlp<D: Device> {
@@ -28,7 +30,7 @@ impl<D: Device> Mlp<D> {
     fn wide(&self) -> usize {
         match self.act {
             Activation::SwiGlu | Activation::GeluTanhGlu => 2 * self.inter,
-            Activation::Relu2 | Activation::Xielu(_) => self.inter,
+            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => self.inter,
         }
     }
 
@@ -55,9 +57,10 @@ impl<D: Device> Mlp<D> {
                 dev.gelu_tanh_mul(wide, act)?;
                 dev.matmul(act, &self.down, out)
             }
-            Activation::Relu2 | Activation::Xielu(_) => {
+            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => {
                 let f = match self.act {
                     Activation::Xielu(p) => UnaryAct::Xielu(p),
+                    Activation::GeluTanh => UnaryAct::GeluTanh,
                     _ => UnaryAct::Relu2,
                 };
                 dev.matmul(x, &self.up, wide)?;

@@ -23,7 +23,9 @@ pub mod short_conv;
 
 use super::decoder::Vocab;
 use super::{ModelError, Weights};
-use crate::kernels::device::{BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix};
+use crate::kernels::device::{
+    BufKind, Cols, ConvCall, DevResult, DeviceError, HostMatrix, NormKind,
+};
 use crate::kernels::{Batch, Device};
 
 pub use crate::kernels::device::SoftmaxVariant;
@@ -462,6 +464,16 @@ impl<'a, D: Device> Loader<'a, D> {
     /// An f32 vector of `n` values on the device.
     pub fn vector(&self, name: &str, n: usize) -> Result<D::Vector, ModelError> {
         Ok(self.dev.vector(&self.f32s(name, &[n])?)?)
+    }
+
+    /// The weights of the norm `name` (`n` wide) as a norm of `kind` takes them:
+    /// `{name}.weight`, followed by `{name}.bias` where the kind has one.
+    pub fn norm(&self, name: &str, n: usize, kind: NormKind) -> Result<D::Vector, ModelError> {
+        let mut w = self.f32s(&format!("{name}.weight"), &[n])?;
+        if kind == NormKind::LayerBias {
+            w.extend(self.f32s(&format!("{name}.bias"), &[n])?);
+        }
+        Ok(self.dev.vector(&w)?)
     }
 
     /// A zero-centred RMSNorm's `1 + w` of `{name}.weight` (`n` values: Qwen3.5's, Gemma's).
