@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `Jais2ForCausalLM` (Jais 2 8B): Llama's layers with LayerNorms with biases, q / k / v / o
+    /// biased, an ungated relu² MLP with biases.
+    Jais2,
     /// `MinistralForCausalLM` (Ministral-8B-Instruct-2410 as transformers' class has it):
     /// Mistral's layers, each sliding or full as `layer_types` says.
     Ministral,
@@ -214,7 +217,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 73] = [
+    pub const ALL: [Self; 74] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -222,6 +225,7 @@ impl Architecture {
         Self::Ministral3,
         Self::Ministral,
         Self::Starcoder2,
+        Self::Jais2,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -304,6 +308,7 @@ impl Architecture {
             Self::Ministral3 => "Ministral3ForCausalLM",
             Self::Ministral => "MinistralForCausalLM",
             Self::Starcoder2 => "Starcoder2ForCausalLM",
+            Self::Jais2 => "Jais2ForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -435,6 +440,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium | Architecture::Starcoder2 => 4096,
+        Architecture::Jais2 => 8192,
         Architecture::Apertus => 65536,
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,

@@ -299,6 +299,7 @@ impl ModelSpec {
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::Ministral => super::mistral_config::parse_ministral(&cfg, name)?,
             Architecture::Starcoder2 => super::starcoder2::parse(&cfg, name)?,
+            Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,
             a @ (Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3) => {

@@ -279,7 +279,7 @@ pub(super) fn load_ffn<D: Device>(
 ) -> Result<Sublayer<D>, ModelError> {
     let moe = spec.hybrid.as_ref().and_then(|hy| hy.moe.as_ref());
     let act = match spec.architecture {
-        Architecture::Arcee => Activation::Relu2,
+        Architecture::Arcee | Architecture::Jais2 => Activation::Relu2,
         _ => Activation::SwiGlu,
     };
     Ok(match moe {

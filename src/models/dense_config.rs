@@ -4,6 +4,7 @@
 
 use super::config::{Cfg, LongRope, default_eps, default_max_pos};
 use super::{Architecture, ModelError, ModelSpec, QkNorm, RopeScaling, WeightDtype};
+use crate::kernels::device::NormKind;
 
 /// The spec of a dense or attention-only MoE config (Llama, Qwen2 / 3, Mistral, Qwen3-MoE,
 /// Mixtral, GLM-4.5).
@@ -13,8 +14,8 @@ pub(super) fn dense_spec(
     name: String,
 ) -> Result<ModelSpec, ModelError> {
     match architecture {
-        // ArceeConfig's MLP is relu², without a gate.
-        Architecture::Arcee => cfg.check_named_activation(&["relu2"])?,
+        // ArceeConfig's and Jais2Config's MLP is relu², without a gate.
+        Architecture::Arcee | Architecture::Jais2 => cfg.check_named_activation(&["relu2"])?,
         // ApertusConfig's is xIELU; its MLP (Nemotron's) takes relu² too.
         Architecture::Apertus => cfg.check_named_activation(&["xielu", "relu2"])?,
         // Starcoder2Config's is the tanh GELU (`gelu_new` computes the same function).
@@ -196,6 +197,19 @@ pub(super) fn dense_spec(
     })
 }
 
+/// Jais 2's config (`Jais2Config`: Llama's fields): LayerNorms with biases of `layer_norm_eps`
+/// (1e-5), q / k / v / o biased where `attention_bias` (true), the relu² MLP where `mlp_bias`
+/// (true).
+pub(super) fn parse_jais2(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
+    let mut spec = dense_spec(cfg, Architecture::Jais2, name)?;
+    let bias = cfg.bool_or("attention_bias", true)?;
+    (spec.qkv_bias, spec.o_bias) = (bias, bias);
+    spec.mlp_bias = cfg.bool_or("mlp_bias", true)?;
+    spec.norm = NormKind::LayerBias;
+    spec.rms_norm_eps = cfg.f64_or("layer_norm_eps", 1e-5)?;
+    Ok(spec)
+}
+
 /// SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none), else every
 /// `no_rope_layer_interval`-th layer (4); its sliding window (`use_sliding_window`, on the
 /// NoPE layers only; off in the releases) refused.
@@ -266,6 +280,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::{Architecture, ModelSpec, RopeScaling, released_config};
+    use crate::kernels::device::NormKind;
 
     fn parse(v: &Value) -> Result<ModelSpec, String> {
         ModelSpec::from_json(v, Path::new("config.json"), "m".into()).map_err(|e| e.to_string())
@@ -292,6 +307,33 @@ mod tests {
             (true, false, 1.5625e-7)
         );
         assert_eq!(s.max_position_embeddings, 131072);
+    }
+
+    /// Shaped as Jais-2-8B-Chat (`Jais2Config`'s defaults: hidden 3328 in 26 heads of 128):
+    /// LayerNorms with biases, every projection biased by default.
+    #[test]
+    fn jais2_layer_norms_and_biases() {
+        let mut v = json!({
+            "architectures": ["Jais2ForCausalLM"], "model_type": "jais2", "hidden_act": "relu2",
+            "hidden_size": 3328, "intermediate_size": 26624, "num_attention_heads": 26,
+            "num_hidden_layers": 32, "vocab_size": 150272, "layer_norm_eps": 1e-5
+        });
+        let s = parse(&v).unwrap();
+        assert_eq!(s.architecture, Architecture::Jais2);
+        assert_eq!(
+            (s.head_dim, s.num_kv_heads, s.max_position_embeddings),
+            (128, 26, 8192)
+        );
+        assert!(s.qkv_bias && s.o_bias && s.mlp_bias && !s.tie_word_embeddings);
+        let norm = s.row_norm();
+        assert_eq!((norm.kind, norm.eps), (NormKind::LayerBias, 1e-5));
+        v["attention_bias"] = json!(false);
+        v["mlp_bias"] = json!(false);
+        let s = parse(&v).unwrap();
+        assert!(!s.qkv_bias && !s.o_bias && !s.mlp_bias);
+        v["hidden_act"] = json!("silu");
+        let err = parse(&v).unwrap_err();
+        assert!(err.contains("hidden_act `silu`"), "{err}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Mistral => {
             dense::load(ld, spec)
         }
-        Architecture::Ministral => dense::load(ld, spec),
+        Architecture::Ministral | Architecture::Jais2 => dense::load(ld, spec),
         Architecture::Ministral3 | Architecture::SmolLM3 | Architecture::SeedOss => {
             dense::load(ld, spec)
         }

@@ -264,6 +264,7 @@ matrix! {
     ministral => "ministral",
     starcoder2 => "starcoder2",
     starcoder2_bf16 => "starcoder2_bf16",
+    jais2 => "jais2",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
