@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `VaultGemmaForCausalLM` (VaultGemma 1B): Gemma-2's layers with each sublayer's input
+    /// normed only (no post-norms).
+    VaultGemma,
     /// `Jais2ForCausalLM` (Jais 2 8B): Llama's layers with LayerNorms with biases, q / k / v / o
     /// biased, an ungated relu² MLP with biases.
     Jais2,
@@ -217,7 +220,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 74] = [
+    pub const ALL: [Self; 75] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -226,6 +229,7 @@ impl Architecture {
         Self::Ministral,
         Self::Starcoder2,
         Self::Jais2,
+        Self::VaultGemma,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -309,6 +313,7 @@ impl Architecture {
             Self::Ministral => "MinistralForCausalLM",
             Self::Starcoder2 => "Starcoder2ForCausalLM",
             Self::Jais2 => "Jais2ForCausalLM",
+            Self::VaultGemma => "VaultGemmaForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -475,7 +480,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::SeedOss => 524288,
         Architecture::Phi3 => 4096,
         Architecture::FalconH1 | Architecture::GraniteSwa => 8192,
-        Architecture::Gemma | Architecture::Gemma2 => 8192,
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::VaultGemma => 8192,
         Architecture::Cohere | Architecture::Cohere2 | Architecture::Cohere2Moe => 8192,
         Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => 131072,
         Architecture::Dots1 | Architecture::HunYuanDenseV1 | Architecture::HunYuanMoEV1 => 2048,

@@ -272,7 +272,7 @@ impl ModelSpec {
         let cfg = Cfg::new(&value, path)?;
         let mut spec = match architecture {
             Architecture::GptOss => super::gpt_oss_config::parse(&cfg, &value, name)?,
-            a @ (Architecture::Gemma | Architecture::Gemma2) => {
+            a @ (Architecture::Gemma | Architecture::Gemma2 | Architecture::VaultGemma) => {
                 super::gemma3_config::parse_gemma1_2(&cfg, a, name)?
             }
             Architecture::Gemma3 => super::gemma3_config::parse(&cfg, name)?,

@@ -1,22 +1,21 @@
-//! Gemma-3, Gemma-2 (`Gemma2ForCausalLM`: no q/k norms, soft-capped scores; RoPE and
-//! windows from its config as parsed) and Gemma 1 (`GemmaForCausalLM`: Gemma-2's without
-//! the sublayers' output norms, every layer full, no cap). Gemma-3 (`Gemma3ForCausalLM`; the language model of
-//! `Gemma3ForConditionalGeneration`
+//! Gemma-3, Gemma-2 (`Gemma2ForCausalLM`: no q/k norms, soft-capped scores; RoPE and windows
+//! from its config as parsed), VaultGemma (`VaultGemmaForCausalLM`: Gemma-2's without the
+//! sublayers' output norms) and Gemma 1 (`GemmaForCausalLM`: the same, every layer full, no
+//! cap). Gemma-3 (`Gemma3ForCausalLM`; the language model of `Gemma3ForConditionalGeneration`
 //! exports, whose `language_model.model.*` / `model.language_model.*` answer to `model.*`:
 //! `Weights`). Per layer, each sublayer between two `(1 + w)` RMSNorms (Gemma's sandwich):
 //! `x += post_attention_layernorm(attention(input_layernorm(x)))`, then
 //! `x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`. The attention has
 //! per-head `(1 + w)` q/k norms, scores scaled by `query_pre_attn_scalar^-½`, and per layer a
 //! sliding window with the local RoPE or full attention with the global one (scores
-//! soft-capped where the config says); the MLP is a
-//! GeGLU. The embedding rows are scaled by `√hidden` rounded to the weights' dtype (the LM head
-//! is the unscaled, tied embedding).
+//! soft-capped where the config says); the MLP is a GeGLU. The embedding rows are scaled by
+//! `√hidden` rounded to the weights' dtype (the LM head is the unscaled, tied embedding).
 
 use super::decoder::{Decoder, FinalNorm};
 use super::dense::{attention_of, load_mlp};
 use super::layers::mlp::Activation;
 use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
-use super::{Gemma3Spec, ModelError, ModelSpec, QkNorm, WeightDtype};
+use super::{Architecture, Gemma3Spec, ModelError, ModelSpec, QkNorm, WeightDtype};
 use crate::kernels::Device;
 use crate::kernels::rope::Rope;
 
@@ -76,13 +75,22 @@ fn load_layer<D: Device>(
                 norm("post_feedforward_layernorm")?,
             ),
         ],
-        // Gemma (1): `post_attention_layernorm` is the MLP's input norm.
+        // Gemma (1)'s MLP input norm is its `post_attention_layernorm`, VaultGemma's keeps
+        // Gemma-2's name.
         false => vec![
             Part::new(norm("input_layernorm")?, attention),
-            Part::new(norm("post_attention_layernorm")?, mlp),
+            Part::new(norm(mlp_input_norm(spec.architecture))?, mlp),
         ],
     };
     Ok(Layer { parts, scale: 1.0 })
+}
+
+/// The name of the MLP's input norm in a layer without post-norms.
+fn mlp_input_norm(arch: Architecture) -> &'static str {
+    match arch {
+        Architecture::VaultGemma => "pre_feedforward_layernorm",
+        _ => "post_attention_layernorm",
+    }
 }
 
 /// Layer `i`'s attention: a sliding window and the local RoPE, or full with the global one.

@@ -48,8 +48,9 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     parse_family(cfg, name, family)
 }
 
-/// The spec of a Gemma-2 config (`Gemma2Config`'s defaults) or a Gemma (1) one
-/// (`GemmaConfig`'s: every layer full attention, no sandwich, no score scalar).
+/// The spec of a Gemma-2 or VaultGemma config (`Gemma2Config`'s defaults; VaultGemma's layers
+/// without post-norms) or a Gemma (1) one (`GemmaConfig`'s: every layer full attention, no
+/// sandwich, no score scalar).
 pub(super) fn parse_gemma1_2(
     cfg: &Cfg<'_>,
     arch: Architecture,
@@ -139,7 +140,8 @@ fn parse_family(cfg: &Cfg<'_>, name: String, family: Family) -> Result<ModelSpec
                 true => None,
                 false => softcap(cfg, family.softcap)?,
             },
-            sandwich: !gemma1,
+            // Gemma (1) and VaultGemma norm each sublayer's input only.
+            sandwich: !gemma1 && arch != Architecture::VaultGemma,
         }),
         ..ModelSpec::base(name, arch)
     })
@@ -206,7 +208,7 @@ fn sliding_layers(
         return Ok(sliding);
     }
     let pattern = match arch {
-        Architecture::Gemma2 => 2,
+        Architecture::Gemma2 | Architecture::VaultGemma => 2,
         _ => cfg.usize_or("sliding_window_pattern", 6)?,
     };
     if pattern == 0 {

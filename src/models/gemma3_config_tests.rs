@@ -242,6 +242,21 @@ fn gemma_2_class_defaults_and_a_null_cap() {
     assert_eq!(gemma3(&parse(&cfg).unwrap()).softcap, None);
 }
 
+/// VaultGemma takes Gemma2Config's defaults (alternating windows, the cap of 50) and drops the
+/// sandwich: each sublayer's input normed only.
+#[test]
+fn vaultgemma_is_gemma_2_without_post_norms() {
+    let s = parse(&json!({"architectures": ["VaultGemmaForCausalLM"]})).unwrap();
+    assert_eq!(s.architecture, Architecture::VaultGemma);
+    assert_eq!(
+        (s.num_layers, s.hidden_size, s.vocab_size),
+        (26, 2304, 256_000)
+    );
+    let g = gemma3(&s);
+    assert_eq!(g.sliding, (0..26).map(|i| i % 2 == 0).collect::<Vec<_>>());
+    assert_eq!((g.window, g.softcap, g.sandwich), (4096, Some(50.0), false));
+}
+
 /// Shaped as gemma-7b's config: every layer full, scores × head_dim^-½, no sandwich, no cap,
 /// the legacy `hidden_act` `gelu` read as the tanh approximation; another activation refused.
 #[test]

@@ -44,6 +44,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
             super::gemma3::load(ld, spec)
         }
+        Architecture::VaultGemma => super::gemma3::load(ld, spec),
         Architecture::Gemma4 | Architecture::Gemma4Unified => super::gemma4::load(ld, spec),
         Architecture::Glm4 | Architecture::Glm => super::glm4::load(ld, spec),
         Architecture::Olmo2

@@ -265,6 +265,7 @@ matrix! {
     starcoder2 => "starcoder2",
     starcoder2_bf16 => "starcoder2_bf16",
     jais2 => "jais2",
+    vaultgemma => "vaultgemma",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
