@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `GraniteMoeSWAForCausalLM`: GraniteMoeShared's experts behind Granite SWA's attention
+    /// (sinks, sliding layers, a RoPE theta per layer).
+    GraniteMoeSwa,
     /// `VaultGemmaForCausalLM` (VaultGemma 1B): Gemma-2's layers with each sublayer's input
     /// normed only (no post-norms).
     VaultGemma,
@@ -220,7 +223,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 75] = [
+    pub const ALL: [Self; 76] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -230,6 +233,7 @@ impl Architecture {
         Self::Starcoder2,
         Self::Jais2,
         Self::VaultGemma,
+        Self::GraniteMoeSwa,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -314,6 +318,7 @@ impl Architecture {
             Self::Starcoder2 => "Starcoder2ForCausalLM",
             Self::Jais2 => "Jais2ForCausalLM",
             Self::VaultGemma => "VaultGemmaForCausalLM",
+            Self::GraniteMoeSwa => "GraniteMoeSWAForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -456,6 +461,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Olmoe | Architecture::FlexOlmo => 4096,
         Architecture::Afmoe => 16384,
         Architecture::GraniteMoe | Architecture::GraniteMoeShared => 2048,
+        Architecture::GraniteMoeSwa => 2048,
         Architecture::Qwen2 | Architecture::Qwen3 | Architecture::SmolLM3 => 32768,
         Architecture::Mistral | Architecture::Mixtral | Architecture::Ministral => 4096 * 32,
         Architecture::Qwen3_5 | Architecture::Qwen3Next | Architecture::Qwen3_5Moe => 32768,

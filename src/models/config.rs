@@ -289,9 +289,9 @@ impl ModelSpec {
             a if a.has_latent_attention() => super::deepseek_config::parse(&cfg, a, name)?,
             a if a.is_hybrid() => super::hybrid_config::parse(&cfg, a, name)?,
             Architecture::GraniteMoeHybrid => super::granite_config::parse_hybrid(&cfg, name)?,
-            a @ (Architecture::GraniteMoe | Architecture::GraniteMoeShared) => {
-                super::granite_config::parse_moe(&cfg, a, name)?
-            }
+            a @ (Architecture::GraniteMoe
+            | Architecture::GraniteMoeShared
+            | Architecture::GraniteMoeSwa) => super::granite_config::parse_moe(&cfg, a, name)?,
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,

@@ -15,14 +15,15 @@
 //!   released and as transformers 5 saves them).
 //! - `GraniteMoeForCausalLM` (Granite 3.0 / 3.1 MoE) and `GraniteMoeSharedForCausalLM`: Granite
 //!   4.0's layers with RoPE attention in every one and its routed experts, without a shared MLP
-//!   (the shared class: with one where `shared_intermediate_size` is above 0).
+//!   (the shared class: with one where `shared_intermediate_size` is above 0);
+//!   `GraniteMoeSWAForCausalLM` the shared class's with Granite SWA's attention.
 
 use super::decoder::Decoder;
 use super::dense::{self, attention_layer, load_ffn};
 use super::hybrid_config::{LayerKind, MoeSpec};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Expert, Router, SharedExpert};
-use super::layers::{Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
+use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
 use super::nemotron_h::{load_attention, load_mamba};
 use super::{Architecture, GraniteSpec, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -34,7 +35,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     let mut decoder = match spec.architecture {
         Architecture::GraniteMoeHybrid
         | Architecture::GraniteMoe
-        | Architecture::GraniteMoeShared => {
+        | Architecture::GraniteMoeShared
+        | Architecture::GraniteMoeSwa => {
             let kinds = spec.hybrid.as_ref().map(|h| h.layers.clone());
             let kinds = kinds.ok_or_else(|| missing(&spec, "its layer kinds"))?;
             dense::load_with(ld, spec, |ld, spec, i| {
@@ -68,15 +70,7 @@ fn dense_layer<D: Device>(
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
     let attention = match spec.architecture {
-        // Granite SWA: per-head sinks, its layer's window and RoPE.
-        Architecture::GraniteSwa => {
-            let sinks = ld.vector(&format!("{p}.self_attn.sinks"), spec.num_heads)?;
-            let variant = SoftmaxVariant {
-                sinks: Some(sinks),
-                ..scaled_scores(g, spec)
-            };
-            dense::load_windowed_attention(ld, spec, i, variant)?
-        }
+        Architecture::GraniteSwa => swa_attention(ld, spec, g, i)?,
         _ => dense::load_attention(ld, spec, i, scaled_scores(g, spec))?,
     };
     let ffn = load_ffn(ld, spec, &p, i)?;
@@ -90,6 +84,22 @@ fn dense_layer<D: Device>(
     Ok(layer)
 }
 
+/// Granite SWA's (and GraniteMoeSWA's) attention of layer `i`: per-head sinks, the layer's
+/// window and RoPE.
+fn swa_attention<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    g: &GraniteSpec,
+    i: usize,
+) -> Result<Attention<D>, ModelError> {
+    let sinks = ld.vector(&format!("model.layers.{i}.self_attn.sinks"), spec.num_heads)?;
+    let variant = SoftmaxVariant {
+        sinks: Some(sinks),
+        ..scaled_scores(g, spec)
+    };
+    dense::load_windowed_attention(ld, spec, i, variant)
+}
+
 /// Granite 4.0's layer `i` (`kinds[i]` its mixer).
 fn hybrid_layer<D: Device>(
     ld: &Loader<'_, D>,
@@ -99,7 +109,10 @@ fn hybrid_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let mixer = mixer(ld, spec, kinds, i, scaled_scores(g, spec))?;
+    let mixer = match spec.architecture {
+        Architecture::GraniteMoeSwa => Sublayer::Attention(swa_attention(ld, spec, g, i)?),
+        _ => mixer(ld, spec, kinds, i, scaled_scores(g, spec))?,
+    };
     let h = spec.hidden_size;
     let moe = spec.hybrid.as_ref().and_then(|h| h.moe.as_ref());
     // Granite 3.0 MoE's experts have no shared MLP beside them.
@@ -185,8 +198,17 @@ fn load_moe<D: Device>(
 ) -> Result<Moe<D>, ModelError> {
     let (e, inter) = (m.num_experts, m.expert_intermediate);
     let n = |s: &str| format!("{px}.{s}");
-    let gate_up = ld.w.stacked(&n("input_linear.weight"), e, 2 * inter, h)?;
-    let down = ld.w.stacked(&n("output_linear.weight"), e, h, inter)?;
+    // GraniteMoeSWA's checkpoints keep transformers 5's module names (the same layouts).
+    let (gate_up, down, router) = match ld.w.contains(&n("router.layer.weight")) {
+        true => (
+            "input_linear.weight",
+            "output_linear.weight",
+            "router.layer",
+        ),
+        false => ("experts.gate_up_proj", "experts.down_proj", "router"),
+    };
+    let gate_up = ld.w.stacked(&n(gate_up), e, 2 * inter, h)?;
+    let down = ld.w.stacked(&n(down), e, h, inter)?;
     let experts = (0..e)
         .map(|i| {
             Ok(Expert {
@@ -198,7 +220,7 @@ fn load_moe<D: Device>(
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Moe {
-        router: ld.linear1(&n("router.layer"), e, h, false)?,
+        router: ld.linear1(&n(router), e, h, false)?,
         choice: Router::Softmax {
             top_k: m.top_k,
             renorm: m.norm_topk_prob,

@@ -77,7 +77,14 @@ pub(super) fn hyperclovax(cfg: &Cfg<'_>, head_dim: usize) -> Result<GraniteSpec,
 /// 4th layer from layer 0 full, the others sliding) of `sliding_window` (128) and a RoPE theta
 /// per layer (`layer_rope_theta`, else the one theta; 0: that layer NoPE).
 pub(super) fn parse_swa(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
-    let mut spec = super::dense_config::dense_spec(cfg, Architecture::GraniteSwa, name)?;
+    let spec = super::dense_config::dense_spec(cfg, Architecture::GraniteSwa, name)?;
+    swa_layers(cfg, spec)
+}
+
+/// Granite SWA's layers (and GraniteMoeSWA's): `layer_types`, else every 4th layer from 0
+/// full, the others a window of `sliding_window` (128); each layer's RoPE theta from
+/// `layer_rope_theta` (0: no RoPE), else the spec's.
+fn swa_layers(cfg: &Cfg<'_>, mut spec: ModelSpec) -> Result<ModelSpec, ModelError> {
     let layers = spec.num_layers;
     let every_4th_full = (0..layers).map(|i| !i.is_multiple_of(4)).collect();
     let rope = (spec.rope_theta, spec.rope_scaling);
@@ -145,7 +152,9 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
 /// The spec of a `GraniteMoeConfig` (Granite 3.0 / 3.1 MoE, `GraniteMoeForCausalLM`) or a
 /// `GraniteMoeSharedConfig` (`GraniteMoeSharedForCausalLM`): Granite 4.0's layers with RoPE
 /// attention in every one, its routed experts in every layer, and (the shared class) its
-/// shared MLP where `shared_intermediate_size` is above 0 (its default 0: none).
+/// shared MLP where `shared_intermediate_size` is above 0 (its default 0: none); or a
+/// `GraniteMoeSWAConfig` (`GraniteMoeSWAForCausalLM`): the shared class's with Granite SWA's
+/// layers ([`swa_layers`]).
 pub(super) fn parse_moe(
     cfg: &Cfg<'_>,
     arch: Architecture,
@@ -163,14 +172,16 @@ pub(super) fn parse_moe(
     let bias = cfg.bool_or("attention_bias", false)?;
     let head_dim = hidden / heads;
     let shared = match arch {
-        Architecture::GraniteMoeShared => cfg.usize_or("shared_intermediate_size", 0)?,
+        Architecture::GraniteMoeShared | Architecture::GraniteMoeSwa => {
+            cfg.usize_or("shared_intermediate_size", 0)?
+        }
         _ => 0,
     };
     let mut moe = experts(cfg, layers)?
         .ok_or_else(|| cfg.err("num_local_experts", "0 (every layer is a MoE block)"))?;
     moe.shared_intermediate = (shared > 0).then_some(shared);
     let expert_intermediate = moe.expert_intermediate;
-    Ok(ModelSpec {
+    let spec = ModelSpec {
         vocab_size: cfg.usize_or("vocab_size", 32000)?,
         hidden_size: hidden,
         num_layers: layers,
@@ -204,7 +215,11 @@ pub(super) fn parse_moe(
         }),
         granite: Some(multipliers(cfg)?),
         ..ModelSpec::base(name, arch)
-    })
+    };
+    match arch {
+        Architecture::GraniteMoeSwa => swa_layers(cfg, spec),
+        _ => Ok(spec),
+    }
 }
 
 /// The spec of a `BambaConfig`, with the class's defaults.

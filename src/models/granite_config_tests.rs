@@ -334,3 +334,33 @@ fn granite_moe_experts_and_shared_mlp() {
     let err = super::super::parse_config(&v).unwrap_err();
     assert!(err.to_string().contains("num_local_experts"), "{err}");
 }
+
+/// GraniteMoeSWAConfig: GraniteMoeShared's experts and shared MLP with Granite SWA's layers
+/// (every 4th from layer 0 full, window 128, a theta per layer), GraniteMoeShared's defaults
+/// otherwise (untied, eps 1e-6).
+#[test]
+fn granite_moe_swa_experts_behind_sliding_layers() {
+    let mut v = json!({
+        "architectures": ["GraniteMoeSWAForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 5, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "shared_intermediate_size": 128, "vocab_size": 100, "rope_theta": 10000.0
+    });
+    let s = parse(&v).unwrap();
+    assert_eq!(s.architecture, Architecture::GraniteMoeSwa);
+    assert_eq!((s.tie_word_embeddings, s.rms_norm_eps), (false, 1e-6));
+    let m = hybrid(&s).moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.shared_intermediate),
+        (8, 2, Some(128))
+    );
+    let w = s.windows.as_ref().unwrap();
+    assert_eq!(
+        (w.window, w.sliding.clone()),
+        (128, vec![false, true, true, true, false])
+    );
+    assert_eq!(s.layer_thetas.as_ref().unwrap(), &vec![1e4; 5]);
+    v["layer_rope_theta"] = json!([1e4, 5e5, 0, 1e4, 1e4]);
+    let s = parse(&v).unwrap();
+    assert_eq!(s.nope_layers.unwrap(), [false, false, true, false, false]);
+}

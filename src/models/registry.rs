@@ -57,6 +57,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),
         Architecture::HyperClovaX | Architecture::GraniteSwa => super::granite::load(ld, spec),
         Architecture::GraniteMoe | Architecture::GraniteMoeShared => super::granite::load(ld, spec),
+        Architecture::GraniteMoeSwa => super::granite::load(ld, spec),
         Architecture::Bamba => super::bamba::load(ld, spec),
         Architecture::FalconH1 => super::falcon_h1::load(ld, spec),
         Architecture::Phi3 => super::phi3::load(ld, spec),

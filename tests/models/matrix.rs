@@ -266,6 +266,7 @@ matrix! {
     starcoder2_bf16 => "starcoder2_bf16",
     jais2 => "jais2",
     vaultgemma => "vaultgemma",
+    granite_moe_swa => "granite_moe_swa",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
