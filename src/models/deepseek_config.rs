@@ -171,6 +171,11 @@ pub(super) fn parse(
     architecture: Architecture,
     name: String,
 ) -> Result<ModelSpec, ModelError> {
+    // DeepSeek-V2's router: whether it is group-limited (checked before anything is read).
+    let v2_group_limited = match architecture {
+        Architecture::DeepseekV2 => Some(deepseek_v2_router(cfg)?),
+        _ => None,
+    };
     let f = match architecture {
         Architecture::Glm4MoeLite => &GLM_4_MOE_LITE,
         Architecture::Mistral4 => &MISTRAL4,
@@ -179,10 +184,7 @@ pub(super) fn parse(
         Architecture::GlmMoeDsa => &GLM_MOE_DSA_FAMILY,
         Architecture::Axk1 => &AXK1,
         Architecture::Youtu => &YOUTU,
-        Architecture::DeepseekV2 => {
-            deepseek_v2_router(cfg)?;
-            &DEEPSEEK_V2
-        }
+        Architecture::DeepseekV2 => &DEEPSEEK_V2,
         _ => &DEEPSEEK_V3,
     };
     cfg.check_activation()?;
@@ -272,12 +274,12 @@ pub(super) fn parse(
             rotary_dim: dims.rope,
             gdn: None,
             // Youtu's layers are all dense (`YoutuConfig` has no expert fields).
-            moe: match architecture {
-                Architecture::Youtu => None,
-                Architecture::DeepseekV2 => Some(deepseek_v2_moe(
-                    cfg,
+            moe: match (architecture, v2_group_limited) {
+                (Architecture::Youtu, _) => None,
+                (_, Some(group_limited)) => Some(deepseek_v2_moe(
                     deepseek_moe(cfg, num_layers, &f.moe)?,
-                )?),
+                    group_limited,
+                )),
                 _ => Some(deepseek_moe(cfg, num_layers, &f.moe)?),
             },
             mamba: None,
@@ -293,10 +295,12 @@ pub(super) fn parse(
 /// What `DeepseekV2TopkRouter` runs: `topk_method` `greedy` (the top-k of the softmax over
 /// every expert) or `group_limited_greedy` (the top-k inside the `topk_group` groups with the
 /// best single scores: V2 / V2.5), a `num_experts_per_tok` (the class has none), unbiased MLPs.
-fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<(), ModelError> {
+/// Returns whether the router is group-limited.
+fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<bool, ModelError> {
     let field = "topk_method";
-    match cfg.str_or(field, "greedy")? {
-        "greedy" | "group_limited_greedy" => {}
+    let group_limited = match cfg.str_or(field, "greedy")? {
+        "greedy" => false,
+        "group_limited_greedy" => true,
         other => {
             return Err(ModelError::Unsupported {
                 path: cfg.path_buf(),
@@ -305,7 +309,7 @@ fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<(), ModelError> {
                 ),
             });
         }
-    }
+    };
     cfg.usize_req("num_experts_per_tok")?;
     if cfg.bool_or("mlp_bias", false)? {
         return Err(ModelError::Unsupported {
@@ -313,14 +317,13 @@ fn deepseek_v2_router(cfg: &Cfg<'_>) -> Result<(), ModelError> {
             what: "DeepSeek-V2's mlp_bias (no release has it)".into(),
         });
     }
-    Ok(())
+    Ok(group_limited)
 }
 
 /// DeepSeek-V2's router as it runs: never renormalised whatever `norm_topk_prob` says; the
 /// greedy one over every expert whatever `n_group` says, the group-limited one ranking the
 /// groups by their best expert.
-fn deepseek_v2_moe(cfg: &Cfg<'_>, mut m: MoeSpec) -> Result<MoeSpec, ModelError> {
-    let group_limited = cfg.str_or("topk_method", "greedy")? == "group_limited_greedy";
+fn deepseek_v2_moe(mut m: MoeSpec, group_limited: bool) -> MoeSpec {
     m.norm_topk_prob = false;
     if let MoeRouter::Grouped {
         n_group,
@@ -334,7 +337,7 @@ fn deepseek_v2_moe(cfg: &Cfg<'_>, mut m: MoeSpec) -> Result<MoeSpec, ModelError>
             false => (*n_group, *topk_group) = (1, 1),
         }
     }
-    Ok(m)
+    m
 }
 
 /// `q_lora_rank`: the config class's default when absent, `None` (q through `q_proj`) when

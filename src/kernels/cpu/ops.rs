@@ -413,11 +413,6 @@ mod tests {
                 }
                 let split = QkvSplit {
                     width,
-                    q_dim: qd,
-                    k_col: qd,
-                    v_col: qd + kvd,
-                    kv_dim: kvd,
-                    head_dim: hd,
                     norm: norm.map(|(qn, kn, eps)| (qn, Some(kn), eps)),
                     norm_form: match after {
                         true => QkNormForm::RmsAfterRope,
@@ -425,7 +420,7 @@ mod tests {
                     },
                     v_norm,
                     rope,
-                    positions: &positions,
+                    ..contiguous((qd, kvd, hd), &positions)
                 };
                 let (mut q2, mut k2, mut v2) = (vec![f32::NAN; 3], Vec::new(), Vec::new());
                 split_qkv(&qkv, &split, (&mut q2, &mut k2, &mut v2));
@@ -437,6 +432,24 @@ mod tests {
                 );
                 assert_eq!((b(&q2), b(&k2), b(&v2)), (b(&q), b(&k), b(&v)), "{what}");
             }
+        }
+    }
+
+    /// The split of rows `[q | k | v]` (`qd`, `kvd`, `kvd` wide, heads of `hd`; nothing after
+    /// them) without norms or RoPE.
+    fn contiguous((qd, kvd, hd): (usize, usize, usize), positions: &[usize]) -> QkvSplit<'_> {
+        QkvSplit {
+            width: qd + 2 * kvd,
+            q_dim: qd,
+            k_col: qd,
+            v_col: qd + kvd,
+            kv_dim: kvd,
+            head_dim: hd,
+            norm: None,
+            norm_form: QkNormForm::Rms,
+            v_norm: None,
+            rope: None,
+            positions,
         }
     }
 
@@ -457,17 +470,11 @@ mod tests {
         let rope = Rope::new(hd, 10000.0, RopeScaling::None);
         let ones = vec![1.0f32; hd];
         let split = QkvSplit {
-            width,
-            q_dim: qd,
-            k_col: qd,
-            v_col: qd + kvd,
-            kv_dim: kvd,
-            head_dim: hd,
             norm: Some((&qw[..], Some(&kw[..]), 1e-5)),
             norm_form: QkNormForm::HeadLayerNorm,
             v_norm: Some((&ones[..], 1e-6)),
             rope: Some((&rope, hd)),
-            positions: &positions,
+            ..contiguous((qd, kvd, hd), &positions)
         };
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         split_qkv(&qkv, &split, (&mut q, &mut k, &mut v));
