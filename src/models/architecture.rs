@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `StableLmForCausalLM` (StableLM 2 1.6B / 12B, StableLM 3B 4E1T, Stable Code 3B): LayerNorms
+    /// with biases, partial rotary, optional per-head q / k LayerNorms and parallel residual.
+    StableLm,
     /// `GraniteMoeSWAForCausalLM`: GraniteMoeShared's experts behind Granite SWA's attention
     /// (sinks, sliding layers, a RoPE theta per layer).
     GraniteMoeSwa,
@@ -223,7 +226,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 76] = [
+    pub const ALL: [Self; 77] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -234,6 +237,7 @@ impl Architecture {
         Self::Jais2,
         Self::VaultGemma,
         Self::GraniteMoeSwa,
+        Self::StableLm,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -319,6 +323,7 @@ impl Architecture {
             Self::Jais2 => "Jais2ForCausalLM",
             Self::VaultGemma => "VaultGemmaForCausalLM",
             Self::GraniteMoeSwa => "GraniteMoeSWAForCausalLM",
+            Self::StableLm => "StableLmForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -449,7 +454,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
     match arch {
         Architecture::Llama | Architecture::Granite | Architecture::GraniteMoeHybrid => 2048,
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
-        Architecture::Helium | Architecture::Starcoder2 => 4096,
+        Architecture::Helium | Architecture::Starcoder2 | Architecture::StableLm => 4096,
         Architecture::Jais2 => 8192,
         Architecture::Apertus => 65536,
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,

@@ -7,8 +7,8 @@
 //! experts under `mlp` beside `shared_experts`, their sum halved where the config averages them.
 
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_ffn, load_windowed_attention, load_with};
-use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
+use super::dense::{load_attention, load_ffn, load_windowed_attention, load_with, parallel_layer};
+use super::layers::{Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
 
@@ -32,12 +32,5 @@ fn load_layer<D: Device>(
     {
         moe.out_scale = 0.5;
     }
-    let norm = ld.vector(&format!("{p}.input_layernorm.weight"), spec.hidden_size)?;
-    // transformers: `residual + attention + mlp`; hsx adds the two outputs first (the sum of
-    // the same three values in another order: within f32 rounding).
-    let both = Sublayer::Parallel(Box::new([Sublayer::Attention(attention), ffn]));
-    Ok(Layer {
-        parts: vec![Part::new(norm, both)],
-        scale: 1.0,
-    })
+    parallel_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
 }

@@ -96,6 +96,9 @@ pub struct ModelSpec {
     /// RoPE rotates interleaved pairs `(2i, 2i + 1)` of each head (GLM-4, ERNIE 4.5), not its
     /// halves.
     pub interleaved_rope: bool,
+    /// One input norm feeds the attention and the MLP, `x += attn(n) + mlp(n)` (StableLM's
+    /// `use_parallel_residual`; Cohere's layers always are).
+    pub parallel_residual: bool,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
@@ -215,6 +218,7 @@ impl ModelSpec {
             layer_thetas: None,
             rotary_dim: None,
             interleaved_rope: false,
+            parallel_residual: false,
             granite: None,
             longrope: None,
             query_temperature: None,
@@ -299,6 +303,7 @@ impl ModelSpec {
             Architecture::Cwm => super::cwm_config::parse(&cfg, name)?,
             Architecture::Ministral => super::mistral_config::parse_ministral(&cfg, name)?,
             Architecture::Starcoder2 => super::starcoder2::parse(&cfg, name)?,
+            Architecture::StableLm => super::stablelm::parse(&cfg, name)?,
             Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,

@@ -179,8 +179,9 @@ fn deinterleaved_qkv<D: Device>(
     Ok(ld.dev.linear(qkv, bias)?)
 }
 
-/// Cohere's per-head q / k LayerNorm weights (`q_norm` / `k_norm` of `[heads, head_dim]`),
-/// each head's in the order of its projection rows (`rot`: de-interleaved as
+/// Cohere's per-head q / k LayerNorm weights (`q_norm` / `k_norm` of `[heads, head_dim]`;
+/// StableLM's `q_layernorm.norms.{h}` / `k_layernorm.norms.{h}`, one per head), each head's in
+/// the order of its projection rows (`rot`: de-interleaved as
 /// [`deinterleaved_qkv`] reorders them).
 fn head_layer_norms<D: Device>(
     ld: &Loader<'_, D>,
@@ -188,12 +189,16 @@ fn head_layer_norms<D: Device>(
     i: usize,
     rot: Option<usize>,
 ) -> Result<QkNormOf<D>, ModelError> {
-    let hd = spec.head_dim;
+    let (hd, attn) = (spec.head_dim, format!("model.layers.{i}.self_attn"));
     let norm = |n: &str, heads: usize| {
-        let w = ld.f32s(
-            &format!("model.layers.{i}.self_attn.{n}.weight"),
-            &[heads, hd],
-        )?;
+        let w = match spec.architecture {
+            // StableLM's: one LayerNorm module per head.
+            Architecture::StableLm => (0..heads)
+                .map(|h| ld.f32s(&format!("{attn}.{n}_layernorm.norms.{h}.weight"), &[hd]))
+                .collect::<Result<Vec<_>, _>>()?
+                .concat(),
+            _ => ld.f32s(&format!("{attn}.{n}_norm.weight"), &[heads, hd])?,
+        };
         let w = match rot {
             Some(rot) => (deinterleaved(heads, hd, rot).iter())
                 .map(|&(r, _)| w[r])
@@ -202,10 +207,7 @@ fn head_layer_norms<D: Device>(
         };
         Ok::<_, ModelError>(ld.dev.vector(&w)?)
     };
-    let (q, k) = (
-        norm("q_norm", spec.num_heads)?,
-        norm("k_norm", spec.num_kv_heads)?,
-    );
+    let (q, k) = (norm("q", spec.num_heads)?, norm("k", spec.num_kv_heads)?);
     Ok(Some((q, Some(k))))
 }
 
@@ -303,6 +305,25 @@ pub(super) fn attention_layer<D: Device>(
             Part::new(norm("input_layernorm")?, attention),
             Part::new(norm("post_attention_layernorm")?, ffn),
         ],
+        scale: 1.0,
+    })
+}
+
+/// Layer `p`'s (`model.layers.{i}`) one part: `input_layernorm` feeding `attention` and `ffn`
+/// in parallel (Cohere's layers, StableLM's `use_parallel_residual`). transformers:
+/// `residual + attention + mlp`; hsx adds the two outputs first (the sum of the same three
+/// values in another order: within f32 rounding).
+pub(super) fn parallel_layer<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    p: &str,
+    attention: Sublayer<D>,
+    ffn: Sublayer<D>,
+) -> Result<Layer<D>, ModelError> {
+    let norm = ld.norm(&format!("{p}.input_layernorm"), spec.hidden_size, spec.norm)?;
+    let both = Sublayer::Parallel(Box::new([attention, ffn]));
+    Ok(Layer {
+        parts: vec![Part::new(norm, both)],
         scale: 1.0,
     })
 }

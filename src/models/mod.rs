@@ -78,6 +78,7 @@ pub mod qwen4_exp;
 mod qwen4_exp_config;
 pub mod registry;
 mod spec_checks;
+mod stablelm;
 mod starcoder2;
 pub mod weights;
 

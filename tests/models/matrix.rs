@@ -267,6 +267,8 @@ matrix! {
     jais2 => "jais2",
     vaultgemma => "vaultgemma",
     granite_moe_swa => "granite_moe_swa",
+    stablelm => "stablelm",
+    stablelm_parallel => "stablelm_parallel",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
