@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `PhiForCausalLM` (phi-1, phi-1.5, phi-2): parallel layers under one biased LayerNorm,
+    /// partial rotary, biased projections, a tanh-GELU MLP, an LM head with a bias.
+    Phi,
     /// `StableLmForCausalLM` (StableLM 2 1.6B / 12B, StableLM 3B 4E1T, Stable Code 3B): LayerNorms
     /// with biases, partial rotary, optional per-head q / k LayerNorms and parallel residual.
     StableLm,
@@ -226,7 +229,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 77] = [
+    pub const ALL: [Self; 78] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -238,6 +241,7 @@ impl Architecture {
         Self::VaultGemma,
         Self::GraniteMoeSwa,
         Self::StableLm,
+        Self::Phi,
         Self::SmolLM3,
         Self::Arcee,
         Self::Helium,
@@ -324,6 +328,7 @@ impl Architecture {
             Self::VaultGemma => "VaultGemmaForCausalLM",
             Self::GraniteMoeSwa => "GraniteMoeSWAForCausalLM",
             Self::StableLm => "StableLmForCausalLM",
+            Self::Phi => "PhiForCausalLM",
             Self::SmolLM3 => "SmolLM3ForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
@@ -456,6 +461,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium | Architecture::Starcoder2 | Architecture::StableLm => 4096,
         Architecture::Jais2 => 8192,
+        Architecture::Phi => 2048,
         Architecture::Apertus => 65536,
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,

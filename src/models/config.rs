@@ -304,6 +304,7 @@ impl ModelSpec {
             Architecture::Ministral => super::mistral_config::parse_ministral(&cfg, name)?,
             Architecture::Starcoder2 => super::starcoder2::parse(&cfg, name)?,
             Architecture::StableLm => super::stablelm::parse(&cfg, name)?,
+            Architecture::Phi => super::phi::parse(&cfg, name)?,
             Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,

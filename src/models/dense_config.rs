@@ -18,8 +18,9 @@ pub(super) fn dense_spec(
         Architecture::Arcee | Architecture::Jais2 => cfg.check_named_activation(&["relu2"])?,
         // ApertusConfig's is xIELU; its MLP (Nemotron's) takes relu² too.
         Architecture::Apertus => cfg.check_named_activation(&["xielu", "relu2"])?,
-        // Starcoder2Config's is the tanh GELU (`gelu_new` computes the same function).
-        Architecture::Starcoder2 => {
+        // Starcoder2Config's and PhiConfig's are the tanh GELU (`gelu_new` and
+        // `gelu_pytorch_tanh` compute the same function).
+        Architecture::Starcoder2 | Architecture::Phi => {
             cfg.check_named_activation(&["gelu_pytorch_tanh", "gelu_new"])?
         }
         _ => cfg.check_activation()?,

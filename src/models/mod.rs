@@ -71,6 +71,7 @@ pub mod nemotron_moe;
 pub mod ngram_hash;
 pub mod olmo;
 mod olmo_config;
+mod phi;
 pub mod phi3;
 pub mod pyjson;
 pub mod qwen3_5;

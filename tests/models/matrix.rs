@@ -269,6 +269,7 @@ matrix! {
     granite_moe_swa => "granite_moe_swa",
     stablelm => "stablelm",
     stablelm_parallel => "stablelm_parallel",
+    phi => "phi",
     youtu => "youtu",
     deepseek_v2 => "deepseek_v2",
     deepseek_v2_grouped => "deepseek_v2_grouped",
