@@ -7,7 +7,7 @@
 //! experts under `mlp` beside `shared_experts`, their sum halved where the config averages them.
 
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_ffn, load_windowed_attention, load_with, parallel_layer};
+use super::dense::{attention_layer, load_attention, load_ffn, load_windowed_attention, load_with};
 use super::layers::{Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{Architecture, ModelError, ModelSpec};
 use crate::kernels::Device;
@@ -32,5 +32,6 @@ fn load_layer<D: Device>(
     {
         moe.out_scale = 0.5;
     }
-    parallel_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
+    // Parallel: the spec's residual is (`cohere_config`).
+    attention_layer(ld, spec, &p, Sublayer::Attention(attention), ffn)
 }

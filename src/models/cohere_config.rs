@@ -43,6 +43,7 @@ pub(super) fn parse(
         spec.head_dim = spec.hidden_size / spec.num_heads.max(1);
     }
     spec.mlp_bias = false;
+    spec.parallel_residual = true;
     if arch == Architecture::Cohere {
         return Ok(spec);
     }

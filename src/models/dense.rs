@@ -1,5 +1,6 @@
 //! Attention-only decoders: Llama, Qwen2, Qwen3, Mistral, Ministral 3, SmolLM3 (its NoPE
-//! layers without RoPE), and the MoE ones
+//! layers without RoPE), StarCoder2 (its ungated MLP), StableLM (its residual parallel where
+//! the config says), and the MoE ones
 //! Qwen3-MoE, Mixtral, GLM-4.5 and MiniMax-M2 (`model.*` checkpoint names).
 //!
 //! Per layer: `input_layernorm` -> attention (fused q/k/v + bias, Qwen3's / GLM-4.5's per-head
@@ -284,14 +285,19 @@ pub(super) fn load_ffn<D: Device>(
         Architecture::Arcee | Architecture::Jais2 => Activation::Relu2,
         _ => Activation::SwiGlu,
     };
+    let px = format!("{p}.mlp");
     Ok(match moe {
         Some(m) if m.sparse_layers[i] => Sublayer::Moe(load_moe(ld, spec, p, m)?),
-        _ => Sublayer::Mlp(load_mlp(ld, spec, &format!("{p}.mlp"), act)?),
+        _ if spec.architecture == Architecture::Starcoder2 => {
+            let act = Activation::GeluTanh;
+            Sublayer::Mlp(ungated_mlp(ld, spec, &px, ("c_fc", "c_proj"), act)?)
+        }
+        _ => Sublayer::Mlp(load_mlp(ld, spec, &px, act)?),
     })
 }
 
 /// Layer `p`'s (`model.layers.{i}`) two parts: `input_layernorm` + `attention`, then
-/// `post_attention_layernorm` + `ffn`.
+/// `post_attention_layernorm` + `ffn`; or, where the spec's residual is parallel, one.
 pub(super) fn attention_layer<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
@@ -299,6 +305,9 @@ pub(super) fn attention_layer<D: Device>(
     attention: Sublayer<D>,
     ffn: Sublayer<D>,
 ) -> Result<Layer<D>, ModelError> {
+    if spec.parallel_residual {
+        return parallel_layer(ld, spec, p, attention, ffn);
+    }
     let norm = |n: &str| ld.norm(&format!("{p}.{n}"), spec.hidden_size, spec.norm);
     Ok(Layer {
         parts: vec![
@@ -313,7 +322,7 @@ pub(super) fn attention_layer<D: Device>(
 /// in parallel (Cohere's layers, StableLM's `use_parallel_residual`). transformers:
 /// `residual + attention + mlp`; hsx adds the two outputs first (the sum of the same three
 /// values in another order: within f32 rounding).
-pub(super) fn parallel_layer<D: Device>(
+fn parallel_layer<D: Device>(
     ld: &Loader<'_, D>,
     spec: &ModelSpec,
     p: &str,
@@ -325,6 +334,24 @@ pub(super) fn parallel_layer<D: Device>(
     Ok(Layer {
         parts: vec![Part::new(norm, both)],
         scale: 1.0,
+    })
+}
+
+/// The ungated MLP `{px}.{down}(act({px}.{up}(x)))`, `intermediate_size` wide, biased where
+/// the spec's `mlp_bias` (StarCoder2's `c_fc` / `c_proj`, Phi's `fc1` / `fc2`).
+pub(super) fn ungated_mlp<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: &ModelSpec,
+    px: &str,
+    (up, down): (&str, &str),
+    act: Activation,
+) -> Result<Mlp<D>, ModelError> {
+    let (h, inter, bias) = (spec.hidden_size, spec.intermediate_size, spec.mlp_bias);
+    Ok(Mlp {
+        up: ld.linear1(&format!("{px}.{up}"), inter, h, bias)?,
+        down: ld.linear1(&format!("{px}.{down}"), h, inter, bias)?,
+        act,
+        inter,
     })
 }
 

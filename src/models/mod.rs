@@ -79,8 +79,8 @@ pub mod qwen4_exp;
 mod qwen4_exp_config;
 pub mod registry;
 mod spec_checks;
-mod stablelm;
-mod starcoder2;
+mod stablelm_config;
+mod starcoder2_config;
 pub mod weights;
 
 pub use backend::{Layout, ModelBackend};

@@ -8,9 +8,9 @@
 
 use super::config::{Architecture, Cfg};
 use super::decoder::{Decoder, FinalNorm, Vocab};
-use super::dense::parallel_layer;
+use super::dense::{attention_layer, ungated_mlp};
 use super::layers::mlp::Activation;
-use super::layers::{Attention, Layer, Loader, Mlp, SoftmaxVariant, Sublayer};
+use super::layers::{Attention, Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::NormKind;
@@ -60,7 +60,7 @@ fn load_layer<D: Device>(
     i: usize,
 ) -> Result<Layer<D>, ModelError> {
     let p = format!("model.layers.{i}");
-    let (h, hd, inter) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let attn = |n: &str| format!("{p}.self_attn.{n}");
     let parts = [
@@ -77,13 +77,14 @@ fn load_layer<D: Device>(
         variant: SoftmaxVariant::causal(),
         ..Attention::plain((qkv, o), spec, i)
     };
-    let mlp = Mlp {
-        up: ld.linear1(&format!("{p}.mlp.fc1"), inter, h, true)?,
-        down: ld.linear1(&format!("{p}.mlp.fc2"), h, inter, true)?,
-        act: Activation::GeluTanh,
-        inter,
-    };
-    parallel_layer(
+    let mlp = ungated_mlp(
+        ld,
+        spec,
+        &format!("{p}.mlp"),
+        ("fc1", "fc2"),
+        Activation::GeluTanh,
+    )?;
+    attention_layer(
         ld,
         spec,
         &p,

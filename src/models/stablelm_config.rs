@@ -1,16 +1,12 @@
-//! StableLM (`StableLmForCausalLM`: StableLM 2 1.6B / 12B, StableLM 3B 4E1T, Stable Code 3B;
-//! `model.*` names): Llama's attention and SwiGLU MLP with `nn.LayerNorm`s with biases
+//! StableLM's config (`StableLmConfig`; `StableLmForCausalLM`: StableLM 2 1.6B / 12B, StableLM
+//! 3B 4E1T, Stable Code 3B, run by [`super::dense`]): Llama's attention and SwiGLU MLP with `nn.LayerNorm`s with biases
 //! (`layer_norm_eps`), RoPE on the first `partial_rotary_factor` (¼) of each head, q / k / v
 //! biased where `use_qkv_bias`, each q and k head LayerNormed (no bias) by its own module where
 //! `qk_layernorm` (`self_attn.q_layernorm.norms.{h}`, before RoPE), and where
 //! `use_parallel_residual` one `input_layernorm` feeding the attention and the MLP in parallel.
 
 use super::config::{Architecture, Cfg};
-use super::decoder::Decoder;
-use super::dense::{attention_layer, load_attention, load_ffn, load_with, parallel_layer};
-use super::layers::{Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec, QkNorm};
-use crate::kernels::Device;
 use crate::kernels::device::NormKind;
 
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
@@ -25,24 +21,6 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     }
     spec.parallel_residual = cfg.bool_or("use_parallel_residual", false)?;
     Ok(spec)
-}
-
-pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
-    load_with(ld, spec, load_layer)
-}
-
-fn load_layer<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    i: usize,
-) -> Result<Layer<D>, ModelError> {
-    let p = format!("model.layers.{i}");
-    let attention = Sublayer::Attention(load_attention(ld, spec, i, SoftmaxVariant::causal())?);
-    let ffn = load_ffn(ld, spec, &p, i)?;
-    match spec.parallel_residual {
-        true => parallel_layer(ld, spec, &p, attention, ffn),
-        false => attention_layer(ld, spec, &p, attention, ffn),
-    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,12 @@
-//! StarCoder2 (`Starcoder2ForCausalLM`: StarCoder2 3B / 7B / 15B; `model.*` names): Mistral's
-//! attention (a `sliding_window` below the context windows every layer) with q / k / v / o
-//! biased, `nn.LayerNorm`s with biases (`input_layernorm`, `post_attention_layernorm`,
-//! `model.norm`), and an ungated MLP `c_proj(gelu_tanh(c_fc(x)))`, both biased. Config
-//! (`Starcoder2Config`): `use_bias` (true) for every projection, `norm_epsilon` (1e-5), tied by
-//! default, context 4096 where the config names none; `hidden_act` the tanh GELU.
+//! StarCoder2's config (`Starcoder2Config`; `Starcoder2ForCausalLM`: StarCoder2 3B / 7B / 15B,
+//! run by [`super::dense`]): Mistral's attention (a `sliding_window` below the context windows
+//! every layer) with q / k / v / o biased, `nn.LayerNorm`s with biases (`input_layernorm`,
+//! `post_attention_layernorm`, `model.norm`), and an ungated MLP `c_proj(gelu_tanh(c_fc(x)))`,
+//! both biased. `use_bias` (true) for every projection, `norm_epsilon` (1e-5), tied by default,
+//! context 4096 where the config names none; `hidden_act` the tanh GELU.
 
 use super::config::{Architecture, Cfg};
-use super::decoder::Decoder;
-use super::dense::{attention_layer, load_attention, load_with};
-use super::layers::mlp::Activation;
-use super::layers::{Layer, Loader, Mlp, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
-use crate::kernels::Device;
 use crate::kernels::device::NormKind;
 
 pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> {
@@ -22,37 +17,6 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     spec.rms_norm_eps = cfg.f64_or("norm_epsilon", 1e-5)?;
     spec.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", true)?;
     Ok(spec)
-}
-
-pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
-    load_with(ld, spec, load_layer)
-}
-
-fn load_layer<D: Device>(
-    ld: &Loader<'_, D>,
-    spec: &ModelSpec,
-    i: usize,
-) -> Result<Layer<D>, ModelError> {
-    let p = format!("model.layers.{i}");
-    let variant = SoftmaxVariant {
-        window: spec.sliding_window,
-        ..SoftmaxVariant::causal()
-    };
-    let attention = load_attention(ld, spec, i, variant)?;
-    let (h, inter, bias) = (spec.hidden_size, spec.intermediate_size, spec.mlp_bias);
-    let mlp = Mlp {
-        up: ld.linear1(&format!("{p}.mlp.c_fc"), inter, h, bias)?,
-        down: ld.linear1(&format!("{p}.mlp.c_proj"), h, inter, bias)?,
-        act: Activation::GeluTanh,
-        inter,
-    };
-    attention_layer(
-        ld,
-        spec,
-        &p,
-        Sublayer::Attention(attention),
-        Sublayer::Mlp(mlp),
-    )
 }
 
 #[cfg(test)]
