@@ -1,9 +1,10 @@
 //! StableLM's config (`StableLmConfig`; `StableLmForCausalLM`: StableLM 2 1.6B / 12B, StableLM
-//! 3B 4E1T, Stable Code 3B, run by [`super::dense`]): Llama's attention and SwiGLU MLP with `nn.LayerNorm`s with biases
-//! (`layer_norm_eps`), RoPE on the first `partial_rotary_factor` (¼) of each head, q / k / v
-//! biased where `use_qkv_bias`, each q and k head LayerNormed (no bias) by its own module where
-//! `qk_layernorm` (`self_attn.q_layernorm.norms.{h}`, before RoPE), and where
-//! `use_parallel_residual` one `input_layernorm` feeding the attention and the MLP in parallel.
+//! 3B 4E1T, Stable Code 3B, run by [`super::dense`]): Llama's attention and SwiGLU MLP with
+//! `nn.LayerNorm`s with biases (`layer_norm_eps`), RoPE on the first `partial_rotary_factor`
+//! (¼) of each head, q / k / v biased where `use_qkv_bias`, each q and k head LayerNormed (no
+//! bias) by its own module where `qk_layernorm` (`self_attn.q_layernorm.norms.{h}`, before
+//! RoPE), and where `use_parallel_residual` one `input_layernorm` feeding the attention and the
+//! MLP in parallel.
 
 use super::config::{Architecture, Cfg};
 use super::{ModelError, ModelSpec, QkNorm};

@@ -1,6 +1,6 @@
 //! Row norms as transformers computes them: RMSNorm, LayerNorm without a bias (Cohere's) and
-//! with one (`nn.LayerNorm`), each `w · normed` (`+ b`), the sums in f64 in a fixed order per row, so a row's result never
-//! depends on the other rows of the batch.
+//! with one (`nn.LayerNorm`), each `w · normed` (`+ b`), the sums in f64 in a fixed order per
+//! row, so a row's result never depends on the other rows of the batch.
 
 use rayon::prelude::*;
 
@@ -96,8 +96,8 @@ fn width_and_row(w: &[f32], kind: NormKind) -> (usize, RowFn) {
 }
 
 /// `norm` of every row of `x` as wide as `w` holds weights for (`w.len()`, half of it with a
-/// bias) into `out` (resized; every element is written,
-/// so the reused part is not cleared first).
+/// bias) into `out` (resized; every element is written, so the reused part is not cleared
+/// first).
 pub fn norm(x: &[f32], w: &[f32], norm: RowNorm, out: &mut Vec<f32>) {
     let (d, row) = width_and_row(w, norm.kind);
     out.resize(x.len(), 0.0);
