@@ -10,7 +10,9 @@
 //! same bits as C kept in the tiles over the whole of k); after the last chunk it goes straight
 //! into the output where the 32 × 32 block lies inside it (through the accumulator at the
 //! edges and for the fused SwiGLU). B is loaded with `tileloaddt1` (used once per band: kept
-//! out of L1, where A's slice is).
+//! out of L1, where A's slice is). During a pair's last chunk, the next pair's output block is
+//! prefetched for writing, a few lines per k tile: `tilestored` into lines that are not in the
+//! cache holds the tile unit until they arrive (C is written once, so they never are).
 //!
 //! Why (measured on a Sapphire Rapids VM, 1 thread, the dense bench model's shapes, 2048 rows,
 //! stand-alone lab kernels): any `tilestored` (even of a tile no `tdpbf16ps` writes) costs
@@ -19,7 +21,13 @@
 //! with A and B from L2 ran at 1,150–1,250 GFLOP/s (k = 1024) and 800–990 (k = 2816); 16-tile
 //! chunks with A's slice in L1 at 1,350–1,460 and 1,100–1,230. Chunks of 8 or 32 tiles were
 //! slower, and so were software prefetches of the next slice of A; without the T1 hint on B,
-//! chunks gained nothing.
+//! chunks gained nothing. On an Emerald-Rapids-class VM (session 50, lab kernels, 1 thread,
+//! best of 30 interleaved rounds): the output prefetch took the mix from 880–910 to 930–970
+//! GFLOP/s; the same blocking on operands that stay in L1 runs at ~1,550 and, storing into
+//! cache-resident lines, ~1,750 (the tile peak ~2,000–2,100 on real data): what remains is
+//! the tile loads from L2 (~8 ns per KiB) and L3 (~40 ns per KiB) that the in-order tile unit
+//! cannot hide with only 4 operand tiles. Double-buffered 2 × 1 blocks (6 operand tiles),
+//! a larger or smaller B block, other loop orders and software prefetch of A / B were slower.
 //!
 //! The tile instructions go through a `TileUnit` (`amx_unit.rs`): the CPU's tiles where it has
 //! AMX, else — in tests, and under the feature `amx-emu` — their software model
@@ -112,9 +120,14 @@ mod imp {
             for band in 0..job.mp() / 32 {
                 for k0 in (0..kbs).step_by(k_chunk) {
                     let ks = k0..(k0 + k_chunk).min(kbs);
-                    for (&group, acc) in block.iter().zip(acc.chunks_exact_mut(group_lines)) {
+                    let last = ks.end == kbs;
+                    for (i, acc) in acc.chunks_exact_mut(group_lines).enumerate() {
+                        let Some(&group) = block.get(i) else { break };
+                        // The next group's output block, warmed while this one computes.
+                        let next = block.get(i + 1).filter(|_| last);
+                        let next = next.and_then(|g| g.direct_out(job, band * 32));
                         let acc: &mut [f32] = bytemuck::cast_slice_mut(acc);
-                        band_group::<U>(job, band * 32, group, ks.clone(), acc);
+                        band_group::<U>(job, (band * 32, next), group, ks.clone(), acc);
                     }
                 }
             }
@@ -126,7 +139,7 @@ mod imp {
     /// after the last chunk, C is stored into the output (or its epilogue run).
     fn band_group<U: TileUnit>(
         job: &Job<'_>,
-        r0: usize,
+        (r0, next): (usize, Option<CTiles>),
         group: Group,
         ks: Range<usize>,
         acc: &mut [f32],
@@ -140,11 +153,11 @@ mod imp {
             Group::Pair(p) => {
                 if let Some(out) = job.direct_out(r0, p).filter(|_| last) {
                     // SAFETY: the tiles stay inside A, the packed weight, `acc` and C.
-                    unsafe { product::<U>(job, mt, 2 * p, ks, from(0), out) };
+                    unsafe { product::<U>(job, (mt, 2 * p), ks, (from(0), out), next) };
                     return;
                 }
                 // SAFETY: as above, C's block in `acc`.
-                unsafe { product::<U>(job, mt, 2 * p, ks, from(0), at(0)) };
+                unsafe { product::<U>(job, (mt, 2 * p), ks, (from(0), at(0)), next) };
                 if last {
                     for (r, row) in (r0..(r0 + 32).min(job.m)).zip(acc.chunks_exact(32)) {
                         job.store_row(r, 2 * p * TILE_N, row);
@@ -154,8 +167,8 @@ mod imp {
             Group::GateUp(gate, up) => {
                 // SAFETY: as above, the gate block then the up block in `acc`.
                 unsafe {
-                    product::<U>(job, mt, 2 * gate, ks.clone(), from(0), at(0));
-                    product::<U>(job, mt, 2 * up, ks, from(1), at(1));
+                    product::<U>(job, (mt, 2 * gate), ks.clone(), (from(0), at(0)), None);
+                    product::<U>(job, (mt, 2 * up), ks, (from(1), at(1)), None);
                 }
                 if last {
                     let (g, u) = acc.split_at(32 * 32);
@@ -186,6 +199,16 @@ mod imp {
         Pair(usize),
         /// The fused SwiGLU: a gate pair and its up pair (`n / 64` pairs later).
         GateUp(usize, usize),
+    }
+
+    impl Group {
+        /// Where this group's C block of rows `r0..r0 + 32` goes straight into the output.
+        fn direct_out(self, job: &Job<'_>, r0: usize) -> Option<CTiles> {
+            match self {
+                Group::Pair(p) => job.direct_out(r0, p),
+                Group::GateUp(..) => None,
+            }
+        }
     }
 
     fn groups(job: &Job<'_>) -> Vec<Group> {
@@ -220,6 +243,23 @@ mod imp {
             [top, top.wrapping_add(16), bot, bot.wrapping_add(16)]
         }
 
+        /// Asks for write ownership of cache lines `lines` of the 64 (32 rows × 2 lines) of
+        /// this block: a tile store into lines not in the cache stalls the tile unit until they
+        /// arrive (measured on an AMX Xeon: ~5–7% of the GEMM's time at the bench shapes).
+        fn prefetch(self, lines: Range<usize>) {
+            for q in lines {
+                let p = self
+                    .top
+                    .wrapping_byte_add((q / 2) * self.stride + (q % 2) * 64);
+                // SAFETY: a prefetch is a hint: it never faults, whatever the address.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
+                        p.cast::<i8>(),
+                    )
+                };
+            }
+        }
+
         /// Loads C's four tiles.
         ///
         /// # Safety
@@ -246,25 +286,29 @@ mod imp {
     }
 
     /// C tiles of rows `16 mt..16 mt + 32` × columns of tiles `nb, nb + 1`: `load` (zero when
-    /// `None`) plus the product over k tiles `ks`, stored to `store`.
+    /// `None`) plus the product over k tiles `ks`, stored to `store`; the lines of `warm` are
+    /// prefetched for writing on the way.
     ///
     /// # Safety
     /// Inside `U::with_tiles`; `load` and `store` address 32 rows × 32 f32.
     unsafe fn product<U: TileUnit>(
         job: &Job<'_>,
-        mt: usize,
-        nb: usize,
+        (mt, nb): (usize, usize),
         ks: Range<usize>,
-        load: Option<CTiles>,
-        store: CTiles,
+        (load, store): (Option<CTiles>, CTiles),
+        warm: Option<CTiles>,
     ) {
+        let per_step = 64usize.div_ceil(ks.len().max(1));
         // SAFETY: (caller) the C tiles; the A / B tiles are 1 KiB each.
         unsafe {
             match load {
                 Some(c) => c.load::<U>(),
                 None => (0..4).for_each(|c| U::zero(c)),
             }
-            for kb in ks {
+            for (j, kb) in ks.enumerate() {
+                if let Some(w) = warm {
+                    w.prefetch((j * per_step).min(64)..((j + 1) * per_step).min(64));
+                }
                 let a = [job.a_tile(mt, kb), job.a_tile(mt + 1, kb)];
                 let b = [job.w.tile(nb, kb), job.w.tile(nb + 1, kb)];
                 U::dp_2x2(a.map(<[u16]>::as_ptr), b.map(<[u16]>::as_ptr));
