@@ -11,7 +11,7 @@
 //! hold the multi-token-prediction layer(s) after the last decoder layer (`model.layers.{L}.*`),
 //! which transformers does not build either: not read.
 
-use super::decoder::{Decoder, FinalNorm};
+use super::decoder::{Decoder, FinalNorm, Vocab};
 use super::hybrid_config::MoeSpec;
 use super::layers::mlp::Activation;
 use super::layers::{Attention, Layer, Loader, Mlp, Moe, Part, SoftmaxVariant, Sublayer};
@@ -32,12 +32,22 @@ pub fn load_with<D: Device>(
     spec: ModelSpec,
     layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
 ) -> Result<Decoder<D>, ModelError> {
-    let h = spec.hidden_size;
     let vocab = ld.vocab(&spec, "model.embed_tokens")?;
+    load_around(ld, spec, (vocab, "model.norm"), layer)
+}
+
+/// A decoder of `vocab`, the layers `layer(ld, spec, i)` and the final norm `final_norm` (its
+/// tensor name): [`load_with`]'s, or a model's whose head or final norm is named otherwise.
+pub(super) fn load_around<D: Device>(
+    ld: &Loader<'_, D>,
+    spec: ModelSpec,
+    (vocab, final_norm): (Vocab<D>, &str),
+    layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
+) -> Result<Decoder<D>, ModelError> {
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Norm(ld.norm("model.norm", h, spec.norm)?);
+    let final_norm = FinalNorm::Norm(ld.norm(final_norm, spec.hidden_size, spec.norm)?);
     Ok(Decoder {
         embed_scale: 1.0,
         spec,

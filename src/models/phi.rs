@@ -7,7 +7,7 @@
 //! embeddings (the head's bias would have no weight of its own) are refused by name.
 
 use super::config::{Architecture, Cfg};
-use super::decoder::{Decoder, FinalNorm, Vocab};
+use super::decoder::{Decoder, Vocab};
 use super::dense::{attention_layer, ungated_mlp};
 use super::layers::mlp::Activation;
 use super::layers::{Attention, Layer, Loader, SoftmaxVariant, Sublayer};
@@ -40,18 +40,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         table: ld.table("model.embed_tokens", v, h)?,
         head: ld.linear1("lm_head", v, h, true)?,
     };
-    let layers = (0..spec.num_layers)
-        .map(|i| load_layer(ld, &spec, i))
-        .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Norm(ld.norm("model.final_layernorm", h, spec.norm)?);
-    Ok(Decoder {
-        embed_scale: 1.0,
-        spec,
-        vocab,
-        layers,
-        ple: None,
-        final_norm,
-    })
+    super::dense::load_around(ld, spec, (vocab, "model.final_layernorm"), load_layer)
 }
 
 fn load_layer<D: Device>(
