@@ -22,6 +22,9 @@
 //!   shapes with bf16 weights on each bf16 path this CPU has (`Bf16Kernel`), each against the
 //!   peak of the unit it runs on; on the amx / avx512bf16 paths also the kernel alone (the
 //!   call's time less that of rounding A to bf16 tiles, timed on its own).
+//! - `--amx-share ROUNDS` (`amx_share.rs`): alone, the AMX path's share of the tile peak over
+//!   the calls a dense bf16 layer makes (q/k/v, o, the fused MLP), peak and calls measured in
+//!   interleaved rounds (on a VM the tile unit's rate swings between seconds).
 
 use std::time::Instant;
 
@@ -44,6 +47,9 @@ mod attention_rate;
 
 #[path = "recurrence_rate.rs"]
 mod recurrence_rate;
+
+#[path = "amx_share.rs"]
+mod amx_share;
 
 use hsx::kernels::Bf16Kernel;
 use hsx::kernels::cpu::bf16::{Half, PackedHalf, matmul_bf16, round_tiles};
@@ -132,6 +138,10 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
+    if args.iter().any(|a| a == "--amx-share") {
+        amx_share::run(&pool, threads, rows, arg("--amx-share", 10).max(1));
+        return;
+    }
     let attention_only = args.iter().any(|a| a == "--attention-only");
     let recurrence_only = args.iter().any(|a| a == "--recurrence-only");
     // The attention's rate per path, shape and prompt length: (path, label, len, GFLOP/s).
