@@ -181,6 +181,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// multiplier on a sublayer's output; MiMo-V2-Flash's value scale on an attention output,
     /// which a CUDA bf16 / f16 device writes in the GEMM input dtype).
     fn scale(&self, x: &mut Self::Buf, factor: f32) -> DevResult<()>;
+    /// `x = clamp(x, -limit, limit)`, NaN kept (OLMo's `clip_qkv` on the fused q / k / v
+    /// projection, before RoPE: torch's `clamp_`).
+    fn clamp(&self, x: &mut Self::Buf, limit: f32) -> DevResult<()>;
     /// One attention layer over fused projection rows `qkv`: q/k norms and RoPE in place,
     /// every token's K/V into the cache, then causal attention (scale `head_dim^-0.5`) into
     /// `out` (`[T, heads · head_dim]`).

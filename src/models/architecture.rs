@@ -100,6 +100,9 @@ pub enum Architecture {
     /// per-layer embeddings or a MoE block (its config class has neither), KV sharing as
     /// Gemma 4's; windows of 1024 and a context of 262,144 by default.
     Gemma4Unified,
+    /// `OlmoForCausalLM` (OLMo 1): Llama's layers with LayerNorms without weights, q / k / v
+    /// clamped where `clip_qkv`.
+    Olmo,
     /// `Olmo2ForCausalLM` (OLMo 2): Llama's attention and MLP, each sublayer's output RMS-normed
     /// before the residual add and its input not normed, q / k RMSNorm over the whole
     /// projection.
@@ -229,7 +232,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 78] = [
+    pub const ALL: [Self; 79] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -250,6 +253,7 @@ impl Architecture {
         Self::SeedOss,
         Self::Glm4,
         Self::Glm,
+        Self::Olmo,
         Self::Olmo2,
         Self::Olmo3,
         Self::Exaone4,
@@ -333,6 +337,7 @@ impl Architecture {
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Glm => "GlmForCausalLM",
+            Self::Olmo => "OlmoForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
@@ -466,6 +471,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
+        Architecture::Olmo => 2048,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,
         Architecture::Qwen2Moe => 32768,

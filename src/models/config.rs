@@ -99,6 +99,9 @@ pub struct ModelSpec {
     /// One input norm feeds the attention and the MLP, `x += attn(n) + mlp(n)` (StableLM's
     /// `use_parallel_residual`; Cohere's layers always are).
     pub parallel_residual: bool,
+    /// OLMo's `clip_qkv`: q, k and v clamped to `±limit` right after their projection;
+    /// `None` for other architectures (OLMoE's, after its q / k norms, is refused).
+    pub clip_qkv: Option<f32>,
     /// Granite's embedding, residual and attention multipliers; `None` for other architectures.
     pub granite: Option<GraniteSpec>,
     /// Phi-3's LongRoPE (`longrope` / `su`); `None` for other RoPEs and architectures.
@@ -219,6 +222,7 @@ impl ModelSpec {
             rotary_dim: None,
             interleaved_rope: false,
             parallel_residual: false,
+            clip_qkv: None,
             granite: None,
             longrope: None,
             query_temperature: None,
@@ -305,6 +309,7 @@ impl ModelSpec {
             Architecture::Starcoder2 => super::starcoder2_config::parse(&cfg, name)?,
             Architecture::StableLm => super::stablelm_config::parse(&cfg, name)?,
             Architecture::Phi => super::phi::parse(&cfg, name)?,
+            Architecture::Olmo => super::olmo1::parse(&cfg, name)?,
             Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,

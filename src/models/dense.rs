@@ -33,21 +33,22 @@ pub fn load_with<D: Device>(
     layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
 ) -> Result<Decoder<D>, ModelError> {
     let vocab = ld.vocab(&spec, "model.embed_tokens")?;
-    load_around(ld, spec, (vocab, "model.norm"), layer)
+    let final_norm = ld.norm("model.norm", spec.hidden_size, spec.norm)?;
+    load_around(ld, spec, (vocab, final_norm), layer)
 }
 
-/// A decoder of `vocab`, the layers `layer(ld, spec, i)` and the final norm `final_norm` (its
-/// tensor name): [`load_with`]'s, or a model's whose head or final norm is named otherwise.
+/// A decoder of `vocab`, the layers `layer(ld, spec, i)` and the final norm's weights:
+/// [`load_with`]'s, or a model's whose head or final norm is named otherwise (or has none).
 pub(super) fn load_around<D: Device>(
     ld: &Loader<'_, D>,
     spec: ModelSpec,
-    (vocab, final_norm): (Vocab<D>, &str),
+    (vocab, final_norm): (Vocab<D>, D::Vector),
     layer: impl Fn(&Loader<'_, D>, &ModelSpec, usize) -> Result<Layer<D>, ModelError>,
 ) -> Result<Decoder<D>, ModelError> {
     let layers = (0..spec.num_layers)
         .map(|i| layer(ld, &spec, i))
         .collect::<Result<Vec<_>, _>>()?;
-    let final_norm = FinalNorm::Norm(ld.norm(final_norm, spec.hidden_size, spec.norm)?);
+    let final_norm = FinalNorm::Norm(final_norm);
     Ok(Decoder {
         embed_scale: 1.0,
         spec,

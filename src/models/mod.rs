@@ -70,6 +70,7 @@ pub mod nemotron_h;
 pub mod nemotron_moe;
 pub mod ngram_hash;
 pub mod olmo;
+mod olmo1;
 mod olmo_config;
 mod phi;
 pub mod phi3;

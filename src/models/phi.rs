@@ -40,7 +40,8 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         table: ld.table("model.embed_tokens", v, h)?,
         head: ld.linear1("lm_head", v, h, true)?,
     };
-    super::dense::load_around(ld, spec, (vocab, "model.final_layernorm"), load_layer)
+    let final_norm = ld.norm("model.final_layernorm", h, spec.norm)?;
+    super::dense::load_around(ld, spec, (vocab, final_norm), load_layer)
 }
 
 fn load_layer<D: Device>(

@@ -262,6 +262,7 @@ matrix! {
     helium => "helium",
     cwm => "cwm",
     ministral => "ministral",
+    olmo => "olmo",
     starcoder2 => "starcoder2",
     starcoder2_bf16 => "starcoder2_bf16",
     jais2 => "jais2",

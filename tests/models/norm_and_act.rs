@@ -2,8 +2,9 @@
 //! LayerNorm (no bias) and StarCoder2's (`nn.LayerNorm`, with one), `norm` and the residual add
 //! fused with it, over rows whose mean is far from zero (which an RMSNorm would keep); Apertus'
 //! xIELU activation on both branches and StarCoder2's tanh GELU; LFM2's product gate of two
-//! column ranges of one buffer. The models end to end against transformers are the matrix's
-//! `cohere*`, `apertus*`, `starcoder2*` and `lfm*` fixtures.
+//! column ranges of one buffer; OLMo's clamp (`clip_qkv`). The models end to end against
+//! transformers are the matrix's `cohere*`, `apertus*`, `starcoder2*`, `lfm*` and `olmo`
+//! fixtures.
 
 use hsx::kernels::device::{BufKind, Cols, GateFn, NormKind, RowNorm, UnaryAct, Xielu};
 use hsx::kernels::{Bf16Kernel, CpuDevice, Device};
@@ -258,4 +259,45 @@ fn product_gate_on_cuda() {
         return;
     }
     check_product_gate(&CudaDevice::new(0, WeightDtype::F32).unwrap());
+}
+
+/// OLMo's `clip_qkv` on `dev`: values past ±2.5 to the limit, the rest (±0 and the limit
+/// itself included) and NaN unchanged, as torch's `clamp_`; the same bits on every device.
+fn check_clamp<D: Device>(dev: &D) {
+    let mut x = values(3 * 70, 11, 0.5);
+    x.extend([
+        2.5,
+        -2.5,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]);
+    let mut xb = dev.buffer(1, x.len(), BufKind::F32).unwrap();
+    dev.upload(&x, x.len(), &mut xb).unwrap();
+    dev.clamp(&mut xb, 2.5).unwrap();
+    let got = dev.download(&xb).unwrap();
+    let (last, n) = (got[got.len() - 1], got.len() - 1);
+    assert!(last.is_nan(), "NaN clamped to {last}");
+    let want: Vec<f32> = x[..n].iter().map(|v| v.clamp(-2.5, 2.5)).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got[..n]), bits(&want));
+    assert!(x[..n].iter().any(|v| v.abs() > 2.5) && x[..n].iter().any(|v| v.abs() < 2.5));
+}
+
+#[test]
+fn clamp_on_the_cpu() {
+    check_clamp(&CpuDevice::new(1, Bf16Kernel::F32).unwrap());
+}
+
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+#[test]
+fn clamp_on_cuda() {
+    use hsx::kernels::cuda::CudaDevice;
+    use hsx::models::WeightDtype;
+    if !crate::common::backends::cuda_usable() {
+        return;
+    }
+    check_clamp(&CudaDevice::new(0, WeightDtype::F32).unwrap());
 }

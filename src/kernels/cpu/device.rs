@@ -280,6 +280,11 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn clamp(&self, x: &mut CpuBuf, limit: f32) -> DevResult<()> {
+        ops::clamp_inplace(&mut x.data, limit);
+        Ok(())
+    }
+
     fn attention(
         &self,
         step: &CpuStep<'_>,

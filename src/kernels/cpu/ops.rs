@@ -21,6 +21,16 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
         });
 }
 
+/// `x = clamp(x, -limit, limit)`; NaN stays NaN (as torch's `clamp`: a bad value is not
+/// hidden as the limit).
+pub fn clamp_inplace(x: &mut [f32], limit: f32) {
+    x.par_chunks_mut(4096).for_each(|a| {
+        for u in a {
+            *u = u.clamp(-limit, limit);
+        }
+    });
+}
+
 /// `x *= factor`.
 pub fn scale_inplace(x: &mut [f32], factor: f32) {
     x.par_chunks_mut(4096).for_each(|a| {
@@ -257,6 +267,26 @@ mod tests {
     use super::super::norm::ROWS_PER_TASK;
     use super::*;
     use crate::kernels::dtype::RopeScaling;
+
+    /// OLMo's clip_qkv as torch's `clamp_`: outside values to the limit, inside ones and NaN
+    /// unchanged.
+    #[test]
+    fn clamp_keeps_nan_and_inside_values() {
+        let mut x = vec![
+            -9.5f32,
+            -8.0,
+            -7.25,
+            0.0,
+            3.5,
+            8.0,
+            8.5,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        clamp_inplace(&mut x, 8.0);
+        assert_eq!(&x[..8], &[-8.0, -8.0, -7.25, 0.0, 3.5, 8.0, 8.0, 8.0]);
+        assert!(x[8].is_nan());
+    }
 
     /// torch 2.15's `gelu(x, approximate="tanh")` in f32 (printed from torch; a GELU of erf or
     /// another constant is off by ~1e-4 at 1): within a few ulps (torch's `1 + tanh` cancels

@@ -318,6 +318,10 @@ impl Device for CudaDevice {
         Ok(ops::scale(&self.gpu, x.ptr(), x.dtype(), factor, x.len())?)
     }
 
+    fn clamp(&self, x: &mut CudaBuf, limit: f32) -> DevResult<()> {
+        Ok(ops::clamp(&self.gpu, x.ptr(), x.dtype(), limit, x.len())?)
+    }
+
     fn attention(
         &self,
         step: &CudaStep<'_>,

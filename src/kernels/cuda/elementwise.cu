@@ -113,6 +113,18 @@ extern "C" __global__ void scale_f32(float* x, float s, long long total) { scale
 extern "C" __global__ void scale_bf16(bf16_t* x, float s, long long total) { scale_t(x, s, total); }
 extern "C" __global__ void scale_f16(f16_t* x, float s, long long total) { scale_t(x, s, total); }
 
+// x = clamp(x, -c, c) (OLMo's clip_qkv); NaN kept, as torch's clamp (both comparisons false).
+template <typename T> __device__ __forceinline__ void clamp_t(T* x, float c, long long total) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total) {
+        const float v = to_f32(x[idx]);
+        x[idx] = from_f32<T>(v < -c ? -c : (v > c ? c : v));
+    }
+}
+extern "C" __global__ void clamp_f32(float* x, float c, long long total) { clamp_t(x, c, total); }
+extern "C" __global__ void clamp_bf16(bf16_t* x, float c, long long total) { clamp_t(x, c, total); }
+extern "C" __global__ void clamp_f16(f16_t* x, float c, long long total) { clamp_t(x, c, total); }
+
 // out = a + b (capture of a split residual: hidden + residual).
 extern "C" __global__ void add_into_f32(const float* a, const float* b, float* out,
                                         long long total) {

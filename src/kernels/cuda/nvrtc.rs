@@ -309,6 +309,7 @@ mod tests {
                 "gate",
                 "capture_rows",
                 "scale",
+                "clamp",
             ] {
                 wanted.push(format!("{k}_{d}"));
             }

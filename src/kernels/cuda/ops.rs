@@ -295,6 +295,16 @@ pub fn scale(gpu: &Gpu, x: u64, dtype: WeightDtype, factor: f32, total: usize) -
     launch!(gpu, &name => "scale_f32", cfg, x, factor, i64_of(total))
 }
 
+/// `x = clamp(x, -limit, limit)` over `total` values of `dtype`, NaN kept.
+pub fn clamp(gpu: &Gpu, x: u64, dtype: WeightDtype, limit: f32, total: usize) -> CudaResult<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    let name = format!("clamp_{}", suffix(dtype));
+    let cfg = elems_cfg(total)?;
+    launch!(gpu, &name => "clamp_f32", cfg, x, limit, i64_of(total))
+}
+
 /// f32 values to `dtype` (a plain device copy for f32).
 pub fn cast(gpu: &Gpu, x: u64, out: u64, dtype: WeightDtype, total: usize) -> CudaResult<()> {
     if total == 0 {

@@ -45,6 +45,9 @@ pub struct Attention<D: Device> {
     /// MiMo-V2-Flash's `attention_value_scale`: a factor on every value, applied to the
     /// attention's output (the same product: each output is a weighted sum of values).
     pub value_scale: Option<f32>,
+    /// OLMo's `clip_qkv`: the projection's q, k and v clamped to `±limit` before norms and
+    /// RoPE.
+    pub clip_qkv: Option<f32>,
 }
 
 /// Qwen4-Exp's QSA indexer of one attention layer (`self_attn.indexer`,
@@ -86,6 +89,7 @@ impl<D: Device> Attention<D> {
             variant: SoftmaxVariant::causal(),
             qsa: None,
             value_scale: None,
+            clip_qkv: spec.clip_qkv,
         }
     }
 
@@ -126,6 +130,9 @@ impl<D: Device> Attention<D> {
             self.select(dev, ctx, s, ix)?;
         }
         dev.matmul(&s.normed, &self.qkv, &mut s.wide)?;
+        if let Some(limit) = self.clip_qkv {
+            dev.clamp(&mut s.wide, limit)?;
+        }
         let call = AttnCall {
             kv_layer: self.kv_layer,
             layout: self.layout(),
