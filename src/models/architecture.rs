@@ -100,6 +100,9 @@ pub enum Architecture {
     /// per-layer embeddings or a MoE block (its config class has neither), KV sharing as
     /// Gemma 4's; windows of 1024 and a context of 262,144 by default.
     Gemma4Unified,
+    /// `NemotronForCausalLM` (Nemotron-4 Minitron, Nemotron-Mini): Llama's layers with
+    /// `LayerNorm1P` norms (`1 + weight`, a bias), partial RoPE, a relu² MLP without a gate.
+    Nemotron,
     /// `OlmoForCausalLM` (OLMo 1): Llama's layers with LayerNorms without weights, q / k / v
     /// clamped where `clip_qkv`.
     Olmo,
@@ -232,7 +235,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 79] = [
+    pub const ALL: [Self; 80] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -253,6 +256,7 @@ impl Architecture {
         Self::SeedOss,
         Self::Glm4,
         Self::Glm,
+        Self::Nemotron,
         Self::Olmo,
         Self::Olmo2,
         Self::Olmo3,
@@ -337,6 +341,7 @@ impl Architecture {
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Glm => "GlmForCausalLM",
+            Self::Nemotron => "NemotronForCausalLM",
             Self::Olmo => "OlmoForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
@@ -472,6 +477,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Cwm | Architecture::Youtu => 131072,
         Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => 2048,
         Architecture::Olmo => 2048,
+        Architecture::Nemotron => 4096,
         Architecture::ExaoneMoe => 2048,
         Architecture::HyV3 => 131072,
         Architecture::Qwen2Moe => 32768,

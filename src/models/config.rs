@@ -310,6 +310,7 @@ impl ModelSpec {
             Architecture::StableLm => super::stablelm_config::parse(&cfg, name)?,
             Architecture::Phi => super::phi::parse(&cfg, name)?,
             Architecture::Olmo => super::olmo1::parse(&cfg, name)?,
+            Architecture::Nemotron => super::nemotron::parse(&cfg, name)?,
             Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,
             Architecture::GraniteSwa => super::granite_config::parse_swa(&cfg, name)?,
             Architecture::Mellum => super::olmo_config::parse_mellum(&cfg, name)?,

@@ -15,7 +15,9 @@ pub(super) fn dense_spec(
 ) -> Result<ModelSpec, ModelError> {
     match architecture {
         // ArceeConfig's and Jais2Config's MLP is relu², without a gate.
-        Architecture::Arcee | Architecture::Jais2 => cfg.check_named_activation(&["relu2"])?,
+        Architecture::Arcee | Architecture::Jais2 | Architecture::Nemotron => {
+            cfg.check_named_activation(&["relu2"])?
+        }
         // ApertusConfig's is xIELU; its MLP (Nemotron's) takes relu² too.
         Architecture::Apertus => cfg.check_named_activation(&["xielu", "relu2"])?,
         // Starcoder2Config's and PhiConfig's are the tanh GELU (`gelu_new` and

@@ -66,6 +66,7 @@ mod moe_config;
 mod moe_spec;
 pub mod moe_weights;
 mod mxfp4;
+mod nemotron;
 pub mod nemotron_h;
 pub mod nemotron_moe;
 pub mod ngram_hash;

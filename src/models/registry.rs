@@ -54,6 +54,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         | Architecture::ExaoneMoe
         | Architecture::FlexOlmo => super::olmo::load(ld, spec),
         Architecture::Olmo => super::olmo1::load(ld, spec),
+        Architecture::Nemotron => super::nemotron::load(ld, spec),
         Architecture::OlmoHybrid => super::olmo::load_hybrid(ld, spec),
         Architecture::KimiLinear => super::kimi_linear::load(ld, spec),
         Architecture::Granite | Architecture::GraniteMoeHybrid => super::granite::load(ld, spec),

@@ -263,6 +263,8 @@ matrix! {
     cwm => "cwm",
     ministral => "ministral",
     olmo => "olmo",
+    nemotron => "nemotron",
+    nemotron_bf16 => "nemotron_bf16",
     starcoder2 => "starcoder2",
     starcoder2_bf16 => "starcoder2_bf16",
     jais2 => "jais2",
