@@ -148,14 +148,24 @@ fn main() {
     let attention_paths = [None, Some(Bf16Kernel::Amx), Some(Bf16Kernel::Avx512bf16)]
         .into_iter()
         .filter(|p| p.is_none_or(|k| k.native()));
-    let attention: Vec<(String, &str, usize, f64)> = attention_paths
-        .flat_map(|path| attention_rate::SHAPES.iter().map(move |s| (path, s)))
+    // Each shape plain, and the first one soft-capped too (Gemma 2's scores).
+    let (plain, capped) = (attention_rate::SHAPES, &attention_rate::SHAPES[..1]);
+    let variants = (plain
+        .iter()
+        .map(|&(l, h, k, d)| (l.to_string(), (h, k, d), None)))
+    .chain(capped.iter().map(|&(l, h, k, d)| {
+        let cap = attention_rate::SOFT_CAP;
+        (format!("{l} soft cap {cap}"), (h, k, d), Some(cap))
+    }))
+    .collect::<Vec<_>>();
+    let attention: Vec<(String, String, usize, f64)> = attention_paths
+        .flat_map(|path| variants.iter().map(move |v| (path, v)))
         .filter(|_| only.is_none() && !recurrence_only)
-        .flat_map(|(path, &(label, h, kvh, hd))| {
+        .flat_map(|(path, (label, shape, cap))| {
             let name = path.map_or_else(|| "f32".to_string(), |k| k.to_string());
             [rows / 2, rows * 2].map(|len| {
-                let g = attention_rate::gflops(&pool, len, (h, kvh, hd), path);
-                (name.clone(), label, len, g)
+                let g = attention_rate::gflops(&pool, len, *shape, (path, *cap));
+                (name.clone(), label.clone(), len, g)
             })
         })
         .collect();
@@ -165,7 +175,7 @@ fn main() {
         .flat_map(|&(label, h, kvh, hd)| {
             [rows / 2, rows * 2].map(|len| {
                 let g = attention_rate::sparse_gflops(&pool, len, (h, kvh, hd));
-                ("sparse".to_string(), label, len, g)
+                ("sparse".to_string(), label.to_string(), len, g)
             })
         });
     let attention: Vec<_> = attention.into_iter().chain(sparse).collect();

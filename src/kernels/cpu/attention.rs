@@ -22,7 +22,7 @@
 //! `+ exp(sink - m_r)` (after the keys). With a query temperature (Llama-4, Mistral), `q_r` is
 //! multiplied by its position's factor (f32) as it is transposed (or, on the bf16 tasks,
 //! packed), before any score. With a soft cap (Gemma-2), every score of the task becomes
-//! `cap · tanh(s / cap)` ([`soft_cap`], scalar on every path) before the max.
+//! `cap · tanh(s / cap)` ([`soft_cap`], one fixed `tanh` on every lane) before the max.
 //!
 //! A tile runs its keys up to its longest row; for a shorter row the extra keys get `e = 0`
 //! and are skipped in the weighted sum of values (with finite values skipping them changes
@@ -501,15 +501,9 @@ fn task_portable(ctx: &Ctx<'_>, task: &Task, s: &mut Scratch) {
     }
 }
 
-/// Each score `x` (times `scale` first, where the kernel has not scaled it) becomes
-/// `cap · tanh(x / cap)`, as transformers' eager attention computes it (a division, tanh, a
-/// product, in f32). Scalar (libm's tanh) on every path, so a path's scores have the same
-/// bits whatever the batch.
-fn soft_cap(scores: &mut [f32], scale: f32, cap: f32) {
-    for x in scores {
-        *x = (*x * scale / cap).tanh() * cap;
-    }
-}
+/// Gemma-2's soft cap on every path: the same fixed `tanh` on every lane (`soft_cap.rs`), so
+/// a path's scores have the same bits whatever the batch.
+use super::soft_cap::soft_cap;
 
 #[cfg(target_arch = "x86_64")]
 #[path = "attention_simd.rs"]

@@ -30,6 +30,7 @@ pub mod norm;
 pub mod ops;
 pub mod qsa;
 pub mod recurrent;
+pub mod soft_cap;
 pub mod vector;
 
 pub use device::CpuDevice;
