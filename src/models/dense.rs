@@ -320,13 +320,24 @@ pub(super) fn attention_layer<D: Device>(
         return parallel_layer(ld, spec, p, attention, ffn);
     }
     let norm = |n: &str| ld.norm(&format!("{p}.{n}"), spec.hidden_size, spec.norm);
-    Ok(Layer {
+    let norms = [norm("input_layernorm")?, norm("post_attention_layernorm")?];
+    Ok(pre_norm_layer(norms, attention, ffn))
+}
+
+/// Llama's layer shape: `x += attention(n0(x))`, then `x += ffn(n1(x))`, with the norms'
+/// weights `[n0, n1]` (read however the architecture names or makes them).
+pub(super) fn pre_norm_layer<D: Device>(
+    [attention_norm, ffn_norm]: [D::Vector; 2],
+    attention: Sublayer<D>,
+    ffn: Sublayer<D>,
+) -> Layer<D> {
+    Layer {
         parts: vec![
-            Part::new(norm("input_layernorm")?, attention),
-            Part::new(norm("post_attention_layernorm")?, ffn),
+            Part::new(attention_norm, attention),
+            Part::new(ffn_norm, ffn),
         ],
         scale: 1.0,
-    })
+    }
 }
 
 /// Layer `p`'s (`model.layers.{i}`) one part: `input_layernorm` feeding `attention` and `ffn`

@@ -8,9 +8,9 @@
 
 use super::config::{Architecture, Cfg};
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_mlp};
+use super::dense::{load_attention, load_mlp, pre_norm_layer};
 use super::layers::mlp::Activation;
-use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
+use super::layers::{Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::NormKind;
@@ -50,19 +50,13 @@ fn load_layer<D: Device>(
     let h = spec.hidden_size;
     let attention = load_attention(ld, spec, i, SoftmaxVariant::causal())?;
     let mlp = load_mlp(ld, spec, &format!("{p}.mlp"), Activation::Relu2)?;
-    Ok(Layer {
-        parts: vec![
-            Part::new(
-                layer_norm_1p(ld, &format!("{p}.input_layernorm"), h)?,
-                Sublayer::Attention(attention),
-            ),
-            Part::new(
-                layer_norm_1p(ld, &format!("{p}.post_attention_layernorm"), h)?,
-                Sublayer::Mlp(mlp),
-            ),
-        ],
-        scale: 1.0,
-    })
+    let norm = |n: &str| layer_norm_1p(ld, &format!("{p}.{n}"), h);
+    let norms = [norm("input_layernorm")?, norm("post_attention_layernorm")?];
+    Ok(pre_norm_layer(
+        norms,
+        Sublayer::Attention(attention),
+        Sublayer::Mlp(mlp),
+    ))
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@
 
 use super::config::{Architecture, Cfg};
 use super::decoder::Decoder;
-use super::dense::{load_attention, load_mlp};
+use super::dense::{load_attention, load_mlp, pre_norm_layer};
 use super::layers::mlp::Activation;
-use super::layers::{Layer, Loader, Part, SoftmaxVariant, Sublayer};
+use super::layers::{Layer, Loader, SoftmaxVariant, Sublayer};
 use super::{ModelError, ModelSpec};
 use crate::kernels::Device;
 use crate::kernels::device::NormKind;
@@ -63,13 +63,12 @@ fn load_layer<D: Device>(
         &format!("model.layers.{i}.mlp"),
         Activation::SwiGlu,
     )?;
-    Ok(Layer {
-        parts: vec![
-            Part::new(unit_norm(ld, spec)?, Sublayer::Attention(attention)),
-            Part::new(unit_norm(ld, spec)?, Sublayer::Mlp(mlp)),
-        ],
-        scale: 1.0,
-    })
+    let norms = [unit_norm(ld, spec)?, unit_norm(ld, spec)?];
+    Ok(pre_norm_layer(
+        norms,
+        Sublayer::Attention(attention),
+        Sublayer::Mlp(mlp),
+    ))
 }
 
 #[cfg(test)]
