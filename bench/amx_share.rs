@@ -36,39 +36,41 @@ struct Call {
     down: Option<PackedHalf>,
 }
 
-fn packed(n: usize, k: usize) -> PackedHalf {
-    let bits: Vec<u16> = (0..n * k)
-        .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) * 0.01).to_bits())
-        .collect();
-    PackedHalf::pack(&bits, n, k, Half::Bf16)
+/// gemm_peak's operands (A `[rows, HIDDEN]` and `W [n, HIDDEN]` rounded and packed).
+fn operands(rows: usize, n: usize) -> (Vec<f32>, PackedHalf) {
+    super::half_operands(rows, HIDDEN, n, Half::Bf16)
 }
 
 fn calls(rows: usize) -> Vec<Call> {
-    let a: Vec<f32> = (0..rows * HIDDEN)
-        .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
-        .collect();
     let gemm = |k: usize, n: usize| 2.0 * (rows * k * n) as f64;
+    let ((qa, qw), (oa, ow), (ma, mw)) = (
+        operands(rows, QKV),
+        operands(rows, HIDDEN),
+        operands(rows, 2 * INTER),
+    );
+    // The down weight `[HIDDEN, INTER]` (its A is the fused epilogue's output).
+    let (_, down) = super::half_operands(rows, INTER, HIDDEN, Half::Bf16);
     vec![
         Call {
             name: "qkv",
             flops: gemm(HIDDEN, QKV),
-            a: a.clone(),
-            w: packed(QKV, HIDDEN),
+            a: qa,
+            w: qw,
             down: None,
         },
         Call {
             name: "o",
             flops: gemm(HIDDEN, HIDDEN),
-            a: a.clone(),
-            w: packed(HIDDEN, HIDDEN),
+            a: oa,
+            w: ow,
             down: None,
         },
         Call {
             name: "mlp (gate_up + SwiGLU + down)",
             flops: gemm(HIDDEN, 2 * INTER) + gemm(INTER, HIDDEN),
-            a,
-            w: packed(2 * INTER, HIDDEN),
-            down: Some(packed(HIDDEN, INTER)),
+            a: ma,
+            w: mw,
+            down: Some(down),
         },
     ]
 }
@@ -82,7 +84,7 @@ struct Buffers {
     act: Vec<Tile>,
 }
 
-/// Seconds of one run of `call` on `threads` workers.
+/// Seconds of the best of 3 runs of `call` on `threads` workers.
 fn time_call(
     pool: &rayon::ThreadPool,
     call: &Call,
@@ -90,32 +92,32 @@ fn time_call(
     b: &mut Buffers,
 ) -> f64 {
     let run = (threads, Bf16Kernel::Amx);
-    let t = std::time::Instant::now();
-    pool.install(|| match &call.down {
-        None => matmul_bf16(
-            &call.a,
-            rows,
-            &call.w,
-            &mut b.c,
-            threads,
-            Bf16Kernel::Amx,
-            &mut b.scratch,
-        ),
-        Some(d) => {
-            let tiles = (&mut b.scratch, &mut b.act);
-            matmul_bf16_swiglu_down(&call.a, rows, (&call.w, d), &mut b.c, run, tiles)
-        }
-    });
-    t.elapsed().as_secs_f64()
+    super::best_of(3, || {
+        pool.install(|| match &call.down {
+            None => matmul_bf16(
+                &call.a,
+                rows,
+                &call.w,
+                &mut b.c,
+                threads,
+                Bf16Kernel::Amx,
+                &mut b.scratch,
+            ),
+            Some(d) => {
+                let tiles = (&mut b.scratch, &mut b.act);
+                matmul_bf16_swiglu_down(&call.a, rows, (&call.w, d), &mut b.c, run, tiles)
+            }
+        })
+    })
 }
 
 /// Seconds of rounding `call`'s A into bf16 tiles (once per call, as the calls do).
 fn time_round(pool: &rayon::ThreadPool, call: &Call, rows: usize, b: &mut Buffers) -> f64 {
-    let t = std::time::Instant::now();
-    pool.install(|| {
-        round_tiles(&call.a, rows, HIDDEN, call.w.k_tiles(), &mut b.scratch);
-    });
-    t.elapsed().as_secs_f64()
+    super::best_of(1, || {
+        pool.install(|| {
+            round_tiles(&call.a, rows, HIDDEN, call.w.k_tiles(), &mut b.scratch);
+        })
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -145,9 +147,7 @@ pub fn run(pool: &rayon::ThreadPool, threads: usize, rows: usize, rounds: usize)
         (peak1, peakn) = (peak1.max(p1), peakn.max(pn));
         let (mut secs, mut kernel_secs) = (0.0, 0.0);
         for ((call, best), b) in calls.iter().zip(best.iter_mut()).zip(&mut buffers) {
-            let s = (0..3)
-                .map(|_| time_call(pool, call, (rows, threads), b))
-                .fold(f64::MAX, f64::min);
+            let s = time_call(pool, call, (rows, threads), b);
             let r = time_round(pool, call, rows, b);
             *best = (best.0.min(s), best.1.min(r));
             (secs, kernel_secs) = (secs + s, kernel_secs + s - r);
