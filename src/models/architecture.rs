@@ -38,6 +38,9 @@ pub enum Architecture {
     Qwen3Next,
     /// `NemotronHForCausalLM`: Mamba-2 / attention / MLP blocks.
     NemotronH,
+    /// `Mamba2ForCausalLM` (mamba2-2.7b, Mamba-Codestral-7B): Nemotron-H's blocks, every
+    /// mixer Mamba-2.
+    Mamba2,
     /// `Qwen3MoeForCausalLM`: Qwen3 attention, routed experts (dense MLPs between them).
     Qwen3Moe,
     /// `MixtralForCausalLM`: Mistral attention, routed experts (`block_sparse_moe`).
@@ -235,7 +238,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 80] = [
+    pub const ALL: [Self; 81] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -268,6 +271,7 @@ impl Architecture {
         Self::Qwen3_5,
         Self::Qwen3Next,
         Self::NemotronH,
+        Self::Mamba2,
         Self::Qwen3Moe,
         Self::Mellum,
         Self::Mixtral,
@@ -350,6 +354,7 @@ impl Architecture {
             Self::Qwen3_5 => "Qwen3_5ForCausalLM",
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
+            Self::Mamba2 => "Mamba2ForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
@@ -491,6 +496,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
+        // Mamba2Config has no `max_position_embeddings`: positions do not limit a recurrence.
+        Architecture::Mamba2 => 1 << 20,
         Architecture::DeepseekV2 => 2048,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,

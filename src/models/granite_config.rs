@@ -379,7 +379,7 @@ pub(super) fn mamba_of(cfg: &Cfg<'_>, inner: usize, what: &str) -> Result<MambaS
 
 /// The lower clamp of `dt` from `time_step_limit` `[low, high]` (default `[0, ∞]`): hsx runs a
 /// floor only, so an upper limit other than ∞ is refused.
-fn time_step_floor(cfg: &Cfg<'_>) -> Result<f64, ModelError> {
+pub(super) fn time_step_floor(cfg: &Cfg<'_>) -> Result<f64, ModelError> {
     let field = "time_step_limit";
     if cfg.has(field) && cfg.get(field).is_none() {
         return Err(cfg.err(

@@ -27,7 +27,7 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 11] = [
+const MODELS: [(&str, usize); 12] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
@@ -39,6 +39,7 @@ const MODELS: [(&str, usize); 11] = [
     ("granite_h", 6),
     ("granite_h_dense", 4),
     ("bamba", 4),
+    ("mamba2", 4),
 ];
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 1024;

@@ -19,7 +19,7 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
 /// (fixture, L, a recurrent layer id, an attention layer id)
-const MODELS: [(&str, usize, usize, usize); 7] = [
+const MODELS: [(&str, usize, usize, usize); 8] = [
     ("qwen3_5", 4, 1, 3),
     ("qwen3_next", 4, 2, 3),
     ("nemotron_h", 6, 1, 3),
@@ -27,6 +27,8 @@ const MODELS: [(&str, usize, usize, usize); 7] = [
     ("nemotron_h_latent", 6, 1, 3),
     ("qwen3_5_bf16", 4, 1, 3),
     ("qwen3_5_moe", 4, 1, 3),
+    // No attention layer: its id is not read past the first three rows.
+    ("mamba2", 4, 1, 2),
 ];
 
 fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
@@ -267,6 +269,11 @@ fn unsupported_variants_fail_with_clear_messages() {
             "nemotron_h",
             Box::new(|c| c["mlp_hidden_act"] = serde_json::json!("gelu")),
             "mlp_hidden_act `gelu`",
+        ),
+        (
+            "mamba2",
+            Box::new(|c| c["time_step_limit"] = serde_json::json!([0.0, 0.1])),
+            "`time_step_limit`",
         ),
         // A config that does not match the weights: names the missing tensor.
         (

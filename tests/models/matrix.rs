@@ -156,6 +156,7 @@ matrix! {
     qwen3_next => "qwen3_next",
     nemotron_h => "nemotron_h",
     nemotron_h_bf16 => "nemotron_h_bf16",
+    mamba2 => "mamba2",
     qwen3_moe => "qwen3_moe",
     qwen3_moe_bf16 => "qwen3_moe_bf16",
     mixtral => "mixtral",

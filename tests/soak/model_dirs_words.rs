@@ -127,6 +127,7 @@ pub const FIXTURES: &[&str] = &[
     "kimi_linear",
     "kimi_linear_bf16",
     "gemma4_wide",
+    "mamba2",
 ];
 
 pub const FIELDS: &[&str] = &[
@@ -174,6 +175,9 @@ pub const FIELDS: &[&str] = &[
     "hybrid_override_pattern",
     "layers_block_type",
     "mamba_num_heads",
+    "num_heads",
+    "state_size",
+    "expand",
     "mamba_head_dim",
     "ssm_state_size",
     "n_groups",
