@@ -341,6 +341,9 @@ pub enum UnaryAct {
     /// The tanh GELU (StarCoder2's `gelu_pytorch_tanh`): `x · sigmoid(2 · √(2/π) · (x + 0.044715
     /// x³))`, the GeGLU's arithmetic with a unit gate.
     GeluTanh,
+    /// The exact GELU (GPT-NeoX's `gelu`, torch's default): `x · 0.5 · (1 + erf(x / √2))`, in
+    /// torch's order.
+    Gelu,
 }
 
 /// xIELU (arXiv 2411.13010) with its learned scalars as transformers applies them:

@@ -11,6 +11,9 @@ pub enum Architecture {
     /// `Starcoder2ForCausalLM` (StarCoder2 3B / 7B / 15B): Mistral's attention with biases,
     /// LayerNorms with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`) with biases.
     Starcoder2,
+    /// `GPTNeoXForCausalLM` (Pythia, GPT-NeoX-20B): parallel layers, each sublayer after its
+    /// own biased LayerNorm, fused per-head q / k / v, partial rotary, a GELU MLP.
+    GptNeox,
     /// `PhiForCausalLM` (phi-1, phi-1.5, phi-2): parallel layers under one biased LayerNorm,
     /// partial rotary, biased projections, a tanh-GELU MLP, an LM head with a bias.
     Phi,
@@ -238,7 +241,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 81] = [
+    pub const ALL: [Self; 82] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -272,6 +275,7 @@ impl Architecture {
         Self::Qwen3Next,
         Self::NemotronH,
         Self::Mamba2,
+        Self::GptNeox,
         Self::Qwen3Moe,
         Self::Mellum,
         Self::Mixtral,
@@ -355,6 +359,7 @@ impl Architecture {
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
             Self::Mamba2 => "Mamba2ForCausalLM",
+            Self::GptNeox => "GPTNeoXForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
@@ -476,7 +481,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::HyperClovaX | Architecture::Arcee => 2048,
         Architecture::Helium | Architecture::Starcoder2 | Architecture::StableLm => 4096,
         Architecture::Jais2 => 8192,
-        Architecture::Phi => 2048,
+        Architecture::Phi | Architecture::GptNeox => 2048,
         Architecture::Apertus => 65536,
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => 128000,
         Architecture::Cwm | Architecture::Youtu => 131072,

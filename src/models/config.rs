@@ -97,8 +97,10 @@ pub struct ModelSpec {
     /// halves.
     pub interleaved_rope: bool,
     /// One input norm feeds the attention and the MLP, `x += attn(n) + mlp(n)` (StableLM's
-    /// `use_parallel_residual`; Cohere's layers always are).
+    /// `use_parallel_residual`; Cohere's layers always are; GPT-NeoX's, each with its norm).
     pub parallel_residual: bool,
+    /// The MLP's GELU is the exact (erf) one, not the tanh one (GPT-NeoX's `hidden_act`).
+    pub exact_gelu: bool,
     /// OLMo's `clip_qkv`: q, k and v clamped to `±limit` right after their projection;
     /// `None` for other architectures (OLMoE's, after its q / k norms, is refused).
     pub clip_qkv: Option<f32>,
@@ -222,6 +224,7 @@ impl ModelSpec {
             rotary_dim: None,
             interleaved_rope: false,
             parallel_residual: false,
+            exact_gelu: false,
             clip_qkv: None,
             granite: None,
             longrope: None,
@@ -310,6 +313,7 @@ impl ModelSpec {
             Architecture::Starcoder2 => super::starcoder2_config::parse(&cfg, name)?,
             Architecture::StableLm => super::stablelm_config::parse(&cfg, name)?,
             Architecture::Phi => super::phi::parse(&cfg, name)?,
+            Architecture::GptNeox => super::gpt_neox::parse(&cfg, name)?,
             Architecture::Olmo => super::olmo1::parse(&cfg, name)?,
             Architecture::Nemotron => super::nemotron::parse(&cfg, name)?,
             Architecture::Jais2 => super::dense_config::parse_jais2(&cfg, name)?,

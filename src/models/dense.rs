@@ -398,7 +398,7 @@ pub(super) fn load_mlp_of<D: Device>(
     let h = spec.hidden_size;
     let mlp = |n: &str| format!("{px}.{n}");
     let up = match act {
-        Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => {
+        Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh | Activation::Gelu => {
             vec![(mlp("up_proj"), inter)]
         }
         Activation::SwiGlu | Activation::GeluTanhGlu => {

@@ -25,6 +25,8 @@ pub(super) fn dense_spec(
         Architecture::Starcoder2 | Architecture::Phi => {
             cfg.check_named_activation(&["gelu_pytorch_tanh", "gelu_new"])?
         }
+        // GPTNeoXConfig's is the exact GELU (checked, with the tanh ones, by gpt_neox).
+        Architecture::GptNeox => {}
         _ => cfg.check_activation()?,
     }
     let ernie = matches!(

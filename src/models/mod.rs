@@ -43,6 +43,7 @@ mod gemma3_config;
 pub mod gemma4;
 mod gemma4_config;
 pub mod glm4;
+mod gpt_neox;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod granite;

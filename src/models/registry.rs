@@ -34,6 +34,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Apertus => super::apertus::load(ld, spec),
         Architecture::Starcoder2 | Architecture::StableLm => dense::load(ld, spec),
         Architecture::Phi => super::phi::load(ld, spec),
+        Architecture::GptNeox => super::gpt_neox::load(ld, spec),
         Architecture::Lfm2 | Architecture::Lfm2Moe | Architecture::Lfm3 => {
             super::lfm2::load(ld, spec)
         }

@@ -128,6 +128,8 @@ pub const FIXTURES: &[&str] = &[
     "kimi_linear_bf16",
     "gemma4_wide",
     "mamba2",
+    "gpt_neox",
+    "gpt_neox_seq",
 ];
 
 pub const FIELDS: &[&str] = &[
@@ -189,6 +191,8 @@ pub const FIELDS: &[&str] = &[
     "layer_norm_epsilon",
     "use_qkv_bias",
     "use_parallel_residual",
+    "rotary_pct",
+    "rotary_emb_base",
     "qk_layernorm",
     "norm_epsilon",
     "mlp_hidden_act",

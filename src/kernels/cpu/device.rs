@@ -426,6 +426,13 @@ impl Device for CpuDevice {
             UnaryAct::GeluTanh => chunks.for_each(|(o, x)| {
                 gelu_tanh_mul_into(x, &UNIT_GATE[..x.len()], o);
             }),
+            // Per element (the same bits however rows are batched); not vectorised: the
+            // activation is a small share of a step beside its two GEMMs.
+            UnaryAct::Gelu => chunks.for_each(|(o, x)| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = super::ops::gelu_erf(v);
+                }
+            }),
         }
         set(out, x.width);
         Ok(())

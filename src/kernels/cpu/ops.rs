@@ -87,6 +87,19 @@ fn glu_rows(
         });
 }
 
+// The C library's error functions (libm, which std links on Linux; `f32::erf` is unstable in
+// Rust 1.95 and the libc crate does not bind them): pure functions of one number.
+unsafe extern "C" {
+    safe fn erff(x: f32) -> f32;
+    #[cfg(test)]
+    safe fn erf(x: f64) -> f64;
+}
+
+/// GPT-NeoX's exact GELU of one value in torch's order, `x · 0.5 · (1 + erf(x / √2))`.
+pub fn gelu_erf(x: f32) -> f32 {
+    x * 0.5 * (1.0 + erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
 /// Index of the largest value (the first on ties; NaNs never win).
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
@@ -263,6 +276,27 @@ fn norm_pieces(form: QkNormForm, hd: usize, (src, w, eps): (&[f32], &[f32], f64)
 
 #[cfg(test)]
 mod tests {
+    /// The exact GELU against f64 (`erf` of libm in double): within 4 ulp of the result where it
+    /// is not far below `x` (above -5), and 0 / `x` at the tails.
+    #[test]
+    fn gelu_erf_is_accurate() {
+        for i in -8000..=8000 {
+            let x = i as f32 / 1000.0;
+            let want = x as f64 * 0.5 * (1.0 + super::erf(x as f64 / 2f64.sqrt()));
+            let got = super::gelu_erf(x);
+            let tol = 4.0 * f32::EPSILON as f64 * want.abs().max(1e-30) + 1e-12;
+            if x > -5.0 {
+                assert!(
+                    (got as f64 - want).abs() <= tol.max(1e-7 * x.abs() as f64),
+                    "{x}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(super::gelu_erf(100.0), 100.0);
+        assert_eq!(super::gelu_erf(-100.0), 0.0);
+        assert!(super::gelu_erf(f32::NAN).is_nan());
+    }
+
     use super::super::exp::gelu_tanh_times;
     use super::super::norm::ROWS_PER_TASK;
     use super::*;

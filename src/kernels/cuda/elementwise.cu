@@ -67,6 +67,24 @@ extern "C" __global__ void gelu_tanh_f16(const float* x, f16_t* out, long long n
     gelu_tanh_t<f16_t>(x, out, n);
 }
 
+// GPT-NeoX's exact GELU in torch's order: x * 0.5 * (1 + erf(x * (1/sqrt 2))) (erff: within
+// 2 ulp of erf; the CPU's libm erff rounds otherwise, within the f32 tolerance).
+// Launch: grid (ceil(n / 256)), block (256).
+template <typename OUT>
+__device__ void gelu_erf_t(const float* x, OUT* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f32<OUT>(x[i] * 0.5f * (1.0f + erff(x[i] * 0.70710678118654752f)));
+}
+extern "C" __global__ void gelu_erf_f32(const float* x, float* out, long long n) {
+    gelu_erf_t<float>(x, out, n);
+}
+extern "C" __global__ void gelu_erf_bf16(const float* x, bf16_t* out, long long n) {
+    gelu_erf_t<bf16_t>(x, out, n);
+}
+extern "C" __global__ void gelu_erf_f16(const float* x, f16_t* out, long long n) {
+    gelu_erf_t<f16_t>(x, out, n);
+}
+
 // gpt-oss's experts (transformers GptOssExperts._apply_gate):
 // g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g).
 template <typename OUT>

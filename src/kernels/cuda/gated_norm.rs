@@ -103,7 +103,7 @@ pub fn mamba2_gated_norm(
 }
 
 /// `out = f(x)` (an MLP's activation without a gate: Nemotron-H's relu², Apertus' xIELU,
-/// StarCoder2's tanh GELU),
+/// StarCoder2's tanh GELU, GPT-NeoX's exact GELU),
 /// written in `dtype`.
 pub fn unary(
     gpu: &Gpu,
@@ -124,6 +124,10 @@ pub fn unary(
         UnaryAct::GeluTanh => {
             let name = format!("gelu_tanh_{}", suffix(dtype));
             launch!(gpu, &name => "gelu_tanh_f32", elems_cfg(total)?, x, out, n)
+        }
+        UnaryAct::Gelu => {
+            let name = format!("gelu_erf_{}", suffix(dtype));
+            launch!(gpu, &name => "gelu_erf_f32", elems_cfg(total)?, x, out, n)
         }
         UnaryAct::Xielu(p) => {
             let name = format!("xielu_{}", suffix(dtype));

@@ -304,6 +304,7 @@ mod tests {
                 "swiglu_clamped",
                 "gelu_tanh_mul",
                 "gelu_tanh",
+                "gelu_erf",
                 "embed",
                 "kv_write",
                 "gate",

@@ -17,6 +17,8 @@ pub enum Activation {
     Xielu(Xielu),
     /// StarCoder2's tanh GELU, without a gate.
     GeluTanh,
+    /// GPT-NeoX's exact (erf) GELU, without a gate.
+    Gelu,
 }
 
 pub struct Mlp<D: Device> {
@@ -30,7 +32,9 @@ impl<D: Device> Mlp<D> {
     fn wide(&self) -> usize {
         match self.act {
             Activation::SwiGlu | Activation::GeluTanhGlu => 2 * self.inter,
-            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => self.inter,
+            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh | Activation::Gelu => {
+                self.inter
+            }
         }
     }
 
@@ -57,10 +61,11 @@ impl<D: Device> Mlp<D> {
                 dev.gelu_tanh_mul(wide, act)?;
                 dev.matmul(act, &self.down, out)
             }
-            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh => {
+            Activation::Relu2 | Activation::Xielu(_) | Activation::GeluTanh | Activation::Gelu => {
                 let f = match self.act {
                     Activation::Xielu(p) => UnaryAct::Xielu(p),
                     Activation::GeluTanh => UnaryAct::GeluTanh,
+                    Activation::Gelu => UnaryAct::Gelu,
                     _ => UnaryAct::Relu2,
                 };
                 dev.matmul(x, &self.up, wide)?;

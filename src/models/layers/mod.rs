@@ -18,6 +18,7 @@ pub mod mlp;
 pub mod moe;
 pub mod nemotron_moe;
 pub mod ngram;
+pub mod parallel;
 pub mod per_layer_input;
 pub mod short_conv;
 
@@ -41,6 +42,7 @@ pub use mlp::Mlp;
 pub use moe::Moe;
 pub use nemotron_moe::NemotronMoe;
 pub use ngram::{NgramEmbedding, NgramScratch};
+pub use parallel::ParallelNormed;
 pub use per_layer_input::{PerLayerEmbedding, PerLayerInput, PleScratch};
 pub use short_conv::ShortConv;
 
@@ -137,6 +139,8 @@ pub enum Sublayer<D: Device> {
     /// Two sublayers reading the same normed rows, their outputs summed (first + second):
     /// Falcon-H1's Mamba-2 beside its attention.
     Parallel(Box<[Sublayer<D>; 2]>),
+    /// Two sublayers each after its own norm of the same rows, summed (GPT-NeoX).
+    ParallelNormed(Box<ParallelNormed<D>>),
     /// Gemma 4 E2B / E4B's per-layer input.
     PerLayerInput(PerLayerInput<D>),
     /// Qwen4-Exp's hashed n-gram embeddings: added to the streams by the sublayer itself.
@@ -159,6 +163,7 @@ impl<D: Device> Sublayer<D> {
                 s.side = Some(side);
                 sum
             }
+            Self::ParallelNormed(p) => p.forward(dev, ctx, s),
             Self::Attention(a) => a.forward(dev, ctx, s),
             Self::Mla(a) => a.forward(dev, ctx, s),
             Self::Mlp(m) => m.forward(dev, s),
@@ -194,6 +199,10 @@ impl<D: Device> Sublayer<D> {
                 side: true,
                 ..pair[0].widths().max(pair[1].widths())
             },
+            Self::ParallelNormed(p) => Widths {
+                side: true,
+                ..p.first.widths().max(p.second.widths())
+            },
         }
     }
 
@@ -201,6 +210,10 @@ impl<D: Device> Sublayer<D> {
     pub fn leaves(&self) -> Vec<&Sublayer<D>> {
         match self {
             Self::Parallel(pair) => pair.iter().flat_map(|p| p.leaves()).collect(),
+            Self::ParallelNormed(p) => [&p.first, &p.second]
+                .into_iter()
+                .flat_map(|p| p.leaves())
+                .collect(),
             other => vec![other],
         }
     }
