@@ -32,10 +32,14 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     (spec.qkv_bias, spec.o_bias, spec.mlp_bias) = (bias, bias, true);
     spec.norm = NormKind::LayerBias;
     spec.rms_norm_eps = cfg.f64_or("layer_norm_eps", 1e-5)?;
+    // transformers 5 takes `rotary_pct` only where `rope_parameters` names no factor.
+    let rope_factor = cfg
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"));
     let pct = cfg.get("rotary_pct").and_then(serde_json::Value::as_f64);
     spec.rotary_dim = Some(match pct {
-        Some(pct) => rotated(cfg, spec.head_dim, pct)?,
-        None => super::hybrid_config::rotary_dim(cfg, spec.head_dim, 0.25)?,
+        Some(pct) if rope_factor.is_none() => rotated(cfg, spec.head_dim, pct)?,
+        _ => super::hybrid_config::rotary_dim(cfg, spec.head_dim, 0.25)?,
     });
     let theta_named = cfg.has("rope_theta") || cfg.get("rope_parameters").is_some();
     if !theta_named && let Some(base) = cfg.get("rotary_emb_base") {
@@ -194,6 +198,12 @@ mod tests {
         let mut other = v.clone();
         other["rotary_emb_base"] = json!(500000);
         assert_eq!(parse(&other).unwrap().rope_theta, 5e5);
+        // As transformers 5 saves it: `rope_parameters` names the factor and the theta, and
+        // wins over the old fields.
+        other["rope_parameters"] =
+            json!({"rope_type": "default", "rope_theta": 20000.0, "partial_rotary_factor": 0.5});
+        let s = parse(&other).unwrap();
+        assert_eq!((s.rotated_dims(), s.rope_theta), (128, 2e4));
         for (field, value, want) in [
             ("hidden_act", json!("relu"), "hidden_act `relu`"),
             ("rotary_pct", json!(0.001), "rotary_pct"),
