@@ -138,20 +138,12 @@ fn load_attention<D: Device>(
 ) -> Result<Attention<D>, ModelError> {
     let (h, hd, heads) = (spec.hidden_size, spec.head_dim, spec.num_heads);
     let name = format!("{p}.attention.query_key_value");
-    let fused = ld.matrix(&format!("{name}.weight"), 3 * heads * hd, h)?;
     // Head j's q rows start at 3 · hd · j, its k rows hd later, its v rows 2 · hd later.
     let ranges: Vec<(usize, usize)> = (0..3)
         .flat_map(|part| (0..heads).map(move |j| ((3 * j + part) * hd, hd)))
         .collect();
-    let bias = match spec.qkv_bias {
-        true => {
-            let b = ld.f32s(&format!("{name}.bias"), &[3 * heads * hd])?;
-            let rows = ranges.iter().flat_map(|&(s, n)| b[s..s + n].to_vec());
-            Some(rows.collect())
-        }
-        false => None,
-    };
-    let qkv = ld.dev.linear(fused.select_rows(&ranges), bias)?;
+    let (w, b) = ld.selected_rows(&name, (3 * heads * hd, h), &ranges, spec.qkv_bias)?;
+    let qkv = ld.dev.linear(w, spec.qkv_bias.then_some(b))?;
     let o = ld.linear1(&format!("{p}.attention.dense"), h, heads * hd, spec.o_bias)?;
     let rot = spec.rotated_dims();
     let rope = Rope::new(rot, spec.rope_theta, spec.rope_scaling);

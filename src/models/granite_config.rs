@@ -260,10 +260,10 @@ pub(super) fn parse_bamba(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mode
     })
 }
 
-/// The hybrid part of a Granite 4.0 or Bamba spec: its mixers, rotated dims, experts, and the
+/// The hybrid part of a Granite 4.0, Bamba or Mamba-2 spec: its mixers, rotated dims, experts, and the
 /// Mamba-2 geometry where some layer is Mamba-2 (an attention-only Granite-4.0-Micro carries
 /// unused `mamba_*` fields).
-fn mamba_hybrid(
+pub(super) fn mamba_hybrid(
     layers: Vec<LayerKind>,
     rotary_dim: usize,
     moe: Option<MoeSpec>,

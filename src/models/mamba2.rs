@@ -10,7 +10,7 @@
 //! id `i` the stream after `i` blocks).
 
 use super::config::{Architecture, Cfg, default_max_pos};
-use super::hybrid_config::{HybridSpec, LayerKind, MambaNorm, MambaSpec};
+use super::hybrid_config::{LayerKind, MambaNorm, MambaSpec};
 use super::{ModelError, ModelSpec, QkNorm, RopeScaling, WeightDtype};
 
 /// The spec of a `Mamba2Config`, with the class's defaults.
@@ -40,15 +40,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
         tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
         max_position_embeddings: cfg.usize_or("max_position_embeddings", default_max_pos(arch))?,
         dtype: cfg.dtype()?.unwrap_or(WeightDtype::F32),
-        hybrid: Some(HybridSpec {
-            layers,
-            rotary_dim: 0,
-            gdn: None,
-            moe: None,
-            mamba: Some(mamba),
-            nemotron_moe: None,
-            mla: None,
-        }),
+        hybrid: Some(super::granite_config::mamba_hybrid(layers, 0, None, mamba)),
         ..ModelSpec::base(name, arch)
     })
 }

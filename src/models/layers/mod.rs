@@ -456,17 +456,29 @@ impl<'a, D: Device> Loader<'a, D> {
         let ranges: Vec<(usize, usize)> = (0..heads)
             .flat_map(|j| std::iter::repeat_n((j * width, width), repeat))
             .collect();
-        let m = self.matrix(&format!("{name}.weight"), heads * width, cols)?;
+        self.selected_rows(name, (heads * width, cols), &ranges, bias)
+    }
+
+    /// The rows `ranges` (start, count; in the order given) of `{name}.weight`
+    /// `[rows, cols]`, and of `{name}.bias` where `bias` (else no values).
+    pub fn selected_rows(
+        &self,
+        name: &str,
+        (rows, cols): (usize, usize),
+        ranges: &[(usize, usize)],
+        bias: bool,
+    ) -> Result<(HostMatrix<'static>, Vec<f32>), ModelError> {
+        let m = self.matrix(&format!("{name}.weight"), rows, cols)?;
         let b = match bias {
             true => {
-                let b = self.f32s(&format!("{name}.bias"), &[heads * width])?;
+                let b = self.f32s(&format!("{name}.bias"), &[rows])?;
                 (ranges.iter())
                     .flat_map(|&(s, n)| b[s..s + n].to_vec())
                     .collect()
             }
             false => Vec::new(),
         };
-        Ok((m.select_rows(&ranges), b))
+        Ok((m.select_rows(ranges), b))
     }
 
     /// An f32 tensor of `shape`.
