@@ -330,6 +330,21 @@ pub trait Device: Send + Sync + Sized + 'static {
         p: &MambaParams<'_, Self>,
         out: &mut Self::Buf,
     ) -> DevResult<()>;
+    /// The Mamba-1 selective scan token by token: per channel `c` of the conv output `x`
+    /// (`[T, inner]`) with `dt = softplus(dt[t, c] + dt_bias[c])`, state row
+    /// `h[c] = exp(dt · A[c]) ⊙ h[c] + (dt · B) · x`, `y = C · h[c] + D[c] · x`; `bc` holds
+    /// `[B | C]` (`d_state` each); into `out` (`[T, inner]`, f32).
+    #[allow(clippy::too_many_arguments)]
+    fn mamba1_scan(
+        &self,
+        step: &Self::Step<'_>,
+        states: &mut Self::States,
+        state_layer: usize,
+        x_dt: (&Self::Buf, &Self::Buf),
+        bc: Cols<'_, Self::Buf>,
+        p: &Mamba1Params<'_, Self>,
+        out: &mut Self::Buf,
+    ) -> DevResult<()>;
     /// The Mamba-2 output `y` (f32) met by its gate `z` as `gate` says, into `out` (the
     /// out_proj GEMM's input).
     fn mamba2_gated_norm(

@@ -436,6 +436,16 @@ pub struct MambaParams<'a, D: Device> {
     pub dt_bias: &'a D::Vector,
 }
 
+/// Mamba-1 (Mamba, Falcon-Mamba) per-channel parameters over `inner` channels of `d_state`
+/// state values each: `-exp(A_log)` (`[inner, d_state]`), `D` and `dt_proj`'s bias
+/// (`[inner]`).
+pub struct Mamba1Params<'a, D: Device> {
+    pub d_state: usize,
+    pub neg_a: &'a D::Vector,
+    pub d: &'a D::Vector,
+    pub dt_bias: &'a D::Vector,
+}
+
 /// A causal depthwise conv1d (`[channels, kernel]` weight, optional bias) with its state.
 pub struct ConvCall<'a, D: Device> {
     pub state_layer: usize,

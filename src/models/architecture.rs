@@ -44,6 +44,11 @@ pub enum Architecture {
     /// `Mamba2ForCausalLM` (mamba2-2.7b, Mamba-Codestral-7B): Nemotron-H's blocks, every
     /// mixer Mamba-2.
     Mamba2,
+    /// `MambaForCausalLM` (state-spaces/mamba-130m … 2.8b-hf): every block a Mamba-1 mixer.
+    Mamba,
+    /// `FalconMambaForCausalLM` (Falcon-Mamba-7B, Falcon3-Mamba-7B): Mamba-1 with weightless
+    /// RMS norms of dt, B and C.
+    FalconMamba,
     /// `Qwen3MoeForCausalLM`: Qwen3 attention, routed experts (dense MLPs between them).
     Qwen3Moe,
     /// `MixtralForCausalLM`: Mistral attention, routed experts (`block_sparse_moe`).
@@ -241,7 +246,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 82] = [
+    pub const ALL: [Self; 84] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -275,6 +280,8 @@ impl Architecture {
         Self::Qwen3Next,
         Self::NemotronH,
         Self::Mamba2,
+        Self::Mamba,
+        Self::FalconMamba,
         Self::GptNeox,
         Self::Qwen3Moe,
         Self::Mellum,
@@ -359,6 +366,8 @@ impl Architecture {
             Self::Qwen3Next => "Qwen3NextForCausalLM",
             Self::NemotronH => "NemotronHForCausalLM",
             Self::Mamba2 => "Mamba2ForCausalLM",
+            Self::Mamba => "MambaForCausalLM",
+            Self::FalconMamba => "FalconMambaForCausalLM",
             Self::GptNeox => "GPTNeoXForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
@@ -501,8 +510,8 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::Qwen4Exp => 32768,
         Architecture::Qwen3Moe => 32768,
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
-        // Mamba2Config has no `max_position_embeddings`: positions do not limit a recurrence.
-        Architecture::Mamba2 => 1 << 20,
+        // Mamba(2)Config has no `max_position_embeddings`: positions do not limit a recurrence.
+        Architecture::Mamba2 | Architecture::Mamba | Architecture::FalconMamba => 1 << 20,
         Architecture::DeepseekV2 => 2048,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,

@@ -305,6 +305,9 @@ impl ModelSpec {
             | Architecture::GraniteMoeSwa) => super::granite_config::parse_moe(&cfg, a, name)?,
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             Architecture::Mamba2 => super::mamba2::parse(&cfg, name)?,
+            a @ (Architecture::Mamba | Architecture::FalconMamba) => {
+                super::mamba::parse(&cfg, name, a)?
+            }
             Architecture::FalconH1 => super::falcon_h1_config::parse(&cfg, name)?,
             Architecture::MiMoV2Flash => super::mimo_config::parse(&cfg, name)?,
             Architecture::Afmoe => super::afmoe_config::parse(&cfg, name)?,

@@ -85,6 +85,7 @@ impl<D: Device> Decoder<D> {
             .filter_map(|l| match l {
                 Sublayer::GatedDeltaNet(g) => Some(g.state_shape()),
                 Sublayer::Kda(k) => Some(k.state_shape()),
+                Sublayer::Mamba1(m) => Some(m.state_shape()),
                 Sublayer::Mamba2(m) => Some(m.state_shape()),
                 Sublayer::ShortConv(c) => Some(c.state_shape()),
                 Sublayer::Ngram(n) => Some(n.state_shape()),

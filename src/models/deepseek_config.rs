@@ -284,6 +284,7 @@ pub(super) fn parse(
             },
             mamba: None,
             nemotron_moe: None,
+            mamba1: None,
             mla: Some(mla),
         }),
         sliding_window: cfg.sliding_window(architecture, max_position_embeddings)?,

@@ -91,6 +91,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             moe: None,
             mamba: Some(mamba),
             nemotron_moe: None,
+            mamba1: None,
             mla: None,
         }),
         falcon_h1: Some(multipliers(cfg)?),

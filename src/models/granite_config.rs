@@ -211,6 +211,7 @@ pub(super) fn parse_moe(
             moe: Some(moe),
             mamba: None,
             nemotron_moe: None,
+            mamba1: None,
             mla: None,
         }),
         granite: Some(multipliers(cfg)?),
@@ -275,6 +276,7 @@ pub(super) fn mamba_hybrid(
         moe,
         mamba: layers.contains(&LayerKind::Mamba2).then_some(mamba),
         nemotron_moe: None,
+        mamba1: None,
         mla: None,
         layers,
     }

@@ -29,6 +29,8 @@ pub enum LayerKind {
     /// Kimi Delta Attention (Kimi Linear's `linear_attention`): Gated DeltaNet with a decay
     /// per key channel.
     KimiDelta,
+    /// Mamba-1 mixer (Mamba, Falcon-Mamba).
+    Mamba1,
     /// Mamba-2 mixer (Nemotron-H `linear_attention` / `M`).
     Mamba2,
     /// MLP-only block (Nemotron-H `mlp` / `-`).
@@ -49,6 +51,7 @@ impl LayerKind {
             self,
             Self::GatedDeltaNet
                 | Self::KimiDelta
+                | Self::Mamba1
                 | Self::Mamba2
                 | Self::MambaAttention
                 | Self::ShortConv
@@ -140,6 +143,8 @@ pub struct HybridSpec {
     pub gdn: Option<GdnSpec>,
     pub moe: Option<MoeSpec>,
     pub mamba: Option<MambaSpec>,
+    /// Mamba-1's mixers ([`LayerKind::Mamba1`]).
+    pub mamba1: Option<super::mamba::Mamba1Spec>,
     /// Nemotron 3's MoE blocks ([`LayerKind::Moe`]).
     pub nemotron_moe: Option<super::nemotron_moe::NemotronMoeSpec>,
     /// DeepSeek-V3's multi-head latent attention in every attention layer.
@@ -344,6 +349,7 @@ fn parse_qwen(
             moe,
             mamba: None,
             nemotron_moe: None,
+            mamba1: None,
             mla: None,
         }),
         ..ModelSpec::base(name, architecture)
@@ -471,6 +477,7 @@ fn parse_nemotron(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError> 
             gdn: None,
             moe: None,
             mamba: Some(mamba),
+            mamba1: None,
             nemotron_moe,
             mla: None,
         }),

@@ -134,6 +134,7 @@ pub(super) fn parse(
             moe,
             mamba: None,
             nemotron_moe: None,
+            mamba1: None,
             mla: None,
         }),
         lfm2: Some(Lfm2Spec {

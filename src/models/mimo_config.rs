@@ -112,6 +112,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
             moe: Some(moe),
             mamba: None,
             nemotron_moe: None,
+            mamba1: None,
             mla: None,
         }),
         mimo: Some(mimo),

@@ -59,6 +59,7 @@ mod lfm2_config;
 pub mod llama4;
 mod llama4_config;
 mod longrope_config;
+mod mamba;
 mod mamba2;
 mod mimo_config;
 pub mod mimo_v2_flash;

@@ -460,6 +460,7 @@ pub(super) fn attention_moe(
         moe: Some(moe),
         mamba: None,
         nemotron_moe: None,
+        mamba1: None,
         mla: None,
     }))
 }

@@ -54,6 +54,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
             }
             LayerKind::GatedDeltaNet
             | LayerKind::KimiDelta
+            | LayerKind::Mamba1
             | LayerKind::MambaAttention
             | LayerKind::ShortConv => {
                 return Err(ModelError::Unsupported {

@@ -173,6 +173,7 @@ pub(super) fn parse_hybrid(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, Mod
         moe: None,
         mamba: None,
         nemotron_moe: None,
+        mamba1: None,
         mla: None,
     });
     Ok(spec)

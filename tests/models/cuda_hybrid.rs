@@ -27,7 +27,7 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 12] = [
+const MODELS: [(&str, usize); 14] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
@@ -40,6 +40,8 @@ const MODELS: [(&str, usize); 12] = [
     ("granite_h_dense", 4),
     ("bamba", 4),
     ("mamba2", 4),
+    ("mamba", 4),
+    ("falcon_mamba", 4),
 ];
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 1024;

@@ -19,7 +19,7 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
 /// (fixture, L, a recurrent layer id, an attention layer id)
-const MODELS: [(&str, usize, usize, usize); 8] = [
+const MODELS: [(&str, usize, usize, usize); 10] = [
     ("qwen3_5", 4, 1, 3),
     ("qwen3_next", 4, 2, 3),
     ("nemotron_h", 6, 1, 3),
@@ -29,6 +29,8 @@ const MODELS: [(&str, usize, usize, usize); 8] = [
     ("qwen3_5_moe", 4, 1, 3),
     // No attention layer: its id is not read past the first three rows.
     ("mamba2", 4, 1, 2),
+    ("mamba", 4, 1, 2),
+    ("falcon_mamba", 4, 2, 3),
 ];
 
 fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
@@ -274,6 +276,16 @@ fn unsupported_variants_fail_with_clear_messages() {
             "mamba2",
             Box::new(|c| c["time_step_limit"] = serde_json::json!([0.0, 0.1])),
             "`time_step_limit`",
+        ),
+        (
+            "mamba",
+            Box::new(|c| c["hidden_act"] = serde_json::json!("gelu")),
+            "hidden_act `gelu`",
+        ),
+        (
+            "falcon_mamba",
+            Box::new(|c| c["time_step_rank"] = serde_json::json!(0)),
+            "`time_step_rank`",
         ),
         // A config that does not match the weights: names the missing tensor.
         (

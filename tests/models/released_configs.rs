@@ -195,6 +195,7 @@ fn pattern(spec: &ModelSpec) -> Option<String> {
         LayerKind::Attention => '*',
         LayerKind::GatedDeltaNet => 'G',
         LayerKind::KimiDelta => 'K',
+        LayerKind::Mamba1 => 'm',
         LayerKind::Mamba2 => 'M',
         LayerKind::Mlp => '-',
         LayerKind::Moe => 'E',

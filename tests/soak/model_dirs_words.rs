@@ -130,6 +130,8 @@ pub const FIXTURES: &[&str] = &[
     "mamba2",
     "gpt_neox",
     "gpt_neox_seq",
+    "mamba",
+    "falcon_mamba",
 ];
 
 pub const FIELDS: &[&str] = &[
@@ -186,6 +188,8 @@ pub const FIELDS: &[&str] = &[
     "conv_kernel",
     "time_step_min",
     "time_step_limit",
+    "time_step_rank",
+    "mixer_rms_eps",
     "use_conv_bias",
     "use_bias",
     "layer_norm_epsilon",

@@ -2,14 +2,13 @@
 //! device's rayon pool. Activations are f32; bf16 weights stay bf16 and are multiplied by the
 //! [`Bf16Kernel`] chosen at start (f16 weights are widened to f32 at load).
 
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ops::Range;
 
 use super::bf16::{Bf16Kernel, Half};
 use super::capture::CpuCapture;
-use super::exp::{gelu_tanh_mul_into, gelu_tanh_times};
+use super::exp::gelu_tanh_times;
 use super::matmul::{Linear, Weight};
 use super::moe::route_top_k;
 use super::moe_grouped::{route_grouped, weighted_sum};
@@ -17,8 +16,8 @@ use super::recurrent::sigmoid;
 use super::{norm, ops};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DeviceError,
-    DsaCall, GateFn, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams,
-    MlaDims, NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies, table_id_rows,
+    DsaCall, GateFn, GdnParams, HostMatrix, HostTable, HyperOp, KvShape, Mamba1Params, MambaGate,
+    MambaParams, MlaDims, NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies, table_id_rows,
 };
 use crate::kernels::dtype::WeightDtype;
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -44,9 +43,6 @@ mod device_setup;
 mod types;
 pub use types::{CpuBuf, CpuKv, CpuStates, CpuStep};
 use types::{check_gate, col_rows, expert_rows, gate_rows, gather_cols, gather_scaled, set};
-
-/// The unit gate [`Device::unary`]'s tanh GELU multiplies by (a chunk's width of ones).
-static UNIT_GATE: [f32; 4096] = [1.0; 4096];
 
 #[path = "device_attention.rs"]
 mod device_attention;
@@ -405,35 +401,7 @@ impl Device for CpuDevice {
     }
 
     fn unary(&self, x: &CpuBuf, f: UnaryAct, out: &mut CpuBuf) -> DevResult<()> {
-        // Every element is written below: resizing zeroes only growth. In parallel: one
-        // thread over `[T, intermediate]` was ~2% of a Nemotron-H-8B-shaped run.
-        out.data.resize(x.data.len(), 0.0);
-        let chunks =
-            (out.data.par_chunks_mut(UNIT_GATE.len())).zip(x.data.par_chunks(UNIT_GATE.len()));
-        match f {
-            UnaryAct::Relu2 => chunks.for_each(|(o, x)| {
-                for (o, &v) in o.iter_mut().zip(x) {
-                    let r = v.max(0.0);
-                    *o = r * r;
-                }
-            }),
-            UnaryAct::Xielu(p) => chunks.for_each(|(o, x)| {
-                for (o, &v) in o.iter_mut().zip(x) {
-                    *o = p.apply(v);
-                }
-            }),
-            // The GeGLU's lanes with a unit gate (times 1 is exact: the same bits).
-            UnaryAct::GeluTanh => chunks.for_each(|(o, x)| {
-                gelu_tanh_mul_into(x, &UNIT_GATE[..x.len()], o);
-            }),
-            // Per element (the same bits however rows are batched); not vectorised: the
-            // activation is a small share of a step beside its two GEMMs.
-            UnaryAct::Gelu => chunks.for_each(|(o, x)| {
-                for (o, &v) in o.iter_mut().zip(x) {
-                    *o = super::ops::gelu_erf(v);
-                }
-            }),
-        }
+        super::unary::unary(&x.data, f, &mut out.data);
         set(out, x.width);
         Ok(())
     }
@@ -484,6 +452,19 @@ impl Device for CpuDevice {
         out: &mut CpuBuf,
     ) -> DevResult<()> {
         device_hybrid::mamba2_scan(step, states, state_layer, xbc, dt, p, out)
+    }
+
+    fn mamba1_scan(
+        &self,
+        step: &CpuStep<'_>,
+        states: &mut CpuStates,
+        state_layer: usize,
+        x_dt: (&CpuBuf, &CpuBuf),
+        bc: Cols<'_, CpuBuf>,
+        p: &Mamba1Params<'_, Self>,
+        out: &mut CpuBuf,
+    ) -> DevResult<()> {
+        device_hybrid::mamba1_scan(step, states, state_layer, x_dt, bc, p, out)
     }
 
     fn mamba2_gated_norm(

@@ -3,9 +3,10 @@
 
 use super::{CpuBuf, CpuDevice, CpuStates, CpuStep, check_gate, col_rows, gather_cols, set};
 use crate::kernels::cpu::recurrent;
-use crate::kernels::cpu::{gdn, mamba};
+use crate::kernels::cpu::{gdn, mamba, mamba1};
 use crate::kernels::device::{
-    Cols, ConvCall, DevResult, DeviceError, GdnParams, MambaGate, MambaParams, NormGate,
+    Cols, ConvCall, DevResult, DeviceError, GdnParams, Mamba1Params, MambaGate, MambaParams,
+    NormGate,
 };
 
 pub(super) fn conv1d(
@@ -118,6 +119,49 @@ pub(super) fn mamba2_scan(
         &mut out.data,
     );
     set(out, d.heads * d.head_dim);
+    Ok(())
+}
+
+pub(super) fn mamba1_scan(
+    step: &CpuStep<'_>,
+    states: &mut CpuStates,
+    state_layer: usize,
+    (x, dt): (&CpuBuf, &CpuBuf),
+    bc: Cols<'_, CpuBuf>,
+    p: &Mamba1Params<'_, CpuDevice>,
+    out: &mut CpuBuf,
+) -> DevResult<()> {
+    let (inner, n) = (p.d.len(), p.d_state);
+    let st = states.cache.layer_mut(state_layer);
+    let shapes_ok = x.width == inner
+        && dt.width == inner
+        && x.rows() == dt.rows()
+        && bc.buf.rows() == x.rows()
+        && bc.width == 2 * n
+        && bc.col + bc.width <= bc.buf.width
+        && p.neg_a.len() == inner * n
+        && p.dt_bias.len() == inner
+        && st.ssm_per_slot() == inner * n;
+    if !shapes_ok {
+        return Err(DeviceError::Invalid(format!(
+            "mamba1_scan: {inner} channels × {n} states over x {}, dt {}, B|C {} wide",
+            x.width, dt.width, bc.width
+        )));
+    }
+    let io = mamba1::Mamba1Inputs {
+        x: &x.data,
+        dt: &dt.data,
+        bc: bc.buf.data.get(bc.col..).unwrap_or_default(),
+        bc_stride: bc.buf.width,
+    };
+    let params = mamba1::Mamba1Params {
+        d_state: n,
+        neg_a: p.neg_a,
+        d: p.d,
+        dt_bias: p.dt_bias,
+    };
+    mamba1::mamba1_scan(&io, &params, step.seqs, &mut st.ssm, &mut out.data);
+    set(out, inner);
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub mod exp;
 pub mod gdn;
 pub mod kv_cache;
 pub mod mamba;
+pub mod mamba1;
 pub mod matmul;
 pub mod mla;
 pub mod moe;
@@ -31,6 +32,7 @@ pub mod ops;
 pub mod qsa;
 pub mod recurrent;
 pub mod soft_cap;
+pub mod unary;
 pub mod vector;
 
 pub use device::CpuDevice;

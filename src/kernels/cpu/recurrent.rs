@@ -40,6 +40,13 @@ pub struct LayerState {
     ssm_per_slot: usize,
 }
 
+impl LayerState {
+    /// Recurrent-state floats per slot.
+    pub fn ssm_per_slot(&self) -> usize {
+        self.ssm_per_slot
+    }
+}
+
 /// Recurrent state of every recurrent layer for `slots` requests.
 pub struct StateCache {
     layers: Vec<LayerState>,

@@ -26,8 +26,8 @@ use super::recurrent::{DevSeqs, StateSlots};
 use super::table::{CudaTable, HOST_TABLE_BYTES};
 use crate::kernels::device::{
     AttnCall, BufKind, CaptureSpec, Captured, Cols, ConvCall, DevResult, Device, DsaCall, GateFn,
-    GdnParams, HostMatrix, HostTable, HyperOp, KvShape, MambaGate, MambaParams, MlaDims, NormGate,
-    QsaCall, RowNorm, UnaryAct, check_slot_copies,
+    GdnParams, HostMatrix, HostTable, HyperOp, KvShape, Mamba1Params, MambaGate, MambaParams,
+    MlaDims, NormGate, QsaCall, RowNorm, UnaryAct, check_slot_copies,
 };
 use crate::kernels::dtype::{WeightDtype, dtype_size};
 use crate::kernels::plan::{BatchPlan, SeqState};
@@ -476,6 +476,19 @@ impl Device for CudaDevice {
         out: &mut CudaBuf,
     ) -> DevResult<()> {
         self.mamba2_scan_op(step, states, state_layer, xbc, dt, p, out)
+    }
+
+    fn mamba1_scan(
+        &self,
+        step: &CudaStep<'_>,
+        states: &mut StateSlots,
+        state_layer: usize,
+        x_dt: (&CudaBuf, &CudaBuf),
+        bc: Cols<'_, CudaBuf>,
+        p: &Mamba1Params<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> DevResult<()> {
+        self.mamba1_scan_op(step, states, state_layer, x_dt, bc, p, out)
     }
 
     fn mamba2_gated_norm(

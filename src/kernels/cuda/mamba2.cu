@@ -194,3 +194,70 @@ extern "C" __global__ void xielu_f16(const float* x, f16_t* out, long long n, fl
                                      float beta, float eps) {
     xielu_t<f16_t>(x, out, n, ap, an, beta, eps);
 }
+
+// Mamba-1 (Mamba, Falcon-Mamba) selective scan, token-serial (kernels::cpu::mamba1): every
+// state entry has its own decay.
+//   dt = softplus(dt_raw[c] + dt_bias[c]);  S[c, n] = exp(dt * A[c, n]) * S[c, n] + (dt * B[n]) * x_c
+//   y_c = (S[c, :] . C) + D[c] * x_c
+// The warps and lanes of mamba2_scan_f32 with a channel in place of a head's row: lane
+// row_sub + 4 * part keeps entries part, part + 8, ... of its channel's state and of A.
+// Launch: grid (ceil(inner / 16), 1, num_seqs), block (128).
+//   x, dt  [T, inner] f32 (the conv output, dt_proj's output without its bias)
+//   bc     [T, bc_stride]: B [d_state] | C [d_state] (offset pointer)
+//   neg_a  [inner, d_state]; dskip, dt_bias [inner]
+//   state  [slots, inner, d_state]; y [T, inner]
+extern "C" __global__ void mamba1_scan_f32(
+    const float* __restrict__ x,
+    const float* __restrict__ dt,
+    const float* __restrict__ bc, int bc_stride,
+    const float* __restrict__ neg_a,
+    const float* __restrict__ dskip,
+    const float* __restrict__ dt_bias,
+    float* __restrict__ state,
+    const int* __restrict__ seq_start,
+    const int* __restrict__ seq_len,
+    const int* __restrict__ seq_slot,
+    float* __restrict__ y,
+    int inner, int d_state)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row_sub = lane & (ST_LANES - 1);
+    const int part = lane / ST_LANES;
+    const int s = blockIdx.z;
+    const int c = (blockIdx.x * ST_WARPS + warp) * ST_LANES + row_sub;
+    const bool ok = c < inner;
+    const int cc = ok ? c : 0;
+    const int r0 = seq_start[s];
+    const int len = seq_len[s];
+    float* st = state + ((size_t)seq_slot[s] * inner + cc) * (size_t)d_state;
+
+    float S[ST_MAX];
+    float A[ST_MAX];
+    state_load(S, st, 1, part, d_state, ok);
+    state_load(A, neg_a + (size_t)cc * d_state, 1, part, d_state, ok);
+    const float bias = dt_bias[cc];
+    const float dh = dskip[cc];
+    for (int local = 0; local < len; ++local) {
+        const size_t row = (size_t)(r0 + local);
+        const float* bm = bc + row * bc_stride;
+        const float* cm = bm + d_state;
+        const float xc = x[row * inner + cc];
+        const float d = m2_softplus(__fadd_rn(dt[row * inner + cc], bias));
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < ST_MAX; ++r) {
+            const int k = part + ST_PARTS * r;
+            if (k < d_state) {
+                const float da = expf(__fmul_rn(d, A[r]));
+                S[r] = __fadd_rn(__fmul_rn(da, S[r]), __fmul_rn(__fmul_rn(d, bm[k]), xc));
+                acc = __fadd_rn(acc, __fmul_rn(S[r], cm[k]));
+            }
+        }
+        acc = state_part_sum(acc);
+        if (ok && part == 0) {
+            y[row * (size_t)inner + c] = __fadd_rn(acc, __fmul_rn(dh, xc));
+        }
+    }
+    state_store(S, st, 1, part, d_state, ok);
+}

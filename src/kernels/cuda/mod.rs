@@ -72,6 +72,8 @@ pub mod kv_cache;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod launch_args;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod mamba1;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod moe;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod moe_grouped;

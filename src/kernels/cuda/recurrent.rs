@@ -126,6 +126,15 @@ impl DevSeqs {
     pub(super) fn slots(&self) -> u64 {
         self.seq_slot.ptr()
     }
+
+    /// Device addresses of the chunks' first rows, lengths and state slots.
+    pub(super) fn chunks(&self) -> [u64; 3] {
+        [
+            self.seq_start.ptr(),
+            self.seq_len.ptr(),
+            self.seq_slot.ptr(),
+        ]
+    }
 }
 
 /// Conv and recurrent state of every recurrent layer, for `slots` requests.
@@ -562,6 +571,7 @@ mod tests {
             "gdn_qk_l2norm_f32",
             "gated_delta_rule_f32",
             "kda_decay_f32",
+            "mamba1_scan_f32",
             "mamba2_scan_f32",
             "gdn_chunk_prep_f32",
             "gdn_chunk_state_f32",

@@ -1,6 +1,6 @@
 //! The building blocks every architecture is made of, generic over the [`Device`] ops: a
 //! layer is one or two [`Part`]s (`x += sublayer(norm(x))`), a sublayer is attention, an MLP,
-//! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-2, two of these side by
+//! a MoE block, Gated DeltaNet (or Kimi Delta Attention), Mamba-1 or -2, two of these side by
 //! side (Falcon-H1), or Gemma 4's per-layer input. Each reads the normed rows `s.normed` and leaves its output in `s.proj`.
 //! The residual stream and the capture are in [`super::decoder`].
 //!
@@ -12,6 +12,7 @@ pub mod gemma4_moe;
 pub mod gpt_oss_moe;
 pub mod hyper;
 pub mod kda;
+pub mod mamba1;
 pub mod mamba2;
 pub mod mla;
 pub mod mlp;
@@ -36,6 +37,7 @@ pub use gemma4_moe::Gemma4Moe;
 pub use gpt_oss_moe::GptOssMoe;
 pub use hyper::{HyperConnection, HyperScratch};
 pub use kda::KimiDeltaAttention;
+pub use mamba1::{Mamba1, Mamba1Dims, MixerNorm};
 pub use mamba2::{Mamba2, OutNorm};
 pub use mla::MlaAttention;
 pub use mlp::Mlp;
@@ -133,6 +135,8 @@ pub enum Sublayer<D: Device> {
     GatedDeltaNet(GatedDeltaNet<D>),
     /// Kimi Linear's Kimi Delta Attention.
     Kda(KimiDeltaAttention<D>),
+    /// Mamba-1 (Mamba, Falcon-Mamba).
+    Mamba1(Mamba1<D>),
     Mamba2(Mamba2<D>),
     /// LFM2's gated short convolution.
     ShortConv(ShortConv<D>),
@@ -173,6 +177,7 @@ impl<D: Device> Sublayer<D> {
             Self::Gemma4Moe(m) => m.forward(dev, s),
             Self::GatedDeltaNet(g) => g.forward(dev, ctx, s),
             Self::Kda(k) => k.forward(dev, ctx, s),
+            Self::Mamba1(m) => m.forward(dev, ctx, s),
             Self::Mamba2(m) => m.forward(dev, ctx, s),
             Self::ShortConv(c) => c.forward(dev, ctx, s),
             Self::PerLayerInput(p) => p.forward(dev, s),
@@ -191,6 +196,7 @@ impl<D: Device> Sublayer<D> {
             Self::Gemma4Moe(m) => m.widths(),
             Self::GatedDeltaNet(g) => g.widths(),
             Self::Kda(k) => k.widths(),
+            Self::Mamba1(m) => m.widths(),
             Self::Mamba2(m) => m.widths(),
             Self::ShortConv(c) => c.widths(),
             Self::PerLayerInput(p) => p.widths(),
@@ -286,6 +292,8 @@ pub struct Widths {
     pub act: usize,
     /// A second projection's output (f32): MLA's expanded latent.
     pub aux: usize,
+    /// A third f32 buffer: Mamba-1's dt.
+    pub dt: usize,
     /// MoE: (experts, top_k, expert intermediate size).
     pub moe: Option<(usize, usize, usize)>,
     /// A second `[T, hidden]` f32 buffer: some part norms its sublayer's output (Gemma), or a
@@ -311,6 +319,7 @@ impl Widths {
             mid: self.mid.max(o.mid),
             act: self.act.max(o.act),
             aux: self.aux.max(o.aux),
+            dt: self.dt.max(o.dt),
             moe,
             side: self.side || o.side,
             ple: self.ple.max(o.ple),
@@ -348,6 +357,7 @@ pub struct Scratch<D: Device> {
     pub mid: D::Buf,
     pub act: D::Buf,
     pub aux: D::Buf,
+    pub dt: D::Buf,
     pub moe: Option<MoeScratch<D>>,
     pub ple: Option<PleScratch<D>>,
     pub hyper: Option<HyperScratch<D>>,
@@ -406,6 +416,7 @@ impl<D: Device> Scratch<D> {
             mid: dev.buffer(t, w.mid, F32)?,
             act: dev.buffer(t, w.act, GemmIn)?,
             aux: dev.buffer(t, w.aux, F32)?,
+            dt: dev.buffer(t, w.dt, F32)?,
             moe,
             ple: match w.ple {
                 0 => None,
