@@ -333,7 +333,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// The Mamba-1 selective scan token by token: per channel `c` of the conv output `x`
     /// (`[T, inner]`) with `dt = softplus(dt[t, c] + dt_bias[c])`, state row
     /// `h[c] = exp(dt · A[c]) ⊙ h[c] + (dt · B) · x`, `y = C · h[c] + D[c] · x`; `bc` holds
-    /// `[B | C]` (`d_state` each); into `out` (`[T, inner]`, f32).
+    /// `[B | C]` (`d_state` each), each value times its `p.bc_weight`; into `out` (`[T, inner]`,
+    /// f32).
     #[allow(clippy::too_many_arguments)]
     fn mamba1_scan(
         &self,

@@ -436,14 +436,16 @@ pub struct MambaParams<'a, D: Device> {
     pub dt_bias: &'a D::Vector,
 }
 
-/// Mamba-1 (Mamba, Falcon-Mamba) per-channel parameters over `inner` channels of `d_state`
-/// state values each: `-exp(A_log)` (`[inner, d_state]`), `D` and `dt_proj`'s bias
-/// (`[inner]`).
+/// Mamba-1 (Mamba, Falcon-Mamba, Jamba) per-channel parameters over `inner` channels of
+/// `d_state` state values each: `-exp(A_log)` (`[inner, d_state]`), `D` and `dt_proj`'s bias
+/// (`[inner]`), and the weights B and C are multiplied by before use (`[2 · d_state]`: Jamba's
+/// `b_layernorm` / `c_layernorm` weights; ones elsewhere, which change no bit).
 pub struct Mamba1Params<'a, D: Device> {
     pub d_state: usize,
     pub neg_a: &'a D::Vector,
     pub d: &'a D::Vector,
     pub dt_bias: &'a D::Vector,
+    pub bc_weight: &'a D::Vector,
 }
 
 /// A causal depthwise conv1d (`[channels, kernel]` weight, optional bias) with its state.

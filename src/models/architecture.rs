@@ -46,6 +46,9 @@ pub enum Architecture {
     Mamba2,
     /// `MambaForCausalLM` (state-spaces/mamba-130m … 2.8b-hf): every block a Mamba-1 mixer.
     Mamba,
+    /// `JambaForCausalLM` (Jamba 1.5 / 1.6 / 1.7, Jamba Reasoning 3B): attention and Mamba-1
+    /// mixers, each followed by a SwiGLU MLP or a MoE block.
+    Jamba,
     /// `FalconMambaForCausalLM` (Falcon-Mamba-7B, Falcon3-Mamba-7B): Mamba-1 with weightless
     /// RMS norms of dt, B and C.
     FalconMamba,
@@ -246,7 +249,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order the supported list names them.
-    pub const ALL: [Self; 84] = [
+    pub const ALL: [Self; 85] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
@@ -282,6 +285,7 @@ impl Architecture {
         Self::Mamba2,
         Self::Mamba,
         Self::FalconMamba,
+        Self::Jamba,
         Self::GptNeox,
         Self::Qwen3Moe,
         Self::Mellum,
@@ -368,6 +372,7 @@ impl Architecture {
             Self::Mamba2 => "Mamba2ForCausalLM",
             Self::Mamba => "MambaForCausalLM",
             Self::FalconMamba => "FalconMambaForCausalLM",
+            Self::Jamba => "JambaForCausalLM",
             Self::GptNeox => "GPTNeoXForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
@@ -512,6 +517,7 @@ pub(super) fn default_max_pos(arch: Architecture) -> usize {
         Architecture::NemotronH | Architecture::DeepseekV3 => 4096,
         // Mamba(2)Config has no `max_position_embeddings`: positions do not limit a recurrence.
         Architecture::Mamba2 | Architecture::Mamba | Architecture::FalconMamba => 1 << 20,
+        Architecture::Jamba => 262144,
         Architecture::DeepseekV2 => 2048,
         Architecture::Axk1 => 32768,
         Architecture::GptOss | Architecture::Glm4Moe | Architecture::Glm4 => 131072,

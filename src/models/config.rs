@@ -305,6 +305,7 @@ impl ModelSpec {
             | Architecture::GraniteMoeSwa) => super::granite_config::parse_moe(&cfg, a, name)?,
             Architecture::Bamba => super::granite_config::parse_bamba(&cfg, name)?,
             Architecture::Mamba2 => super::mamba2::parse(&cfg, name)?,
+            Architecture::Jamba => super::jamba::parse(&cfg, name)?,
             a @ (Architecture::Mamba | Architecture::FalconMamba) => {
                 super::mamba::parse(&cfg, name, a)?
             }

@@ -29,8 +29,11 @@ pub struct Mamba1Spec {
     pub conv_bias: bool,
     /// in_proj / out_proj bias (`use_bias`).
     pub proj_bias: bool,
-    /// Falcon-Mamba's `mixer_rms_eps` (its weightless norms of dt, B and C); `None`: Mamba.
+    /// The epsilon of the norms of dt, B and C (Falcon-Mamba's `mixer_rms_eps`, Jamba's
+    /// `rms_norm_eps`); `None`: no norms (Mamba).
     pub mixer_rms_eps: Option<f64>,
+    /// Those norms have weights (`{dt,b,c}_layernorm.weight`: Jamba).
+    pub weighted_norms: bool,
 }
 
 /// The spec of a `MambaConfig` or `FalconMambaConfig`, with the classes' defaults.
@@ -80,17 +83,9 @@ pub(super) fn parse(
 
 fn mixer(cfg: &Cfg<'_>, hidden: usize, falcon: bool) -> Result<Mamba1Spec, ModelError> {
     let inner = cfg.usize_or("expand", 2)?.saturating_mul(hidden);
-    let dt_rank = match cfg.get("time_step_rank") {
-        None => hidden.div_ceil(16),
-        Some(v) if v.as_str() == Some("auto") => hidden.div_ceil(16),
-        Some(_) => cfg.usize_or("time_step_rank", 0)?,
-    };
+    let dt_rank = dt_rank(cfg, "time_step_rank", hidden)?;
     let state_size = cfg.usize_or("state_size", 16)?;
-    for (field, v) in [
-        ("expand", inner),
-        ("time_step_rank", dt_rank),
-        ("state_size", state_size),
-    ] {
+    for (field, v) in [("expand", inner), ("state_size", state_size)] {
         if v == 0 {
             return Err(cfg.err(field, "0 (must be positive)".to_string()));
         }
@@ -110,7 +105,22 @@ fn mixer(cfg: &Cfg<'_>, hidden: usize, falcon: bool) -> Result<Mamba1Spec, Model
             true => Some(cfg.f64_or("mixer_rms_eps", 1e-6)?),
             false => None,
         },
+        weighted_norms: false,
     })
+}
+
+/// `field`: dt's projection rank, `"auto"` (the default) for ⌈hidden / 16⌉, as the classes
+/// compute it.
+pub(super) fn dt_rank(cfg: &Cfg<'_>, field: &str, hidden: usize) -> Result<usize, ModelError> {
+    let rank = match cfg.get(field) {
+        None => hidden.div_ceil(16),
+        Some(v) if v.as_str() == Some("auto") => hidden.div_ceil(16),
+        Some(_) => cfg.usize_or(field, 0)?,
+    };
+    match rank {
+        0 => Err(cfg.err(field, "0 (must be positive)")),
+        r => Ok(r),
+    }
 }
 
 pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>, ModelError> {
@@ -142,8 +152,9 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
     })
 }
 
-/// The Mamba-1 mixer under `px`: `{in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj}`.
-fn load_mixer<D: Device>(
+/// The Mamba-1 mixer under `px`: `{in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj}`
+/// (Jamba's adds `{dt,b,c}_layernorm`).
+pub(super) fn load_mixer<D: Device>(
     ld: &Loader<'_, D>,
     px: &str,
     hidden: usize,
@@ -161,15 +172,19 @@ fn load_mixer<D: Device>(
         true => Some(ld.vector(&name("conv1d.bias"), inner)?),
         false => None,
     };
-    let ones = |len: usize| ld.dev.vector(&vec![1.0; len]);
+    let weight = |norm: &str, len: usize| match m.weighted_norms {
+        true => ld.f32s(&name(&format!("{norm}.weight")), &[len]),
+        false => Ok(vec![1.0; len]),
+    };
     let mixer_norm = match m.mixer_rms_eps {
         Some(eps) => Some(MixerNorm {
-            ones_dt: ones(r)?,
-            ones_state: ones(n)?,
+            dt_weight: ld.dev.vector(&weight("dt_layernorm", r)?)?,
+            ones_state: ld.dev.vector(&vec![1.0; n])?,
             eps,
         }),
         None => None,
     };
+    let bc_weight = [weight("b_layernorm", n)?, weight("c_layernorm", n)?].concat();
     Ok(Mamba1 {
         in_proj: ld.linear1(&name("in_proj"), 2 * inner, hidden, m.proj_bias)?,
         conv: CausalConv {
@@ -187,6 +202,7 @@ fn load_mixer<D: Device>(
             .vector(&neg_exp(&ld.f32s(&name("A_log"), &[inner, n])?))?,
         d: ld.vector(&name("D"), inner)?,
         dt_bias: ld.vector(&name("dt_proj.bias"), inner)?,
+        bc_weight: ld.dev.vector(&bc_weight)?,
         out_proj: ld.linear1(&name("out_proj"), hidden, inner, m.proj_bias)?,
         dims: Mamba1Dims {
             inner,
@@ -232,6 +248,7 @@ mod tests {
             conv_bias: true,
             proj_bias: false,
             mixer_rms_eps: None,
+            weighted_norms: false,
         };
         assert_eq!(h.mamba1.as_ref(), Some(&want));
         assert!(s.tie_word_embeddings && h.mamba.is_none());

@@ -50,6 +50,7 @@ pub mod granite;
 mod granite_config;
 mod hunyuan_config;
 pub mod hybrid_config;
+mod jamba;
 mod kimi_config;
 pub mod kimi_linear;
 mod layer_types;

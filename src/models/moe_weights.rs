@@ -10,7 +10,7 @@
 //!
 //! The router is `gate.weight` `[E, H]` (GLM-4.5 adds `gate.e_score_correction_bias` `[E]`,
 //! MiniMax-M2 `e_score_correction_bias`, ERNIE 4.5 `moe_statics.e_score_correction_bias`
-//! `[1, E]`; Llama-4's is `router.weight`);
+//! `[1, E]`; Llama-4's and Jamba's are `router.weight`);
 //! Qwen3-Next / Qwen3.5-MoE add `shared_expert.*` and `shared_expert_gate.weight` `[1, H]`,
 //! GLM-4.5 `shared_experts.*`, Llama-4 an ungated `shared_expert.*`; HunYuan-MoE's router is
 //! `gate.wg.weight`, its ungated shared MLP `shared_mlp.*`.
@@ -106,6 +106,8 @@ pub fn load<D: Device>(
     let router = match m.router {
         MoeRouter::Llama4 => "router",
         MoeRouter::HunYuan => "gate.wg",
+        // Jamba's softmax router is `router`.
+        _ if !ld.w.contains(&n("gate.weight")) && ld.w.contains(&n("router.weight")) => "router",
         _ => "gate",
     };
     Ok(Moe {

@@ -70,6 +70,7 @@ pub fn load<D: Device>(ld: &Loader<'_, D>, spec: ModelSpec) -> Result<Decoder<D>
         Architecture::Qwen4Exp => super::qwen4_exp::load(ld, spec),
         Architecture::NemotronH | Architecture::Mamba2 => nemotron_h::load(ld, spec),
         Architecture::Mamba | Architecture::FalconMamba => super::mamba::load(ld, spec),
+        Architecture::Jamba => super::jamba::load(ld, spec),
         Architecture::GptOss => gpt_oss::load(ld, spec),
         Architecture::DeepseekV3
         | Architecture::DeepseekV2

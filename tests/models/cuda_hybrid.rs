@@ -27,7 +27,7 @@ use hsx::kernels::cuda;
 use hsx::models::CpuBackend;
 
 /// (fixture, L)
-const MODELS: [(&str, usize); 14] = [
+const MODELS: [(&str, usize); 15] = [
     ("qwen3_5", 4),
     ("qwen3_next", 4),
     ("qwen3_5_moe", 4),
@@ -42,6 +42,7 @@ const MODELS: [(&str, usize); 14] = [
     ("mamba2", 4),
     ("mamba", 4),
     ("falcon_mamba", 4),
+    ("jamba", 4),
 ];
 const HIDDEN: usize = 64;
 const NUM_BLOCKS: usize = 1024;

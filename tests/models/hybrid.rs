@@ -19,7 +19,7 @@ const NUM_BLOCKS: usize = 1024;
 const SLOTS: usize = 8;
 
 /// (fixture, L, a recurrent layer id, an attention layer id)
-const MODELS: [(&str, usize, usize, usize); 10] = [
+const MODELS: [(&str, usize, usize, usize); 11] = [
     ("qwen3_5", 4, 1, 3),
     ("qwen3_next", 4, 2, 3),
     ("nemotron_h", 6, 1, 3),
@@ -31,6 +31,7 @@ const MODELS: [(&str, usize, usize, usize); 10] = [
     ("mamba2", 4, 1, 2),
     ("mamba", 4, 1, 2),
     ("falcon_mamba", 4, 2, 3),
+    ("jamba", 4, 1, 2),
 ];
 
 fn backend(name: &str, layers: Vec<usize>) -> CpuBackend {
@@ -228,8 +229,8 @@ fn unsupported_variants_fail_with_clear_messages() {
         ),
         (
             "qwen3_5",
-            Box::new(|c| c["architectures"] = serde_json::json!(["JambaForCausalLM"])),
-            "unsupported architecture `JambaForCausalLM`",
+            Box::new(|c| c["architectures"] = serde_json::json!(["Zamba2ForCausalLM"])),
+            "unsupported architecture `Zamba2ForCausalLM`",
         ),
         // A MoE class on dense weights: names the first expert tensor it lacks.
         (
@@ -286,6 +287,11 @@ fn unsupported_variants_fail_with_clear_messages() {
             "falcon_mamba",
             Box::new(|c| c["time_step_rank"] = serde_json::json!(0)),
             "`time_step_rank`",
+        ),
+        (
+            "jamba",
+            Box::new(|c| c["attn_layer_offset"] = serde_json::json!(2)),
+            "`attn_layer_offset`: 2 (must be below attn_layer_period = 2)",
         ),
         // A config that does not match the weights: names the missing tensor.
         (

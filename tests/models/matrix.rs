@@ -160,6 +160,7 @@ matrix! {
     mamba => "mamba",
     falcon_mamba => "falcon_mamba",
     mamba_bf16 => "mamba_bf16",
+    jamba => "jamba",
     gpt_neox => "gpt_neox",
     gpt_neox_seq => "gpt_neox_seq",
     gpt_neox_bf16 => "gpt_neox_bf16",

@@ -132,6 +132,7 @@ pub const FIXTURES: &[&str] = &[
     "gpt_neox_seq",
     "mamba",
     "falcon_mamba",
+    "jamba",
 ];
 
 pub const FIELDS: &[&str] = &[
@@ -190,6 +191,12 @@ pub const FIELDS: &[&str] = &[
     "time_step_limit",
     "time_step_rank",
     "mixer_rms_eps",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "expert_layer_period",
+    "expert_layer_offset",
+    "mamba_d_state",
+    "mamba_dt_rank",
     "use_conv_bias",
     "use_bias",
     "layer_norm_epsilon",

@@ -141,6 +141,7 @@ pub(super) fn mamba1_scan(
         && bc.col + bc.width <= bc.buf.width
         && p.neg_a.len() == inner * n
         && p.dt_bias.len() == inner
+        && p.bc_weight.len() == 2 * n
         && st.ssm_per_slot() == inner * n;
     if !shapes_ok {
         return Err(DeviceError::Invalid(format!(
@@ -159,6 +160,7 @@ pub(super) fn mamba1_scan(
         neg_a: p.neg_a,
         d: p.d,
         dt_bias: p.dt_bias,
+        bc_weight: p.bc_weight,
     };
     mamba1::mamba1_scan(&io, &params, step.seqs, &mut st.ssm, &mut out.data);
     set(out, inner);

@@ -23,6 +23,8 @@ pub struct Mamba1Params<'a> {
     pub neg_a: &'a [f32],
     pub d: &'a [f32],
     pub dt_bias: &'a [f32],
+    /// B's and C's weights (`[2 · d_state]`), times B and C before use.
+    pub bc_weight: &'a [f32],
 }
 
 /// The inputs of one scan: the conv output `x` and the raw `dt` (`[T, inner]` each), and
@@ -77,9 +79,13 @@ fn channel_block(
     mut out: HeadRows<'_>,
 ) {
     let (n, inner) = (p.d_state, p.d.len());
+    let mut weighted = vec![0.0f32; 2 * n];
     for (i, r) in rows.enumerate() {
         let bc = &io.bc[r * io.bc_stride..r * io.bc_stride + 2 * n];
-        let (b, c) = bc.split_at(n);
+        for ((w, &v), &s) in weighted.iter_mut().zip(bc).zip(p.bc_weight) {
+            *w = s * v;
+        }
+        let (b, c) = weighted.split_at(n);
         let o = out.row(i);
         for ((oj, ch), s) in o.iter_mut().zip(chans.clone()).zip(st.chunks_exact_mut(n)) {
             let x = io.x[r * inner + ch];
@@ -132,8 +138,8 @@ mod tests {
                 let mut dot = 0.0;
                 for k in 0..n {
                     let s = &mut h[ch * n + k];
-                    let b = io.bc[r * io.bc_stride + k] as f64;
-                    let c = io.bc[r * io.bc_stride + n + k] as f64;
+                    let w = |j: usize| (p.bc_weight[j] * io.bc[r * io.bc_stride + j]) as f64;
+                    let (b, c) = (w(k), w(n + k));
                     *s = (dt * p.neg_a[ch * n + k] as f64).exp() * *s + dt * b * x;
                     dot += *s * c;
                 }
@@ -161,12 +167,13 @@ mod tests {
                 .iter()
                 .map(|v| -(v.abs() + 0.1))
                 .collect();
-            let (d, bias) = (values(inner, 2), values(inner, 3));
+            let (d, bias, bc_weight) = (values(inner, 2), values(inner, 3), values(2 * n, 7));
             let p = Mamba1Params {
                 d_state: n,
                 neg_a: &a,
                 d: &d,
                 dt_bias: &bias,
+                bc_weight: &bc_weight,
             };
             let (x, dt) = (values(t * inner, 4), values(t * inner, 5));
             let bc_stride = 2 * n + 5;

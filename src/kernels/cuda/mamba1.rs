@@ -48,6 +48,7 @@ impl CudaDevice {
         check_len(p.neg_a, inner * n, "mamba1 A")?;
         check_len(p.d, inner, "mamba1 D")?;
         check_len(p.dt_bias, inner, "mamba1 dt bias")?;
+        check_len(p.bc_weight, 2 * n, "mamba1 B|C weights")?;
         let (_, ssm_per) = states.shape(layer)?;
         if ssm_per != inner * n {
             return invalid(format!(
@@ -72,6 +73,7 @@ impl CudaDevice {
             p.neg_a.ptr(),
             p.d.ptr(),
             p.dt_bias.ptr(),
+            p.bc_weight.ptr(),
             states.ssm(layer)?,
             start,
             len,

@@ -204,7 +204,8 @@ extern "C" __global__ void xielu_f16(const float* x, f16_t* out, long long n, fl
 // Launch: grid (ceil(inner / 16), 1, num_seqs), block (128).
 //   x, dt  [T, inner] f32 (the conv output, dt_proj's output without its bias)
 //   bc     [T, bc_stride]: B [d_state] | C [d_state] (offset pointer)
-//   neg_a  [inner, d_state]; dskip, dt_bias [inner]
+//   neg_a  [inner, d_state]; dskip, dt_bias [inner]; bc_w [2 * d_state]: B's and C's weights
+//          (Jamba's norm weights, ones elsewhere), times B and C before use
 //   state  [slots, inner, d_state]; y [T, inner]
 extern "C" __global__ void mamba1_scan_f32(
     const float* __restrict__ x,
@@ -213,6 +214,7 @@ extern "C" __global__ void mamba1_scan_f32(
     const float* __restrict__ neg_a,
     const float* __restrict__ dskip,
     const float* __restrict__ dt_bias,
+    const float* __restrict__ bc_w,
     float* __restrict__ state,
     const int* __restrict__ seq_start,
     const int* __restrict__ seq_len,
@@ -234,8 +236,12 @@ extern "C" __global__ void mamba1_scan_f32(
 
     float S[ST_MAX];
     float A[ST_MAX];
+    float BW[ST_MAX];
+    float CW[ST_MAX];
     state_load(S, st, 1, part, d_state, ok);
     state_load(A, neg_a + (size_t)cc * d_state, 1, part, d_state, ok);
+    state_load(BW, bc_w, 1, part, d_state, true);
+    state_load(CW, bc_w + d_state, 1, part, d_state, true);
     const float bias = dt_bias[cc];
     const float dh = dskip[cc];
     for (int local = 0; local < len; ++local) {
@@ -250,8 +256,9 @@ extern "C" __global__ void mamba1_scan_f32(
             const int k = part + ST_PARTS * r;
             if (k < d_state) {
                 const float da = expf(__fmul_rn(d, A[r]));
-                S[r] = __fadd_rn(__fmul_rn(da, S[r]), __fmul_rn(__fmul_rn(d, bm[k]), xc));
-                acc = __fadd_rn(acc, __fmul_rn(S[r], cm[k]));
+                const float b = __fmul_rn(BW[r], bm[k]);
+                S[r] = __fadd_rn(__fmul_rn(da, S[r]), __fmul_rn(__fmul_rn(d, b), xc));
+                acc = __fadd_rn(acc, __fmul_rn(S[r], __fmul_rn(CW[r], cm[k])));
             }
         }
         acc = state_part_sum(acc);

@@ -1,6 +1,7 @@
-//! Mamba-1 (Mamba, Falcon-Mamba): `in_proj` -> `[x | z]` (inner each); causal conv + SiLU
-//! over x with the request slot's conv state; `x_proj` -> `dt_low` (`dt_rank`), `B`, `C`
-//! (`d_state` each) — Falcon-Mamba RMS-norms each of the three without a weight — and
+//! Mamba-1 (Mamba, Falcon-Mamba, Jamba): `in_proj` -> `[x | z]` (inner each); causal conv +
+//! SiLU over x with the request slot's conv state; `x_proj` -> `dt_low` (`dt_rank`), `B`, `C`
+//! (`d_state` each) — Falcon-Mamba RMS-norms each of the three without a weight, Jamba with
+//! one — and
 //! `dt = dt_proj(dt_low)`; the selective scan token by token, every state entry with its own
 //! decay; `y · silu(z)`; `out_proj`.
 
@@ -22,9 +23,11 @@ pub struct Mamba1<D: Device> {
     pub neg_a: D::Vector,
     pub d: D::Vector,
     pub dt_bias: D::Vector,
+    /// B's and C's norm weights (`[2 · d_state]`, applied in the scan; ones without them).
+    pub bc_weight: D::Vector,
     pub out_proj: D::Linear,
     pub dims: Mamba1Dims,
-    /// Falcon-Mamba's weightless RMS norms of dt_low, B and C.
+    /// The RMS norms of dt_low, B and C (Falcon-Mamba, Jamba).
     pub mixer_norm: Option<MixerNorm<D>>,
 }
 
@@ -35,11 +38,12 @@ pub struct Mamba1Dims {
     pub dt_rank: usize,
 }
 
-/// Falcon-Mamba's norms of dt_low, B and C: `x · rsqrt(mean(x²) + eps)`, done as a norm times
-/// ones (times 1 is exact).
+/// The norms of dt_low, B and C: `w · (x · rsqrt(mean(x²) + eps))`. B's and C's are normed
+/// times ones (times 1 is exact) and meet their weights in the scan
+/// ([`Mamba1::bc_weight`]); Falcon-Mamba's weights are ones.
 pub struct MixerNorm<D: Device> {
-    /// `dt_rank` ones, `d_state` ones.
-    pub ones_dt: D::Vector,
+    /// dt_low's weight (`dt_rank`), `d_state` ones.
+    pub dt_weight: D::Vector,
     pub ones_state: D::Vector,
     pub eps: f64,
 }
@@ -86,7 +90,7 @@ impl<D: Device> Mamba1<D> {
                 dev.matmul(&s.act, &self.x_proj_bc, &mut s.dt)?;
                 // One norm per d_state-wide piece: B's, then C's.
                 dev.norm(&s.dt, &m.ones_state, RowNorm::rms(m.eps), &mut s.aux)?;
-                dev.norm(&s.mid, &m.ones_dt, RowNorm::rms(m.eps), &mut s.act)?;
+                dev.norm(&s.mid, &m.dt_weight, RowNorm::rms(m.eps), &mut s.act)?;
             }
         }
         dev.matmul(&s.act, &self.dt_proj, &mut s.dt)?;
@@ -95,6 +99,7 @@ impl<D: Device> Mamba1<D> {
             neg_a: &self.neg_a,
             d: &self.d,
             dt_bias: &self.dt_bias,
+            bc_weight: &self.bc_weight,
         };
         let (step, l) = (ctx.step, self.conv.state_layer);
         let bc = Cols::new(&s.aux, 0, 2 * n);
