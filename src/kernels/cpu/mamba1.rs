@@ -1,4 +1,4 @@
-//! The Mamba-1 selective scan (Mamba, Falcon-Mamba), token by token in f32 (chunk invariance:
+//! The Mamba-1 selective scan (Mamba, Falcon-Mamba, Jamba), token by token in f32 (chunk invariance:
 //! [`recurrent`](super::recurrent)'s module docs).
 //!
 //! Unlike Mamba-2's one decay per head, every state value has its own decay

@@ -1,4 +1,4 @@
-//! The Mamba-1 scan op of [`CudaDevice`] (Mamba, Falcon-Mamba): operands checked on the host,
+//! The Mamba-1 scan op of [`CudaDevice`] (Mamba, Falcon-Mamba, Jamba): operands checked on the host,
 //! then `mamba1_scan_f32` (mamba2.cu), token by token. There is no chunked form: the chunked
 //! SSD of Mamba-2 needs one decay per head, Mamba-1 has one per state entry.
 

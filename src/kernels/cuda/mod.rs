@@ -27,6 +27,8 @@
 //!   once per forward and shared by every layer.
 //! - [`recurrent`]: the recurrent-state slots and the launchers of causal conv1d, the gated
 //!   delta rule and the Mamba-2 scan; [`gated_norm`]: their gated norms and relu².
+//! - `mamba1`: the Mamba-1 scan op (Mamba, Falcon-Mamba, Jamba; token by token, no chunked
+//!   form).
 //! - [`recurrent_chunked`]: the gated delta rule and the Mamba-2 scan in blocks of 64
 //!   positions (chunked.cu; the default), the token-serial kernels kept for A/B.
 //! - [`moe`]: launchers of the MoE router top-k, row gather, shared-expert gate and combine.
