@@ -76,6 +76,14 @@ impl<'a> Cfg<'a> {
         value_usize(self.get(field)).map_err(|m| self.err(field, m))
     }
 
+    /// `field`, or `default` where absent; 0 is refused by name.
+    pub(super) fn positive_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
+        match self.usize_or(field, default)? {
+            0 => Err(self.err(field, "0 (must be positive)")),
+            v => Ok(v),
+        }
+    }
+
     pub(super) fn usize_req(&self, field: &str) -> Result<usize, ModelError> {
         self.usize_opt(field)?
             .ok_or_else(|| self.err(field, "missing"))

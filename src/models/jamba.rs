@@ -24,10 +24,7 @@ pub(super) fn parse(cfg: &Cfg<'_>, name: String) -> Result<ModelSpec, ModelError
     cfg.check_activation()?;
     let hidden = cfg.usize_or("hidden_size", 4096)?;
     let n = cfg.num_layers_or(32)?;
-    let heads = cfg.usize_or("num_attention_heads", 32)?;
-    if heads == 0 {
-        return Err(cfg.err("num_attention_heads", "0 (must be positive)"));
-    }
+    let heads = cfg.positive_or("num_attention_heads", 32)?;
     let eps = cfg.f64_or("rms_norm_eps", 1e-6)?;
     let attn = periodic(cfg, "attn_layer", (8, 4), n)?;
     let layers = attn
@@ -110,17 +107,11 @@ fn periodic(
 
 /// The Mamba mixers' geometry (`mamba_*` fields); their norms' epsilon is `rms_norm_eps`.
 fn mixer(cfg: &Cfg<'_>, hidden: usize, eps: f64) -> Result<Mamba1Spec, ModelError> {
-    let positive = |field: &str, default: usize| -> Result<usize, ModelError> {
-        match cfg.usize_or(field, default)? {
-            0 => Err(cfg.err(field, "0 (must be positive)")),
-            v => Ok(v),
-        }
-    };
     Ok(Mamba1Spec {
-        inner: positive("mamba_expand", 2)?.saturating_mul(hidden),
-        state_size: positive("mamba_d_state", 16)?,
+        inner: cfg.positive_or("mamba_expand", 2)?.saturating_mul(hidden),
+        state_size: cfg.positive_or("mamba_d_state", 16)?,
         dt_rank: dt_rank(cfg, "mamba_dt_rank", hidden)?,
-        conv_kernel: positive("mamba_d_conv", 4)?,
+        conv_kernel: cfg.positive_or("mamba_d_conv", 4)?,
         conv_bias: cfg.bool_or("mamba_conv_bias", true)?,
         proj_bias: cfg.bool_or("mamba_proj_bias", false)?,
         mixer_rms_eps: Some(eps),

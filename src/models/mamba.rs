@@ -82,23 +82,11 @@ pub(super) fn parse(
 }
 
 fn mixer(cfg: &Cfg<'_>, hidden: usize, falcon: bool) -> Result<Mamba1Spec, ModelError> {
-    let inner = cfg.usize_or("expand", 2)?.saturating_mul(hidden);
-    let dt_rank = dt_rank(cfg, "time_step_rank", hidden)?;
-    let state_size = cfg.usize_or("state_size", 16)?;
-    for (field, v) in [("expand", inner), ("state_size", state_size)] {
-        if v == 0 {
-            return Err(cfg.err(field, "0 (must be positive)".to_string()));
-        }
-    }
-    let conv_kernel = cfg.usize_or("conv_kernel", 4)?;
-    if conv_kernel == 0 {
-        return Err(cfg.err("conv_kernel", "0 (must be positive)".to_string()));
-    }
     Ok(Mamba1Spec {
-        inner,
-        state_size,
-        dt_rank,
-        conv_kernel,
+        inner: cfg.positive_or("expand", 2)?.saturating_mul(hidden),
+        state_size: cfg.positive_or("state_size", 16)?,
+        dt_rank: dt_rank(cfg, "time_step_rank", hidden)?,
+        conv_kernel: cfg.positive_or("conv_kernel", 4)?,
         conv_bias: cfg.bool_or("use_conv_bias", true)?,
         proj_bias: cfg.bool_or("use_bias", false)?,
         mixer_rms_eps: match falcon {
@@ -112,14 +100,10 @@ fn mixer(cfg: &Cfg<'_>, hidden: usize, falcon: bool) -> Result<Mamba1Spec, Model
 /// `field`: dt's projection rank, `"auto"` (the default) for ⌈hidden / 16⌉, as the classes
 /// compute it.
 pub(super) fn dt_rank(cfg: &Cfg<'_>, field: &str, hidden: usize) -> Result<usize, ModelError> {
-    let rank = match cfg.get(field) {
-        None => hidden.div_ceil(16),
-        Some(v) if v.as_str() == Some("auto") => hidden.div_ceil(16),
-        Some(_) => cfg.usize_or(field, 0)?,
-    };
-    match rank {
-        0 => Err(cfg.err(field, "0 (must be positive)")),
-        r => Ok(r),
+    match cfg.get(field) {
+        None => Ok(hidden.div_ceil(16)),
+        Some(v) if v.as_str() == Some("auto") => Ok(hidden.div_ceil(16)),
+        Some(_) => cfg.positive_or(field, 0),
     }
 }
 

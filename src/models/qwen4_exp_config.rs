@@ -123,17 +123,17 @@ fn ngram(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<Option<NgramSpec>, ModelErro
     let hash = NgramParams {
         vocab: spec.vocab_size,
         ngram_size,
-        heads_per_ngram: positive(cfg, "heads_per_ngram", 8)?,
-        vocab_base: positive(cfg, "ngram_vocab_size_base", 20_000_000)? as u64,
-        divisor: positive(cfg, "make_ngram_vocab_size_divisible_by", 128)? as u64,
+        heads_per_ngram: cfg.positive_or("heads_per_ngram", 8)?,
+        vocab_base: cfg.positive_or("ngram_vocab_size_base", 20_000_000)? as u64,
+        divisor: cfg.positive_or("make_ngram_vocab_size_divisible_by", 128)? as u64,
         seed: cfg.usize_or("seed", 1234)? as u64,
         eos: eos as u32,
     };
     let s = NgramSpec {
         layers,
-        embed_dim: positive(cfg, "ple_embed_dim", spec.hidden_size)?,
-        conv_kernel: positive(cfg, "ple_conv_kernel_size", 4)?,
-        parts: positive(cfg, "split_ngram_parts", 512)?,
+        embed_dim: cfg.positive_or("ple_embed_dim", spec.hidden_size)?,
+        conv_kernel: cfg.positive_or("ple_conv_kernel_size", 4)?,
+        parts: cfg.positive_or("split_ngram_parts", 512)?,
         hash,
     };
     if !s.embed_dim.is_multiple_of(s.heads()) {
@@ -145,13 +145,6 @@ fn ngram(cfg: &Cfg<'_>, spec: &ModelSpec) -> Result<Option<NgramSpec>, ModelErro
         return Err(cfg.err("ple_embed_dim", msg));
     }
     Ok(Some(s))
-}
-
-fn positive(cfg: &Cfg<'_>, field: &str, default: usize) -> Result<usize, ModelError> {
-    match cfg.usize_or(field, default)? {
-        0 => Err(cfg.err(field, "must be positive")),
-        v => Ok(v),
-    }
 }
 
 /// The QSA indexer's fields, all required (transformers cannot build the model without them).
