@@ -381,3 +381,81 @@ unsafe fn element(x: DevPtr, dtype: WeightDtype, idx: usize) -> f32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::context::test_gpu;
+    use super::super::ops;
+    use crate::kernels::dtype::WeightDtype;
+    use std::ffi::c_void;
+
+    unsafe extern "C" {
+        fn hsx_emu_lane_stacks(out: *mut *const c_void, cap: usize, bytes: *mut usize) -> usize;
+    }
+
+    /// The lane stacks of the calling thread and the usable bytes of each.
+    fn lane_stacks() -> (Vec<usize>, usize) {
+        let mut bytes = 0;
+        // SAFETY: a null buffer of capacity 0 is never written; `bytes` is a valid place.
+        let n = unsafe { hsx_emu_lane_stacks(std::ptr::null_mut(), 0, &mut bytes) };
+        let mut out = vec![std::ptr::null(); n];
+        // SAFETY: `out` holds `n` pointers.
+        unsafe { hsx_emu_lane_stacks(out.as_mut_ptr(), n, &mut bytes) };
+        (out.into_iter().map(|p| p as usize).collect(), bytes)
+    }
+
+    /// Memory mapped where an exited thread's lanes had their stacks reads clean: under
+    /// `HSX_EMU_ASAN=1` libasan checks the copy out of it, and the lanes' frames once left it
+    /// poisoned (CI's ASAN step failed so, copying a checkpoint's weights that the kernel had
+    /// mapped where an earlier test's lanes ran). The stacks must be unmapped by then: at
+    /// least one address is free again (the others may have been taken by other maps since).
+    #[test]
+    fn memory_mapped_over_exited_lane_stacks_reads_clean() {
+        let mut copy = vec![1u8; 4 << 20];
+        let Some((stacks, bytes)) = std::thread::spawn(|| {
+            let gpu = test_gpu()?;
+            let x = gpu.upload(&[1f32; 4096]).unwrap();
+            ops::scale(&gpu, x.ptr(), WeightDtype::F32, 2.0, 4096).unwrap();
+            assert_eq!(gpu.download(&x, 4096).unwrap(), vec![2f32; 4096]);
+            Some(lane_stacks())
+        })
+        .join()
+        .unwrap() else {
+            return;
+        };
+        assert!(!stacks.is_empty() && bytes <= copy.len());
+        let mut remapped = 0;
+        for addr in stacks {
+            // SAFETY: a fresh private anonymous map; NOREPLACE refuses any address in use.
+            let m = unsafe {
+                libc::mmap(
+                    addr as *mut c_void,
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if m != addr as *mut c_void {
+                eprintln!("{addr:#x} taken: {}", std::io::Error::last_os_error());
+                if m != libc::MAP_FAILED {
+                    // SAFETY: the map just made (an old kernel that took the address as a hint).
+                    unsafe { libc::munmap(m, bytes) };
+                }
+                continue;
+            }
+            // SAFETY: `m` maps `bytes` readable bytes; `copy` holds as many.
+            unsafe {
+                std::ptr::copy_nonoverlapping(m as *const u8, copy.as_mut_ptr(), bytes);
+                libc::munmap(m, bytes);
+            }
+            assert!(copy[..bytes].iter().all(|&b| b == 0));
+            remapped += 1;
+        }
+        assert!(
+            remapped > 0,
+            "no lane stack address is free once its thread exited"
+        );
+    }
+}

@@ -156,7 +156,15 @@ thread_local std::string tl_error;
 struct LaneStacks {
     std::vector<char*> stacks;
     ~LaneStacks() {
-        for (char* s : stacks) munmap(s - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
+        for (char* s : stacks) {
+#if defined(HSX_EMU_ASAN)
+            // A lane's outermost frames never return, so their redzones stay poisoned, and
+            // GCC 12's libasan leaves the shadow of unmapped memory as it was: a later map at
+            // the same address (a checkpoint's weights) would read as a stack overflow.
+            ASAN_UNPOISON_MEMORY_REGION(s, STACK_BYTES);
+#endif
+            munmap(s - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
+        }
     }
 };
 thread_local LaneStacks tl_stacks;
@@ -480,4 +488,13 @@ extern "C" size_t hsx_emu_last_error(char* buf, size_t cap) {
         buf[n] = 0;
     }
     return e.size();
+}
+
+// The calling thread's lane stacks (their usable parts, `*bytes` each): how many it has, the
+// first `cap` of them written to `out`. For the test of what they leave behind.
+extern "C" size_t hsx_emu_lane_stacks(const void** out, size_t cap, size_t* bytes) {
+    const std::vector<char*>& s = hsx_emu::tl_stacks.stacks;
+    *bytes = hsx_emu::STACK_BYTES;
+    for (size_t i = 0; i < s.size() && i < cap; ++i) out[i] = s[i];
+    return s.size();
 }
