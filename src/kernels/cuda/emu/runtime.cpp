@@ -264,7 +264,8 @@ bool run_block(Block& b, std::vector<Fiber>& lanes) {
     b.exited = b.arrived = 0;
     b.site = nullptr;
     b.vote[0] = b.vote[1] = 0;
-    for (Warp& w : b.warps) w = Warp();
+    // Only the warps the block has: the others are never touched (and zero from new Block()).
+    for (int w = 0; w < (b.n + 31) / 32; ++w) b.warps[w] = Warp();
     for (int i = 0; i < b.n; ++i) {
         Fiber& f = lanes[i];
         f.lane.lin = i;
@@ -314,6 +315,10 @@ void fail_args(int want, int got) {
     tl_error = m;
 }
 
+// Sites are string literals: the same call site passes the same pointer, so the comparison
+// of the text (a tenth of the emulator's time in shuffle-heavy kernels) is only for the rest.
+static bool same_site(const char* a, const char* b) { return a == b || std::strcmp(a, b) == 0; }
+
 void sync_block(const char* site) { (void)sync_block_or(0, site); }
 
 int sync_block_or(int pred, const char* site) {
@@ -322,7 +327,7 @@ int sync_block_or(int pred, const char* site) {
     if (b->exited > 0) fail_lane(std::string("__syncthreads at ") + site + " after a thread of the block exited");
     if (b->arrived == 0) {
         b->site = site;
-    } else if (std::strcmp(b->site, site) != 0) {
+    } else if (!same_site(b->site, site)) {
         fail_lane(std::string("divergent __syncthreads: ") + site + " while others wait at " + b->site);
     }
     const unsigned gen = b->gen;
@@ -351,7 +356,7 @@ static unsigned warp_arrive(unsigned mask, const char* site) {
     if (w.arrived == 0) {
         w.site = site;
         w.mask = mask;
-    } else if (std::strcmp(w.site, site) != 0 || w.mask != mask) {
+    } else if (!same_site(w.site, site) || w.mask != mask) {
         fail_lane(std::string("divergent warp operation: ") + site + " while others wait at " + w.site);
     }
     return w.gen;
