@@ -411,6 +411,8 @@ mod tests {
     /// least one address is free again (the others may have been taken by other maps since).
     #[test]
     fn memory_mapped_over_exited_lane_stacks_reads_clean() {
+        // Allocated before the thread runs, so that this allocation cannot take a lane stack's
+        // address once it is free; 4 MiB is more than a lane stack under either build.
         let mut copy = vec![1u8; 4 << 20];
         let Some((stacks, bytes)) = std::thread::spawn(|| {
             let gpu = test_gpu()?;
