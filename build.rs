@@ -66,6 +66,7 @@ fn build_emulator(out: &Path, common: &str, modules: &[(String, String, Vec<Entr
         .flag("-fno-fast-math")
         .warnings(false)
         .file(Path::new(KERNEL_DIR).join("emu/runtime.cpp"))
+        .file(Path::new(KERNEL_DIR).join("emu/scheduler_probe.cpp"))
         .files(&units);
     if asan {
         build

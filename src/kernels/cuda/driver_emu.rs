@@ -116,7 +116,8 @@ fn layout(bytes: usize, align: usize) -> CudaResult<Layout> {
         .map_err(|_| CudaError::Invalid(format!("an allocation of {bytes} bytes")))
 }
 
-fn last_error() -> String {
+/// The message of the last failed launch on this thread.
+pub(super) fn last_error() -> String {
     let mut buf = vec![0u8; 1024];
     // SAFETY: the C side writes at most `cap` bytes, NUL-terminated.
     let n = unsafe { hsx_emu_last_error(buf.as_mut_ptr() as *mut c_char, buf.len()) };

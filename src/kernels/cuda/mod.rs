@@ -63,6 +63,8 @@ mod driver_cudarc;
 mod driver_emu;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 mod dsa;
+#[cfg(all(test, feature = "cuda-emu"))]
+mod emu_scheduler_tests;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub mod gated_norm;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]

@@ -122,6 +122,7 @@ struct Fiber {
 
 struct Warp {
     unsigned present = 0;  // lanes that exist
+    int size = 0;          // how many (popcount of `present`, counted once per block)
     unsigned exited = 0;
     int arrived = 0;
     unsigned gen = 0;
@@ -141,6 +142,7 @@ struct Block {
     Warp warps[32];
     std::vector<unsigned char> dyn;
     Context sched;
+    Fiber* lanes = nullptr;  // the block's n lanes
     void (*body)(void*) = nullptr;
     void* arg = nullptr;
     bool failed = false;
@@ -187,6 +189,50 @@ void switch_to_lane(Fiber* f, Block* b) { raw_switch(&b->sched, &f->ctx); }
 void switch_to_sched(Fiber* f, Block* b, bool) { raw_switch(&f->ctx, &b->sched); }
 #endif
 
+bool runnable(const Fiber& f, const Block& b) {
+    switch (f.state) {
+        case State::Fresh:
+            return true;
+        case State::WaitBlock:
+            return b.gen != f.wait_gen;
+        case State::WaitWarp:
+            return b.warps[f.lane.lin >> 5].gen != f.wait_gen;
+        default:
+            return false;
+    }
+}
+
+// The first lane from `from` on that can run now. Lanes run in a fixed order (lane order within
+// a round, rounds until all have exited), so that a launch repeats bit for bit.
+Fiber* next_runnable(Block& b, int from) {
+    for (int i = from; i < b.n; ++i)
+        if (runnable(b.lanes[i], b)) return &b.lanes[i];
+    return nullptr;
+}
+
+// Leaves lane `f` (waiting at a barrier, or `exiting`) for the next lane of the round that can
+// run, switching to it directly: one switch per wait instead of two through the scheduler
+// (the switches and the scheduler's loop were a third of an emulated model's time). Goes back
+// to the scheduler at the end of the round or when the launch failed.
+void leave_lane(Fiber* f, Block* b, bool exiting) {
+    Fiber* next = b->failed ? nullptr : next_runnable(*b, f->lane.lin + 1);
+    if (next == nullptr) {
+        switch_to_sched(f, b, exiting);
+        return;
+    }
+    next->state = State::Running;
+    tl_fiber = next;
+    tl_lane = &next->lane;
+#if defined(HSX_EMU_ASAN)
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, next->stack, STACK_BYTES);
+    raw_switch(&f->ctx, &next->ctx);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    raw_switch(&f->ctx, &next->ctx);
+#endif
+}
+
 char* stack_at(size_t i) {
     while (tl_stacks.stacks.size() <= i) {
         void* m = mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE,
@@ -227,21 +273,8 @@ void lane_entry() {
     f->state = State::Done;
     b->exited += 1;
     b->warps[f->lane.lin >> 5].exited |= 1u << (f->lane.lin & 31);
-    switch_to_sched(f, b, true);
+    leave_lane(f, b, true);
     std::abort();
-}
-
-bool runnable(const Fiber& f, const Block& b) {
-    switch (f.state) {
-        case State::Fresh:
-            return true;
-        case State::WaitBlock:
-            return b.gen != f.wait_gen;
-        case State::WaitWarp:
-            return b.warps[f.lane.lin >> 5].gen != f.wait_gen;
-        default:
-            return false;
-    }
 }
 
 std::string waiting_report(const std::vector<Fiber>& lanes) {
@@ -274,29 +307,26 @@ bool run_block(Block& b, std::vector<Fiber>& lanes) {
         f.pending.clear();
         f.groups = 0;
         b.warps[i >> 5].present |= 1u << (i & 31);
+        b.warps[i >> 5].size += 1;
 #if defined(HSX_EMU_ASAN)
         ASAN_UNPOISON_MEMORY_REGION(f.stack, STACK_BYTES);
 #endif
         make_context(&f.ctx, f.stack, STACK_BYTES);
     }
-    int done = 0;
-    while (done < b.n) {
-        bool progress = false;
-        for (int i = 0; i < b.n; ++i) {
-            Fiber& f = lanes[i];
-            if (!runnable(f, b)) continue;
-            progress = true;
-            f.state = State::Running;
-            tl_fiber = &f;
-            tl_lane = &f.lane;
-            switch_to_lane(&f, &b);
-            if (b.failed) return false;
-            if (f.state == State::Done) ++done;
-        }
-        if (!progress && done < b.n) {
+    b.lanes = lanes.data();
+    // Each round starts at the first lane that can run; the lanes hand over to each other
+    // (leave_lane) and the last of the round comes back here.
+    while (b.exited < b.n) {
+        Fiber* f = next_runnable(b, 0);
+        if (f == nullptr) {
             tl_error = "deadlock: no thread can go on;" + waiting_report(lanes);
             return false;
         }
+        f->state = State::Running;
+        tl_fiber = f;
+        tl_lane = &f->lane;
+        switch_to_lane(f, &b);
+        if (b.failed) return false;
     }
     return true;
 }
@@ -339,7 +369,7 @@ int sync_block_or(int pred, const char* site) {
         b->vote[(gen + 1) & 1] = 0;  // its last readers have all passed this barrier
     } else {
         f->state = State::WaitBlock;
-        switch_to_sched(f, b, false);
+        leave_lane(f, b, false);
     }
     return b->vote[gen & 1];
 }
@@ -367,12 +397,12 @@ static void warp_wait(unsigned gen) {
     Fiber* f = tl_fiber;
     Warp& w = b->warps[f->lane.lin >> 5];
     f->wait_gen = gen;
-    if (++w.arrived == __builtin_popcount(w.present)) {
+    if (++w.arrived == w.size) {
         w.arrived = 0;
         w.gen = gen + 1;
     } else {
         f->state = State::WaitWarp;
-        switch_to_sched(f, b, false);
+        leave_lane(f, b, false);
     }
 }
 
