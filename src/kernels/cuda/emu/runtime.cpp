@@ -1,7 +1,8 @@
 // The emulator's scheduler (cuda_emu.h): one block at a time, its lanes as ucontext fibers.
 //
 // A lane runs until it reaches a barrier (__syncthreads, a warp shuffle or vote) or exits;
-// the scheduler then resumes the next lane whose barrier has completed. A barrier completes
+// it then hands over to the next lane (in lane order) that can run, and the last of a round to
+// the scheduler, which starts the next round at the first lane that can run. A barrier completes
 // when every lane of the block (or warp) has arrived at it: the lane that arrives last goes on
 // without switching. Reaching a barrier at a different call site than the lanes already
 // waiting, a barrier after a lane of the block (warp) has exited, or a round with no lane able
