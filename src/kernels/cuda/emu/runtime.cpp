@@ -123,7 +123,6 @@ struct Fiber {
 
 struct Warp {
     unsigned present = 0;  // lanes that exist
-    int size = 0;          // how many (popcount of `present`, counted once per block)
     unsigned exited = 0;
     int arrived = 0;
     unsigned gen = 0;
@@ -172,23 +171,22 @@ struct LaneStacks {
 };
 thread_local LaneStacks tl_stacks;
 
+// Every switch: from context `from` to `to`, whose stack is `stack` (`bytes`; null for the
+// thread's own, the scheduler's). Under ASan the switch is announced; the fake stack of the
+// context left is kept in its frame until it is resumed, or dropped when it is `exiting`.
+void jump(Context* from, Context* to, char* stack, size_t bytes, bool exiting) {
 #if defined(HSX_EMU_ASAN)
-thread_local void* tl_fake_stack = nullptr;
-void switch_to_lane(Fiber* f, Block* b) {
-    __sanitizer_start_switch_fiber(&tl_fake_stack, f->stack, STACK_BYTES);
-    raw_switch(&b->sched, &f->ctx);
-    __sanitizer_finish_switch_fiber(tl_fake_stack, nullptr, nullptr);
-}
-void switch_to_sched(Fiber* f, Block* b, bool exiting) {
     void* fake = nullptr;
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, nullptr, 0);
-    raw_switch(&f->ctx, &b->sched);
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, stack, bytes);
+    raw_switch(from, to);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-}
 #else
-void switch_to_lane(Fiber* f, Block* b) { raw_switch(&b->sched, &f->ctx); }
-void switch_to_sched(Fiber* f, Block* b, bool) { raw_switch(&f->ctx, &b->sched); }
+    (void)stack, (void)bytes, (void)exiting;
+    raw_switch(from, to);
 #endif
+}
+void switch_to_lane(Fiber* f, Block* b) { jump(&b->sched, &f->ctx, f->stack, STACK_BYTES, false); }
+void switch_to_sched(Fiber* f, Block* b, bool exiting) { jump(&f->ctx, &b->sched, nullptr, 0, exiting); }
 
 bool runnable(const Fiber& f, const Block& b) {
     switch (f.state) {
@@ -224,14 +222,7 @@ void leave_lane(Fiber* f, Block* b, bool exiting) {
     next->state = State::Running;
     tl_fiber = next;
     tl_lane = &next->lane;
-#if defined(HSX_EMU_ASAN)
-    void* fake = nullptr;
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, next->stack, STACK_BYTES);
-    raw_switch(&f->ctx, &next->ctx);
-    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#else
-    raw_switch(&f->ctx, &next->ctx);
-#endif
+    jump(&f->ctx, &next->ctx, next->stack, STACK_BYTES, exiting);
 }
 
 char* stack_at(size_t i) {
@@ -308,7 +299,6 @@ bool run_block(Block& b, std::vector<Fiber>& lanes) {
         f.pending.clear();
         f.groups = 0;
         b.warps[i >> 5].present |= 1u << (i & 31);
-        b.warps[i >> 5].size += 1;
 #if defined(HSX_EMU_ASAN)
         ASAN_UNPOISON_MEMORY_REGION(f.stack, STACK_BYTES);
 #endif
@@ -398,7 +388,10 @@ static void warp_wait(unsigned gen) {
     Fiber* f = tl_fiber;
     Warp& w = b->warps[f->lane.lin >> 5];
     f->wait_gen = gen;
-    if (++w.arrived == w.size) {
+    // The warp's lanes: 32 but in the block's last, short warp (not a popcount of `present`:
+    // that was a libgcc call on every arrival).
+    const int size = b->n - (f->lane.lin & ~31) < 32 ? b->n - (f->lane.lin & ~31) : 32;
+    if (++w.arrived == size) {
         w.arrived = 0;
         w.gen = gen + 1;
     } else {
